@@ -1,0 +1,29 @@
+# Two entry points, both idempotent: `make demo` trains the polyp recipe, `make test` runs the suite.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned to the local CPU build, so the project's range is already satisfied
+# and pip never pulls the CUDA wheels.
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m robusttrain fit recipe=polyp
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs
