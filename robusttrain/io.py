@@ -1,0 +1,62 @@
+"""Atomic file writes: a killed run never leaves a half-written file that a resume would trust."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, then rename).
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+    >>> _ = atomic_write_text(p, "hi"); p.read_text()
+    'hi'
+    """
+    return _atomic(path, lambda fh: fh.write(text), "w")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    return _atomic(path, lambda fh: fh.write(data), "wb")
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def atomic_write_csv(path: str | os.PathLike, frame: "Any") -> Path:
+    """Write a pandas DataFrame as CSV (no index) atomically."""
+    return atomic_write_text(path, frame.to_csv(index=False))
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars / arrays and tensors show up in analysis results; make them plain JSON.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
