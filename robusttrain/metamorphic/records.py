@@ -1,0 +1,71 @@
+"""FailureRecord: one metamorphic-relation violation, the unit the failure bank stores and replays."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class FailureRecord:
+    """A follow-up whose score dropped by more than the threshold relative to its source.
+
+    ``params`` holds the exact per-sample perturbation parameters (numpy path schema, as
+    lists so the record is JSON-able); ``index``/``slice_index`` locate the source sample in
+    its dataset so the follow-up can be re-created from the original image.
+
+    >>> r = FailureRecord(case_id="c1", split="train", perturbation="blur", severity=4,
+    ...                   params={"sigma": [3.0]}, seed=7, epoch=2, src_dice=0.9, fol_dice=0.3,
+    ...                   src_iou=0.8, fol_iou=0.2)
+    >>> round(r.drop, 3)
+    0.667
+    """
+
+    case_id: str
+    split: str  # "train" or "val" (or an extra validation set's name)
+    perturbation: str
+    severity: int
+    params: dict[str, Any]
+    seed: int
+    epoch: int
+    src_dice: float
+    fol_dice: float
+    src_iou: float
+    fol_iou: float
+    index: int = -1  # dataset index of the source sample (-1: unknown)
+    slice_index: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def drop(self) -> float:
+        """Relative Dice drop (src - fol) / src, the quantity the MR threshold applies to."""
+        return relative_drop(self.src_dice, self.fol_dice)
+
+    @property
+    def key(self) -> tuple:
+        """Identity for de-duplication: same case, perturbation and parameters."""
+        return (self.case_id, self.slice_index, self.perturbation, self.severity,
+                _freeze(self.params))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["params"] = {k: np.asarray(v).tolist() for k, v in self.params.items()}
+        d["drop"] = self.drop
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FailureRecord":
+        d = dict(d)
+        d.pop("drop", None)
+        return cls(**d)
+
+
+def relative_drop(src: float, fol: float) -> float:
+    """(src - fol) / src; 0 when the source score is 0 (nothing to lose, no error)."""
+    return 0.0 if src <= 0 else (src - fol) / src
+
+
+def _freeze(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(np.asarray(v, dtype=float).round(6).ravel().tolist()))
+                        for k, v in params.items()))
