@@ -1,0 +1,6 @@
+"""``python -m robusttrain`` entry point."""
+import sys
+
+from robusttrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,47 @@
+"""``fit``, ``validate`` and ``test``: compose, build, run, report the run directory and Dice."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from robusttrain.cli.build import build_run
+from robusttrain.cli.errors import UsageError
+
+
+def _ckpt_path(cfg: DictConfig, run_dir: Path, required: bool) -> str | None:
+    ckpt = cfg.get("ckpt")
+    if ckpt in (None, ""):
+        if required:
+            raise UsageError("this command needs ckpt=PATH (a .ckpt file written by fit)")
+        return None
+    path = run_dir / "checkpoints" / "last.ckpt" if str(ckpt) == "last" else Path(str(ckpt)).expanduser()
+    if not path.is_file():
+        raise UsageError(f"checkpoint not found: ckpt={ckpt} -> '{path}'")
+    return str(path)
+
+
+def _dice_line(metrics: dict, prefix: str) -> str:
+    keys = sorted(k for k in metrics if k.startswith(f"{prefix}/dice"))
+    if not keys:
+        return f"{prefix} Dice: not computed"
+    return "  ".join(f"{k}={float(metrics[k]):.4f}" for k in keys)
+
+
+def run_stage(stage: str, cfg: DictConfig) -> int:
+    run = build_run(cfg)
+    print(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}", flush=True)
+    ckpt = _ckpt_path(cfg, run.run_dir, required=stage != "fit")
+    trainer = run.trainer
+    if stage == "fit":
+        trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
+        metrics = dict(trainer.callback_metrics)
+        print(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
+    elif stage == "validate":
+        trainer.validate(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
+        print(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')}")
+    else:
+        trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
+        print(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
+    print(f"[robusttrain] run_dir={run.run_dir}", flush=True)
+    return 0

@@ -1,0 +1,94 @@
+"""SegmentationModule: a plain Lightning segmentation model (MONAI net, Dice+CE, AdamW+cosine)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import lightning as L
+import torch
+from monai.losses import DiceCELoss
+from torchmetrics.segmentation import DiceScore
+
+from robusttrain.models.networks import build_network
+
+
+class SegmentationModule(L.LightningModule):
+    """Multi-class 2-D segmentation with softmax over ``num_classes`` logits (background = 0).
+
+    Batches are dicts with ``image`` (B,C,H,W) float and ``mask`` (B,H,W) int64. Logs
+    ``train/loss``, ``val/loss``, ``val/dice`` (mean over foreground classes) and
+    ``val/dice_<class>``; ``predict_step`` returns class probabilities.
+
+    >>> import torch
+    >>> m = SegmentationModule(in_channels=3, num_classes=2, features=(8, 8, 16, 32, 64, 8))
+    >>> m.predict_step({"image": torch.rand(2, 3, 32, 32)}, 0).shape
+    torch.Size([2, 2, 32, 32])
+    """
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 2, network: str = "basic_unet",
+                 features: Sequence[int] | None = None, dropout: float = 0.0,
+                 class_names: Sequence[str] | None = None, lr: float = 2e-3,
+                 weight_decay: float = 1e-4, warmup_epochs: int = 0) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"model.num_classes must be >= 2 (background + foreground), got {num_classes}")
+        self.save_hyperparameters()
+        self.net = build_network(network, in_channels, num_classes,
+                                 features=list(features) if features is not None else None,
+                                 dropout=dropout)
+        names = list(class_names) if class_names else [f"class{i}" for i in range(1, num_classes)]
+        if len(names) != num_classes - 1:
+            raise ValueError(f"model.class_names has {len(names)} names but num_classes={num_classes} "
+                             f"needs {num_classes - 1} (foreground classes only)")
+        self.class_names = names
+        self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True, include_background=False)
+        # Global (dataset-level) Dice per foreground class, as in the papers' tables.
+        self.val_dice = DiceScore(num_classes=num_classes, include_background=False,
+                                  average="none", aggregation_level="global", input_format="index")
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self(batch["image"])
+        return self.loss_fn(logits, batch["mask"].unsqueeze(1)), logits
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _ = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["image"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, logits = self._loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch["image"].shape[0])
+        self.val_dice.update(logits.argmax(1), batch["mask"])
+
+    def on_validation_epoch_end(self) -> None:
+        per_class = self.val_dice.compute()
+        self.val_dice.reset()
+        metrics = {f"val/dice_{n}": d for n, d in zip(self.class_names, per_class)}
+        metrics["val/dice"] = per_class.mean()
+        self.log_dict(metrics, prog_bar=False)
+        self.log("val/dice", metrics["val/dice"], prog_bar=True)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        loss, logits = self._loss(batch)
+        self.log("test/loss", loss, sync_dist=True, batch_size=batch["image"].shape[0])
+        self.val_dice.update(logits.argmax(1), batch["mask"])
+
+    def on_test_epoch_end(self) -> None:
+        per_class = self.val_dice.compute()
+        self.val_dice.reset()
+        metrics = {f"test/dice_{n}": d for n, d in zip(self.class_names, per_class)}
+        metrics["test/dice"] = per_class.mean()
+        self.log_dict(metrics)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        images = batch["image"] if isinstance(batch, dict) else batch[0]
+        return self(images).softmax(1)
+
+    def configure_optimizers(self) -> dict:
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
+                                weight_decay=self.hparams.weight_decay)
+        total = max(1, int(self.trainer.max_epochs or 1))
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
