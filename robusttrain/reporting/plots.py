@@ -1,0 +1,172 @@
+"""PNG curves of a run, written to ``<run_dir>/plots/`` — the W&B charts for people without W&B.
+
+Uses matplotlib's object API with the Agg canvas (never ``pyplot``), so it is safe in a training
+process, in threads, and without a display. Every file is written atomically.
+
+>>> import tempfile, pandas as pd
+>>> run = tempfile.mkdtemp()
+>>> pd.DataFrame({"case_id": ["a", "b"] * 2, "epoch": [0, 0, 1, 1],
+...               "dice_lv": [.5, .6, .7, .8]}).to_csv(f"{run}/history.csv", index=False)
+>>> sorted(p.name for p in write_plots(run).values())
+['clean_dice.png']
+"""
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from robusttrain.io import atomic_write_bytes
+from robusttrain.reporting import rundir
+from robusttrain.reporting.rundir import Corners
+
+THRESHOLDS = (0.25, 0.5)
+LEAST_LOSS_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.5)
+BALANCED_STYLE = dict(color="tab:green", linestyle="-", linewidth=2.0, alpha=0.7)
+
+
+def save_png(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """Render ``fig`` to PNG bytes, then write them atomically (a reader never sees half a PNG)."""
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def safe_name(text: str) -> str:
+    """File-name-safe version of a case id."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text))
+
+
+def efr_series(efr: pd.DataFrame, metric: str = "dice", split: str | None = None) -> pd.DataFrame:
+    """EFR (%) per (epoch, perturbation, threshold), severities pooled as errors / cases.
+
+    Pooling sums, not averaging rates, matches the paper's EFR = errors / generated test cases.
+    ``split`` defaults to ``val`` when present, else the first split in the file.
+    """
+    frame = efr[efr["metric"] == metric]
+    if "split" in frame and len(frame):
+        splits = list(dict.fromkeys(frame["split"]))
+        frame = frame[frame["split"] == (split or ("val" if "val" in splits else splits[0]))]
+    grouped = frame.groupby(["epoch", "perturbation", "threshold"])[["errors", "cases"]].sum()
+    grouped["efr"] = 100.0 * grouped["errors"] / grouped["cases"].where(grouped["cases"] > 0)
+    return grouped.reset_index()
+
+
+def _mark_epochs(ax, least_loss: int | None, balanced: int | None) -> None:
+    if least_loss is not None:
+        ax.axvline(least_loss, label=f"least-loss epoch {least_loss}", **LEAST_LOSS_STYLE)
+    if balanced is not None:
+        ax.axvline(balanced, label=f"balanced epoch {balanced}", **BALANCED_STYLE)
+
+
+def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
+             corners: Corners | None = None) -> Figure:
+    """One panel per threshold: EFR (%) over epochs, one line per perturbation."""
+    series = efr_series(efr, metric)
+    fig = Figure(figsize=(6.0 * len(thresholds), 4.2))
+    axes = fig.subplots(1, len(thresholds), squeeze=False)[0]
+    for ax, t in zip(axes, thresholds):
+        sub = series[(series["threshold"] - t).abs() < 1e-9]
+        for name, g in sub.groupby("perturbation", sort=True):
+            # "all" is the pooled row; draw it as the reference line
+            style = dict(color="black", linewidth=2.5) if name == "all" else dict(marker="o", ms=3)
+            ax.plot(g["epoch"], g["efr"], label=str(name), **style)
+        if corners is not None:
+            _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
+        ax.set_title(f"EFR ({metric.capitalize()}, t = {t:g}) per perturbation")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("EFR (%)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if not ax.get_legend_handles_labels()[0]:
+            ax.text(0.5, 0.5, f"no EFR rows at t = {t:g}", ha="center", transform=ax.transAxes)
+    # one shared legend below the panels: nine perturbations would cover the curves otherwise
+    handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.0))
+    return fig
+
+
+def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Figure:
+    """Cohort-mean clean validation Dice per class and overall, over epochs."""
+    dice = rundir.clean_dice(history)
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.subplots()
+    for col in dice.columns:
+        style = dict(color="black", linewidth=2.5) if col == "mean" else dict(marker="o", ms=3)
+        ax.plot(dice.index, dice[col], label=col if col != "mean" else "mean over classes", **style)
+    if corners is not None:
+        _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
+    ax.set_title(f"Clean validation Dice (cohort mean, {history['case_id'].nunique()} cases)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("Dice")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | None = None) -> Figure:
+    """One panel per class: the case's Dice over epochs against the cohort mean (and its IQR)."""
+    cols = rundir.dice_columns(history)
+    case = history[history["case_id"] == str(case_id)].sort_values("epoch")
+    fig = Figure(figsize=(4.2 * max(len(cols), 1), 3.8))
+    axes = fig.subplots(1, max(len(cols), 1), squeeze=False)[0]
+    outliers = set(corners.outlier_epochs.get(str(case_id), [])) if corners else set()
+    for ax, col in zip(axes, cols):
+        by_epoch = history.groupby("epoch")[col]
+        q25, q75 = by_epoch.quantile(0.25), by_epoch.quantile(0.75)
+        ax.fill_between(q25.index, q25.values, q75.values, color="tab:blue", alpha=0.15,
+                        label="cohort IQR")
+        ax.plot(by_epoch.mean().index, by_epoch.mean().values, color="tab:blue", linewidth=2,
+                label="cohort mean")
+        ax.plot(case["epoch"], case[col], color="tab:orange", marker="o", ms=3, linewidth=2,
+                label=f"case {case_id}")
+        out = case[case["epoch"].isin(outliers)]
+        if len(out):
+            ax.scatter(out["epoch"], out[col], marker="x", s=60, color="tab:red", zorder=5,
+                       label="outlier epoch")
+        if corners is not None:
+            _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
+        ax.set_title(f"{case_id}: {col}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("Dice")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    # one legend for all panels, below them, so it never hides a curve
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
+               bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(f"Corner case {case_id}: per-class Dice vs cohort", fontweight="bold", y=1.04)
+    return fig
+
+
+def write_plots(run_dir: str | Path, corners: Corners | None = None,
+                corner_cases: list[str] | None = None) -> dict[str, Path]:
+    """(Re)generate every plot the run directory's files allow; returns {name: path}.
+
+    ``corners``/``corner_cases`` override ``corner_cases.json`` (the live callback passes the
+    currently flagged cases before the file exists at fit end).
+    """
+    run_dir = Path(run_dir)
+    out_dir = run_dir / "plots"
+    corners = corners if corners is not None else rundir.load_corners(run_dir)
+    cases = list(corner_cases if corner_cases is not None else (corners.cases if corners else []))
+    history, efr = rundir.load_history(run_dir), rundir.load_efr(run_dir)
+    written: dict[str, Path] = {}
+    if efr is not None:
+        written["efr"] = save_png(plot_efr(efr, corners=corners), out_dir / "efr.png")
+    if history is not None and rundir.dice_columns(history):
+        written["clean_dice"] = save_png(plot_clean_dice(history, corners), out_dir / "clean_dice.png")
+        known = set(history["case_id"])
+        for cid in cases:
+            if str(cid) in known:
+                written[f"corner_{cid}"] = save_png(plot_corner_case(history, cid, corners),
+                                                    out_dir / f"corner_{safe_name(cid)}.png")
+    return written

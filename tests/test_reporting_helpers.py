@@ -1,0 +1,75 @@
+"""A hand-made run directory in the documented file formats (docs/design.md), shared by the
+reporting tests. These are fixtures of the *file format*, not mocks of the writers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+CLASSES = ["rv", "myo", "lv"]
+PERTURBATIONS = ["blur", "contrast", "spot"]
+CORNER = "patient007"
+
+
+def write_png(path: Path, seed: int, size=(48, 96)) -> Path:
+    import matplotlib.image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rgb = np.random.default_rng(seed).random((*size, 3))
+    matplotlib.image.imsave(path, rgb)
+    return path
+
+
+def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = True,
+                 failures: bool = True) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for e in range(epochs):
+        for c in range(cases):
+            cid = f"patient{c:03d}"
+            base = 0.4 + 0.5 * (1 - np.exp(-(e + 1) / 2))
+            if cid == CORNER:  # planted collapse at the last two epochs
+                base = 0.3 if e >= epochs - 2 else base - 0.2
+            d = np.clip(base + 0.03 * rng.standard_normal(len(CLASSES)), 0, 1)
+            rows.append({"case_id": cid, "epoch": e,
+                         **{f"dice_{k}": v for k, v in zip(CLASSES, d)},
+                         **{f"iou_{k}": v / (2 - v) for k, v in zip(CLASSES, d)}})
+    pd.DataFrame(rows).to_csv(root / "history.csv", index=False)
+
+    efr = []
+    for e in range(epochs):
+        for p_i, p in enumerate(PERTURBATIONS):
+            for s in (2, 4):
+                for metric in ("dice", "iou"):
+                    for t in (0.5, 0.25):
+                        errors = int(max(0, cases - e - p_i) * (s / 4) * (1.5 if t == 0.25 else 1)
+                                     * (1.2 if metric == "iou" else 1)) % (cases + 1)
+                        efr.append({"epoch": e, "split": "val", "perturbation": p, "severity": s,
+                                    "metric": metric, "threshold": t, "errors": errors,
+                                    "cases": cases, "efr": errors / cases})
+    pd.DataFrame(efr).to_csv(root / "efr.csv", index=False)
+    (root / "config.yaml").write_text("recipe: acdc\ntrainer:\n  max_epochs: %d\n" % epochs)
+
+    if corners:
+        (root / "corner_cases.json").write_text(json.dumps({
+            "corner_cases": [{"case_id": CORNER, "score": 12.5,
+                              "outlier_epochs": [epochs - 2, epochs - 1]}],
+            "balanced_epoch": epochs - 3, "least_loss_epoch": epochs - 1,
+            "policy": "last_inlier", "reason": "last epoch with no corner-case outlier"}))
+    if failures:
+        fdir = root / "failures"
+        lines = []
+        for i in range(5):
+            thumb = f"thumbs/fail_{i}.png"
+            write_png(fdir / thumb, i)
+            rec = {"case_id": f"patient{i:03d}", "split": "val", "perturbation": PERTURBATIONS[i % 3],
+                   "severity": 4, "params": {"sigma": [3.0]}, "seed": i, "epoch": epochs - 1,
+                   "src_dice": 0.9, "fol_dice": 0.9 - 0.1 * (i + 3), "src_iou": 0.8,
+                   "fol_iou": 0.2, "index": i, "slice_index": 0, "extra": {"thumb": thumb}}
+            rec["drop"] = (rec["src_dice"] - rec["fol_dice"]) / rec["src_dice"]
+            lines.append(json.dumps(rec))
+        (fdir / "failures.jsonl").write_text("\n".join(lines) + "\n")
+    return root
