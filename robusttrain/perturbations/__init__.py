@@ -1,1 +1,60 @@
-"""robusttrain.perturbations"""
+"""Clinical perturbation library: realistic endoscopy artifacts with a numpy path and a batched torch path.
+
+Every perturbation shares one per-sample parameter schema across both paths (see :mod:`.base`) and is
+registered by name:
+
+    >>> from robusttrain.perturbations import available, get
+    >>> "blur" in available() and "white_balance" in available()
+    True
+    >>> get("blur", severity=2).severity
+    2
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .base import Params, Perturbation, index_params, stack_params
+from .border import fov_mask, fov_mask_np
+from .colour import Contrast, Saturation, WhiteBalance
+
+_REGISTRY: dict[str, Callable[..., Perturbation]] = {
+    "saturation": Saturation,
+    "contrast": Contrast,
+    "white_balance": WhiteBalance,
+}
+
+
+def _register_optional() -> None:
+    # Families live in their own modules; importing them here keeps the registry in one place.
+    from . import blur, objects, specularity, text  # noqa: F401
+    _REGISTRY.update({
+        "specularity": specularity.Specularity,
+        "blur": blur.Blur,
+        "motion_blur": blur.MotionBlur,
+        "instrument": objects.Instrument,
+        "feces": objects.Feces,
+        "blood": objects.Blood,
+        "text": text.Text,
+    })
+    from . import adversarial, melt
+    _REGISTRY.update({"melt": melt.Melt, "adversarial": adversarial.Adversarial})
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`get` (the nine paper families plus ``motion_blur``, ``melt``, ``adversarial``)."""
+    return list(_REGISTRY)
+
+
+def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
+    """Build the perturbation registered as ``name`` at ``severity`` (1..5); extra kwargs go to its class.
+
+    >>> get("contrast", severity=5).name
+    'contrast'
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown perturbation {name!r}; valid choices: {', '.join(available())}")
+    return _REGISTRY[name](severity=severity, **kwargs)
+
+
+__all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
+           "Saturation", "Contrast", "WhiteBalance"]

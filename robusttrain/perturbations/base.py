@@ -37,3 +37,282 @@ def stack_params(items: list[dict[str, Any]]) -> Params:
         raise ValueError("stack_params: empty list of per-sample params")
     keys = items[0].keys()
     return {k: torch.as_tensor(np.stack([np.asarray(it[k]) for it in items])) for k in keys}
+
+
+# --------------------------------------------------------------------------------------
+# Shared machinery: input checks, random sources, the Perturbation base class.
+# --------------------------------------------------------------------------------------
+
+SEVERITIES = (1, 2, 3, 4, 5)
+
+
+def check_severity(severity: int, name: str = "perturbation") -> int:
+    """Validate a severity level (an int 1..5) and return it."""
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= int(severity) <= 5:
+        raise ValueError(f"{name}: severity must be an int in 1..5 (5 = strongest clinically plausible), got {severity!r}")
+    return int(severity)
+
+
+def check_batch(images: Any, name: str, rgb: bool, check_range: bool = True) -> torch.Tensor:
+    """Validate a (B,C,H,W) float tensor in [0,1]; raise a ValueError/TypeError saying what was expected.
+
+    The value-range check needs the data on the host, so it only runs for CPU tensors: on an
+    accelerator it would force a device->host synchronisation in the hot path.
+    """
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"{name}: images must be a torch.Tensor of shape (B,C,H,W), got {type(images).__name__}")
+    if images.ndim != 4:
+        raise ValueError(f"{name}: images must have shape (B,C,H,W), got shape {tuple(images.shape)}")
+    if images.shape[0] == 0:
+        raise ValueError(f"{name}: empty batch (B=0); expected at least one image")
+    if not images.is_floating_point():
+        raise TypeError(f"{name}: images must be a float tensor in [0,1], got dtype {images.dtype}")
+    c = images.shape[1]
+    if rgb and c != 3:
+        raise ValueError(f"{name}: needs RGB images with 3 channels in dim 1 (B,3,H,W), got {c} channels "
+                         f"(shape {tuple(images.shape)}; channels-last input must be permuted first)")
+    if not rgb and c not in (1, 3):
+        raise ValueError(f"{name}: expected 1 or 3 channels in dim 1 (B,C,H,W), got shape {tuple(images.shape)}")
+    if check_range and images.device.type == "cpu":
+        lo, hi = torch.aminmax(images)
+        if float(lo) < -1e-4 or float(hi) > 1 + 1e-4:
+            raise ValueError(f"{name}: float images must lie in [0,1], got values in [{float(lo):.3g}, {float(hi):.3g}]")
+    return images
+
+
+def check_masks(masks: Any, images: torch.Tensor, name: str) -> torch.Tensor | None:
+    """Validate lesion masks (B,H,W) (or (B,1,H,W)) matching ``images``; nonzero = lesion."""
+    if masks is None:
+        return None
+    if not isinstance(masks, torch.Tensor):
+        raise TypeError(f"{name}: masks must be a torch.Tensor (B,H,W) of class indices, got {type(masks).__name__}")
+    if masks.ndim == 4 and masks.shape[1] == 1:
+        masks = masks[:, 0]
+    b, _, h, w = images.shape
+    if masks.shape != (b, h, w):
+        raise ValueError(f"{name}: masks must have shape (B,H,W)={(b, h, w)} to match images, got {tuple(masks.shape)}")
+    return masks.to(images.device)
+
+
+def check_image(image: Any, name: str, rgb: bool) -> np.ndarray:
+    """Validate one HWC numpy image, uint8 or float32 in [0,1]."""
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"{name}: image must be a numpy array (H,W,C), got {type(image).__name__}")
+    if image.ndim == 2 and not rgb:
+        image = image[:, :, None]
+    if image.ndim != 3:
+        raise ValueError(f"{name}: image must be HWC (H,W,C), got shape {image.shape}")
+    c = image.shape[2]
+    if rgb and c != 3:
+        hint = " (it looks channels-first; pass HWC)" if image.shape[0] in (1, 3) and c not in (1, 3) else ""
+        raise ValueError(f"{name}: needs an RGB HWC image with 3 channels, got shape {image.shape}{hint}")
+    if not rgb and c not in (1, 3):
+        raise ValueError(f"{name}: expected an HWC image with 1 or 3 channels, got shape {image.shape}")
+    if image.size == 0:
+        raise ValueError(f"{name}: empty image of shape {image.shape}")
+    if image.dtype == np.uint8:
+        return image
+    if image.dtype == np.float32:
+        lo, hi = float(image.min()), float(image.max())
+        if lo < -1e-4 or hi > 1 + 1e-4:
+            raise ValueError(f"{name}: float32 images must lie in [0,1], got values in [{lo:.3g}, {hi:.3g}]")
+        return image
+    raise TypeError(f"{name}: image dtype must be uint8 or float32 in [0,1], got {image.dtype}")
+
+
+def check_mask_np(mask: Any, image: np.ndarray, name: str) -> np.ndarray | None:
+    """Validate one HxW lesion mask (HxWx1 accepted) for ``image``."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.ndim == 3 and mask.shape[2] == 1:
+        mask = mask[:, :, 0]
+    if mask.shape != image.shape[:2]:
+        raise ValueError(f"{name}: mask must have shape (H,W)={image.shape[:2]} to match the image, got {mask.shape}")
+    return mask
+
+
+class TorchRandom:
+    """Uniform/normal/integer draws from a torch generator, made on the generator's device.
+
+    Parameter tensors are tiny, so drawing them on the CPU and copying them to the images' device
+    costs nothing and never makes the device wait for the host.
+    """
+
+    def __init__(self, generator: torch.Generator | None):
+        self.g = generator
+        self.device = generator.device if generator is not None else torch.device("cpu")
+
+    def uniform(self, lo: float, hi: float, shape: tuple[int, ...]) -> torch.Tensor:
+        return lo + (hi - lo) * torch.rand(shape, generator=self.g, device=self.device)
+
+    def normal(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(shape, generator=self.g, device=self.device)
+
+    def integers(self, lo: int, hi: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """Integers in [lo, hi)."""
+        return torch.randint(lo, hi, shape, generator=self.g, device=self.device)
+
+
+class NumpyRandom:
+    """The same draws as :class:`TorchRandom`, from a numpy Generator (returns numpy arrays)."""
+
+    def __init__(self, rng: np.random.Generator | None):
+        self.rng = rng if rng is not None else np.random.default_rng()
+
+    def uniform(self, lo: float, hi: float, shape: tuple[int, ...]) -> np.ndarray:
+        return self.rng.uniform(lo, hi, shape).astype(np.float32)
+
+    def normal(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self.rng.standard_normal(shape).astype(np.float32)
+
+    def integers(self, lo: int, hi: int, shape: tuple[int, ...]) -> np.ndarray:
+        return self.rng.integers(lo, hi, shape).astype(np.int64)
+
+
+def torch_generator_from(rng: np.random.Generator | None) -> torch.Generator:
+    """A CPU torch generator seeded deterministically from a numpy Generator."""
+    seed = int((rng if rng is not None else np.random.default_rng()).integers(0, 2**62))
+    return torch.Generator().manual_seed(seed)
+
+
+def to_float01(image: np.ndarray) -> np.ndarray:
+    """HWC uint8 or float32 -> float32 in [0,1] (no copy for float32)."""
+    return image.astype(np.float32) * np.float32(1 / 255) if image.dtype == np.uint8 else image
+
+
+def from_float01(out: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """float32 [0,1] -> ``dtype`` (uint8 rounds and saturates)."""
+    if dtype == np.uint8:
+        return np.clip(out * 255 + 0.5, 0, 255).astype(np.uint8)
+    return np.clip(out, 0, 1, out=out).astype(np.float32, copy=False)
+
+
+def image_to_batch(image: np.ndarray) -> torch.Tensor:
+    """One HWC numpy image -> (1,C,H,W) float tensor in [0,1] (for families whose numpy path
+    reuses the torch sampler)."""
+    return torch.from_numpy(np.ascontiguousarray(to_float01(image))).permute(2, 0, 1)[None].contiguous()
+
+
+def params_to(params: Params, device: torch.device) -> Params:
+    """Move params to ``device`` (non-blocking; a no-op when already there)."""
+    return {k: (v if v.device == device else v.to(device, non_blocking=True)) for k, v in params.items()}
+
+
+class Perturbation:
+    """Base class of every perturbation: validation, severity, sampling and the two apply paths.
+
+    Subclasses set ``name`` and ``rgb`` and implement
+
+    * ``_draw(r, b)`` -> dict of random draws, written once against :class:`TorchRandom` /
+      :class:`NumpyRandom` so both paths sample the same distribution;
+    * ``_content_torch(images, masks, draws)`` / ``_content_numpy(image, mask, draws)`` -> extra params
+      that depend on the image (optional);
+    * ``_apply_torch(images, masks, params)`` and ``_apply_np(image, mask, params)``.
+
+    Example:
+        >>> import torch, numpy as np
+        >>> from robusttrain.perturbations import get, index_params
+        >>> p = get("saturation", severity=3)
+        >>> x = torch.rand(2, 3, 32, 32)
+        >>> out, params = p.apply_batch(x, generator=torch.Generator().manual_seed(0))
+        >>> again, _ = p.apply_batch(x, params=params)      # exact replay
+        >>> bool(torch.equal(out, again))
+        True
+        >>> img = (x[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        >>> o_np, _ = p.apply_numpy(img, params=index_params(params, 0))
+        >>> o_np.dtype, o_np.shape
+        (dtype('uint8'), (32, 32, 3))
+    """
+
+    name: str = "perturbation"
+    rgb: bool = True  # needs 3-channel RGB input
+
+    def __init__(self, severity: int = 3):
+        self.severity = check_severity(severity, self.name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(severity={self.severity})"
+
+    # -- sampling ---------------------------------------------------------------------
+    def _draw(self, r: TorchRandom | NumpyRandom, b: int) -> dict[str, Any]:
+        return {}
+
+    def _content_torch(self, images: torch.Tensor, masks: torch.Tensor | None, draws: Params) -> Params:
+        return {}
+
+    def _content_numpy(self, image: np.ndarray, mask: np.ndarray | None, draws: dict[str, np.ndarray]
+                       ) -> dict[str, np.ndarray]:
+        # Default: reuse the torch sampler on a one-image batch (exact same logic).
+        t = image_to_batch(image)
+        m = None if mask is None else torch.from_numpy(np.ascontiguousarray(mask).astype(np.int64))[None]
+        d = {k: torch.as_tensor(v)[None] for k, v in draws.items()}
+        return index_params(self._content_torch(t, m, d), 0)
+
+    def sample_params(self, images: torch.Tensor, masks: torch.Tensor | None = None,
+                      generator: torch.Generator | None = None) -> Params:
+        """Draw per-sample params for a (B,C,H,W) batch (tensors with leading dim B, on the images' device)."""
+        images = check_batch(images, self.name, self.rgb, check_range=False)
+        masks = check_masks(masks, images, self.name)
+        return self._sample_torch(images, masks, generator)
+
+    def _sample_torch(self, images: torch.Tensor, masks: torch.Tensor | None,
+                      generator: torch.Generator | None) -> Params:
+        draws = {k: torch.as_tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()}
+        params = params_to(draws, images.device)
+        params.update(self._content_torch(images, masks, params))
+        return params
+
+    def sample_numpy(self, image: np.ndarray, mask: np.ndarray | None = None,
+                     rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """Draw the params of one HWC image (the numpy schema: ``index_params`` of a batch)."""
+        image = check_image(image, self.name, self.rgb)
+        mask = check_mask_np(mask, image, self.name)
+        draws = {k: np.asarray(v)[0] for k, v in self._draw(NumpyRandom(rng), 1).items()}
+        draws.update(self._content_numpy(image, mask, draws))
+        return draws
+
+    # -- applying ---------------------------------------------------------------------
+    def apply_batch(self, images: torch.Tensor, masks: torch.Tensor | None = None,
+                    generator: torch.Generator | None = None, params: Params | None = None
+                    ) -> tuple[torch.Tensor, Params]:
+        """Apply to a (B,C,H,W) float batch in [0,1]; replays exactly when ``params`` is given."""
+        images = check_batch(images, self.name, self.rgb)
+        masks = check_masks(masks, images, self.name)
+        if params is None:
+            params = self._sample_torch(images, masks, generator)
+        else:
+            self._check_params(params, images.shape[0])
+            params = params_to(params, images.device)
+        return self._apply_torch(images, masks, params), params
+
+    def apply_numpy(self, image: np.ndarray, mask: np.ndarray | None = None,
+                    params: dict[str, Any] | None = None, rng: np.random.Generator | None = None
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Apply to one HWC image (uint8 or float32 in [0,1]); returns the same dtype and the params used."""
+        squeeze = isinstance(image, np.ndarray) and image.ndim == 2 and not self.rgb
+        image = check_image(image, self.name, self.rgb)
+        mask = check_mask_np(mask, image, self.name)
+        if params is None:
+            params = self.sample_numpy(image, mask, rng)
+        else:
+            params = {k: np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+        out = self._apply_np(image, mask, params)
+        return (out[:, :, 0] if squeeze and out.ndim == 3 else out), params
+
+    def _check_params(self, params: Params, b: int) -> None:
+        for k, v in params.items():
+            if not isinstance(v, torch.Tensor) or v.ndim == 0 or v.shape[0] != b:
+                got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError(f"{self.name}: params[{k!r}] must be a tensor with leading dim B={b}, got {got}")
+
+    def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _apply_np(self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def to_albumentations(self, p: float = 1.0):
+        """This perturbation as an Albumentations transform (see :mod:`robusttrain.perturbations.albu`)."""
+        from .albu import transform_for
+        return transform_for(self, p=p)

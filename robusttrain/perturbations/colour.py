@@ -1,0 +1,179 @@
+"""Lightness families (paper 000, MR1-1..MR1-3): ``saturation``, ``contrast``, ``white_balance``.
+
+Each is an affine map of RGB, ``out = clip(M @ rgb + offset)`` with a per-sample 3x3 ``M``, so the
+uint8 numpy path is ONE fused pass (``cv2.transform``, saturating and rounding) and the torch path is
+one batched matmul into a preallocated output — no chain of full-image passes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from .base import NumpyRandom, Params, Perturbation, TorchRandom
+
+# Rec.601 luma weights (what torchvision's rgb_to_grayscale uses) for RGB order.
+LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+def _xp(v: Any):
+    return torch if isinstance(v, torch.Tensor) else np
+
+
+def _saturation_matrix(s: Any, xp) -> Any:
+    """(B,3,3) matrices blending each pixel with its grey value: S = s*I + (1-s) * 1 w^T."""
+    w = xp.asarray(LUMA) if xp is np else torch.as_tensor(LUMA, device=s.device)
+    eye = xp.eye(3, dtype=xp.float32) if xp is np else torch.eye(3, device=s.device)
+    return s[:, None, None] * eye + (1 - s)[:, None, None] * w[None, None, :]
+
+
+class _AffineColour(Perturbation):
+    """Shared apply code for families expressed as ``matrix`` (3x3) and ``offset`` (3,) params."""
+
+    def _affine(self, params: dict[str, Any]) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
+        m, off = self._affine(params)
+        b, c, h, w = images.shape
+        out = torch.empty_like(images)
+        # One read + one write of the batch: out = offset + M @ x, then an in-place clamp.
+        torch.baddbmm(off.to(images.dtype)[:, :, None], m.to(images.dtype), images.reshape(b, c, h * w),
+                      out=out.view(b, c, h * w))
+        return out.clamp_(0.0, 1.0)
+
+    def _apply_np(self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]) -> np.ndarray:
+        m, off = self._affine({k: np.asarray(v)[None] for k, v in params.items()})
+        scale = 255.0 if image.dtype == np.uint8 else 1.0
+        affine = np.concatenate([m[0], off[0][:, None] * scale], axis=1).astype(np.float64)
+        out = cv2.transform(image, affine)  # uint8: rounds and saturates in the same pass
+        if out.dtype != np.uint8:
+            np.clip(out, 0.0, 1.0, out=out)
+        return out
+
+
+class Saturation(_AffineColour):
+    """Over-exposure (MR1-1): saturation boosted by ``factor`` > 1, brightness slightly raised.
+
+    Severity -> ``factor`` range (1: 1.15-1.35, 2: 1.35-1.6, 3: 1.6-1.9, 4: 1.9-2.3, 5: 2.3-2.8), brightness
+    in [1, 1 + 0.04*severity]. The paper draws from [s1, s2] biased above 1; we keep the whole range above 1
+    so every severity is an over-exposure.
+
+    Example:
+        >>> import numpy as np
+        >>> img = np.full((8, 8, 3), (120, 80, 60), np.uint8)
+        >>> out, params = Saturation(severity=5).apply_numpy(img, rng=np.random.default_rng(0))
+        >>> int(out[0, 0, 0]) > 120 and int(out[0, 0, 2]) < 60   # red up, blue down: more saturated
+        True
+    """
+
+    name = "saturation"
+    RANGES = {1: (1.15, 1.35), 2: (1.35, 1.6), 3: (1.6, 1.9), 4: (1.9, 2.3), 5: (2.3, 2.8)}
+
+    def _draw(self, r: TorchRandom | NumpyRandom, b: int) -> dict[str, Any]:
+        lo, hi = self.RANGES[self.severity]
+        return {"factor": r.uniform(lo, hi, (b,)), "brightness": r.uniform(1.0, 1.0 + 0.04 * self.severity, (b,))}
+
+    def _affine(self, params):
+        f, br = params["factor"], params["brightness"]
+        xp = _xp(f)
+        m = br[:, None, None] * _saturation_matrix(f, xp)
+        off = xp.zeros((f.shape[0], 3), dtype=xp.float32) if xp is np else torch.zeros(f.shape[0], 3, device=f.device)
+        return m, off
+
+
+class Contrast(_AffineColour):
+    """Under-exposure (MR1-2): contrast, brightness and saturation lowered together.
+
+    ``out = c*b*S(s) @ x + (1-c)*b*mean`` — brightness ``b``, then contrast ``c`` around the image's mean grey
+    level (stored in params as ``mean`` so a replay needs no image statistics), then saturation ``s``; all
+    three factors come from the severity's range (1: 0.8-0.9, 2: 0.7-0.8, 3: 0.6-0.7, 4: 0.5-0.6, 5: 0.4-0.5).
+
+    Example:
+        >>> import numpy as np
+        >>> img = np.full((8, 8, 3), 200, np.uint8)
+        >>> out, _ = Contrast(severity=5).apply_numpy(img, rng=np.random.default_rng(0))
+        >>> int(out.max()) < 200
+        True
+    """
+
+    name = "contrast"
+    RANGES = {1: (0.8, 0.9), 2: (0.7, 0.8), 3: (0.6, 0.7), 4: (0.5, 0.6), 5: (0.4, 0.5)}
+
+    def _draw(self, r, b):
+        lo, hi = self.RANGES[self.severity]
+        return {k: r.uniform(lo, hi, (b,)) for k in ("contrast", "brightness", "saturation")}
+
+    def _content_torch(self, images, masks, draws):
+        w = torch.as_tensor(LUMA, device=images.device, dtype=images.dtype)
+        return {"mean": images.mean(dim=(2, 3)) @ w}
+
+    def _content_numpy(self, image, mask, draws):
+        means = np.asarray(cv2.mean(image)[:3], dtype=np.float64)
+        scale = 1 / 255 if image.dtype == np.uint8 else 1.0
+        return {"mean": np.float32(means @ LUMA * scale)}
+
+    def _affine(self, params):
+        c, br, s, mean = params["contrast"], params["brightness"], params["saturation"], params["mean"]
+        xp = _xp(c)
+        m = (c * br)[:, None, None] * _saturation_matrix(s, xp)
+        off = ((1 - c) * br * mean)[:, None] * (xp.ones((1, 3), dtype=xp.float32) if xp is np
+                                                else torch.ones(1, 3, device=c.device))
+        return m, off
+
+
+class WhiteBalance(_AffineColour):
+    """Colour cast (MR1-3): green cast scales R and B down, purple cast scales R and G down.
+
+    ``cast`` is 0 (green) or 1 (purple); the two channels are scaled by ``scale`` (severity 1: 0.85-0.9,
+    2: 0.75-0.85, 3: 0.65-0.75, 4: 0.55-0.65, 5: 0.45-0.55 — the paper's "about half" is severity 5) with
+    a small independent jitter (±3 %) so their proportion is kept roughly but not exactly.
+    Pass ``cast="green"`` or ``"purple"`` to fix the cast.
+
+    Example:
+        >>> import numpy as np
+        >>> img = np.full((4, 4, 3), 200, np.uint8)
+        >>> out, p = WhiteBalance(severity=5, cast="green").apply_numpy(img, rng=np.random.default_rng(0))
+        >>> out[0, 0].tolist()[1] == 200 and out[0, 0, 0] < 120
+        True
+    """
+
+    name = "white_balance"
+    RANGES = {1: (0.85, 0.9), 2: (0.75, 0.85), 3: (0.65, 0.75), 4: (0.55, 0.65), 5: (0.45, 0.55)}
+    CASTS = ("green", "purple")
+
+    def __init__(self, severity: int = 3, cast: str | None = None):
+        super().__init__(severity)
+        if cast is not None and cast not in self.CASTS:
+            raise ValueError(f"white_balance: cast must be one of {self.CASTS} or None (random), got {cast!r}")
+        self.cast = cast
+
+    def _draw(self, r, b):
+        lo, hi = self.RANGES[self.severity]
+        cast = r.integers(0, 2, (b,)) if self.cast is None else (r.integers(0, 1, (b,)) + self.CASTS.index(self.cast))
+        scale = r.uniform(lo, hi, (b,))
+        jitter = r.uniform(0.97, 1.03, (b, 2))
+        xp = _xp(scale)
+        one = xp.ones_like(scale)
+        s1, s2 = scale * jitter[:, 0], scale * jitter[:, 1]
+        green = xp.stack([s1, one, s2], 1)   # R, G, B for a green cast
+        purple = xp.stack([s1, s2, one], 1)  # R, G, B for a purple cast
+        gains = xp.where((cast == 0)[:, None], green, purple)
+        return {"cast": cast, "gains": gains.astype(np.float32) if xp is np else gains.float()}
+
+    def _affine(self, params):
+        g = params["gains"]
+        xp = _xp(g)
+        if xp is np:
+            m = np.zeros((g.shape[0], 3, 3), np.float32)
+            m[:, [0, 1, 2], [0, 1, 2]] = g
+            return m, np.zeros((g.shape[0], 3), np.float32)
+        return torch.diag_embed(g.float()), torch.zeros(g.shape[0], 3, device=g.device)
+
+    def _apply_torch(self, images, masks, params):
+        # A diagonal matrix is just a per-channel gain: one broadcasted multiply into a fresh buffer.
+        g = params["gains"].to(images.dtype)
+        out = torch.mul(images, g[:, :, None, None])
+        return out.clamp_(0.0, 1.0)
