@@ -1,0 +1,108 @@
+"""Plots and the HTML report, on hand-made run directories in the documented file formats."""
+from __future__ import annotations
+
+import base64
+import re
+import struct
+
+import matplotlib.image
+import pandas as pd
+import pytest
+
+from robusttrain.reporting import rundir, tables, write_plots, write_report
+from test_reporting_helpers import CLASSES, CORNER, PERTURBATIONS, make_run_dir
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plots_are_valid_pngs_of_readable_size(tmp_path):
+    run = make_run_dir(tmp_path / "run")
+    written = write_plots(run)
+    assert set(written) == {"efr", "clean_dice", f"corner_{CORNER}"}
+    for name, path in written.items():
+        assert path.parent == run / "plots"
+        w, h = png_size(path.read_bytes())
+        assert 500 <= w <= 2000 and 250 <= h <= 1000, (name, w, h)
+        img = matplotlib.image.imread(path)  # decodes fully
+        assert img.std() > 0.01, f"{name} is blank"
+    # corner-case figure: one panel per class, so wider than tall
+    w, h = png_size(written[f"corner_{CORNER}"].read_bytes())
+    assert w > 2 * h
+    # regenerating is idempotent and leaves no temp files behind
+    write_plots(run)
+    assert sorted(p.name for p in (run / "plots").iterdir()) == sorted(p.name for p in written.values())
+
+
+def test_plots_without_files_write_nothing(tmp_path):
+    assert write_plots(tmp_path) == {}
+
+
+def test_efr_table_in_paper_layout(tmp_path):
+    run = make_run_dir(tmp_path / "run", epochs=3)
+    efr = rundir.load_efr(run)
+    out = tables.efr_tables(efr)
+    assert list(out) == [0.5, 0.25]
+    t5 = out[0.5]
+    assert list(t5.index) == PERTURBATIONS + ["All"]
+    assert list(t5.columns) == [("val", "Dice"), ("val", "IoU")]
+    last = efr[(efr.epoch == 2) & (efr.perturbation == "blur") & (efr.metric == "dice")
+               & (efr.threshold == 0.5)]
+    assert t5.loc["blur", ("val", "Dice")] == pytest.approx(100 * last.errors.sum() / last.cases.sum())
+
+
+def test_report_has_every_section_and_inlined_images(tmp_path):
+    run = make_run_dir(tmp_path / "run")
+    path = write_report(run)
+    assert path == run / "report.html"
+    text = path.read_text()
+    for anchor in ("summary", "clean-dice", "efr-table", "efr-curves", "corner-cases", "failures",
+                   "gallery"):
+        assert f'<section id="{anchor}">' in text
+    assert CORNER in text and "last_inlier" in text and "recipe: acdc" in text
+    srcs = re.findall(r'<img alt="[^"]*" src="([^"]+)"', text)
+    assert len(srcs) == 3 + 5  # efr, clean dice, one corner case, five failure thumbs
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        png_size(base64.b64decode(src.split(",", 1)[1]))
+    assert "http://" not in text and "https://" not in text  # self-contained
+    assert "not available: gallery.png missing" in text
+
+
+def test_report_degrades_per_section(tmp_path):
+    run = make_run_dir(tmp_path / "run", corners=False, failures=False)
+    (run / "efr.csv").unlink()
+    text = write_report(run).read_text()
+    assert "not available: efr.csv missing" in text
+    assert "not available: corner_cases.json missing" in text
+    assert "not available: failures/failures.jsonl missing" in text
+    assert "Clean validation Dice" not in text  # plot titles live in PNGs, not HTML
+    assert text.count("<img") == 1  # clean Dice still there
+
+    empty = write_report(tmp_path / "empty").read_text()
+    assert "not available: history.csv missing" in empty
+
+
+def test_report_prefers_check_efr_table(tmp_path):
+    run = make_run_dir(tmp_path / "run")
+    pd.DataFrame({"perturbation": ["blur"], "val Dice": [1.5], "val IoU": [2.5]}).to_csv(
+        run / "efr_table.csv", index=False)
+    text = write_report(run).read_text()
+    assert "efr_table.csv" in text and "2.5" in text
+
+
+def test_corner_case_table_reads_history_at_marked_epochs(tmp_path):
+    run = make_run_dir(tmp_path / "run", epochs=6)
+    history, corners = rundir.load_history(run), rundir.load_corners(run)
+    table = tables.corner_case_table(history, corners)
+    row = table.iloc[0]
+    at = history[(history.case_id == CORNER)].set_index("epoch")
+    assert row["case"] == CORNER and row["outlier epochs"] == "4, 5"
+    for k in CLASSES:
+        assert row[f"dice_{k} @ balanced"] == pytest.approx(at.loc[3, f"dice_{k}"], abs=1e-3)
+        assert row[f"dice_{k} @ least-loss"] == pytest.approx(at.loc[5, f"dice_{k}"], abs=1e-3)
+    comp = tables.epoch_comparison(history, corners).set_index("checkpoint")
+    assert comp.loc["balanced", "worst corner-case Dice"] > comp.loc["least-loss", "worst corner-case Dice"]
