@@ -1,0 +1,139 @@
+"""Balanced-epoch selection: drop the corner cases' outlier epochs, then apply a policy.
+
+Policies (all choose among *inlier* candidate epochs, ties go to the later epoch):
+- ``last_inlier`` — paper 004: the last remaining epoch.
+- ``maximin`` — the epoch whose worst corner case (mean Dice over classes) is best.
+- ``pareto`` — among epochs on the Pareto front of (cohort mean, worst-case), the one closest
+  to the utopia point (best cohort mean, best worst-case) — both are Dice, so no rescaling.
+"Worst case" is over the corner cases; when there are none, over all cases.
+
+>>> import pandas as pd
+>>> rows = [{"case_id": f"p{c}", "epoch": e, "dice_lv": 0.5 + 0.04 * e + 0.001 * c}
+...         for c in range(6) for e in range(8)]
+>>> rows[-1]["dice_lv"] = 0.05   # p5 collapses at the last epoch
+>>> s = select_balanced_epoch(pd.DataFrame(rows))
+>>> (s.epoch, s.corner_cases.case_ids, s.outlier_epochs)
+(6, ['p5'], {'p5': [7]})
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import numpy as np
+import pandas as pd
+
+from .detect import NOT_ENOUGH, OK, CornerCaseResult, find_corner_cases, find_outlier_epochs
+from .history import HistoryLike, case_scores, load_history, metric_columns
+
+POLICIES = ("last_inlier", "maximin", "pareto")
+NO_INLIER = "no_inlier_epoch"
+
+
+@dataclass
+class Selection:
+    epoch: Optional[int]
+    policy: str
+    status: str            # ok | not_enough_data | no_inlier_epoch
+    reason: str
+    reference_epoch: Optional[int]
+    corner_cases: CornerCaseResult
+    outlier_epochs: dict[str, list[int]] = field(default_factory=dict)
+    candidates: list[int] = field(default_factory=list)
+    inlier_epochs: list[int] = field(default_factory=list)
+    # per candidate epoch: {"cohort": mean over cases, "worst": worst-case mean}
+    table: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["corner_cases"] = self.corner_cases.to_dict()
+        return d
+
+
+def epoch_table(history: pd.DataFrame, columns: list[str], worst_of: list[str]) -> pd.DataFrame:
+    """Per epoch: cohort mean of per-case mean Dice and the minimum over ``worst_of`` (or all cases)."""
+    h = history.assign(_score=case_scores(history, columns).to_numpy())
+    cohort = h.groupby("epoch")["_score"].mean()
+    sub = h[h["case_id"].isin(worst_of)] if worst_of else h
+    worst = sub.groupby("epoch")["_score"].min().reindex(cohort.index)
+    return pd.DataFrame({"cohort": cohort, "worst": worst})
+
+
+def _pareto_pick(tab: pd.DataFrame) -> tuple[int, str]:
+    vals = tab.fillna(-np.inf)
+    front = []
+    for e, r in vals.iterrows():
+        dominated = ((vals["cohort"] >= r["cohort"]) & (vals["worst"] >= r["worst"])
+                     & ((vals["cohort"] > r["cohort"]) | (vals["worst"] > r["worst"]))).any()
+        if not dominated:
+            front.append(int(e))
+    f = vals.loc[front]
+    utopia = (f["cohort"].max(), f["worst"].max())
+    dist = np.hypot(utopia[0] - f["cohort"], utopia[1] - f["worst"])
+    best = int(max(front, key=lambda e: (-round(float(dist[e]), 12), e)))
+    return best, (f"Pareto front {sorted(front)}; epoch {best} is closest to utopia "
+                  f"(cohort {utopia[0]:.4f}, worst {utopia[1]:.4f})")
+
+
+def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
+                          reference_epoch: Optional[int] = None,
+                          candidates: Optional[Iterable[int]] = None,
+                          contamination: float = 0.1, tail: str = "low", metric: str = "dice",
+                          min_epoch: int = 0) -> Selection:
+    """Pick the balanced epoch.
+
+    Corner cases are found at ``reference_epoch`` (the least-loss epoch; None = last epoch), their
+    outlier epochs over all epochs ``>= min_epoch``; only ``candidates`` (default: every epoch
+    ``>= min_epoch`` in the history, e.g. the epochs whose weights were kept) can be chosen.
+    Fewer than 5 cases → ``status="not_enough_data"`` and the last candidate epoch.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    h = load_history(history)
+    cols = metric_columns(h, metric)
+    all_epochs = sorted(int(e) for e in h["epoch"].unique() if e >= min_epoch)
+    cands = all_epochs if candidates is None else sorted({int(e) for e in candidates} & set(all_epochs))
+    cc = find_corner_cases(h, epoch=reference_epoch, contamination=contamination, tail=tail, metric=metric)
+    sel = Selection(None, policy, NOT_ENOUGH, "", cc.epoch, cc, candidates=cands)
+    if not cands:
+        sel.reason = "not enough data: no candidate epoch in the history"
+        return sel
+    if not cc.ok:
+        sel.epoch = cands[-1]
+        sel.reason = f"{cc.reason}; falling back to the last candidate epoch {cands[-1]}"
+        return sel
+    bad: dict[int, int] = {}
+    for case in cc.case_ids:
+        oe = find_outlier_epochs(h, case, contamination=contamination, tail=tail, metric=metric,
+                                 min_epoch=min_epoch)
+        sel.outlier_epochs[case] = oe.epochs
+        for e in oe.epochs:
+            bad[e] = bad.get(e, 0) + 1
+    sel.inlier_epochs = [e for e in cands if e not in bad]
+    tab = epoch_table(h, cols, cc.case_ids).loc[cands]
+    sel.table = {int(e): {k: float(v) for k, v in r.items()} for e, r in tab.iterrows()}
+    pool, sel.status = sel.inlier_epochs, OK
+    prefix = ""
+    if not pool:
+        # every candidate collapses for some corner case: take those flagged by the fewest
+        fewest = min(bad[e] for e in cands)
+        pool = [e for e in cands if bad[e] == fewest]
+        sel.status = NO_INLIER
+        prefix = f"no inlier candidate epoch; using the {len(pool)} flagged for the fewest corner cases. "
+    nflag = sum(len(v) for v in sel.outlier_epochs.values())
+    what = (f"{len(cc.case_ids)} corner case(s) at epoch {cc.epoch}, "
+            f"{len(bad)} distinct outlier epoch(s) ({nflag} flags) removed")
+    if policy == "last_inlier":
+        sel.epoch = pool[-1]
+        sel.reason = f"{prefix}{what}; last remaining epoch is {sel.epoch}"
+    elif policy == "maximin":
+        sub = tab.loc[pool]
+        worst = sub["worst"].fillna(-np.inf)
+        sel.epoch = int(max(pool, key=lambda e: (round(float(worst[e]), 12),
+                                                 round(float(sub['cohort'][e]), 12), e)))
+        sel.reason = (f"{prefix}{what}; epoch {sel.epoch} has the best worst-case Dice "
+                      f"{float(worst[sel.epoch]):.4f}")
+    else:
+        sel.epoch, why = _pareto_pick(tab.loc[pool])
+        sel.reason = f"{prefix}{what}; {why}"
+    return sel

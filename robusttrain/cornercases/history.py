@@ -1,0 +1,65 @@
+"""Load and validate the long per-case history table: ``case_id, epoch, <metric>_<class>…``.
+
+>>> import pandas as pd
+>>> h = load_history(pd.DataFrame({"case_id": ["a"], "epoch": [0], "dice_lv": [0.9]}))
+>>> metric_columns(h)
+['dice_lv']
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Union
+
+import pandas as pd
+
+HistoryLike = Union[pd.DataFrame, str, os.PathLike]
+REQUIRED = ("case_id", "epoch")
+# Written by BalancedCheckpoint when it computes Dice itself (no MetamorphicCallback in the run).
+FALLBACK_NAME = "balanced_history.csv"
+
+
+def resolve_history_path(path: str | os.PathLike) -> Path:
+    """A CSV path, or a run directory holding ``history.csv`` (else ``balanced_history.csv``)."""
+    p = Path(path)
+    if p.is_dir():
+        for name in ("history.csv", FALLBACK_NAME):
+            if (p / name).is_file():
+                return p / name
+        raise FileNotFoundError(f"no history.csv (or {FALLBACK_NAME}) in run directory {p}")
+    if not p.is_file():
+        raise FileNotFoundError(f"history file not found: {p}")
+    return p
+
+
+def load_history(source: HistoryLike) -> pd.DataFrame:
+    """Return a clean copy: ``case_id`` str, ``epoch`` int, one row per (case, epoch).
+
+    When a resumed run logged an epoch twice, the *last* row wins (it is the newer measurement).
+    """
+    if isinstance(source, pd.DataFrame):
+        df = source.copy()
+    else:
+        df = pd.read_csv(resolve_history_path(source))
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"history is missing column(s) {missing}; it has {list(df.columns)}")
+    df["case_id"] = df["case_id"].astype(str)
+    df["epoch"] = pd.to_numeric(df["epoch"], errors="raise").astype(int)
+    df = df.drop_duplicates(["case_id", "epoch"], keep="last")
+    return df.sort_values(["epoch", "case_id"], kind="mergesort").reset_index(drop=True)
+
+
+def metric_columns(history: pd.DataFrame, metric: str = "dice") -> list[str]:
+    """Columns ``<metric>_<class>`` in table order (the ECOD dimensions)."""
+    cols = [c for c in history.columns if str(c).startswith(f"{metric}_")]
+    if not cols:
+        raise ValueError(
+            f"history has no '{metric}_<class>' columns; it has {list(history.columns)}"
+        )
+    return cols
+
+
+def case_scores(history: pd.DataFrame, columns: list[str]) -> pd.Series:
+    """Per-row mean over the metric columns (one number per case and epoch)."""
+    return history[columns].mean(axis=1, skipna=True)
