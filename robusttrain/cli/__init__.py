@@ -85,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest):
         print(usage())
         return 0
+    from robusttrain.datamodules.errors import DataError
+
     try:
         return COMMANDS[command](rest)
-    except UsageError as e:
+    except (UsageError, DataError) as e:
+        # Bad input the user can fix: one line, no traceback from deep inside torch.
         print(f"robusttrain {command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return 2

@@ -29,6 +29,11 @@ def _dice_line(metrics: dict, prefix: str) -> str:
 
 
 def run_stage(stage: str, cfg: DictConfig) -> int:
+    if stage != "fit" and cfg.get("ckpt") in (None, ""):
+        raise UsageError(f"{stage} needs ckpt=PATH (a .ckpt file written by fit)")
+    ckpt = cfg.get("ckpt")
+    if ckpt not in (None, "", "last") and not Path(str(ckpt)).expanduser().is_file():
+        raise UsageError(f"checkpoint not found: ckpt={ckpt}")  # before anything is built or written
     run = build_run(cfg)
     print(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}", flush=True)
     ckpt = _ckpt_path(cfg, run.run_dir, required=stage != "fit")

@@ -1,0 +1,89 @@
+"""CLI: help, error paths (one line, exit 2), user recipes, and a real 2-epoch smoke fit."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from robusttrain.cli import main
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_lists_commands_and_recipes(capsys):
+    code, out, _ = _run(capsys, "--help")
+    assert code == 0
+    for word in ("fit", "validate", "test", "check", "corners", "gallery", "report"):
+        assert f"  {word} " in out
+    assert "recipes: acdc, cxr, polyp, smoke" in out
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("fit", "recipe=nope"), "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, smoke"),
+    (("fit",), "missing recipe=NAME"),
+    (("fit", "recipe=smoke", "data.foo=1"), "unknown key 'data.foo'; valid keys under 'data': _target_, root"),
+    (("fit", "recipe=smoke", "foo=1"), "unknown key 'foo'; valid keys at the top level"),
+    (("fit", "recipe=smoke", "trainer.max_epochs=abc"), "bad value for 'trainer.max_epochs': 'abc' (expected an integer"),
+    (("fit", "recipe=smoke", "data.batch_size=[1,2]"), "bad value for 'data.batch_size'"),
+    (("fit", "recipe=smoke", "logger=foo"), "unknown logger 'foo'; valid choices: csv, none, tensorboard, wandb"),
+    (("fit", "recipe=smoke", "model=foo"), "unknown model 'foo'; valid choices: attention_unet, basic_unet"),
+    (("validate", "recipe=smoke"), "validate needs ckpt=PATH"),
+    (("frobnicate",), None),
+])
+def test_error_paths_are_one_line_exit_2(capsys, args, expected):
+    code, out, err = _run(capsys, *args)
+    assert code == 2
+    if expected is not None:
+        assert expected in err
+        assert len(err.strip().splitlines()) == 1, err
+    else:
+        assert "unknown command 'frobnicate'" in err
+
+
+def test_missing_checkpoint_and_data_root_are_named(capsys, tmp_path):
+    code, _, err = _run(capsys, "test", "recipe=smoke", f"run_dir={tmp_path/'r'}", f"ckpt={tmp_path/'no.ckpt'}")
+    assert code == 2 and "checkpoint not found" in err and "no.ckpt" in err
+    missing = tmp_path / "nowhere"
+    code, _, err = _run(capsys, "fit", "recipe=smoke", f"run_dir={tmp_path/'r2'}", f"data.root={missing}")
+    assert code == 2 and str(missing) in err and len(err.strip().splitlines()) == 1
+
+
+def test_user_recipe_folder_is_searched_first(capsys, tmp_path, monkeypatch):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "mine.yaml").write_text(
+        "defaults:\n  - smoke\n  - _self_\nrecipe: mine\ntrainer:\n  max_epochs: 7\n")
+    monkeypatch.chdir(tmp_path)
+    from robusttrain.cli.compose import available_recipes, compose_recipe
+
+    assert "mine" in available_recipes() and "polyp" in available_recipes()
+    cfg = compose_recipe("mine", [])
+    assert cfg.recipe == "mine" and cfg.trainer.max_epochs == 7 and cfg.data.image_size == 64
+
+
+@pytest.mark.slow
+def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, WANDB_MODE="offline")
+    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={run_dir}",
+                           "trainer.enable_progress_bar=false"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"run_dir={run_dir}" in proc.stdout
+    assert "final validation val/dice=" in proc.stdout
+    assert (run_dir / "config.yaml").is_file()
+    assert "recipe: smoke" in (run_dir / "config.yaml").read_text()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / "logs" / "metrics.csv").is_file()
+    # the checkpoint validates through the CLI too
+    proc = subprocess.run([sys.executable, "-m", "robusttrain", "validate", "recipe=smoke", f"run_dir={run_dir}",
+                           "ckpt=last", "trainer.enable_progress_bar=false"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "validation val/dice=" in proc.stdout
