@@ -59,17 +59,19 @@ def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = Tr
                               "outlier_epochs": [epochs - 2, epochs - 1]}],
             "balanced_epoch": epochs - 3, "least_loss_epoch": epochs - 1,
             "policy": "last_inlier", "reason": "last epoch with no corner-case outlier"}))
-    if failures:
+    if failures:  # the FailureBank's log: failure lines by id, batches closed by a marker
         fdir = root / "failures"
         lines = []
         for i in range(5):
-            thumb = f"thumbs/fail_{i}.png"
-            write_png(fdir / thumb, i)
-            rec = {"case_id": f"patient{i:03d}", "split": "val", "perturbation": PERTURBATIONS[i % 3],
+            rid = f"{i:016x}"
+            write_png(fdir / "thumbs" / f"{rid}.png", i, size=(48, 240))
+            rec = {"kind": "failure", "id": rid, "last_epoch": epochs - 1, "count": 1,
+                   "case_id": f"patient{i:03d}", "split": "val", "perturbation": PERTURBATIONS[i % 3],
                    "severity": 4, "params": {"sigma": [3.0]}, "seed": i, "epoch": epochs - 1,
                    "src_dice": 0.9, "fol_dice": 0.9 - 0.1 * (i + 3), "src_iou": 0.8,
-                   "fol_iou": 0.2, "index": i, "slice_index": 0, "extra": {"thumb": thumb}}
+                   "fol_iou": 0.2, "index": i, "slice_index": 0, "extra": {}}
             rec["drop"] = (rec["src_dice"] - rec["fol_dice"]) / rec["src_dice"]
             lines.append(json.dumps(rec))
+        lines.append(json.dumps({"kind": "batch", "epoch": epochs - 1, "seen": [], "n": 5}))
         (fdir / "failures.jsonl").write_text("\n".join(lines) + "\n")
     return root

@@ -138,10 +138,9 @@ def _corner_cases(run_dir, history, efr, ctx) -> str:
 
 
 def _thumb(run_dir: Path, rec: dict[str, Any]) -> Path | None:
-    extra = rec.get("extra") or {}
-    name = rec.get("thumb") or extra.get("thumb")
+    name = rec.get("thumb") or (rec.get("extra") or {}).get("thumb")
     if name:
-        for base in (run_dir / "failures", run_dir / "failures" / "thumbs", run_dir):
+        for base in (Path(), run_dir / "failures", run_dir):
             if (base / name).is_file():
                 return base / name
     return None
@@ -163,7 +162,8 @@ def _failures(run_dir, history, efr, ctx) -> str:
         thumb = _thumb(run_dir, rec)
         pic = _img(thumb, f"failure {rec.get('case_id')}") if thumb else _na("thumbnail missing")
         out += f'<div class="strip"><div class="meta">{meta}</div>{pic}</div>'
-    return out
+    return out + ("<p>Strips: source | follow-up | ground truth | prediction on source | "
+                  "prediction on follow-up.</p>")
 
 
 def _gallery(run_dir, history, efr, ctx) -> str:

@@ -63,17 +63,36 @@ def load_config_text(run_dir: str | Path) -> str | None:
 
 
 def load_failures(run_dir: str | Path) -> list[dict[str, Any]] | None:
-    """``failures/failures.jsonl``: FailureRecord dicts (plus ``drop``); bad lines are skipped."""
+    """``failures/failures.jsonl`` as FailureRecord dicts (with ``id``, ``drop``, ``thumb``).
+
+    The FailureBank's log is append-only batches: ``{"kind": "failure", "id": ...}`` lines, each
+    batch closed by a ``{"kind": "batch"}`` marker; a later line for the same id replaces the
+    earlier one. Lines without ``kind`` are taken as plain records. A torn last line is skipped.
+    ``thumb`` is the strip ``failures/thumbs/<id>.png`` when it exists (only the worst have one).
+    """
     path = Path(run_dir) / FAILURES
     if not path.is_file():
         return None
-    rows = []
-    for line in path.read_text().splitlines():
+    by_id: dict[str, dict[str, Any]] = {}
+    for n, line in enumerate(path.read_text().splitlines()):
         try:
-            rows.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line being appended right now; the next read gets it
-    return rows
+        if not isinstance(rec, dict) or rec.get("kind", "failure") != "failure":
+            continue
+        rid = str(rec.get("id", n))
+        rec.setdefault("drop", _drop(rec))
+        thumb = path.parent / "thumbs" / f"{rid}.png"
+        if thumb.is_file():
+            rec["thumb"] = str(thumb)
+        by_id[rid] = rec
+    return list(by_id.values())
+
+
+def _drop(rec: dict[str, Any]) -> float:
+    src, fol = float(rec.get("src_dice", 0.0)), float(rec.get("fol_dice", 0.0))
+    return 0.0 if src <= 0 else (src - fol) / src
 
 
 def dice_columns(history: pd.DataFrame) -> list[str]:
