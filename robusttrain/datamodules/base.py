@@ -1,0 +1,193 @@
+"""Shared dataset wrapper, case-level split and the base LightningDataModule.
+
+A *source* is anything with ``__len__``, ``load(i) -> (image, mask)`` (image HWC uint8 or float32
+in [0,1]; mask HW uint8 class indices), ``case_id(i)`` and ``slice_index(i)`` (both cheap, no
+decoding), and optionally ``hard_cases`` (``{case_id: kind}``). Synthetic generators and the real-data
+readers are sources; :class:`SegmentationDataset` adds the Albumentations pipeline and the batch dict
+of ``docs/design.md``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .errors import DataError
+from .transforms import apply_pipeline, build_pipeline
+
+
+class SegmentationDataset(Dataset):
+    """A view of ``source`` (optionally a subset ``indices``) yielding design.md sample dicts.
+
+    Example::
+
+        >>> from robusttrain.datamodules.synthetic_polyp import SyntheticPolypSource
+        >>> ds = SegmentationDataset(SyntheticPolypSource(4, image_size=64), image_size=64)
+        >>> s = ds[0]; s["image"].shape, s["mask"].dtype, s["case_id"]
+        (torch.Size([3, 64, 64]), torch.int64, 'synpolyp_0000')
+    """
+
+    def __init__(self, source: Any, indices: Sequence[int] | None = None, transforms: Sequence | None = None,
+                 image_size: int | None = None, resize: str = "stretch"):
+        self.source = source
+        self.indices = list(range(len(source))) if indices is None else [int(i) for i in indices]
+        self.image_size = image_size
+        self.pipeline = build_pipeline(transforms, image_size, resize)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        j = self.indices[i]
+        image, mask = self.source.load(j)
+        img, msk = apply_pipeline(self.pipeline, image, mask, self.image_size)
+        return {"image": torch.from_numpy(img), "mask": torch.from_numpy(msk),
+                "case_id": self.source.case_id(j), "slice_index": int(self.source.slice_index(j))}
+
+    def sample_case_ids(self) -> list[str]:
+        """Case id of every sample, in sample order."""
+        return [self.source.case_id(j) for j in self.indices]
+
+    def case_ids(self) -> list[str]:
+        """Unique case ids in order of first appearance (a case = a patient/phase or a 2-D image)."""
+        return list(dict.fromkeys(self.sample_case_ids()))
+
+    @property
+    def hard_cases(self) -> dict[str, str]:
+        """Planted hard cases in this view: ``{case_id: kind}`` (synthetic sources only)."""
+        planted = getattr(self.source, "hard_cases", {}) or {}
+        mine = set(self.case_ids())
+        return {c: k for c, k in planted.items() if c in mine}
+
+
+def split_by_case(case_ids: Sequence[str], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded split of sample indices so that every case lies wholly on one side.
+
+    At least one case goes to each side when there are two or more cases.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise DataError(f"val_fraction={val_fraction}: expected 0 <= val_fraction < 1")
+    cases = sorted(set(case_ids))  # sorted: the split must not depend on file-system order
+    n_val = int(round(val_fraction * len(cases)))
+    if val_fraction > 0 and len(cases) >= 2:
+        n_val = min(max(n_val, 1), len(cases) - 1)
+    perm = np.random.default_rng(seed).permutation(len(cases))
+    val_cases = {cases[k] for k in perm[:n_val]}
+    train = [i for i, c in enumerate(case_ids) if c not in val_cases]
+    val = [i for i, c in enumerate(case_ids) if c in val_cases]
+    return train, val
+
+
+class BaseSegDataModule(L.LightningDataModule):
+    """Split/loader logic shared by the polyp, ACDC and CXR datamodules.
+
+    Subclasses set ``class_names``, ``in_channels``, default transforms and implement
+    ``_synthetic_sources()`` → (train_source, val_source) and ``_read(folder)`` → source.
+    With ``root=None`` the synthetic set is used (``n_train``/``n_val`` items, ``hard_fraction``
+    planted hard cases); otherwise ``root`` is read and split by case with ``val_fraction``/``seed``.
+    """
+
+    class_names: list[str] = []
+    in_channels: int = 3
+    default_train_transforms: list = []
+    default_resize: str = "stretch"
+
+    def __init__(self, root: str | None = None, image_size: int = 128, batch_size: int = 8, num_workers: int = 0,
+                 val_fraction: float = 0.2, seed: int = 0, extra_val: dict[str, str] | None = None,
+                 n_train: int = 200, n_val: int = 50, hard_fraction: float = 0.1,
+                 train_transforms: Sequence | None = None, val_transforms: Sequence | None = None,
+                 resize: str | None = None, pin_memory: bool = False):
+        super().__init__()
+        self.root = None if root in (None, "", "null", "None") else str(root)
+        self.image_size, self.batch_size, self.num_workers = int(image_size), int(batch_size), int(num_workers)
+        self.val_fraction, self.seed = float(val_fraction), int(seed)
+        self.extra_val = {str(k): str(v) for k, v in dict(extra_val or {}).items()}
+        self.n_train, self.n_val, self.hard_fraction = int(n_train), int(n_val), float(hard_fraction)
+        self.train_transforms = self.default_train_transforms if train_transforms is None else train_transforms
+        self.val_transforms = val_transforms or []
+        self.resize = resize or self.default_resize
+        self.pin_memory = pin_memory
+        self.train_dataset: SegmentationDataset | None = None
+        self.val_dataset: SegmentationDataset | None = None
+        self._extra: dict[str, SegmentationDataset] | None = None
+
+    # --- what subclasses provide -------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names) + 1
+
+    def _synthetic_sources(self) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def _read(self, folder: str) -> Any:
+        raise NotImplementedError
+
+    # --- datasets ----------------------------------------------------------------------------
+    def _view(self, source: Any, indices: Sequence[int] | None, train: bool) -> SegmentationDataset:
+        tf = self.train_transforms if train else self.val_transforms
+        return SegmentationDataset(source, indices, tf, self.image_size, self.resize)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_dataset is not None:
+            return  # idempotent: Lightning calls setup for fit, validate and test
+        if self.root is None:
+            tr, va = self._synthetic_sources()
+            self.train_dataset, self.val_dataset = self._view(tr, None, True), self._view(va, None, False)
+            return
+        source = self._read(self.root)
+        ids = [source.case_id(i) for i in range(len(source))]
+        tr_idx, va_idx = split_by_case(ids, self.val_fraction, self.seed)
+        if not tr_idx:
+            raise DataError(f"{self.root}: too few cases ({len(set(ids))}) to split off a validation set")
+        self.train_dataset = self._view(source, tr_idx, True)
+        self.val_dataset = self._view(source, va_idx or tr_idx, False)
+
+    @property
+    def planted_hard_cases(self) -> list[str]:
+        """Case ids of planted corner cases (train and val); ``[]`` for real data."""
+        return sorted(self.planted_hard_kinds)
+
+    @property
+    def planted_hard_kinds(self) -> dict[str, str]:
+        """``{case_id: kind}`` of the planted corner cases."""
+        if self.root is not None:
+            return {}
+        self.setup("fit")
+        return {**self.train_dataset.hard_cases, **self.val_dataset.hard_cases}
+
+    # --- loaders -----------------------------------------------------------------------------
+    def _loader(self, ds: Dataset, shuffle: bool) -> DataLoader:
+        g = torch.Generator().manual_seed(self.seed) if shuffle else None
+        # drop a lone trailing sample: BatchNorm models fail on a batch of one
+        drop_last = shuffle and len(ds) > self.batch_size and len(ds) % self.batch_size == 1
+        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=g, drop_last=drop_last,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          pin_memory=self.pin_memory)
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup("fit")
+        return self._loader(self.train_dataset, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup("fit")
+        return self._loader(self.val_dataset, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation split (there is no separate held-out split)."""
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+    def extra_val_datasets(self) -> dict[str, SegmentationDataset]:
+        if self._extra is None:
+            self._extra = {name: self._view(self._read(folder), None, False)
+                           for name, folder in self.extra_val.items()}
+        return self._extra
+
+    def extra_val_dataloaders(self) -> dict[str, DataLoader]:
+        """Named extra validation loaders (e.g. ``{"etis": ...}``), val pipeline, fixed order."""
+        return {name: self._loader(ds, shuffle=False) for name, ds in self.extra_val_datasets().items()}
