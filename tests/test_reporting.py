@@ -51,7 +51,12 @@ def test_efr_table_in_paper_layout(tmp_path):
     assert list(t5.columns) == [("val", "Dice"), ("val", "IoU")]
     last = efr[(efr.epoch == 2) & (efr.perturbation == "blur") & (efr.metric == "dice")
                & (efr.threshold == 0.5)]
-    assert t5.loc["blur", ("val", "Dice")] == pytest.approx(100 * last.errors.sum() / last.cases.sum())
+    per_sev = last[last.severity > 0]
+    expected = 100 * per_sev.errors.sum() / per_sev.cases.sum()
+    assert t5.loc["blur", ("val", "Dice")] == pytest.approx(expected)  # pooled row not double-counted
+    assert t5.loc["blur", ("val", "Dice")] == pytest.approx(100 * last[last.severity == 0].efr.item())
+    alls = efr[(efr.epoch == 2) & (efr.perturbation == "all") & (efr.metric == "iou") & (efr.threshold == 0.5)]
+    assert t5.loc["All", ("val", "IoU")] == pytest.approx(100 * alls.efr.item())
 
 
 def test_report_has_every_section_and_inlined_images(tmp_path):

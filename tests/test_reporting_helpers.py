@@ -50,7 +50,15 @@ def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = Tr
                         efr.append({"epoch": e, "split": "val", "perturbation": p, "severity": s,
                                     "metric": metric, "threshold": t, "errors": errors,
                                     "cases": cases, "efr": errors / cases})
-    pd.DataFrame(efr).to_csv(root / "efr.csv", index=False)
+    efr = pd.DataFrame(efr)
+    # the MetamorphicCallback also writes pooled rows: severity 0 per perturbation, and "all"
+    keys = ["epoch", "split", "perturbation", "metric", "threshold"]
+    pooled = efr.groupby(keys, as_index=False)[["errors", "cases"]].sum().assign(severity=0)
+    every = pooled.groupby(["epoch", "split", "metric", "threshold"], as_index=False)[
+        ["errors", "cases"]].sum().assign(severity=0, perturbation="all")
+    efr = pd.concat([efr, pooled, every], ignore_index=True)
+    efr["efr"] = efr["errors"] / efr["cases"]
+    efr.to_csv(root / "efr.csv", index=False)
     (root / "config.yaml").write_text("recipe: acdc\ntrainer:\n  max_epochs: %d\n" % epochs)
 
     if corners:

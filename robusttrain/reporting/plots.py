@@ -48,13 +48,11 @@ def efr_series(efr: pd.DataFrame, metric: str = "dice", split: str | None = None
     Pooling sums, not averaging rates, matches the paper's EFR = errors / generated test cases.
     ``split`` defaults to ``val`` when present, else the first split in the file.
     """
-    frame = efr[efr["metric"] == metric]
+    frame = rundir.pool_severities(efr[efr["metric"] == metric])
     if "split" in frame and len(frame):
         splits = list(dict.fromkeys(frame["split"]))
         frame = frame[frame["split"] == (split or ("val" if "val" in splits else splits[0]))]
-    grouped = frame.groupby(["epoch", "perturbation", "threshold"])[["errors", "cases"]].sum()
-    grouped["efr"] = 100.0 * grouped["errors"] / grouped["cases"].where(grouped["cases"] > 0)
-    return grouped.reset_index()
+    return frame.assign(efr=100.0 * frame["efr"])
 
 
 def _mark_epochs(ax, least_loss: int | None, balanced: int | None) -> None:

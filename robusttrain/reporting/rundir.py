@@ -52,6 +52,31 @@ def load_efr(run_dir: str | Path) -> pd.DataFrame | None:
     return _csv(Path(run_dir) / EFR)
 
 
+EFR_KEYS = ["epoch", "split", "perturbation", "metric", "threshold"]
+
+
+def pool_severities(efr: pd.DataFrame) -> pd.DataFrame:
+    """One row per (epoch, split, perturbation, metric, threshold), EFR as a fraction.
+
+    The MetamorphicCallback writes a pooled row (``severity == 0``) next to the per-severity ones;
+    use it where present (summing it too would double-count), else pool errors / cases.
+
+    >>> e = pd.DataFrame({"epoch": 0, "split": "val", "perturbation": "blur", "metric": "dice",
+    ...                   "threshold": 0.5, "severity": [2, 4, 0], "errors": [1, 3, 4],
+    ...                   "cases": [10, 10, 20], "efr": 0.0})
+    >>> pool_severities(e)[["errors", "cases", "efr"]].values.tolist()
+    [[4.0, 20.0, 0.2]]
+    """
+    keys = [k for k in EFR_KEYS if k in efr.columns]
+    is_pooled = efr["severity"] == 0 if "severity" in efr else pd.Series(False, index=efr.index)
+    pooled = efr[is_pooled].groupby(keys)[["errors", "cases"]].sum()
+    summed = efr[~is_pooled].groupby(keys)[["errors", "cases"]].sum()
+    summed = summed[~summed.index.isin(pooled.index)]
+    out = pd.concat([pooled, summed]).astype(float).reset_index()
+    out["efr"] = out["errors"] / out["cases"].where(out["cases"] > 0)
+    return out
+
+
 def load_efr_table(run_dir: str | Path) -> pd.DataFrame | None:
     """``efr_table.csv`` written by ``robusttrain check`` (already in the paper's layout)."""
     return _csv(Path(run_dir) / EFR_TABLE)

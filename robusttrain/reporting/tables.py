@@ -26,9 +26,8 @@ def efr_tables(efr: pd.DataFrame, epoch: int | None = None) -> dict[float, pd.Da
     epoch = int(efr["epoch"].max()) if epoch is None else epoch
     frame = efr[(efr["epoch"] == epoch) & (efr["perturbation"] != "all")]
     order = list(dict.fromkeys(frame["perturbation"]))
-    keys = ["split", "perturbation", "metric", "threshold"]
-    per = frame.groupby(keys)[["errors", "cases"]].sum().reset_index()
-    pooled = frame.groupby(["split", "metric", "threshold"])[["errors", "cases"]].sum().reset_index()
+    per = rundir.pool_severities(frame)
+    pooled = per.groupby(["split", "metric", "threshold"])[["errors", "cases"]].sum().reset_index()
     pooled["perturbation"] = "All"
     both = pd.concat([per, pooled], ignore_index=True)
     both["efr"] = 100.0 * both["errors"] / both["cases"].where(both["cases"] > 0)
