@@ -15,29 +15,16 @@ from typing import Any, Callable
 
 from .base import Params, Perturbation, index_params, stack_params
 from .border import fov_mask, fov_mask_np
+from .blur import Blur, MotionBlur
 from .colour import Contrast, Saturation, WhiteBalance
 
 _REGISTRY: dict[str, Callable[..., Perturbation]] = {
     "saturation": Saturation,
     "contrast": Contrast,
     "white_balance": WhiteBalance,
+    "blur": Blur,
+    "motion_blur": MotionBlur,
 }
-
-
-def _register_optional() -> None:
-    # Families live in their own modules; importing them here keeps the registry in one place.
-    from . import blur, objects, specularity, text  # noqa: F401
-    _REGISTRY.update({
-        "specularity": specularity.Specularity,
-        "blur": blur.Blur,
-        "motion_blur": blur.MotionBlur,
-        "instrument": objects.Instrument,
-        "feces": objects.Feces,
-        "blood": objects.Blood,
-        "text": text.Text,
-    })
-    from . import adversarial, melt
-    _REGISTRY.update({"melt": melt.Melt, "adversarial": adversarial.Adversarial})
 
 
 def available() -> list[str]:
@@ -57,4 +44,4 @@ def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
 
 
 __all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
-           "Saturation", "Contrast", "WhiteBalance"]
+           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur"]

@@ -31,23 +31,33 @@ def _iterations(hc: int, wc: int) -> int:
     return hc + wc
 
 
+def dilate3(x: torch.Tensor) -> torch.Tensor:
+    """3x3 binary dilation of a (..., H, W) bool tensor (zero outside).
+
+    Written as two separable maxima of shifted views: on CPU this is ~100x faster than
+    ``max_pool2d(kernel=3, stride=1)`` on small grids.
+    """
+    p = F.pad(x, (1, 1, 1, 1))
+    r = p[..., :, :-2] | p[..., :, 1:-1] | p[..., :, 2:]
+    return r[..., :-2, :] | r[..., 1:-1, :] | r[..., 2:, :]
+
+
 def fov_lowres(images: torch.Tensor) -> torch.Tensor:
     """(B,C,H,W) in [0,1] -> (B,1,Hc,Wc) bool, True inside the field of view (cells of :func:`cell_size`)."""
     b, _, h, w = images.shape
     k = cell_size(h, w)
     hc, wc = h // k, w // k
     low = F.avg_pool2d(images[:, :, : hc * k, : wc * k], k) if k > 1 else images
-    dark = (low.amax(dim=1, keepdim=True) < DARK).to(images.dtype)
+    dark = low.amax(dim=1, keepdim=True) < DARK
     reach = torch.zeros_like(dark)
     reach[..., 0, :] = dark[..., 0, :]
     reach[..., -1, :] = dark[..., -1, :]
     reach[..., :, 0] = dark[..., :, 0]
     reach[..., :, -1] = dark[..., :, -1]
     for _ in range(_iterations(hc, wc)):
-        reach = F.max_pool2d(reach, 3, 1, 1) * dark
+        reach = dilate3(reach) & dark
     # One more cell of margin so nothing is drawn on the blurry rim of the opening.
-    border = F.max_pool2d(reach, 3, 1, 1)
-    return border < 0.5
+    return ~dilate3(reach)
 
 
 def fov_mask(images: torch.Tensor) -> torch.Tensor:
