@@ -1,1 +1,2 @@
 """robusttrain.callbacks"""
+from .balanced_checkpoint import BalancedCheckpoint  # noqa: F401

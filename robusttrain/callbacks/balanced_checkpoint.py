@@ -1,0 +1,309 @@
+"""BalancedCheckpoint: keep the weights of recent validation epochs, then save the balanced one.
+
+At every validation it saves a candidate checkpoint (``<dirpath>/balanced_candidates/``), prunes
+the ones selection can no longer choose, and records the monitored value (least-loss epoch). The
+per-case history comes from a MetamorphicCallback in ``trainer.callbacks`` (any other callback with
+a pandas ``history`` attribute in the long format), else from ``<dirpath>/history.csv``, else the
+callback computes volume-level per-case Dice itself. At the end of fitting it runs
+:func:`robusttrain.cornercases.select_balanced_epoch` (reference = least-loss epoch) and writes
+``<dirpath>/balanced.ckpt`` and ``<dirpath>/corner_cases.json``.
+
+>>> import lightning.pytorch as pl
+>>> cb = BalancedCheckpoint(dirpath="runs/x", policy="last_inlier", monitor="val/loss")
+>>> isinstance(cb, pl.Callback), cb.state_key
+(True, "BalancedCheckpoint{'policy': 'last_inlier', 'monitor': 'val/loss'}")
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+
+from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
+from robusttrain.cornercases.history import FALLBACK_NAME
+from robusttrain.io import atomic_write_csv, atomic_write_json
+
+CANDIDATES = "balanced_candidates"
+
+
+def _gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (a collective under DDP, ``[obj]`` otherwise)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def batch_sums(logits: torch.Tensor, mask: torch.Tensor, threshold: float = 0.5) -> np.ndarray:
+    """(B, 3, C) int64 per sample and foreground class: intersection, prediction sum, target sum.
+
+    K>1 channels: softmax classes (argmax of the logits, which is the argmax of the softmax);
+    1 channel: sigmoid > ``threshold`` against ``mask > 0``.
+    """
+    if logits.shape[1] == 1:
+        pred = (torch.sigmoid(logits[:, 0]) > threshold).long()
+        mask, classes = (mask > 0).long(), [1]
+    else:
+        pred, classes = logits.argmax(1), range(1, logits.shape[1])
+    out = []
+    for k in classes:
+        p, t = pred == k, mask == k
+        out.append(torch.stack([(p & t).sum((1, 2)), p.sum((1, 2)), t.sum((1, 2))], 1))
+    return torch.stack(out, 2).long().cpu().numpy()
+
+
+def dice_from_sums(s: np.ndarray) -> np.ndarray:
+    """Dice per class from (3, C) sums; an empty target predicted empty scores 1."""
+    inter, p, t = s.astype(np.float64)
+    denom = p + t
+    return np.where(denom > 0, 2 * inter / np.maximum(denom, 1), 1.0)
+
+
+class BalancedCheckpoint(Callback):
+    """Save the balanced checkpoint of paper 004 (see module docstring).
+
+    Args:
+        dirpath: run directory for the outputs; None → the history provider's ``dirpath`` if it
+            has one, else ``trainer.log_dir``, else ``trainer.default_root_dir``.
+        policy: ``last_inlier`` | ``maximin`` | ``pareto``.
+        contamination, tail, metric: passed to the ECOD analysis (metric = column prefix).
+        monitor, mode: the logged value that defines the least-loss (reference) epoch.
+        min_epoch: epochs before it are warm-up: neither analysed nor candidates.
+        retention: ``"auto"`` keeps only what the policy can still choose (for ``last_inlier``
+            the last ``flags(cases)·flags(epochs)+1`` epochs, a bound on how many epochs ECOD can
+            remove; everything for the other policies), ``"all"``, or an int N = last N epochs.
+        compute_dice: None → compute per-case Dice only when no history provider is found.
+        class_names: names for self-computed columns (default: the datamodule's ``class_names``).
+        threshold: sigmoid threshold for 1-channel outputs.
+    """
+
+    def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, policy: str = "last_inlier",
+                 contamination: float = 0.1, tail: str = "low", metric: str = "dice",
+                 monitor: str = "val/loss", mode: str = "min", min_epoch: int = 0,
+                 retention: Union[str, int] = "auto", compute_dice: Optional[bool] = None,
+                 class_names: Optional[list[str]] = None, threshold: float = 0.5) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if not (retention in ("auto", "all") or (isinstance(retention, int) and retention >= 1)):
+            raise ValueError(f"retention must be 'auto', 'all' or an int >= 1, got {retention!r}")
+        self.dirpath = None if dirpath is None else Path(dirpath)
+        self.policy, self.contamination, self.tail, self.metric = policy, contamination, tail, metric
+        self.monitor, self.mode, self.min_epoch, self.retention = monitor, mode, int(min_epoch), retention
+        self.compute_dice, self.class_names, self.threshold = compute_dice, class_names, threshold
+        self._rows: list[dict] = []            # self-computed history (standalone mode)
+        self._monitor_values: dict[int, float] = {}
+        self._saved: list[int] = []            # epochs with a candidate checkpoint on disk
+        self._sums: dict[tuple[str, int], np.ndarray] = {}
+        self._provider: Any = None
+        self._dir: Optional[Path] = self.dirpath
+        self._computing = False
+        self.selection = None                  # the last Selection, for programmatic use
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(policy=self.policy, monitor=self.monitor)
+
+    # ------------------------------------------------------------------ setup / paths
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._provider = next((cb for cb in trainer.callbacks
+                               if cb is not self and hasattr(cb, "history")), None)
+        self._computing = self.compute_dice if self.compute_dice is not None else self._provider is None
+        self._dir = self.dirpath
+        if self._dir is None:
+            # same rule as the MetamorphicCallback, so corner_cases.json lands next to history.csv
+            d = (getattr(self._provider, "dirpath", None) or getattr(trainer, "log_dir", None)
+                 or trainer.default_root_dir)
+            self._dir = Path(d)
+
+    def _candidate(self, epoch: int) -> Path:
+        return self._dir / CANDIDATES / f"epoch={epoch:04d}.ckpt"
+
+    @property
+    def case_history(self) -> pd.DataFrame:
+        """The self-computed history (empty unless computing Dice itself)."""
+        return pd.DataFrame(self._rows)
+
+    def _history(self) -> Optional[pd.DataFrame]:
+        h = getattr(self._provider, "history", None)
+        if isinstance(h, pd.DataFrame) and not h.empty:
+            return h
+        if self._rows:
+            return self.case_history
+        if (self._dir / "history.csv").is_file():
+            return pd.read_csv(self._dir / "history.csv")
+        return None
+
+    # ------------------------------------------------------------------ standalone per-case Dice
+    def _active(self, trainer) -> bool:
+        # only fitting validations are candidates; trainer.validate() and the sanity check are not
+        return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._sums = {}
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if not self._computing or not self._active(trainer) or dataloader_idx != 0:
+            return
+        out = pl_module(batch["image"])
+        if isinstance(out, dict):
+            out = out.get("logits", next(iter(out.values())))
+        elif isinstance(out, (tuple, list)):
+            out = out[0]
+        sums = batch_sums(out, batch["mask"], self.threshold)
+        slices = batch.get("slice_index", torch.zeros(len(sums), dtype=torch.long))
+        for cid, sl, s in zip(batch["case_id"], torch.as_tensor(slices).tolist(), sums):
+            # keyed by slice so DistributedSampler's padded duplicates are counted once
+            self._sums[(str(cid), int(sl))] = s
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not self._computing or not self._active(trainer):
+            return
+        merged: dict[tuple[str, int], np.ndarray] = {}
+        for part in _gather(self._sums):
+            merged.update(part)
+        per_case: dict[str, np.ndarray] = {}
+        for (cid, _), s in merged.items():
+            per_case[cid] = per_case.get(cid, 0) + s
+        if not per_case:
+            return
+        n = next(iter(per_case.values())).shape[1]
+        dm_names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
+        names = self.class_names or dm_names
+        names = list(names) if names and len(names) == n else [f"class{k}" for k in range(1, n + 1)]
+        epoch = trainer.current_epoch
+        self._rows = [r for r in self._rows if r["epoch"] != epoch]
+        for cid in sorted(per_case):
+            d = dice_from_sums(per_case[cid])
+            self._rows.append({"case_id": cid, "epoch": epoch,
+                               **{f"{self.metric}_{c}": float(v) for c, v in zip(names, d)}})
+
+    # ------------------------------------------------------------------ candidates
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not self._active(trainer):
+            return
+        epoch = trainer.current_epoch
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is not None:
+            self._monitor_values[epoch] = float(value)
+        if epoch < self.min_epoch:
+            return
+        path = self._candidate(epoch)
+        tmp = path.with_name(f".{path.name}.tmp")
+        if trainer.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if epoch not in self._saved:
+            self._saved.append(epoch)
+        trainer.save_checkpoint(tmp)  # collective: every rank calls it, rank 0 writes
+        if trainer.is_global_zero:
+            os.replace(tmp, path)
+        keep = set(self._keep(trainer))
+        for e in [e for e in self._saved if e not in keep]:
+            self._saved.remove(e)
+            if trainer.is_global_zero:
+                self._candidate(e).unlink(missing_ok=True)
+        trainer.strategy.barrier("BalancedCheckpoint.candidates")
+
+    def _keep(self, trainer) -> list[int]:
+        eps = sorted(self._saved)
+        if self.retention == "all":
+            return eps
+        if isinstance(self.retention, int):
+            return eps[-self.retention:]
+        if self.policy != "last_inlier":
+            return eps
+        h = self._history()
+        if h is None or "case_id" not in h:
+            return eps
+        # ECOD flags at most max_flagged(n) rows, so at most this many epochs can be removed;
+        # sizing by max_epochs keeps the window from growing past epochs already pruned.
+        total = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 0
+        n_ep = max(len(eps), total - self.min_epoch, 1)
+        n_cases = int(h["case_id"].nunique())
+        removable = max_flagged(n_cases, self.contamination) * max_flagged(n_ep, self.contamination)
+        return eps[-(removable + 1):]
+
+    def best_epoch(self) -> Optional[int]:
+        """Least (``mode="min"``) or greatest monitored epoch; ties go to the earliest."""
+        vals = {e: v for e, v in self._monitor_values.items() if math.isfinite(v)}
+        if not vals:
+            return None
+        sign = 1 if self.mode == "min" else -1
+        return min(vals, key=lambda e: (sign * vals[e], e))
+
+    # ------------------------------------------------------------------ decision
+    def on_train_end(self, trainer, pl_module) -> None:
+        report = None
+        if trainer.is_global_zero:
+            report = self._decide()
+        chosen = trainer.strategy.broadcast(None if report is None else report["balanced_epoch"], src=0)
+        if trainer.is_global_zero:
+            if chosen is not None and self._candidate(chosen).is_file():
+                dst = self._dir / "balanced.ckpt"
+                tmp = dst.with_name(f".{dst.name}.tmp")
+                shutil.copyfile(self._candidate(chosen), tmp)
+                os.replace(tmp, dst)
+                report["checkpoint"] = dst.name
+            if self._rows:
+                atomic_write_csv(self._dir / FALLBACK_NAME, self.case_history)
+            atomic_write_json(self._dir / "corner_cases.json", report)
+        trainer.strategy.barrier("BalancedCheckpoint.end")
+
+    def _decide(self) -> dict:
+        best = self.best_epoch()
+        base = {"schema": 1, "policy": self.policy, "monitor": self.monitor, "mode": self.mode,
+                "least_loss_epoch": best, "contamination": self.contamination, "tail": self.tail,
+                "metric": self.metric, "min_epoch": self.min_epoch, "checkpoint": None}
+        raw = self._history()
+        if raw is None or raw.empty:
+            self.selection = None
+            return {**base, "status": "not_enough_data", "reason": "no per-case history was recorded",
+                    "balanced_epoch": None, "reference_epoch": None, "corner_cases": [],
+                    "outlier_epochs": {}, "candidate_epochs": sorted(self._saved), "dice": {}}
+        h = load_history(raw)
+        epochs = set(h["epoch"].tolist())
+        sel = select_balanced_epoch(
+            h, self.policy, reference_epoch=best if best in epochs else None,
+            candidates=[e for e in self._saved if self._candidate(e).is_file()],
+            contamination=self.contamination, tail=self.tail, metric=self.metric, min_epoch=self.min_epoch)
+        self.selection = sel
+        cc = sel.corner_cases
+        return {**base, "status": sel.status, "reason": sel.reason, "balanced_epoch": sel.epoch,
+                "reference_epoch": sel.reference_epoch, "columns": cc.columns, "threshold": cc.threshold,
+                "corner_cases": [{"case_id": c, "score": cc.scores[c], "contributions": cc.contributions[c]}
+                                 for c in cc.case_ids],
+                "outlier_epochs": sel.outlier_epochs, "candidate_epochs": sel.candidates,
+                "dice": {"least_loss": dice_summary(h, cc.columns, best),
+                         "balanced": dice_summary(h, cc.columns, sel.epoch)}}
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": list(self._rows), "monitor_values": dict(self._monitor_values),
+                "saved": list(self._saved)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._rows = list(state_dict.get("rows", []))
+        self._monitor_values = {int(k): float(v) for k, v in state_dict.get("monitor_values", {}).items()}
+        self._saved = [int(e) for e in state_dict.get("saved", [])]
+
+
+def dice_summary(history: pd.DataFrame, columns: list[str], epoch: Optional[int]) -> Optional[dict]:
+    """Per-case and cohort metric values (plus their class mean) at one epoch of a clean history."""
+    if epoch is None:
+        return None
+    at = history[history["epoch"] == epoch].set_index("case_id")[columns].sort_index()
+    at = at.assign(mean=at[columns].mean(axis=1))
+    cohort = {c: float(v) for c, v in at.mean(axis=0).items()}
+    per_case = {cid: {c: float(v) for c, v in r.items()} for cid, r in at.iterrows()}
+    return {"epoch": int(epoch), "cohort": cohort, "per_case": per_case}

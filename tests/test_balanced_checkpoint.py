@@ -1,0 +1,170 @@
+"""BalancedCheckpoint in real (tiny) Lightning fits: standalone Dice, a history provider, resume."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import lightning.pytorch as pl
+from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint, batch_sums, dice_from_sums
+
+pytestmark = pytest.mark.slow
+
+
+class Cases(Dataset):
+    """n_cases × 2 slices of 16×16; class k lives where the image is ≈ k/3."""
+
+    def __init__(self, n_cases=6, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for c in range(n_cases):
+            for s in range(2):
+                mask = torch.zeros(16, 16, dtype=torch.long)
+                for k in (1, 2, 3):
+                    y, x = torch.randint(0, 12, (2,), generator=g).tolist()
+                    mask[y:y + 4, x:x + 4] = k
+                img = mask.float()[None] / 3 + 0.05 * torch.randn(1, 16, 16, generator=g)
+                self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Conv2d(1, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, b, _):
+        return nn.functional.cross_entropy(self(b["image"]), b["mask"])
+
+    def validation_step(self, b, _):
+        self.log("val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+class Snapshots(pl.Callback):
+    """Records the weights at every validation, to check balanced.ckpt against."""
+
+    def __init__(self):
+        self.weights = {}
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.weights[trainer.current_epoch] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+
+class PlantedHistory(pl.Callback):
+    """A stand-in MetamorphicCallback: exposes ``history`` with a planted collapse of ``bad``."""
+
+    def __init__(self, collapse_epoch):
+        self.history = pd.DataFrame(columns=["case_id", "epoch"])
+        self.collapse_epoch = collapse_epoch
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        e = trainer.current_epoch
+        rows = [{"case_id": f"p{i}", "epoch": e, "dice_lv": 0.6 + 0.03 * e + 0.001 * i,
+                 "dice_rv": 0.55 + 0.03 * e + 0.002 * i} for i in range(9)]
+        low = 0.02 if e == self.collapse_epoch else 0.3
+        rows.append({"case_id": "bad", "epoch": e, "dice_lv": low, "dice_rv": low})
+        self.history = pd.concat([self.history, pd.DataFrame(rows)], ignore_index=True) if len(self.history) else pd.DataFrame(rows)
+
+
+def fit(tmp_path, callbacks, max_epochs, ckpt_path=None, n_cases=6):
+    torch.manual_seed(0)
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         num_sanity_val_steps=1, accelerator="cpu", devices=1)
+    model = Tiny()
+    trainer.fit(model, DataLoader(Cases(n_cases), batch_size=4, shuffle=True),
+                DataLoader(Cases(n_cases, seed=1), batch_size=3), ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_sums_and_dice():
+    logits = torch.zeros(1, 3, 2, 2)
+    logits[0, 1, 0, :] = 5  # predict class 1 on the top row
+    mask = torch.tensor([[[1, 0], [0, 0]]])
+    s = batch_sums(logits, mask)[0]
+    assert s[:, 0].tolist() == [1, 2, 1] and s[:, 1].tolist() == [0, 0, 0]
+    assert dice_from_sums(s).tolist() == pytest.approx([2 / 3, 1.0])  # class 2 empty/empty → 1
+    s1 = batch_sums(torch.full((1, 1, 2, 2), 3.0), torch.ones(1, 2, 2, dtype=torch.long))[0]
+    assert s1[:, 0].tolist() == [4, 4, 4]
+
+
+def test_standalone_writes_files_and_chosen_weights(tmp_path):
+    snap = Snapshots()
+    cb = BalancedCheckpoint(dirpath=tmp_path, retention="all")
+    fit(tmp_path, [cb, snap], max_epochs=6)
+    report = json.loads((tmp_path / "corner_cases.json").read_text())
+    hist = pd.read_csv(tmp_path / "balanced_history.csv")
+    assert sorted(hist["epoch"].unique()) == list(range(6)) and hist["case_id"].nunique() == 6
+    assert {"dice_class1", "dice_class2", "dice_class3"} <= set(hist.columns)
+    chosen = report["balanced_epoch"]
+    assert report["status"] == "ok" and report["policy"] == "last_inlier" and chosen in range(6)
+    assert report["least_loss_epoch"] == cb.best_epoch() and report["checkpoint"] == "balanced.ckpt"
+    for key in ("least_loss", "balanced"):
+        assert set(report["dice"][key]["per_case"]) == {f"case{i}" for i in range(6)}
+        assert "mean" in report["dice"][key]["cohort"]
+    ckpt = torch.load(tmp_path / "balanced.ckpt", weights_only=False)
+    assert ckpt["epoch"] == chosen
+    for k, v in snap.weights[chosen].items():
+        assert torch.equal(ckpt["state_dict"][k], v)
+    model = Tiny.load_from_checkpoint(tmp_path / "balanced.ckpt")  # loads as a Lightning checkpoint
+    assert torch.equal(model.net.weight, snap.weights[chosen]["net.weight"])
+
+
+def test_history_provider_planted_collapse_and_pruning(tmp_path):
+    cb = BalancedCheckpoint(dirpath=tmp_path)  # retention auto: 10 cases, 8 epochs → keep the last 2
+    fit(tmp_path, [PlantedHistory(collapse_epoch=7), cb], max_epochs=8)
+    report = json.loads((tmp_path / "corner_cases.json").read_text())
+    assert [c["case_id"] for c in report["corner_cases"]] == ["bad"]
+    assert report["outlier_epochs"] == {"bad": [7]}
+    assert report["balanced_epoch"] == 6 and report["candidate_epochs"] == [6, 7]
+    assert report["dice"]["balanced"]["per_case"]["bad"]["dice_lv"] == pytest.approx(0.3)
+    assert sorted(p.name for p in (tmp_path / "balanced_candidates").iterdir()) == \
+        ["epoch=0006.ckpt", "epoch=0007.ckpt"]
+    assert not (tmp_path / "balanced_history.csv").exists()  # the provider owns the history
+    assert torch.load(tmp_path / "balanced.ckpt", weights_only=False)["epoch"] == 6
+
+
+def test_resume_restores_state(tmp_path):
+    cb = BalancedCheckpoint(dirpath=tmp_path, retention="all")
+    fit(tmp_path, [cb], max_epochs=3)
+    resume_from = tmp_path / "balanced_candidates" / "epoch=0002.ckpt"
+    state = torch.load(resume_from, weights_only=False)["callbacks"][cb.state_key]
+    assert [r["epoch"] for r in state["rows"]].count(2) == 6 and state["saved"] == [0, 1, 2]
+    cb2 = BalancedCheckpoint(dirpath=tmp_path, retention="all")
+    fit(tmp_path, [cb2], max_epochs=6, ckpt_path=resume_from)
+    assert sorted(cb2.case_history["epoch"].unique()) == list(range(6))
+    assert sorted(cb2._monitor_values) == list(range(6))
+    report = json.loads((tmp_path / "corner_cases.json").read_text())
+    assert report["candidate_epochs"] == list(range(6))
+
+
+def test_not_enough_cases_is_explicit(tmp_path):
+    cb = BalancedCheckpoint(dirpath=tmp_path)
+    fit(tmp_path, [cb], max_epochs=2, n_cases=3)
+    report = json.loads((tmp_path / "corner_cases.json").read_text())
+    assert report["status"] == "not_enough_data" and report["balanced_epoch"] == 1
+    assert (tmp_path / "balanced.ckpt").is_file()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="policy"):
+        BalancedCheckpoint(policy="best")
+    with pytest.raises(ValueError, match="retention"):
+        BalancedCheckpoint(retention=0)
