@@ -1,2 +1,3 @@
 """robusttrain.callbacks"""
+from .metamorphic import MetamorphicCallback  # noqa: F401
 from .balanced_checkpoint import BalancedCheckpoint  # noqa: F401

@@ -1,0 +1,220 @@
+"""MetamorphicCallback: a fixed, seeded metamorphic test suite after validation, every N epochs.
+
+Add it to any trainer; the model's forward must return (B,1,H,W) (sigmoid) or (B,K,H,W)
+(softmax) logits, and batches be dicts (``image``, ``mask``, optional ``case_id``,
+``slice_index``) or ``(image, mask)`` tuples -- otherwise set the hooks.
+
+    >>> import lightning.pytorch as L
+    >>> from robusttrain.callbacks import MetamorphicCallback
+    >>> cb = MetamorphicCallback(perturbations=["blur", "contrast"], severities=(2,), max_cases=8)
+    >>> trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False)   # then trainer.fit(...)
+
+Each check scores the probe clean (-> ``history``) and under every perturbation x severity
+(-> ``cases``, ``efr``), logs ``mr/efr/<perturbation>/<metric>@<t>`` and writes
+``history.csv``, ``efr.csv``, ``mr_cases.csv`` to ``dirpath`` (global rank 0). Every
+violation (Dice drop > ``failure_threshold``) is passed, on rank 0, to each ``on_failure``
+sink as ``sink(record: FailureRecord, images: dict | None)``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from robusttrain.io import atomic_write_csv
+from robusttrain.metamorphic.batch import BatchHooks, case_ids_of, iter_probe
+from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
+from robusttrain.metamorphic.failures import build_failures
+from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
+from robusttrain.metamorphic.suite import DEFAULT_SEVERITIES, MRSuite
+
+from ._dist import gather_objects
+from ._mr_probe import checking_state, default_to_probabilities, make_predict, progress_bar, select_probe
+
+Sink = Callable[..., None]
+
+
+class MetamorphicCallback(Callback):
+    """Metamorphic checks of the validation set (and a train probe for failure mining)."""
+
+    def __init__(self, perturbations: Sequence[str] | None = None,
+                 severities: Sequence[int] = DEFAULT_SEVERITIES, every_n_epochs: int = 1,
+                 max_cases: int | None = None, seed: int = 0,
+                 thresholds: Sequence[float] = THRESHOLDS, batch_size: int = 8,
+                 num_workers: int = 0, dirpath: str | None = None, path: str = "auto",
+                 on_failure: Sink | Sequence[Sink] | None = None, failure_threshold: float = 0.25,
+                 failure_images: int = 16, train_probe_size: int = 0, mine_every_n_epochs: int = 1,
+                 val_dataset: Any = None, train_dataset: Any = None,
+                 class_names: Sequence[str] | None = None,
+                 get_images: Callable | None = None, get_masks: Callable | None = None,
+                 get_case_ids: Callable | None = None, get_slice_indices: Callable | None = None,
+                 to_probabilities: Callable | None = None,
+                 perturbation_kwargs: dict[str, dict] | None = None, verbose: bool = True):
+        if path not in ("auto", "torch", "numpy"):
+            raise ValueError(f"path must be 'auto', 'torch' or 'numpy', got {path!r}")
+        self.suite = MRSuite(perturbations, severities, seed, perturbation_kwargs)
+        self.every_n_epochs, self.mine_every_n_epochs = int(every_n_epochs), int(mine_every_n_epochs)
+        self.max_cases, self.train_probe_size, self.seed = max_cases, int(train_probe_size), int(seed)
+        self.thresholds = tuple(float(t) for t in thresholds)
+        self.batch_size, self.num_workers, self.dirpath, self.path = batch_size, num_workers, dirpath, path
+        sinks = on_failure if isinstance(on_failure, (list, tuple)) else [on_failure] if on_failure else []
+        self.sinks: list[Sink] = list(sinks)
+        self.failure_threshold, self.failure_images = float(failure_threshold), int(failure_images)
+        self.datasets = {"val": val_dataset, "train": train_dataset}
+        self.class_names = list(class_names) if class_names is not None else None
+        d = BatchHooks()
+        self.hooks = BatchHooks(get_images or d.get_images, get_masks or d.get_masks,
+                                get_case_ids or d.get_case_ids, get_slice_indices or d.get_slice_indices)
+        self.to_probabilities = to_probabilities or default_to_probabilities
+        self.verbose = verbose
+        self.history = pd.DataFrame(columns=["case_id", "epoch"])
+        self.efr = pd.DataFrame(columns=EFR_COLUMNS)
+        self.cases = pd.DataFrame()
+        self.last_failures: list = []
+
+    # -- public API --------------------------------------------------------------------
+    def add_sink(self, sink: Sink) -> None:
+        """Subscribe ``sink(record, images)`` to violations (e.g. a FailureBank)."""
+        self.sinks.append(sink)
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(seed=self.seed, perturbations=tuple(self.suite.names),
+                                        severities=tuple(self.suite.severities))
+
+    # -- Lightning hooks ---------------------------------------------------------------
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking or getattr(trainer.state.fn, "value", trainer.state.fn) != "fit":
+            return
+        epoch = int(trainer.current_epoch)
+        splits = []
+        if self.every_n_epochs > 0 and (epoch + 1) % self.every_n_epochs == 0:
+            splits.append("val")
+        if self.train_probe_size > 0 and (epoch + 1) % self.mine_every_n_epochs == 0:
+            splits.append("train")
+        if splits:
+            self.check(trainer, pl_module, epoch, splits)
+
+    def check(self, trainer: Any, pl_module: Any, epoch: int, splits: Sequence[str] = ("val",)) -> None:
+        """Run the suite on ``splits`` now (all ranks must call it), update tables and files."""
+        device = next((p.device for p in pl_module.parameters()), torch.device("cpu"))
+        path = self.path if self.path != "auto" else ("torch" if device.type == "cuda" else "numpy")
+        predict = make_predict(trainer, pl_module, self.to_probabilities)
+        metrics: dict[str, float] = {}
+        with checking_state(pl_module, self.seed):
+            for split in splits:
+                ds = self._dataset(trainer, split)
+                if ds is None:
+                    continue
+                idx = self._probe(trainer, split, ds)
+                if self.suite.in_channels is None and idx:  # same suite on every rank, even empty shards
+                    first = next(iter_probe(ds, idx[:1], 1, self.hooks))
+                    self.suite.prepare(first.images.shape[1], probe=first.images)
+                shard = idx[trainer.global_rank::max(1, trainer.world_size)]
+                n_b = -(-len(shard) // self.batch_size)
+                bar = progress_bar(trainer, n_b * (1 + len(self.suite.tests) or 1), f"MR check ({split})")
+                res = run_probe(predict, iter_probe(ds, shard, self.batch_size, self.hooks, self.num_workers),
+                                self.suite, split, path=path, device=device, progress=bar.update)
+                bar.close()
+                parts = gather_objects(trainer, res.to_obj())
+                res = ProbeResult.merge([ProbeResult(**p) for p in parts])
+                metrics.update(self._record(trainer, pl_module, ds, res, epoch, split, predict, path))
+        if metrics:
+            pl_module.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False)
+        if trainer.is_global_zero:
+            self._write(trainer)
+
+    # -- internals ---------------------------------------------------------------------
+    def _dataset(self, trainer: Any, split: str) -> Any:
+        if self.datasets[split] is not None:
+            return self.datasets[split]
+        dm = getattr(trainer, "datamodule", None)
+        ds = getattr(dm, f"{split}_dataset", None)
+        if ds is None:
+            loaders = trainer.val_dataloaders if split == "val" else trainer.train_dataloader
+            if isinstance(loaders, (list, tuple)):
+                loaders = loaders[0] if loaders else None
+            ds = getattr(loaders, "dataset", None)
+        return ds
+
+    def _probe(self, trainer: Any, split: str, ds: Any) -> list[int]:
+        ids = case_ids_of(ds) or [f"idx{i}" for i in range(len(ds))]
+        dm = getattr(trainer, "datamodule", None)
+        always = list(getattr(dm, "planted_hard_cases", []) or []) if split == "val" else []
+        size = self.max_cases if split == "val" else self.train_probe_size
+        return select_probe(ids, size, self.seed, split, always)
+
+    def _names(self, trainer: Any, res: ProbeResult) -> list[str]:
+        if self.class_names is not None:
+            return self.class_names
+        names = getattr(getattr(trainer, "datamodule", None), "class_names", None)
+        kf = res.src.shape[1]
+        if names and len(names) == kf:
+            return list(names)
+        return ["fg"] if kf == 1 else [f"class{i + 1}" for i in range(kf)]
+
+    def _record(self, trainer, pl_module, ds, res, epoch, split, predict, path) -> dict[str, float]:
+        hist, cases = aggregate(res, self._names(trainer, res), epoch, self.suite)
+        table = efr_table(cases, self.thresholds)
+        table.insert(0, "split", split)
+        table.insert(0, "epoch", epoch)
+        self.efr = _replace(self.efr, table, epoch, split)
+        self.cases = _replace(self.cases, cases, epoch, split)
+        if split == "val":  # history.csv is the clean validation history (corner-case input)
+            keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
+            self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
+        if trainer.is_global_zero:
+            self.last_failures = build_failures(res, cases, self.suite, ds, self.hooks, predict, path,
+                                                self.failure_threshold, self.failure_images, epoch,
+                                                device=next(pl_module.parameters()).device)
+            for rec, imgs in self.last_failures:
+                for sink in self.sinks:
+                    sink(rec, imgs)
+            if self.verbose:
+                rank_zero_info(format_efr_console(table, f"MR check, epoch {epoch} ({split}): EFR % "
+                                                         f"over {len(hist)} cases"))
+        prefix = "mr/efr" if split == "val" else f"mr/{split}_efr"
+        return efr_metrics(table, prefix)
+
+    def _write(self, trainer: Any) -> None:
+        d = self.dirpath or getattr(trainer, "log_dir", None) or trainer.default_root_dir
+        atomic_write_csv(os.path.join(d, "history.csv"), self.history)
+        atomic_write_csv(os.path.join(d, "efr.csv"), self.efr)
+        atomic_write_csv(os.path.join(d, "mr_cases.csv"), self.cases)
+
+    # -- checkpoint state --------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": 1, "history": _to_state(self.history), "efr": _to_state(self.efr),
+                "cases": _to_state(self.cases), "suite": self.suite.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = _from_state(state["history"])
+        self.efr = _from_state(state["efr"])
+        self.cases = _from_state(state["cases"])
+        self.suite.load_state_dict(state.get("suite", {}))
+
+
+def _replace(frame: pd.DataFrame, new: pd.DataFrame, epoch: int, split: str) -> pd.DataFrame:
+    """``frame`` without rows of (epoch, split), plus ``new`` (a re-check replaces, never duplicates)."""
+    if len(frame) and "epoch" in frame:
+        frame = frame[~((frame["epoch"] == epoch) & (frame["split"] == split))]
+    return pd.concat([frame, new], ignore_index=True) if len(frame) else new.reset_index(drop=True)
+
+
+def _to_state(frame: pd.DataFrame) -> dict[str, list]:
+    # plain python lists: loadable with torch.load(weights_only=True)
+    return {"columns": [str(c) for c in frame.columns],
+            "data": [[_py(v) for v in frame[c].tolist()] for c in frame.columns]}
+
+
+def _py(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _from_state(state: dict[str, list]) -> pd.DataFrame:
+    return pd.DataFrame(dict(zip(state["columns"], state["data"])), columns=state["columns"])

@@ -1,0 +1,137 @@
+"""Reading probe batches: default hooks for dict / tuple batches, and an indexed loader.
+
+The probe iterates a *dataset* (not a trainer's loader), so every sample's dataset index
+is known; a case without ``case_id`` is named ``idx<dataset index>``.
+
+>>> import torch
+>>> ds = [(torch.rand(3, 8, 8), torch.zeros(8, 8, dtype=torch.long)) for _ in range(3)]
+>>> hooks = BatchHooks()
+>>> [pb.case_ids for pb in iter_probe(ds, [2, 0], batch_size=2, hooks=hooks)]
+[['idx2', 'idx0']]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+
+class HookError(ValueError):
+    """A batch could not be read by the default hooks; the message names the hook to set."""
+
+
+def default_get_images(batch: Any) -> torch.Tensor:
+    if isinstance(batch, dict) and "image" in batch:
+        return batch["image"]
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2 and torch.is_tensor(batch[0]):
+        return batch[0]
+    raise HookError("cannot find images in the batch (expected a dict with 'image' or an "
+                    f"(image, mask) tuple, got {type(batch).__name__}); pass get_images=")
+
+
+def default_get_masks(batch: Any) -> torch.Tensor:
+    if isinstance(batch, dict) and "mask" in batch:
+        m = batch["mask"]
+    elif isinstance(batch, (list, tuple)) and len(batch) >= 2 and torch.is_tensor(batch[1]):
+        m = batch[1]
+    else:
+        raise HookError("cannot find masks in the batch (expected a dict with 'mask' or an "
+                        f"(image, mask) tuple, got {type(batch).__name__}); pass get_masks=")
+    return m
+
+
+def default_get_case_ids(batch: Any) -> Sequence[str] | None:
+    if isinstance(batch, dict) and "case_id" in batch:
+        return [str(c) for c in batch["case_id"]]
+    return None
+
+
+def default_get_slice_indices(batch: Any) -> Sequence[int] | None:
+    if isinstance(batch, dict) and "slice_index" in batch:
+        return [int(s) for s in torch.as_tensor(batch["slice_index"]).reshape(-1)]
+    return None
+
+
+def _normalise_mask(m: torch.Tensor, n: int) -> torch.Tensor:
+    if not torch.is_tensor(m):
+        raise HookError(f"masks must be a tensor, got {type(m).__name__}; pass get_masks=")
+    if m.ndim == 4 and m.shape[1] == 1:  # (B,1,H,W) binary masks are common
+        m = m[:, 0]
+    if m.ndim != 3 or m.shape[0] != n:
+        raise HookError(f"masks must be (B,H,W) class indices, got {tuple(m.shape)}; pass get_masks=")
+    return m.round().long() if m.is_floating_point() else m.long()
+
+
+@dataclass
+class BatchHooks:
+    """How to read a collated batch; each hook can be replaced by the user."""
+
+    get_images: Callable[[Any], torch.Tensor] = default_get_images
+    get_masks: Callable[[Any], torch.Tensor] = default_get_masks
+    get_case_ids: Callable[[Any], Sequence[str] | None] = default_get_case_ids
+    get_slice_indices: Callable[[Any], Sequence[int] | None] = default_get_slice_indices
+
+
+@dataclass
+class ProbeBatch:
+    indices: list[int]
+    images: torch.Tensor  # (B,C,H,W) float
+    masks: torch.Tensor  # (B,H,W) int64
+    case_ids: list[str]
+    slice_indices: list[int]
+
+
+class _Indexed(Dataset):
+    def __init__(self, ds: Dataset, indices: Sequence[int]):
+        self.ds, self.indices = ds, list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.indices[i], self.ds[self.indices[i]]
+
+
+def _collate(items):
+    return [i for i, _ in items], default_collate([x for _, x in items])
+
+
+def read_batch(indices: list[int], batch: Any, hooks: BatchHooks) -> ProbeBatch:
+    """Apply the hooks to one collated batch and check what they return."""
+    images = hooks.get_images(batch)
+    if not torch.is_tensor(images) or images.ndim != 4:
+        raise HookError(f"images must be a (B,C,H,W) tensor, got "
+                        f"{getattr(images, 'shape', type(images).__name__)}; pass get_images=")
+    masks = _normalise_mask(hooks.get_masks(batch), images.shape[0])
+    cids = hooks.get_case_ids(batch)
+    cids = [f"idx{i}" for i in indices] if cids is None else [str(c) for c in cids]
+    sl = hooks.get_slice_indices(batch)
+    sl = [0] * len(indices) if sl is None else [int(s) for s in sl]
+    if len(cids) != len(indices) or len(sl) != len(indices):
+        raise HookError("get_case_ids / get_slice_indices returned a list whose length differs "
+                        "from the batch size; fix get_case_ids=")
+    return ProbeBatch(indices, images.float(), masks, cids, sl)
+
+
+def iter_probe(dataset: Dataset, indices: Sequence[int], batch_size: int, hooks: BatchHooks,
+               num_workers: int = 0) -> Iterator[ProbeBatch]:
+    """Batches of ``dataset[indices]`` in the given order, read through ``hooks``."""
+    loader = DataLoader(_Indexed(dataset, indices), batch_size=batch_size, shuffle=False,
+                        num_workers=num_workers, collate_fn=_collate)
+    for idx, batch in loader:
+        yield read_batch(idx, batch, hooks)
+
+
+def case_ids_of(dataset: Dataset) -> list[str] | None:
+    """Per-index case ids when the dataset can tell them cheaply (``case_ids()``), else None."""
+    fn = getattr(dataset, "case_ids", None)
+    if callable(fn):
+        try:
+            ids = [str(c) for c in fn()]
+        except Exception:  # a dataset-specific failure must not break the probe
+            return None
+        if len(ids) == len(dataset):
+            return ids
+    return None

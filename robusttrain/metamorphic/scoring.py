@@ -1,0 +1,111 @@
+"""Volume-level segmentation scores from sums (CaseScores).
+
+Scores are kept as integer sums per class -- intersection, prediction sum, target sum --
+so the slices of one case (and the shards of several DDP ranks) add up exactly; Dice and
+IoU are computed from the sums only at the end. Empty target and empty prediction is a
+perfect score (1.0).
+
+>>> import torch
+>>> pred = torch.tensor([[[0, 1], [1, 1]]]); gt = torch.tensor([[[0, 1], [0, 1]]])
+>>> s = slice_sums(pred, gt, num_classes=2)      # (B, K-1, 3): I, P, T
+>>> s.tolist()
+[[[2, 3, 2]]]
+>>> round(float(dice_from_sums(s)[0, 0]), 3), round(float(iou_from_sums(s)[0, 0]), 3)
+(0.8, 0.667)
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+
+def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:
+    """(B,K,H,W) class probabilities -> (B,H,W) int64 labels.
+
+    K == 1 is read as the foreground probability of a binary task (threshold 0.5).
+    """
+    if probs.ndim != 4:
+        raise ValueError(f"expected probabilities of shape (B,K,H,W), got {tuple(probs.shape)}")
+    if probs.shape[1] == 1:
+        return (probs[:, 0] > 0.5).long()
+    return probs.argmax(dim=1)
+
+
+def logits_to_probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """Model logits -> (B,K,H,W) probabilities: (B,1,H,W) sigmoid (as [1-p, p]), else softmax.
+
+    >>> logits_to_probabilities(torch.zeros(1, 1, 2, 2)).shape
+    torch.Size([1, 2, 2, 2])
+    """
+    logits = logits.float()  # AMP outputs may be half; sums and argmax want full precision
+    if logits.shape[1] == 1:
+        p = torch.sigmoid(logits)
+        return torch.cat([1 - p, p], dim=1)
+    return torch.softmax(logits, dim=1)
+
+
+def slice_sums(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Per sample and foreground class: (intersection, pred sum, target sum), int64 (B,K-1,3).
+
+    ``pred`` / ``target`` are (B,H,W) label maps; class 0 is background and not scored.
+    """
+    if pred.shape != target.shape:
+        raise ValueError(f"prediction {tuple(pred.shape)} and mask {tuple(target.shape)} differ")
+    out = []
+    for c in range(1, num_classes):
+        p, t = pred == c, target == c
+        out.append(torch.stack([(p & t).flatten(1).sum(1), p.flatten(1).sum(1),
+                                t.flatten(1).sum(1)], dim=1))
+    return torch.stack(out, dim=1).long()
+
+
+def dice_from_sums(s: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Dice = 2I / (P+T) along the last axis of ``(..., 3)`` sums; 1.0 when P+T == 0."""
+    s = np.asarray(s, dtype=np.float64)
+    i, p, t = s[..., 0], s[..., 1], s[..., 2]
+    den = p + t
+    return np.where(den > 0, 2 * i / np.where(den > 0, den, 1), 1.0)
+
+
+def iou_from_sums(s: np.ndarray | torch.Tensor) -> np.ndarray:
+    """IoU = I / (P+T-I) along the last axis of ``(..., 3)`` sums; 1.0 when the union is empty."""
+    s = np.asarray(s, dtype=np.float64)
+    i, p, t = s[..., 0], s[..., 1], s[..., 2]
+    den = p + t - i
+    return np.where(den > 0, i / np.where(den > 0, den, 1), 1.0)
+
+
+METRICS: dict[str, Callable] = {"dice": dice_from_sums, "iou": iou_from_sums}
+
+
+class CaseScores:
+    """Accumulates per-case sums over slices (and ranks); the unit of per-case metrics.
+
+    >>> cs = CaseScores(["fg"])
+    >>> cs.add(["a", "a"], torch.tensor([[[1, 2, 1]], [[0, 0, 3]]]))
+    >>> cs.sums["a"].tolist(), round(float(cs.scores("dice")["a"][0]), 3)
+    ([[1, 2, 4]], 0.333)
+    """
+
+    def __init__(self, class_names: Iterable[str]):
+        self.class_names = list(class_names)
+        self.sums: dict[str, np.ndarray] = {}
+
+    def add(self, case_ids: Iterable[str], sums: np.ndarray | torch.Tensor) -> None:
+        sums = np.asarray(sums.cpu() if isinstance(sums, torch.Tensor) else sums, dtype=np.int64)
+        for cid, s in zip(case_ids, sums):
+            if cid in self.sums:
+                self.sums[cid] = self.sums[cid] + s
+            else:
+                self.sums[cid] = s.copy()
+
+    def scores(self, metric: str = "dice") -> dict[str, np.ndarray]:
+        """Per case, per foreground class score of ``metric`` (``dice`` or ``iou``)."""
+        fn = METRICS[metric]
+        return {cid: fn(s) for cid, s in self.sums.items()}
+
+    def mean(self, metric: str = "dice") -> dict[str, float]:
+        """Per case, the mean over foreground classes."""
+        return {cid: float(np.mean(v)) for cid, v in self.scores(metric).items()}

@@ -1,0 +1,180 @@
+"""The fixed, seeded metamorphic test suite: which perturbation x severity, and its params.
+
+Each (case, perturbation, severity) gets a seed from a stable hash of the suite seed and
+those three; each slice of the case gets a sub-seed from (case seed, slice index). Params
+are sampled once on CPU with a ``torch.Generator`` from that seed and cached, so every
+epoch, device, rank and application path (batched torch / per-image numpy) replays the
+*same* follow-up images.
+
+>>> import torch
+>>> from robusttrain import perturbations as P
+>>> suite = MRSuite(["blur"], severities=(2,), seed=0)
+>>> suite.prepare(in_channels=3)
+>>> img = torch.rand(2, 3, 32, 32)
+>>> params = suite.params_for("val", 0, ["c0", "c1"], [0, 0], img)
+>>> out = suite.apply(0, img, None, params, path="torch")
+>>> out.shape
+torch.Size([2, 3, 32, 32])
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PERTURBATIONS = ("saturation", "contrast", "white_balance", "specularity", "blur",
+                         "instrument", "feces", "blood", "text")
+DEFAULT_SEVERITIES = (2, 4)
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 63-bit seed from a stable hash of ``parts`` (unlike ``hash``, same in every process).
+
+    >>> stable_seed(0, "case", "blur", 2) == stable_seed(0, "case", "blur", 2)
+    True
+    """
+    h = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") & (2**63 - 1)
+
+
+def _to_uint8_hwc(img: torch.Tensor) -> np.ndarray:
+    return (img.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+
+
+def _from_hwc(arr: np.ndarray) -> torch.Tensor:
+    arr = np.asarray(arr)
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    t = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
+    return t.float() / 255.0 if arr.dtype == np.uint8 else t.float().clamp(0, 1)
+
+
+class MRSuite:
+    """Perturbation families x severities with per-(case, perturbation, severity) cached params.
+
+    ``tests`` is the ordered list of ``(name, severity)``; a test index ``k`` refers to it.
+    Families that cannot run on the data (RGB-only on 1-channel images) are dropped by
+    :meth:`prepare` and listed in ``skipped``.
+    """
+
+    def __init__(self, perturbations: Sequence[str] | None = None,
+                 severities: Sequence[int] = DEFAULT_SEVERITIES, seed: int = 0,
+                 perturbation_kwargs: dict[str, dict] | None = None):
+        self.names = list(perturbations if perturbations is not None else DEFAULT_PERTURBATIONS)
+        self.severities = [int(s) for s in severities]
+        self.seed = int(seed)
+        self.perturbation_kwargs = dict(perturbation_kwargs or {})
+        self.tests: list[tuple[str, int]] = []
+        self.skipped: dict[str, str] = {}
+        self._ops: dict[tuple[str, int], Any] = {}
+        self._cache: dict[tuple, dict[str, torch.Tensor]] = {}
+        self.in_channels: int | None = None
+
+    # -- building ---------------------------------------------------------------------
+    def prepare(self, in_channels: int, probe: torch.Tensor | None = None) -> None:
+        """Instantiate the perturbations for ``in_channels``-channel images (idempotent)."""
+        if self.in_channels == in_channels and self.tests:
+            return
+        from robusttrain import perturbations as P
+
+        self.in_channels, self.tests, self._ops, self.skipped = in_channels, [], {}, {}
+        known = set(P.available())
+        probe = probe if probe is not None else torch.full((1, in_channels, 64, 64), 0.5)
+        for name in self.names:
+            if name not in known:
+                raise ValueError(f"unknown perturbation '{name}'; available: {sorted(known)}")
+            ops = {sev: P.get(name, severity=sev, **self.perturbation_kwargs.get(name, {}))
+                   for sev in self.severities}
+            reason = next((r for r in (self._cannot_apply(o, probe) for o in ops.values()) if r), "")
+            if reason:  # a family runs at every severity or not at all
+                self.skipped[name] = reason
+                continue
+            for sev, op in ops.items():
+                self._ops[(name, sev)] = op
+                self.tests.append((name, sev))
+        if self.skipped:
+            log.warning("metamorphic suite: skipped on %d-channel images: %s", in_channels,
+                        "; ".join(f"{k} ({v})" for k, v in self.skipped.items()))
+
+    @staticmethod
+    def _cannot_apply(op: Any, probe: torch.Tensor) -> str:
+        if getattr(op, "requires_rgb", False) and probe.shape[1] != 3:
+            return "needs RGB"
+        try:  # the perturbations raise a clear ValueError for data they cannot handle
+            g = torch.Generator().manual_seed(0)
+            op.apply_batch(probe, None, params=op.sample_params(probe, None, generator=g))
+        except ValueError as e:
+            return str(e)
+        return ""
+
+    def op(self, k: int) -> Any:
+        return self._ops[self.tests[k]]
+
+    # -- params -----------------------------------------------------------------------
+    def case_seed(self, case_id: str, k: int) -> int:
+        name, sev = self.tests[k]
+        return stable_seed(self.seed, case_id, name, sev)
+
+    def slice_seed(self, case_id: str, k: int, slice_index: int) -> int:
+        return stable_seed(self.case_seed(case_id, k), int(slice_index))
+
+    def params_for(self, split: str, k: int, case_ids: Sequence[str], slice_indices: Sequence[int],
+                   images: torch.Tensor, masks: torch.Tensor | None = None) -> list[dict]:
+        """Per-sample params (each with leading dim 1, on CPU) for test ``k``; cached."""
+        name, sev = self.tests[k]
+        out = []
+        for i, (cid, si) in enumerate(zip(case_ids, slice_indices)):
+            key = (split, cid, name, sev, int(si))
+            if key not in self._cache:
+                g = torch.Generator().manual_seed(self.slice_seed(cid, k, si))
+                img = images[i:i + 1].detach().float().cpu()
+                m = None if masks is None else masks[i:i + 1].detach().cpu()
+                p = self.op(k).sample_params(img, m, generator=g)
+                self._cache[key] = {n: v.detach().cpu() for n, v in p.items()}
+            out.append(self._cache[key])
+        return out
+
+    def cached(self, split: str, k: int, case_id: str, slice_index: int) -> dict | None:
+        """Cached params of one slice for test ``k`` (None when not sampled yet)."""
+        name, sev = self.tests[k]
+        return self._cache.get((split, case_id, name, sev, int(slice_index)))
+
+    # -- applying ---------------------------------------------------------------------
+    def apply(self, k: int, images: torch.Tensor, masks: torch.Tensor | None,
+              params: list[dict], path: str = "torch") -> torch.Tensor:
+        """Follow-up images for test ``k`` on ``path`` ("torch": batched; "numpy": uint8 per image)."""
+        op = self.op(k)
+        if path == "numpy":
+            outs = []
+            for i, p in enumerate(params):
+                m = None if masks is None else masks[i].cpu().numpy()
+                o, _ = op.apply_numpy(_to_uint8_hwc(images[i]), mask=m,
+                                      params={n: v[0].numpy() for n, v in p.items()})
+                outs.append(_from_hwc(o))
+            return torch.stack(outs).to(images.device, images.dtype)
+        if path != "torch":
+            raise ValueError(f"path must be 'torch' or 'numpy', got {path!r}")
+        try:
+            batched = {n: torch.cat([p[n] for p in params]).to(images.device) for n in params[0]}
+        except RuntimeError:  # per-sample params of different shapes: apply one by one
+            return torch.cat([self.apply(k, images[i:i + 1], None if masks is None else
+                                         masks[i:i + 1], [p], path) for i, p in enumerate(params)])
+        out, _ = op.apply_batch(images, masks, params=batched)
+        return out.to(images.dtype)
+
+    # -- state ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"names": self.names, "severities": self.severities, "seed": self.seed,
+                "cache": [[list(k), v] for k, v in self._cache.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names:
+            log.warning("metamorphic suite: checkpoint suite differs from the configured one; "
+                        "params will be re-sampled for the configured suite")
+            return
+        self._cache = {tuple(k): v for k, v in state.get("cache", [])}
