@@ -1,0 +1,307 @@
+"""Training-set wrappers that add perturbed samples to every epoch: mined-failure replay and its
+random-augmentation baseline.
+
+Both wrappers keep indices ``0..N-1`` identical to the wrapped dataset and append
+``n_slots = round(N * ratio / (1 - ratio))`` extra *slots*, so perturbed samples make up ``ratio``
+of each epoch (0.2 by default) while every original sample is still seen once. The length is
+fixed from the start (samplers, DDP and Lightning's batch count never change), and anything that
+indexes the dataset ``< N`` (e.g. a metamorphic probe) sees the original samples.
+
+* :class:`ReplayDataset` fills a slot with a mined failure: it picks a perturbation by the
+  failure-driven weights (``failures/sampling.json``, see :mod:`.sampling`), a failure of it with
+  probability proportional to its Dice drop, and re-creates the failing image from the *clean*
+  training image (resize only, no augmentation — the view the probe checks) with the recorded
+  perturbation, severity and params, mask unchanged; the training augmentations then run on top.
+  Jitter (``jitter``, default 0.1): every float-valued param is moved a random fraction
+  ``alpha ~ U(0, jitter)`` of the way toward a freshly sampled valid value of the same
+  perturbation; integer params (seeds, counts, shape/character codes, cast choice) are kept. So a
+  replay stays inside the perturbation's valid range and close to the failure. ``jitter=0`` replays
+  exactly. The bank is read from ``<run_dir>/failures/`` whenever its files change (checked with
+  ``os.stat`` per slot), so each DataLoader worker — persistent or not — and each DDP rank sees new
+  failures in the epoch after they were mined. Slots fall back to a clean random sample while the
+  bank holds nothing trainable.
+* :class:`RandomPerturbationDataset` fills a slot with a random perturbation x severity with
+  random params on a random training sample (the standard-augmentation baseline); with an empty
+  perturbation list the slots are clean duplicates (the plain baseline with the same budget).
+
+>>> import tempfile, torch
+>>> class Toy(torch.utils.data.Dataset):
+...     def __len__(self): return 8
+...     def __getitem__(self, i):
+...         return {"image": torch.full((3, 16, 16), i / 8), "mask": torch.zeros(16, 16, dtype=torch.long),
+...                 "case_id": f"c{i}", "slice_index": 0}
+>>> ds = ReplayDataset(Toy(), tempfile.mkdtemp())
+>>> len(ds), ds.n_slots, ds[9]["image"].shape  # 8 originals + 2 slots; empty bank: clean slot
+(10, 2, torch.Size([3, 16, 16]))
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from robusttrain.metamorphic.records import FailureRecord
+from robusttrain.mining.bank import FailureBank, LOG_NAME, log_signature
+
+SAMPLING_NAME = "sampling.json"
+_RESIZE_STEPS = ("Resize", "LongestMaxSize", "PadIfNeeded")
+
+
+def n_slots_for(n: int, ratio: float) -> int:
+    """Extra samples so that they are ``ratio`` of an epoch of ``n`` originals."""
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"ratio={ratio}: expected 0 <= ratio < 1")
+    return int(round(n * ratio / (1.0 - ratio)))
+
+
+def to_uint8_hwc(image: Any) -> np.ndarray:
+    """(C,H,W) float [0,1] tensor/array -> (H,W,C) uint8, the metamorphic probe's numpy input."""
+    t = torch.as_tensor(image).detach().float().clamp(0, 1)
+    return (t * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+class CleanView:
+    """Un-augmented access to a training dataset, and the augmentations to run afterwards.
+
+    For robusttrain's ``SegmentationDataset`` (``source``, ``indices``, ``pipeline``) the clean
+    image is ``source.load`` + the pipeline's leading resize steps; the remaining steps are the
+    augmentations. Any other dataset: its own sample (whatever it returns) and no extra steps.
+    """
+
+    def __init__(self, ds: Dataset):
+        self.ds = ds
+        pipe = getattr(ds, "pipeline", None)
+        self.pre = self.post = None
+        if pipe is not None and hasattr(ds, "source") and hasattr(ds, "indices"):
+            import albumentations as A
+
+            steps = list(pipe.transforms)
+            k = 0
+            while k < len(steps) and type(steps[k]).__name__ in _RESIZE_STEPS:
+                k += 1
+            self.pre = A.Compose(steps[:k])
+            self.post = A.Compose(steps[k:]) if k < len(steps) else None
+
+    def load(self, i: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """(image HWC uint8, mask HW int64, meta with case_id/slice_index) of sample ``i``."""
+        if self.pre is None:
+            s = self.ds[i]
+            meta = {"case_id": s.get("case_id", f"idx{i}"), "slice_index": int(s.get("slice_index", 0))}
+            return to_uint8_hwc(s["image"]), np.asarray(s["mask"], dtype=np.int64), meta
+        src, j = self.ds.source, self.ds.indices[i]
+        img, msk = src.load(j)
+        out = self.pre(image=img, mask=msk)
+        img, msk = np.asarray(out["image"]), np.asarray(out["mask"])
+        if img.dtype != np.uint8:  # float sources: the same quantisation the probe applies
+            img = (np.clip(img, 0, 1) * 255).round().astype(np.uint8)
+        if img.ndim == 2:
+            img = img[..., None]
+        meta = {"case_id": src.case_id(j), "slice_index": int(src.slice_index(j))}
+        return img, msk.astype(np.int64), meta
+
+    def finish(self, image: np.ndarray, mask: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
+        """Run the augmentations and build the batch dict of docs/design.md."""
+        size = image.shape[:2]
+        if self.post is not None:
+            out = self.post(image=image, mask=mask)
+            image, mask = out["image"], out["mask"]
+            if image.shape[:2] != size:  # a crop in the augmentations: back to the batch size
+                import cv2
+
+                image = cv2.resize(image, size[::-1], interpolation=cv2.INTER_LINEAR)
+                mask = cv2.resize(mask.astype(np.uint8), size[::-1], interpolation=cv2.INTER_NEAREST)
+            if image.ndim == 2:
+                image = image[..., None]
+        img = image.astype(np.float32) / 255.0 if image.dtype == np.uint8 else np.clip(image, 0, 1)
+        return {"image": torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)),
+                "mask": torch.from_numpy(np.ascontiguousarray(mask, dtype=np.int64)),
+                "case_id": meta["case_id"], "slice_index": meta["slice_index"]}
+
+
+class _SlotDataset(Dataset):
+    def __init__(self, base: Dataset, ratio: float):
+        self.base, self.ratio = base, float(ratio)
+        self.n_base = len(base)
+        self.n_slots = n_slots_for(self.n_base, self.ratio)
+        self.view = CleanView(base)
+
+    def __len__(self) -> int:
+        return self.n_base + self.n_slots
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i < 0:
+            i += len(self)
+        if i < self.n_base:
+            return self.base[i]
+        if i >= len(self):
+            raise IndexError(i)
+        # torch's RNG is seeded per worker and per epoch by the DataLoader (and by seed_everything)
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+        return self._slot(rng)
+
+    def _clean_slot(self, rng: np.random.Generator) -> dict[str, Any]:
+        img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
+        return self.view.finish(img, msk, meta)
+
+    def __getattr__(self, name: str) -> Any:
+        # datamodule-specific attributes (case_ids, hard_cases, ...) of the wrapped dataset
+        if name in ("base", "view"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def jitter_params(recorded: dict[str, Any], fresh: dict[str, np.ndarray], alpha: float
+                  ) -> dict[str, np.ndarray]:
+    """Recorded params in ``fresh``'s dtypes; float ones moved ``alpha`` toward ``fresh``.
+
+    >>> jitter_params({"s": [2.0], "n": [3]}, {"s": np.array([4.0], np.float32), "n": np.array([9])}, 0.5)
+    {'s': array([3.], dtype=float32), 'n': array([3])}
+    """
+    out = {}
+    for k, v in recorded.items():
+        v = np.asarray(v)
+        f = fresh.get(k)
+        if f is None:
+            out[k] = v
+            continue
+        f = np.asarray(f)
+        v = v.astype(f.dtype) if v.shape == f.shape or v.size == f.size else v
+        if alpha > 0 and np.issubdtype(f.dtype, np.floating) and v.shape == f.shape:
+            v = ((1 - alpha) * v + alpha * f).astype(f.dtype)
+        out[k] = v.reshape(f.shape) if v.size == f.size else v
+    return out
+
+
+class ReplayDataset(_SlotDataset):
+    """Mixes mined failures from ``<run_dir>/failures/`` into every epoch (see module doc).
+
+    ``sources`` maps a record's split to the dataset its ``index`` refers to (default
+    ``{"train": base}``); validation records are only used with ``allow_val_mining=True`` and a
+    matching entry in ``sources``.
+    """
+
+    def __init__(self, base: Dataset, run_dir: str | os.PathLike, replay_ratio: float = 0.2,
+                 jitter: float = 0.1, allow_val_mining: bool = False,
+                 sources: dict[str, Dataset] | None = None,
+                 perturbation_kwargs: dict[str, dict] | None = None):
+        super().__init__(base, replay_ratio)
+        self.dir = Path(run_dir) / "failures"
+        self.jitter, self.allow_val_mining = float(jitter), allow_val_mining
+        self.views = {"train": self.view}
+        for split, ds in (sources or {}).items():
+            if split != "train":
+                self.views[split] = CleanView(ds)
+        self.perturbation_kwargs = dict(perturbation_kwargs or {})
+        self._sig: tuple | None = None
+        self._by_pert: dict[str, list[FailureRecord]] = {}
+        self._weights: dict[str, float] = {}
+        self._ops: dict[tuple[str, int], Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # workers re-read the files themselves; don't ship the parsed bank or built ops
+        d = dict(self.__dict__)
+        d.update(_sig=None, _by_pert={}, _weights={}, _ops={})
+        return d
+
+    # ---- reading the shared bank --------------------------------------------------------------
+    def refresh(self, force: bool = False) -> bool:
+        """Re-read the bank and sampling weights if their files changed; True when re-read."""
+        sig = (log_signature(self.dir / LOG_NAME), log_signature(self.dir / SAMPLING_NAME))
+        if sig == self._sig and not force:
+            return False
+        self._sig = sig
+        bank = FailureBank.load(self.dir.parent, allow_val_mining=self.allow_val_mining,
+                                max_size=10**9)  # the writer already applied its bound
+        by: dict[str, list[FailureRecord]] = {}
+        for r in bank.trainable():
+            if r.split in self.views and 0 <= r.index:
+                by.setdefault(r.perturbation, []).append(r)
+        self._by_pert = by
+        try:
+            w = json.loads((self.dir / SAMPLING_NAME).read_text()).get("weights", {})
+        except (OSError, ValueError):
+            w = {}
+        self._weights = {p: float(w.get(p, 0.0)) for p in by}
+        if not any(v > 0 for v in self._weights.values()):
+            self._weights = {p: 1.0 for p in by}  # no weights yet: uniform over what failed
+        return True
+
+    @property
+    def n_trainable(self) -> int:
+        self.refresh()
+        return sum(len(v) for v in self._by_pert.values())
+
+    def weights(self) -> dict[str, float]:
+        """Normalised per-perturbation draw probabilities this process uses now."""
+        self.refresh()
+        tot = sum(self._weights.values())
+        return {p: w / tot for p, w in self._weights.items()} if tot > 0 else {}
+
+    # ---- re-creating a failure ----------------------------------------------------------------
+    def _op(self, name: str, severity: int) -> Any:
+        key = (name, int(severity))
+        if key not in self._ops:
+            from robusttrain import perturbations as P
+
+            self._ops[key] = P.get(name, severity=int(severity), **self.perturbation_kwargs.get(name, {}))
+        return self._ops[key]
+
+    def recreate(self, record: FailureRecord, rng: np.random.Generator | None = None,
+                 jitter: float | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """(follow-up HWC uint8, unchanged mask, meta) of ``record``; exact with ``jitter=0``."""
+        rng = rng if rng is not None else np.random.default_rng()
+        jitter = self.jitter if jitter is None else jitter
+        view = self.views[record.split]
+        img, msk, meta = view.load(record.index)
+        op = self._op(record.perturbation, record.severity)
+        fresh = op.sample_numpy(img, msk, rng=rng)  # schema, dtypes, and the jitter target
+        alpha = float(rng.uniform(0, jitter)) if jitter > 0 else 0.0
+        out, _ = op.apply_numpy(img, mask=msk, params=jitter_params(record.params, fresh, alpha))
+        if out.ndim == 2:
+            out = out[..., None]
+        return out, msk, meta
+
+    def _slot(self, rng: np.random.Generator) -> dict[str, Any]:
+        self.refresh()
+        w = self.weights()
+        if not w:
+            return self._clean_slot(rng)
+        perts = sorted(w)
+        pert = perts[rng.choice(len(perts), p=np.array([w[p] for p in perts]))]
+        recs = self._by_pert[pert]
+        drops = np.array([max(r.drop, 0.05) for r in recs])
+        rec = recs[rng.choice(len(recs), p=drops / drops.sum())]
+        img, msk, meta = self.recreate(rec, rng)
+        view = self.views[rec.split]
+        sample = view.finish(img, msk, meta)
+        return sample
+
+
+class RandomPerturbationDataset(_SlotDataset):
+    """Baseline: slots hold a random perturbation x severity with random params (see module doc)."""
+
+    def __init__(self, base: Dataset, perturbations: Sequence[str], severities: Sequence[int] = (2, 4),
+                 ratio: float = 0.2, perturbation_kwargs: dict[str, dict] | None = None):
+        super().__init__(base, ratio)
+        self.tests = [(p, int(s)) for p in perturbations for s in severities]
+        self.perturbation_kwargs = dict(perturbation_kwargs or {})
+        self._ops: dict[tuple[str, int], Any] = {}
+
+    def _slot(self, rng: np.random.Generator) -> dict[str, Any]:
+        if not self.tests:
+            return self._clean_slot(rng)
+        name, sev = self.tests[int(rng.integers(len(self.tests)))]
+        if (name, sev) not in self._ops:
+            from robusttrain import perturbations as P
+
+            self._ops[(name, sev)] = P.get(name, severity=sev, **self.perturbation_kwargs.get(name, {}))
+        img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
+        out, _ = self._ops[(name, sev)].apply_numpy(img, mask=msk, rng=rng)
+        if out.ndim == 2:
+            out = out[..., None]
+        return self.view.finish(out, msk, meta)
