@@ -1,0 +1,105 @@
+"""Text report for ``python -m robusttrain corners RUN_DIR_OR_HISTORY_CSV [policy=...]``.
+
+The least-loss epoch comes from ``corner_cases.json`` (BalancedCheckpoint), else the smallest
+``val/loss`` / ``val_loss`` in a ``metrics.csv`` under the run directory, else it is unknown
+(corner cases are then found at the last epoch and no gain is reported).
+
+>>> import pandas as pd
+>>> rows = [{"case_id": f"p{c}", "epoch": e, "dice_lv": 0.5 + 0.04 * e} for c in range(6) for e in range(8)]
+>>> rows[-1]["dice_lv"] = 0.05
+>>> print(corners_report(pd.DataFrame(rows), least_loss_epoch=7).splitlines()[3])
+balanced epoch (last_inlier): 6
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import pandas as pd
+
+from .balanced import select_balanced_epoch
+from .history import load_history, metric_columns, resolve_history_path
+
+LOSS_COLUMNS = ("val/loss", "val_loss")
+
+
+def least_loss_from_run(run_dir: Path) -> tuple[Optional[int], str]:
+    """(epoch, where it came from) — ``(None, "unknown")`` when the run dir has no record of it."""
+    cj = run_dir / "corner_cases.json"
+    if cj.is_file():
+        e = json.loads(cj.read_text()).get("least_loss_epoch")
+        if e is not None:
+            return int(e), "corner_cases.json"
+    for m in [run_dir / "metrics.csv", *sorted(run_dir.rglob("metrics.csv"))]:
+        if not m.is_file():
+            continue
+        df = pd.read_csv(m)
+        col = next((c for c in LOSS_COLUMNS if c in df.columns), None)
+        if col is None or "epoch" not in df.columns:
+            continue
+        df = df.dropna(subset=[col])
+        if len(df):
+            # idxmin returns the first minimum: ties go to the earliest epoch, like ModelCheckpoint
+            return int(df.loc[df[col].idxmin(), "epoch"]), f"{m.relative_to(run_dir)}:{col}"
+    return None, "unknown"
+
+
+def _fmt(v: Optional[float]) -> str:
+    return "   n/a" if v is None or pd.isna(v) else f"{v:6.3f}"
+
+
+def _gain(a: Optional[float], b: Optional[float]) -> str:
+    return "    n/a" if a is None or b is None or pd.isna(a) or pd.isna(b) else f"{b - a:+7.3f}"
+
+
+def corners_report(path_or_history: Union[str, os.PathLike, pd.DataFrame], policy: str = "last_inlier",
+                   contamination: float = 0.1, tail: str = "low", metric: str = "dice",
+                   least_loss_epoch: Optional[int] = None, min_epoch: int = 0) -> str:
+    """The flagged cases with their Dice at the least-loss and balanced epochs, and the gain."""
+    run_dir, candidates, source = None, None, "least_loss_epoch argument"
+    if isinstance(path_or_history, pd.DataFrame):
+        h, name = load_history(path_or_history), "<DataFrame>"
+    else:
+        hp = resolve_history_path(path_or_history)
+        h, name, run_dir = load_history(hp), str(path_or_history), hp.parent
+        cj = run_dir / "corner_cases.json"
+        if cj.is_file():  # only epochs whose weights were kept can be balanced.ckpt
+            candidates = json.loads(cj.read_text()).get("candidate_epochs") or None
+    if least_loss_epoch is None:
+        least_loss_epoch, source = least_loss_from_run(run_dir) if run_dir else (None, "unknown")
+    cols = metric_columns(h, metric)
+    epochs = set(h["epoch"].tolist())
+    ref = least_loss_epoch if least_loss_epoch in epochs else None
+    sel = select_balanced_epoch(h, policy, reference_epoch=ref, candidates=candidates,
+                                contamination=contamination, tail=tail, metric=metric, min_epoch=min_epoch)
+    cc = sel.corner_cases
+    lines = [f"corner-case report: {name}",
+             f"history: {h['case_id'].nunique()} cases x {len(epochs)} epochs; columns {', '.join(cols)}",
+             f"least-loss epoch: {'unknown' if least_loss_epoch is None else least_loss_epoch} ({source})",
+             f"balanced epoch ({policy}): {sel.epoch}",
+             f"status: {sel.status} - {sel.reason}",
+             f"corner cases at epoch {cc.epoch} (ECOD tail={tail}, contamination={contamination}): "
+             f"{len(cc.case_ids)} flagged" + (f", threshold {cc.threshold:.3f}" if cc.threshold is not None else "")]
+    mean = h.assign(mean=h[cols].mean(axis=1)).set_index(["epoch", "case_id"])
+    la, lb = (f"@{least_loss_epoch}" if least_loss_epoch is not None else "@?"), f"@{sel.epoch}"
+
+    def val(epoch, case, col):
+        return mean[col].get((epoch, case)) if epoch is not None else None
+
+    if cc.case_ids:
+        lines += ["", f"{'case':<22}{'score':>7}  {'dice' + la:>9}  {'dice' + lb:>9}  {'gain':>7}  outlier epochs"]
+        for c in cc.case_ids:
+            a, b = val(least_loss_epoch, c, "mean"), val(sel.epoch, c, "mean")
+            lines.append(f"{c:<22}{cc.scores[c]:7.2f}  {_fmt(a):>9}  {_fmt(b):>9}  {_gain(a, b)}  "
+                         f"{sel.outlier_epochs.get(c, [])}")
+            for col in cols:
+                a, b = val(least_loss_epoch, c, col), val(sel.epoch, c, col)
+                lines.append(f"  {col:<27}  {_fmt(a):>9}  {_fmt(b):>9}  {_gain(a, b)}")
+    lines += ["", "cohort mean (all cases):"]
+    for col in [*cols, "mean"]:
+        a = mean[col].xs(least_loss_epoch, level="epoch").mean() if least_loss_epoch in epochs else None
+        b = mean[col].xs(sel.epoch, level="epoch").mean() if sel.epoch is not None else None
+        lines.append(f"  {col:<27}  {_fmt(a):>9}  {_fmt(b):>9}  {_gain(a, b)}")
+    return "\n".join(lines)
