@@ -125,6 +125,10 @@ class BaseSegDataModule(L.LightningDataModule):
     def _read(self, folder: str) -> Any:
         raise NotImplementedError
 
+    def _split_key(self, case_id: str) -> str:
+        """Samples with the same key land on the same side of the split (default: the case)."""
+        return case_id
+
     # --- datasets ----------------------------------------------------------------------------
     def _view(self, source: Any, indices: Sequence[int] | None, train: bool) -> SegmentationDataset:
         tf = self.train_transforms if train else self.val_transforms
@@ -138,7 +142,7 @@ class BaseSegDataModule(L.LightningDataModule):
             self.train_dataset, self.val_dataset = self._view(tr, None, True), self._view(va, None, False)
             return
         source = self._read(self.root)
-        ids = [source.case_id(i) for i in range(len(source))]
+        ids = [self._split_key(source.case_id(i)) for i in range(len(source))]
         tr_idx, va_idx = split_by_case(ids, self.val_fraction, self.seed)
         if not tr_idx:
             raise DataError(f"{self.root}: too few cases ({len(set(ids))}) to split off a validation set")
