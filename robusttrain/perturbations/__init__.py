@@ -17,6 +17,7 @@ from .base import Params, Perturbation, index_params, stack_params
 from .border import fov_mask, fov_mask_np
 from .blur import Blur, MotionBlur
 from .colour import Contrast, Saturation, WhiteBalance
+from .specularity import Specularity
 
 _REGISTRY: dict[str, Callable[..., Perturbation]] = {
     "saturation": Saturation,
@@ -24,6 +25,7 @@ _REGISTRY: dict[str, Callable[..., Perturbation]] = {
     "white_balance": WhiteBalance,
     "blur": Blur,
     "motion_blur": MotionBlur,
+    "specularity": Specularity,
 }
 
 
@@ -44,4 +46,4 @@ def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
 
 
 __all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
-           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur"]
+           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity"]

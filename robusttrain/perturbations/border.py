@@ -44,10 +44,20 @@ def dilate3(x: torch.Tensor) -> torch.Tensor:
 
 def fov_lowres(images: torch.Tensor) -> torch.Tensor:
     """(B,C,H,W) in [0,1] -> (B,1,Hc,Wc) bool, True inside the field of view (cells of :func:`cell_size`)."""
-    b, _, h, w = images.shape
+    return fov_from_cells(cell_means(images))
+
+
+def cell_means(images: torch.Tensor) -> torch.Tensor:
+    """(B,C,H,W) -> (B,C,Hc,Wc) per-cell channel means (cells of :func:`cell_size`)."""
+    _, _, h, w = images.shape
     k = cell_size(h, w)
     hc, wc = h // k, w // k
-    low = F.avg_pool2d(images[:, :, : hc * k, : wc * k], k) if k > 1 else images
+    return F.avg_pool2d(images[:, :, : hc * k, : wc * k], k) if k > 1 else images
+
+
+def fov_from_cells(low: torch.Tensor) -> torch.Tensor:
+    """(B,C,Hc,Wc) cell means -> (B,1,Hc,Wc) bool field of view."""
+    hc, wc = low.shape[-2:]
     dark = low.amax(dim=1, keepdim=True) < DARK
     reach = torch.zeros_like(dark)
     reach[..., 0, :] = dark[..., 0, :]
@@ -81,14 +91,22 @@ def fov_mask(images: torch.Tensor) -> torch.Tensor:
 
 def fov_lowres_np(image: np.ndarray) -> np.ndarray:
     """One HWC image (uint8 or float32 [0,1]) -> (Hc,Wc) bool field-of-view cells; same algorithm as torch."""
+    return fov_from_cells_np(cell_means_np(image))
+
+
+def cell_means_np(image: np.ndarray) -> np.ndarray:
+    """One HWC image -> (Hc,Wc,C) per-cell means, same dtype (uint8 means are rounded by OpenCV)."""
     h, w = image.shape[:2]
     k = cell_size(h, w)
     hc, wc = h // k, w // k
     crop = image[: hc * k, : wc * k]
     low = cv2.resize(crop, (wc, hc), interpolation=cv2.INTER_AREA) if k > 1 else crop
-    if low.ndim == 2:
-        low = low[:, :, None]
-    thr = DARK * 255 if image.dtype == np.uint8 else DARK
+    return low[:, :, None] if low.ndim == 2 else low
+
+
+def fov_from_cells_np(low: np.ndarray) -> np.ndarray:
+    """(Hc,Wc,C) cell means (uint8 or float [0,1]) -> (Hc,Wc) bool field of view."""
+    thr = DARK * 255 if low.dtype == np.uint8 else DARK
     dark = (low.max(axis=2) < thr).astype(np.uint8)
     # Dark components (8-connected, like the 3x3 dilations of the torch path) touching the edge.
     n, labels = cv2.connectedComponents(dark, connectivity=8)

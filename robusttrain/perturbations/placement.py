@@ -1,0 +1,125 @@
+"""Where artifacts may go: low-resolution maps of brightness and free space, and random cell picks.
+
+Spatial families (specular spots, pasted objects) choose positions on the border-estimate grid
+(:func:`robusttrain.perturbations.border.cell_size`): a cell is *free* when it lies in the field of view
+and holds no lesion pixel. Picks use the Gumbel-max trick on the whole grid, so a batch is placed with
+tensor ops only (no host sync). The numpy path computes the same maps with OpenCV and then reuses the
+torch picker on those tiny maps with a generator seeded from its ``rng``.
+"""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .base import TorchRandom, torch_generator_from
+from .border import cell_means, cell_means_np, cell_size, dilate3, fov_from_cells, fov_from_cells_np
+from .colour import LUMA
+
+
+def maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """-> (luma (B,Hc,Wc) float, free (B,Hc,Wc) bool, cell size k)."""
+    _, _, h, w = images.shape
+    k = cell_size(h, w)
+    low = cell_means(images)
+    free = fov_from_cells(low)[:, 0]
+    luma = (low * torch.as_tensor(LUMA, device=low.device, dtype=low.dtype)[None, :, None, None]).sum(1)
+    if masks is not None:
+        hc, wc = free.shape[-2:]
+        les = F.max_pool2d((masks[:, None, : hc * k, : wc * k] != 0).float(), k) if k > 1 else (masks[:, None] != 0).float()
+        free = free & (les[:, 0] < 0.5)
+    return luma, free, k
+
+
+def maps_np(image: np.ndarray, mask: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Numpy twin of :func:`maps_torch` for one image; returns 1-batch torch tensors (tiny)."""
+    h, w = image.shape[:2]
+    k = cell_size(h, w)
+    low = cell_means_np(image)
+    free = fov_from_cells_np(low)
+    lowf = low.astype(np.float32) * (np.float32(1 / 255) if low.dtype == np.uint8 else np.float32(1))
+    luma = lowf @ LUMA
+    if mask is not None:
+        hc, wc = free.shape
+        les = (mask[: hc * k, : wc * k] != 0).astype(np.uint8)
+        if k > 1:
+            # A cell holds lesion when its mean is > 0, i.e. any pixel is lesion.
+            les = cv2.resize(les * 255, (wc, hc), interpolation=cv2.INTER_AREA) > 0
+        free = free & ~les.astype(bool)
+    return torch.from_numpy(np.ascontiguousarray(luma))[None], torch.from_numpy(free)[None], k
+
+
+def erode_cells(free: torch.Tensor, r: int) -> torch.Tensor:
+    """Cells whose whole (2r+1)^2 neighbourhood is free (outside the grid counts as not free)."""
+    blocked = ~free
+    for _ in range(r):
+        blocked = dilate3(blocked)
+    if r > 0:
+        # Cells near the grid edge: their neighbourhood leaves the image.
+        edge = torch.ones_like(free)
+        edge[..., r:-r, r:-r] = False
+        blocked = blocked | edge
+    return ~blocked
+
+
+def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
+    """Sample ``n`` distinct cells per batch item with probability proportional to ``score`` (B,Hc,Wc) >= 0.
+
+    Returns flat cell indices (B,n). Items with no positive score get arbitrary cells; callers check
+    the pick against the free map to mark them invalid.
+    """
+    b = score.shape[0]
+    flat = score.reshape(b, -1)
+    u = r.uniform(1e-6, 1.0, tuple(flat.shape)).to(flat.device)
+    gumbel = -torch.log(-torch.log(u))
+    keys = torch.log(flat.clamp_min(1e-12)) + gumbel
+    return keys.topk(n, dim=1).indices
+
+
+def gather_cells(grid: torch.Tensor, y: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:
+    """Value of ``grid`` (B,Hc,Wc) at pixel positions (y, x) (B,N) (clamped to the grid)."""
+    b, hc, wc = grid.shape
+    cy = (y / k).long().clamp(0, hc - 1)
+    cx = (x / k).long().clamp(0, wc - 1)
+    return grid.reshape(b, -1).gather(1, cy * wc + cx)
+
+
+__all__ = ["maps_torch", "maps_np", "erode_cells", "pick_cells", "gather_cells", "torch_generator_from"]
+
+
+# ---- numpy twins, used by the numpy path's sampler (torch op overhead dominates on such tiny maps) ----
+
+def maps_np_arrays(image: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Like :func:`maps_np` but returns (luma (1,Hc,Wc) float32, free (1,Hc,Wc) bool, k) as numpy."""
+    luma, free, k = maps_np(image, mask)
+    return luma.numpy(), free.numpy(), k
+
+
+def erode_cells_np(free: np.ndarray, r: int) -> np.ndarray:
+    """Numpy twin of :func:`erode_cells` for (B,Hc,Wc) bool."""
+    if r <= 0:
+        return free.copy()
+    out = np.empty_like(free)
+    ker = np.ones((2 * r + 1, 2 * r + 1), np.uint8)
+    for i in range(free.shape[0]):
+        out[i] = cv2.erode(free[i].astype(np.uint8), ker, borderType=cv2.BORDER_CONSTANT, borderValue=0) > 0
+    return out
+
+
+def pick_cells_np(score: np.ndarray, n: int, r) -> np.ndarray:
+    """Numpy twin of :func:`pick_cells` (``r``: a NumpyRandom)."""
+    b = score.shape[0]
+    flat = score.reshape(b, -1)
+    u = r.uniform(1e-6, 1.0, flat.shape)
+    keys = np.log(np.maximum(flat, 1e-12)) - np.log(-np.log(u))
+    idx = np.argpartition(-keys, n - 1, axis=1)[:, :n]
+    order = np.argsort(-np.take_along_axis(keys, idx, 1), axis=1)
+    return np.take_along_axis(idx, order, 1)
+
+
+def gather_cells_np(grid: np.ndarray, y: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
+    b, hc, wc = grid.shape
+    cy = np.clip((y / k).astype(np.int64), 0, hc - 1)
+    cx = np.clip((x / k).astype(np.int64), 0, wc - 1)
+    return np.take_along_axis(grid.reshape(b, -1), cy * wc + cx, 1)
