@@ -18,6 +18,7 @@ from .border import fov_mask, fov_mask_np
 from .blur import Blur, MotionBlur
 from .colour import Contrast, Saturation, WhiteBalance
 from .specularity import Specularity
+from .text import Text
 
 _REGISTRY: dict[str, Callable[..., Perturbation]] = {
     "saturation": Saturation,
@@ -26,6 +27,7 @@ _REGISTRY: dict[str, Callable[..., Perturbation]] = {
     "blur": Blur,
     "motion_blur": MotionBlur,
     "specularity": Specularity,
+    "text": Text,
 }
 
 
@@ -46,4 +48,4 @@ def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
 
 
 __all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
-           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity"]
+           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity", "Text"]
