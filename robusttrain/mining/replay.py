@@ -104,10 +104,11 @@ class CleanView:
         meta = {"case_id": src.case_id(j), "slice_index": int(src.slice_index(j))}
         return img, msk.astype(np.int64), meta
 
-    def finish(self, image: np.ndarray, mask: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
-        """Run the augmentations and build the batch dict of docs/design.md."""
+    def finish(self, image: np.ndarray, mask: np.ndarray, meta: dict[str, Any],
+               augment: bool = True) -> dict[str, Any]:
+        """Run the augmentations (unless ``augment=False``) and build the batch dict of docs/design.md."""
         size = image.shape[:2]
-        if self.post is not None:
+        if self.post is not None and augment:
             out = self.post(image=image, mask=mask)
             image, mask = out["image"], out["mask"]
             if image.shape[:2] != size:  # a crop in the augmentations: back to the batch size
@@ -121,6 +122,26 @@ class CleanView:
         return {"image": torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)),
                 "mask": torch.from_numpy(np.ascontiguousarray(mask, dtype=np.int64)),
                 "case_id": meta["case_id"], "slice_index": meta["slice_index"]}
+
+
+class CleanDataset(Dataset):
+    """Index-aligned, un-augmented view of a training dataset: what the train probe should check,
+    so that a failure's ``index`` + params re-create exactly the image that failed."""
+
+    def __init__(self, base: Dataset):
+        self.base, self.view = base, CleanView(base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        img, msk, meta = self.view.load(i)
+        return self.view.finish(img, msk, meta, augment=False)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("base", "view"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
 
 
 class _SlotDataset(Dataset):

@@ -1,0 +1,109 @@
+"""A real tiny fit: MetamorphicCallback mines train failures, FailureMiningCallback replays them in
+the next epoch through a DataLoader with 2 (persistent) workers; state survives a checkpoint."""
+from __future__ import annotations
+
+import itertools
+
+import lightning.pytorch as L
+import pandas as pd
+import pytest
+import torch
+
+from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
+from robusttrain.datamodules.polyp import PolypDataModule
+from robusttrain.mining import CleanDataset, FailureBank
+
+pytestmark = pytest.mark.slow
+
+
+class BrightnessModel(L.LightningModule):
+    """Foreground where the image is bright: fixed rule (lr 0), so under-exposure breaks it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 1)
+        with torch.no_grad():
+            self.conv.weight.zero_()
+            self.conv.weight[1] = 20.0
+            self.conv.bias.copy_(torch.tensor([0.0, -30.0]))
+        self.seen: dict[int, list[tuple[str, torch.Tensor]]] = {}
+
+    def forward(self, x):
+        return self.conv(x)
+
+    def training_step(self, batch, _):
+        self.seen.setdefault(self.current_epoch, []).extend(zip(batch["case_id"], batch["image"]))
+        return torch.nn.functional.cross_entropy(self(batch["image"]), batch["mask"])
+
+    def validation_step(self, batch, _):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def dihedral(img):
+    """The 8 flips/rotations the polyp datamodule's augmentations can produce."""
+    out = []
+    for k, h in itertools.product(range(4), (False, True)):
+        x = torch.rot90(img, k, (1, 2))
+        out.append(torch.flip(x, (2,)) if h else x)
+    return out
+
+
+def n_perturbed(seen, clean_by_case):
+    # a sample is perturbed when it matches no flip/rotation of its clean image
+    return sum(not any(torch.allclose(img, d, atol=1e-6) for d in dihedral(clean_by_case[c]))
+               for c, img in seen)
+
+
+def fit(tmp_path, epochs, ckpt=None, **mining):
+    dm = PolypDataModule(image_size=48, n_train=16, n_val=4, batch_size=4, num_workers=2)
+    mr = MetamorphicCallback(perturbations=["contrast"], severities=(5,), max_cases=4,
+                             train_probe_size=8, dirpath=str(tmp_path), verbose=False)
+    mine = FailureMiningCallback(**mining)
+    model = BrightnessModel()
+    trainer = L.Trainer(max_epochs=epochs, callbacks=[mr, mine], logger=False, default_root_dir=tmp_path,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        enable_checkpointing=False, accelerator="cpu", devices=1)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+    return trainer, dm, model, mine
+
+
+def test_failures_replayed_next_epoch_with_workers(tmp_path):
+    trainer, dm, model, mine = fit(tmp_path, epochs=2)
+    bank = FailureBank.load(tmp_path)
+    assert len(bank.trainable()) > 0, "the fixed brightness rule must fail under low contrast"
+    assert all(r.split in ("train", "val") for r in bank.records())
+    assert "train_dataloader" not in vars(dm)  # loader patch removed at teardown
+    clean = CleanDataset(dm.train_dataset)
+    clean_by_case = {clean[i]["case_id"]: clean[i]["image"] for i in range(len(clean))}
+    slots = mine.replay.n_slots
+    assert slots == 4 and len(model.seen[0]) == len(model.seen[1]) == 16 + slots
+    assert n_perturbed(model.seen[0], clean_by_case) == 0      # bank empty in epoch 0
+    assert n_perturbed(model.seen[1], clean_by_case) == slots  # every slot is a replayed failure
+    rows = pd.read_csv(tmp_path / "failures" / "mining.csv")
+    assert list(rows["replayed"]) == [0, slots]
+    assert rows["bank_size"].iloc[0] == len(bank)
+    assert (tmp_path / "failures" / "sampling.json").exists()
+    assert trainer.callback_metrics["mining/replayed"] == slots
+    assert "mining/weight/contrast" in trainer.callback_metrics
+    state = mine.state_dict()
+    assert len(state["bank"]["entries"]) == len(bank)
+
+    # resume: the log is rewritten to the checkpoint's bank even if the files ran ahead of it
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    extra = FailureBank(tmp_path)
+    extra.add(bank.records()[0].__class__(**{**bank.records()[0].__dict__, "case_id": "ahead"}))
+    extra.flush(9)
+    assert len(FailureBank.load(tmp_path)) == len(bank) + 1
+    _, _, _, resumed = fit(tmp_path, epochs=2, ckpt=str(tmp_path / "last.ckpt"))
+    assert len(resumed.bank) == len(bank)
+    assert {r.case_id for r in FailureBank.load(tmp_path).records()} == {r.case_id for r in bank.records()}
+    assert resumed.rows == mine.rows
+
+
+def test_disabled(tmp_path):
+    trainer, dm, model, mine = fit(tmp_path, epochs=1, enabled=False)
+    assert mine.bank is None and not (tmp_path / "failures").exists()
+    assert len(model.seen[0]) == 16
