@@ -17,6 +17,7 @@ from .base import Params, Perturbation, index_params, stack_params
 from .border import fov_mask, fov_mask_np
 from .blur import Blur, MotionBlur
 from .colour import Contrast, Saturation, WhiteBalance
+from .objects import Blood, Feces, Instrument
 from .specularity import Specularity
 from .text import Text
 
@@ -27,6 +28,9 @@ _REGISTRY: dict[str, Callable[..., Perturbation]] = {
     "blur": Blur,
     "motion_blur": MotionBlur,
     "specularity": Specularity,
+    "instrument": Instrument,
+    "feces": Feces,
+    "blood": Blood,
     "text": Text,
 }
 
@@ -48,4 +52,4 @@ def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
 
 
 __all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
-           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity", "Text"]
+           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity", "Text", "Instrument", "Feces", "Blood"]
