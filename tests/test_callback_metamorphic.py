@@ -1,0 +1,193 @@
+"""MetamorphicCallback on real Lightning trainers (tiny model, tiny synthetic data, real perturbations)."""
+import csv
+
+import lightning.pytorch as L
+import pandas as pd
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, Dataset
+
+from robusttrain.callbacks import MetamorphicCallback
+from robusttrain.metamorphic.batch import HookError
+from robusttrain.metamorphic.records import FailureRecord
+
+COLOUR = ["saturation", "contrast", "white_balance"]
+
+
+class Blobs(Dataset):
+    """Cases of ``slices`` slices: a bright rectangle (foreground) on a dark noisy background."""
+
+    def __init__(self, n=8, slices=2, size=24, seed=0, tuples=False):
+        g = torch.Generator().manual_seed(seed)
+        self.x = 0.15 + 0.2 * torch.rand(n, 3, size, size, generator=g)
+        self.m = torch.zeros(n, size, size, dtype=torch.long)
+        for i in range(n):
+            r, c = 3 + i % 5, 2 + (i * 3) % 9
+            self.x[i, :, r:r + 6 + i % 4, c:c + 8] = torch.tensor([0.8, 0.5, 0.4]).view(3, 1, 1)
+            self.m[i, r:r + 6 + i % 4, c:c + 8] = 1
+        self.slices, self.tuples = slices, tuples
+
+    def __len__(self):
+        return len(self.x)
+
+    def case_ids(self):
+        return [f"p{i // self.slices}" for i in range(len(self))]
+
+    def __getitem__(self, i):
+        if self.tuples:
+            return self.x[i], self.m[i]
+        return {"image": self.x[i], "mask": self.m[i], "case_id": f"p{i // self.slices}",
+                "slice_index": i % self.slices}
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, lr=0.05, out=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Conv2d(3, out, 3, padding=1)
+        with torch.no_grad():  # start as a "red > 0.6" detector: good clean Dice, colour-fragile
+            self.net.weight.mul_(0.05)
+            self.net.weight[out - 1, 0, 1, 1] += 10.0
+            self.net.bias.zero_()
+            self.net.bias[out - 1] = -6.0
+        self.lr, self.out = lr, out
+
+    def forward(self, x):
+        return self.net(x)
+
+    def _xy(self, b):
+        return (b["image"], b["mask"]) if isinstance(b, dict) else b
+
+    def training_step(self, b, i):
+        x, y = self._xy(b)
+        if self.out == 1:
+            return torch.nn.functional.binary_cross_entropy_with_logits(self(x)[:, 0], y.float())
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, b, i):
+        self.log("val/loss", self.training_step(b, i))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
+    ds = ds or Blobs()
+    trainer = L.Trainer(max_epochs=epochs, callbacks=[cb] + kw.pop("extra", []), logger=CSVLogger(tmp_path),
+                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                        accelerator="cpu", devices=1, deterministic=True, **kw)
+    trainer.fit(model or Tiny(), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
+    return trainer
+
+
+def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
+    got = []
+    cb = MetamorphicCallback(COLOUR, severities=(2, 4), dirpath=tmp_path / "run", class_names=["polyp"],
+                             on_failure=[lambda r, im: got.append((r, im)), lambda r, im: None])
+    trainer = fit(tmp_path, cb, epochs=2)
+    run = tmp_path / "run"
+    hist = pd.read_csv(run / "history.csv")
+    assert list(hist.columns) == ["case_id", "epoch", "dice_polyp", "iou_polyp"]
+    assert hist.groupby("epoch").size().tolist() == [4, 4] and set(hist.case_id) == {"p0", "p1", "p2", "p3"}
+    efr = pd.read_csv(run / "efr.csv")
+    assert list(efr.columns) == ["epoch", "split", "perturbation", "severity", "metric", "threshold",
+                                 "errors", "cases", "efr"]
+    assert set(efr.split) == {"val"} and set(efr.perturbation) == set(COLOUR) | {"all"}
+    pooled = efr[(efr.perturbation == "all") & (efr.epoch == 1)]
+    assert set(pooled.cases) == {4 * 6}  # one test case per (case, perturbation, severity)
+    cases = pd.read_csv(run / "mr_cases.csv")
+    assert len(cases) == 2 * 4 * 6 and {"case_id", "src_dice", "fol_dice", "consistency", "seed"} <= set(cases)
+    # in-memory tables equal the files
+    pd.testing.assert_frame_equal(cb.history.reset_index(drop=True), hist, check_dtype=False)
+    # logged through the trainer's logger
+    with open(f"{trainer.logger.log_dir}/metrics.csv") as fh:
+        header = next(csv.reader(fh))
+    assert "mr/efr/all/dice@0.25" in header and "mr/efr/contrast/iou@0.5" in header
+    # every violation reaches the sink; the worst ones come with thumbnails
+    bad = cases[cases.drop_dice > 0.25]
+    assert len(got) == len(bad) > 0
+    rec, imgs = got[0]
+    assert isinstance(rec, FailureRecord) and rec.split == "val" and rec.index >= 0 and rec.params
+    assert rec.drop > 0.25 and len(rec.extra["slices"]) == 2
+    assert imgs["source"].shape == (24, 24, 3) and imgs["gt"].shape == (24, 24)
+    assert imgs["source"].dtype.name == "uint8" and imgs["pred_followup"].dtype.name == "uint8"
+
+
+def test_same_follow_ups_every_epoch(tmp_path):
+    cb = MetamorphicCallback(COLOUR, severities=(2,), dirpath=tmp_path)
+    # lr=0: identical model every epoch, so identical follow-ups must give identical scores
+    fit(tmp_path, cb, epochs=2, model=Tiny(lr=0.0))
+    c = cb.cases
+    a, b = (c[c.epoch == e].drop(columns="epoch").reset_index(drop=True) for e in (0, 1))
+    pd.testing.assert_frame_equal(a, b)
+    assert a.fol_dice.ne(a.src_dice).any()  # the perturbations did change predictions
+
+
+def test_rng_and_train_mode_restored(tmp_path):
+    states = {}
+
+    class Before(L.Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            states["before"] = (torch.rand(1).item(), pl_module.training)
+            torch.manual_seed(123)  # known state right before the check
+
+    class After(L.Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            states["after"] = (torch.rand(1).item(), pl_module.training)
+
+    cb = MetamorphicCallback(["contrast"], severities=(2,), dirpath=tmp_path)
+    trainer = L.Trainer(max_epochs=1, callbacks=[Before(), cb, After()], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    ds = Blobs()
+    trainer.fit(Tiny(), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
+    torch.manual_seed(123)
+    assert states["after"] == (torch.rand(1).item(), False)
+
+
+def test_tuple_batches_sigmoid_model_and_derived_case_ids(tmp_path):
+    ds = Blobs(n=6, tuples=True)
+    ds.case_ids = None  # no cheap case ids either: every index is its own case
+    cb = MetamorphicCallback(["contrast"], severities=(4,), dirpath=tmp_path, max_cases=4)
+    fit(tmp_path, cb, epochs=1, model=Tiny(out=1), ds=ds)
+    hist = pd.read_csv(tmp_path / "history.csv")
+    assert list(hist.columns) == ["case_id", "epoch", "dice_fg", "iou_fg"]
+    assert len(hist) == 4 and all(c.startswith("idx") for c in hist.case_id)
+    # the seeded probe subset is the same in a fresh callback
+    cb2 = MetamorphicCallback(["contrast"], severities=(4,), dirpath=tmp_path / "b", max_cases=4)
+    fit(tmp_path, cb2, epochs=1, model=Tiny(out=1), ds=ds)
+    assert list(pd.read_csv(tmp_path / "b" / "history.csv").case_id) == list(hist.case_id)
+
+
+def test_unreadable_batches_name_the_hook(tmp_path):
+    class Odd(Blobs):
+        def __getitem__(self, i):
+            return {"x": self.x[i], "y": self.m[i]}
+
+    class OddTiny(Tiny):
+        def _xy(self, b):
+            return b["x"], b["y"]
+
+    with pytest.raises(HookError, match="get_images="):
+        fit(tmp_path, MetamorphicCallback(["contrast"], severities=(2,), dirpath=tmp_path), 1, OddTiny(), Odd())
+    cb = MetamorphicCallback(["contrast"], severities=(2,), dirpath=tmp_path,
+                             get_images=lambda b: b["x"], get_masks=lambda b: b["y"])
+    fit(tmp_path, cb, 1, OddTiny(), Odd())
+    assert len(cb.history) == 8  # no case ids: one case per index
+
+
+def test_train_probe_goes_to_sink_as_train_and_stays_out_of_val_rows(tmp_path):
+    got = []
+    cb = MetamorphicCallback(COLOUR, severities=(4,), dirpath=tmp_path, train_probe_size=2,
+                             mine_every_n_epochs=2, every_n_epochs=1, on_failure=lambda r, im: got.append(r))
+    fit(tmp_path, cb, epochs=2, ds=Blobs(n=8, slices=1))
+    efr = pd.read_csv(tmp_path / "efr.csv")
+    assert set(efr[efr.split == "train"].epoch) == {1}  # mine_every_n_epochs=2
+    assert set(efr[(efr.split == "train") & (efr.perturbation == "all")].cases) == {2 * 3}
+    assert set(efr[(efr.split == "val") & (efr.perturbation == "all")].cases) == {8 * 3}
+    hist = pd.read_csv(tmp_path / "history.csv")
+    assert hist.groupby("epoch").size().tolist() == [8, 8]  # train probe never in the history
+    splits = {r.split for r in got}
+    assert splits <= {"train", "val"} and "train" in splits
+    train_cases = set(cb.cases[cb.cases.split == "train"].case_id)
+    assert {r.case_id for r in got if r.split == "train"} <= train_cases and len(train_cases) == 2
