@@ -15,8 +15,10 @@ from typing import Any, Callable
 
 from .base import Params, Perturbation, index_params, stack_params
 from .border import fov_mask, fov_mask_np
+from .adversarial import Adversarial
 from .blur import Blur, MotionBlur
 from .colour import Contrast, Saturation, WhiteBalance
+from .melt import Melt
 from .objects import Blood, Feces, Instrument
 from .specularity import Specularity
 from .text import Text
@@ -32,6 +34,8 @@ _REGISTRY: dict[str, Callable[..., Perturbation]] = {
     "feces": Feces,
     "blood": Blood,
     "text": Text,
+    "melt": Melt,
+    "adversarial": Adversarial,
 }
 
 
@@ -52,4 +56,4 @@ def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
 
 
 __all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
-           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity", "Text", "Instrument", "Feces", "Blood"]
+           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity", "Text", "Instrument", "Feces", "Blood", "Melt", "Adversarial"]
