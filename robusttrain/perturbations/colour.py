@@ -57,7 +57,7 @@ class _AffineColour(Perturbation):
 class Saturation(_AffineColour):
     """Over-exposure (MR1-1): saturation boosted by ``factor`` > 1, brightness slightly raised.
 
-    Severity -> ``factor`` range (1: 1.15-1.35, 2: 1.35-1.6, 3: 1.6-1.9, 4: 1.9-2.3, 5: 2.3-2.8), brightness
+    Severity -> ``factor`` range (1: 1.1-1.25, 2: 1.25-1.45, 3: 1.45-1.65, 4: 1.65-1.9, 5: 1.9-2.3), brightness
     in [1, 1 + 0.04*severity]. The paper draws from [s1, s2] biased above 1; we keep the whole range above 1
     so every severity is an over-exposure.
 
@@ -70,7 +70,7 @@ class Saturation(_AffineColour):
     """
 
     name = "saturation"
-    RANGES = {1: (1.15, 1.35), 2: (1.35, 1.6), 3: (1.6, 1.9), 4: (1.9, 2.3), 5: (2.3, 2.8)}
+    RANGES = {1: (1.1, 1.25), 2: (1.25, 1.45), 3: (1.45, 1.65), 4: (1.65, 1.9), 5: (1.9, 2.3)}
 
     def _draw(self, r: TorchRandom | NumpyRandom, b: int) -> dict[str, Any]:
         lo, hi = self.RANGES[self.severity]
@@ -89,7 +89,7 @@ class Contrast(_AffineColour):
 
     ``out = c*b*S(s) @ x + (1-c)*b*mean`` — brightness ``b``, then contrast ``c`` around the image's mean grey
     level (stored in params as ``mean`` so a replay needs no image statistics), then saturation ``s``; all
-    three factors come from the severity's range (1: 0.8-0.9, 2: 0.7-0.8, 3: 0.6-0.7, 4: 0.5-0.6, 5: 0.4-0.5).
+    three factors come from the severity's range (1: 0.82-0.9, 2: 0.74-0.82, 3: 0.66-0.74, 4: 0.58-0.66, 5: 0.5-0.58).
 
     Example:
         >>> import numpy as np
@@ -100,7 +100,7 @@ class Contrast(_AffineColour):
     """
 
     name = "contrast"
-    RANGES = {1: (0.8, 0.9), 2: (0.7, 0.8), 3: (0.6, 0.7), 4: (0.5, 0.6), 5: (0.4, 0.5)}
+    RANGES = {1: (0.82, 0.9), 2: (0.74, 0.82), 3: (0.66, 0.74), 4: (0.58, 0.66), 5: (0.5, 0.58)}
 
     def _draw(self, r, b):
         lo, hi = self.RANGES[self.severity]

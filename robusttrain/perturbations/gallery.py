@@ -1,6 +1,7 @@
 """A PNG grid for judging realism by eye: original + each perturbation at a few severities, per image.
 
-Rows are images; columns are the original followed by ``name@severity`` for each name and severity.
+For each image a block of rows, one per perturbation: the original, then that perturbation at each
+severity (``name@severity``); blocks are stacked vertically.
 Drawn with OpenCV (labels via cv2.putText) and written atomically.
 """
 from __future__ import annotations
@@ -33,24 +34,27 @@ def render_gallery(images: list[np.ndarray], out_path: str | Path, names: Sequen
     if not images:
         raise ValueError("render_gallery: no images given; expected a list of HWC uint8 RGB arrays")
     names = list(names) if names is not None else list(DEFAULT_NAMES)
-    cols = [("original", 0)] + [(n, s) for n in names for s in severities]
     rng = np.random.default_rng(seed)
     rows = []
+
+    def label(t: np.ndarray, text: str) -> np.ndarray:
+        t = np.ascontiguousarray(t[:, :, ::-1])  # BGR for OpenCV
+        cv2.rectangle(t, (0, 0), (tile, 16), (0, 0, 0), -1)
+        cv2.putText(t, text, (3, 12), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1, cv2.LINE_AA)
+        return t
+
     for i, img in enumerate(images):
         if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
             raise ValueError(f"render_gallery: image {i} must be an HWC uint8 RGB array, got "
                              f"{getattr(img, 'dtype', type(img).__name__)} {getattr(img, 'shape', '')}")
         mask = None if masks is None else masks[i]
-        tiles = []
-        for name, sev in cols:
-            out = img if name == "original" else get(name, severity=sev).apply_numpy(img, mask, rng=rng)[0]
-            t = cv2.resize(out, (tile, tile), interpolation=cv2.INTER_AREA)
-            t = np.ascontiguousarray(t[:, :, ::-1])  # BGR for OpenCV
-            label = name if name == "original" else f"{name}@{sev}"
-            cv2.rectangle(t, (0, 0), (tile, 16), (0, 0, 0), -1)
-            cv2.putText(t, label, (3, 12), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1, cv2.LINE_AA)
-            tiles.append(t)
-        rows.append(np.concatenate(tiles, 1))
+        small = cv2.resize(img, (tile, tile), interpolation=cv2.INTER_AREA)
+        for name in names:
+            tiles = [label(small, f"original #{i}")]
+            for sev in severities:
+                out = get(name, severity=sev).apply_numpy(img, mask, rng=rng)[0]
+                tiles.append(label(cv2.resize(out, (tile, tile), interpolation=cv2.INTER_AREA), f"{name}@{sev}"))
+            rows.append(np.concatenate(tiles, 1))
     grid = np.concatenate(rows, 0)
     ok, buf = cv2.imencode(".png", grid)
     if not ok:
