@@ -101,7 +101,8 @@ def check_image(image: Any, name: str, rgb: bool) -> np.ndarray:
     if image.ndim == 2 and not rgb:
         image = image[:, :, None]
     if image.ndim != 3:
-        raise ValueError(f"{name}: image must be HWC (H,W,C), got shape {image.shape}")
+        want = "an RGB HWC image with 3 channels" if rgb else "an HWC (H,W,C) image"
+        raise ValueError(f"{name}: needs {want}, got shape {image.shape}")
     c = image.shape[2]
     if rgb and c != 3:
         hint = " (it looks channels-first; pass HWC)" if image.shape[0] in (1, 3) and c not in (1, 3) else ""

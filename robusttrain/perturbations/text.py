@@ -97,7 +97,7 @@ class Text(Perturbation):
         """(font_px, glyph width, block height, block width, margin) for an HxW image."""
         fp = self.font_px(h)
         gw = glyph_atlas(fp).shape[2]
-        bh, bw = 5 * (fp + 2), L * gw
+        bh, bw = max(LINES[self.severity]) * (fp + 2), L * gw  # only the lines this severity shows
         bh, bw = min(bh, h), min(bw, w)
         return fp, gw, bh, bw, max(int(0.015 * min(h, w)), 1)
 

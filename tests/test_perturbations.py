@@ -1,0 +1,268 @@
+"""Perturbation library: registry, parity of the two paths, replay, masks, border, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import robusttrain.perturbations as P
+from robusttrain.perturbations import fov_mask, fov_mask_np, get, index_params
+
+NAMES = [n for n in P.available() if n != "adversarial"]
+SPATIAL = ["specularity", "instrument", "feces", "blood", "text", "melt"]
+
+
+def _frames(b: int = 2, h: int = 96, w: int = 96, border: bool = True, seed: int = 0):
+    """Endoscopy-like uint8 frames: smooth reddish texture, a few highlights, an octagonal black border,
+    and a square lesion mask."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:h, :w].astype(np.float32)
+    imgs, masks = [], []
+    for i in range(b):
+        base = np.stack([180 + 40 * np.sin(xx / 9 + i), 90 + 30 * np.cos(yy / 7), 70 + 20 * np.sin((xx + yy) / 11)], -1)
+        img = np.clip(base + rng.normal(0, 6, base.shape), 0, 255)
+        img[rng.integers(10, h - 10, 6), rng.integers(10, w - 10, 6)] = 255  # highlights for melt
+        if border:
+            cut = np.abs(yy - h / 2) + np.abs(xx - w / 2) > 0.9 * (h + w) / 2 * 0.75
+            img[cut] = 2
+        m = np.zeros((h, w), np.int64)
+        m[h // 2 - 4 + 2 * i: h // 2 + 8, w // 2 - 8: w // 2 + 8] = 1
+        imgs.append(img.astype(np.uint8))
+        masks.append(m)
+    return imgs, masks
+
+
+def _batch(imgs):
+    return torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).float() / 255
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+
+
+def _make(name, severity=3):
+    return get(name, severity=severity, model=_model()) if name == "adversarial" else get(name, severity=severity)
+
+
+def test_registry_lists_all_families_and_rejects_unknown():
+    for n in ("saturation", "contrast", "white_balance", "specularity", "blur", "instrument", "feces", "blood",
+              "text", "melt", "adversarial", "motion_blur"):
+        assert n in P.available()
+    with pytest.raises(ValueError, match="unknown perturbation 'sparkle'.*saturation"):
+        get("sparkle")
+
+
+@pytest.mark.parametrize("name", P.available())
+@pytest.mark.parametrize("severity", [1, 5])
+def test_parity_numpy_uint8_float_and_torch(name, severity):
+    imgs, masks = _frames()
+    x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
+    p = _make(name, severity)
+    out, params = p.apply_batch(x, m, generator=torch.Generator().manual_seed(severity))
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert float(out.min()) >= 0 and float(out.max()) <= 1
+    assert all(v.shape[0] == 2 for v in params.values())
+    for i in range(2):
+        ref = out[i].permute(1, 2, 0).numpy()
+        pi = index_params(params, i)
+        o8, _ = p.apply_numpy(imgs[i], masks[i], params=pi)
+        of, _ = p.apply_numpy(imgs[i].astype(np.float32) / 255, masks[i], params=pi)
+        assert o8.dtype == np.uint8 and of.dtype == np.float32
+        assert np.abs(o8.astype(np.float32) / 255 - ref).max() <= 2 / 255 + 1e-6, name
+        assert np.abs(of - ref).max() <= 2 / 255 + 1e-6, name
+    if name != "melt":  # melt may find nothing to remove in some frames
+        assert (out - x).abs().amax() > 1 / 255, f"{name}@{severity} changed nothing"
+
+
+@pytest.mark.parametrize("name", P.available())
+def test_replay_is_exact_and_numpy_sampling_deterministic(name):
+    imgs, masks = _frames()
+    x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
+    p = _make(name, 4)
+    out, params = p.apply_batch(x, m, generator=torch.Generator().manual_seed(7))
+    again, _ = p.apply_batch(x, m, params=params)
+    assert torch.equal(out, again)
+    a, pa = p.apply_numpy(imgs[0], masks[0], rng=np.random.default_rng(3))
+    b, pb = p.apply_numpy(imgs[0], masks[0], rng=np.random.default_rng(3))
+    assert np.array_equal(a, b)
+    assert pa.keys() == set(params) and all(np.array_equal(pa[k], pb[k]) for k in pa)
+    # the numpy schema replays on the torch path
+    t, _ = p.apply_batch(x[:1], m[:1], params={k: torch.as_tensor(v)[None] for k, v in pa.items()})
+    assert np.abs(t[0].permute(1, 2, 0).numpy() - a.astype(np.float32) / 255).max() <= 2 / 255 + 1e-6
+
+
+def test_generator_seeds_differ():
+    imgs, _ = _frames()
+    x = _batch(imgs)
+    p = get("blur", severity=3)
+    _, p1 = p.apply_batch(x, generator=torch.Generator().manual_seed(1))
+    _, p2 = p.apply_batch(x, generator=torch.Generator().manual_seed(2))
+    assert not torch.equal(p1["sigma"], p2["sigma"])
+    assert p1["sigma"][0] != p1["sigma"][1]  # per-sample params
+
+
+@pytest.mark.parametrize("name", SPATIAL)
+def test_lesion_never_covered_and_mask_unchanged(name):
+    imgs, masks = _frames(b=3, seed=1)
+    x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
+    m_before = m.clone()
+    p = get(name, severity=5)
+    for seed in range(3):
+        out, _ = p.apply_batch(x, m, generator=torch.Generator().manual_seed(seed))
+        les = (m != 0)[:, None].expand_as(x)
+        assert torch.equal(out[les], x[les]), name
+        for i in range(3):
+            mi = masks[i].copy()
+            o, _ = p.apply_numpy(imgs[i], mi, rng=np.random.default_rng(seed))
+            assert np.array_equal(o[mi != 0], imgs[i][mi != 0])
+            assert np.array_equal(mi, masks[i])
+    assert torch.equal(m, m_before)
+
+
+def test_objects_avoid_a_large_lesion_by_placement():
+    # the lesion fills the left half: objects must go to the right half
+    imgs, _ = _frames(b=2, border=False)
+    m = np.zeros((96, 96), np.int64)
+    m[:, :48] = 1
+    p = get("feces", severity=2)
+    out, params = p.apply_batch(_batch(imgs), torch.from_numpy(np.stack([m, m])),
+                                generator=torch.Generator().manual_seed(0))
+    assert bool((params["center"][:, 1] > 48).all())
+
+
+@pytest.mark.parametrize("name", ["specularity", "instrument", "feces", "blood", "melt"])
+def test_nothing_drawn_on_black_border(name):
+    imgs, masks = _frames(b=2, seed=2)
+    x = _batch(imgs)
+    fov = fov_mask(x)
+    assert 0.3 < float(fov.float().mean()) < 0.95
+    p = get(name, severity=5)
+    for seed in range(3):
+        out, _ = p.apply_batch(x, generator=torch.Generator().manual_seed(seed))
+        border = (~fov).expand_as(x)
+        assert torch.equal(out[border], x[border]), name
+
+
+def test_fov_mask_paths_agree_and_ignore_dark_lumen():
+    imgs, _ = _frames(b=1, h=128, w=160)
+    img = imgs[0].copy()
+    img[60:70, 75:85] = 0  # a dark lumen inside the view is not border
+    t = _batch([img])
+    a, b = fov_mask(t)[0, 0].numpy(), fov_mask_np(img)
+    assert np.array_equal(a, b)
+    assert a[64, 80] and not a[0, 0]
+    assert fov_mask_np(np.full((32, 32, 3), 120, np.uint8)).all()
+
+
+def test_colour_semantics():
+    img = np.full((8, 8, 3), (150, 100, 80), np.uint8)
+    wb, _ = get("white_balance", severity=5, cast="green").apply_numpy(img, rng=np.random.default_rng(0))
+    assert wb[0, 0, 1] == 100 and wb[0, 0, 0] < 90 and wb[0, 0, 2] < 50
+    wp, _ = get("white_balance", severity=5, cast="purple").apply_numpy(img, rng=np.random.default_rng(0))
+    assert wp[0, 0, 2] == 80 and wp[0, 0, 1] < 60
+    s, _ = get("saturation", severity=5).apply_numpy(img, rng=np.random.default_rng(0))
+    assert int(s[0, 0, 0]) - int(s[0, 0, 2]) > 70  # channels spread apart
+    c, _ = get("contrast", severity=5).apply_numpy(img, rng=np.random.default_rng(0))
+    assert c.astype(int).sum() < img.astype(int).sum()
+
+
+def test_severity_orders_strength():
+    imgs, _ = _frames(b=4)
+    x = _batch(imgs)
+    for name in ("blur", "saturation", "contrast", "white_balance", "motion_blur"):
+        d = [float((get(name, severity=s).apply_batch(x, generator=torch.Generator().manual_seed(0))[0] - x)
+                   .abs().mean()) for s in (1, 5)]
+        assert d[1] > d[0], name
+
+
+def test_blur_fast_mode_is_close_and_kernels_odd():
+    imgs, _ = _frames(b=1, h=128, w=128, border=False)
+    exact, fast = get("blur", severity=5, noise=False), get("blur", severity=5, fast=True, noise=False)
+    params = exact.sample_numpy(imgs[0], rng=np.random.default_rng(0))
+    assert params["ksize"] % 2 == 1 and params["ksize"] >= 6 * params["sigma"]
+    a, _ = exact.apply_numpy(imgs[0], params=params)
+    b, _ = fast.apply_numpy(imgs[0], params=params)
+    assert np.abs(a.astype(float) - b).mean() < 1.0
+
+
+def test_adversarial_increases_loss_and_respects_eps():
+    model = _model()
+    imgs, masks = _frames()
+    x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
+    adv = get("adversarial", severity=5, model=model)
+    out, params = adv.apply_batch(x, m)
+    assert float((out - x).abs().max()) <= 8 / 255 + 1e-6
+    ce = torch.nn.functional.cross_entropy
+    with torch.no_grad():
+        assert ce(model(out), m) > ce(model(x), m)
+    with pytest.raises(ValueError, match="needs the model"):
+        get("adversarial")
+
+
+def test_melt_removes_highlights_and_keeps_lesion():
+    img = np.full((64, 64, 3), (170, 90, 80), np.uint8)
+    img[20:24, 20:24] = 255
+    img[40:44, 40:44] = 255
+    mask = np.zeros((64, 64), np.int64)
+    mask[38:46, 38:46] = 1
+    out, _ = get("melt", severity=3).apply_numpy(img, mask, rng=np.random.default_rng(0))
+    assert out[21, 21, 1] < 150  # the highlight outside the lesion is gone
+    assert np.array_equal(out[mask != 0], img[mask != 0])
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("sev", [0, 6, 2.5, "3", True])
+def test_bad_severity(sev):
+    with pytest.raises(ValueError, match="severity must be an int in 1..5"):
+        get("blur", severity=sev)
+
+
+def test_bad_inputs_are_explained():
+    p = get("saturation")
+    with pytest.raises(ValueError, match="3 channels"):
+        p.apply_batch(torch.rand(2, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"shape \(B,C,H,W\)"):
+        p.apply_batch(torch.rand(8, 8, 3))
+    with pytest.raises(ValueError, match="3 channels"):
+        p.apply_batch(torch.rand(2, 8, 8, 3))  # channels-last
+    with pytest.raises(ValueError, match=r"\[0,1\]"):
+        p.apply_batch(torch.rand(2, 3, 8, 8) * 255)
+    with pytest.raises(TypeError, match="float tensor"):
+        p.apply_batch(torch.zeros(2, 3, 8, 8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="empty batch"):
+        p.apply_batch(torch.rand(0, 3, 8, 8))
+    with pytest.raises(ValueError, match="RGB HWC image with 3 channels"):
+        p.apply_numpy(np.zeros((8, 8), np.uint8))
+    with pytest.raises(ValueError, match="channels-first"):
+        p.apply_numpy(np.zeros((3, 16, 16), np.uint8))
+    with pytest.raises(ValueError, match=r"float32 images must lie in \[0,1\]"):
+        p.apply_numpy(np.full((8, 8, 3), 200, np.float32))
+    with pytest.raises(TypeError, match="uint8 or float32"):
+        p.apply_numpy(np.zeros((8, 8, 3), np.int32))
+    with pytest.raises(ValueError, match="masks must have shape"):
+        get("specularity").apply_batch(torch.rand(2, 3, 16, 16), torch.zeros(2, 8, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="leading dim B=2"):
+        p.apply_batch(torch.rand(2, 3, 8, 8), params={"factor": torch.ones(3), "brightness": torch.ones(3)})
+    # grey images are fine where colour is not needed
+    out, _ = get("blur").apply_numpy(np.zeros((16, 16), np.uint8), rng=np.random.default_rng(0))
+    assert out.shape == (16, 16)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", P.available())
+def test_cuda_matches_cpu(name):
+    imgs, masks = _frames()
+    x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
+    p = _make(name, 4)
+    if name == "adversarial":
+        p.model = p.model.cuda()
+    out, params = p.apply_batch(x, m, generator=torch.Generator().manual_seed(0))
+    out_cuda, pc = p.apply_batch(x.cuda(), m.cuda(), params={k: v.cuda() for k, v in params.items()})
+    assert out_cuda.is_cuda
+    assert float((out_cuda.cpu() - out).abs().max()) <= 1 / 255
+    # sampling on the device works without host round trips in user code
+    o2, p2 = p.apply_batch(x.cuda(), m.cuda(), generator=torch.Generator().manual_seed(0))
+    assert all(v.is_cuda for v in p2.values())
