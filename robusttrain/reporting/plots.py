@@ -33,7 +33,8 @@ def save_png(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     """Render ``fig`` to PNG bytes, then write them atomically (a reader never sees half a PNG)."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    # layout is fixed by each plot function (subplots_adjust): bbox_inches="tight" would draw twice
+    fig.savefig(buf, format="png", dpi=dpi)
     return atomic_write_bytes(path, buf.getvalue())
 
 
@@ -66,7 +67,7 @@ def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
              corners: Corners | None = None) -> Figure:
     """One panel per threshold: EFR (%) over epochs, one line per perturbation."""
     series = efr_series(efr, metric)
-    fig = Figure(figsize=(6.0 * len(thresholds), 4.2))
+    fig = Figure(figsize=(6.0 * len(thresholds), 4.6))
     axes = fig.subplots(1, len(thresholds), squeeze=False)[0]
     for ax, t in zip(axes, thresholds):
         sub = series[(series["threshold"] - t).abs() < 1e-9]
@@ -86,8 +87,9 @@ def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
     # one shared legend below the panels: nine perturbations would cover the curves otherwise
     handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
     if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8,
-                   bbox_to_anchor=(0.5, 0.0))
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
+    rows = -(-len(labels) // 6) if handles else 0
+    fig.subplots_adjust(left=0.06, right=0.98, top=0.92, bottom=0.14 + 0.05 * rows, wspace=0.18)
     return fig
 
 
@@ -107,6 +109,7 @@ def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Fi
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.91, bottom=0.12)
     return fig
 
 
@@ -114,7 +117,7 @@ def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | Non
     """One panel per class: the case's Dice over epochs against the cohort mean (and its IQR)."""
     cols = rundir.dice_columns(history)
     case = history[history["case_id"] == str(case_id)].sort_values("epoch")
-    fig = Figure(figsize=(4.2 * max(len(cols), 1), 3.8))
+    fig = Figure(figsize=(4.2 * max(len(cols), 1), 4.2))
     axes = fig.subplots(1, max(len(cols), 1), squeeze=False)[0]
     outliers = set(corners.outlier_epochs.get(str(case_id), [])) if corners else set()
     for ax, col in zip(axes, cols):
@@ -139,9 +142,9 @@ def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | Non
         ax.grid(alpha=0.3)
     # one legend for all panels, below them, so it never hides a curve
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
-               bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle(f"Corner case {case_id}: per-class Dice vs cohort", fontweight="bold", y=1.04)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.suptitle(f"Corner case {case_id}: per-class Dice vs cohort", fontweight="bold")
+    fig.subplots_adjust(left=0.06, right=0.98, top=0.82, bottom=0.24, wspace=0.22)
     return fig
 
 

@@ -1,0 +1,230 @@
+"""RobustnessReporter in a real Lightning fit with the real MR + balanced callbacks and a real
+offline WandbLogger; the offline run is read back from disk (the .wandb transaction log)."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import lightning.pytorch as pl
+from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback, RobustnessReporter
+
+pytestmark = pytest.mark.slow
+
+# wandb's transaction log is LevelDB's log format behind a 7-byte file header (":W&B", magic
+# 0xBEE1, version): 32 KiB blocks of records, each with a 7-byte header (crc32, length, type);
+# a protobuf `Record` may be split FIRST/MIDDLE/LAST across blocks.
+_BLOCK, _HDR, _FULL, _FIRST, _MIDDLE, _LAST = 32768, 7, 1, 2, 3, 4
+
+
+def read_wandb_records(path: Path) -> list:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    ident, magic, version = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B" and magic == 0xBEE1, "not a W&B transaction log"
+    records, buf, pos = [], b"", 7
+    while pos + _HDR <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HDR:  # block trailer padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HDR])
+        pos += _HDR
+        chunk, pos = data[pos:pos + length], pos + length
+        if kind == 0 and length == 0:
+            continue  # zero padding
+        buf = chunk if kind in (_FULL, _FIRST) else buf + chunk
+        if kind in (_FULL, _LAST):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            records.append(rec)
+            buf = b""
+    return records
+
+
+def _items_to_dict(items) -> dict:
+    # values logged as dicts (tables, charts) arrive flattened: nested_key ["failures/table", "_type"]
+    out: dict = {}
+    for it in items:
+        path = [it.key] if it.key else list(it.nested_key)
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = json.loads(it.value_json)
+    return out
+
+
+def history_rows(records) -> list[dict]:
+    return [_items_to_dict(r.history.item) for r in records if r.WhichOneof("record_type") == "history"]
+
+
+def summary(records) -> dict:
+    out: dict = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            out.update(_items_to_dict(r.summary.update))
+    return out
+
+
+class Cases(Dataset):
+    """n_cases 2-D images of 48×48; class k lives where the image is ≈ k/3."""
+
+    def __init__(self, n_cases=10, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for c in range(n_cases):
+            mask = torch.zeros(48, 48, dtype=torch.long)
+            for k in (1, 2, 3):
+                y, x = torch.randint(0, 34, (2,), generator=g).tolist()
+                mask[y:y + 14, x:x + 14] = k
+            img = (mask.float()[None] / 3 + 0.05 * torch.randn(1, 48, 48, generator=g)).clamp(0, 1)
+            self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": 0})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def case_ids(self):
+        return [it["case_id"] for it in self.items]
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, b, _):
+        loss = nn.functional.cross_entropy(self(b["image"]), b["mask"])
+        self.log("train/loss", loss, batch_size=len(b["mask"]))
+        return loss
+
+    def validation_step(self, b, _):
+        self.log("val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]),
+                 batch_size=len(b["mask"]))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.02)
+
+
+class Sink:
+    def __init__(self):
+        self.records = []
+
+    def __call__(self, record, images=None):
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    from lightning.pytorch.loggers import WandbLogger
+
+    tmp = tmp_path_factory.mktemp("wandb_fit")
+    run_dir = tmp / "run"
+    # offline artifacts (the incremental table's increments) are staged under WANDB_DATA_DIR:
+    # keep them in tmp, not in ~/.local/share/wandb
+    mp = pytest.MonkeyPatch()
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_ARTIFACT_DIR"):
+        mp.setenv(var, str(tmp / var.lower()))
+    mp.setenv("WANDB_MODE", "offline")
+    mp.setenv("WANDB_SILENT", "true")
+    pl.seed_everything(0)
+    ds = Cases()
+    sink = Sink()
+    mr = MetamorphicCallback(perturbations=["blur"], severities=(2, 4), dirpath=str(run_dir),
+                             failure_threshold=0.0, class_names=["rv", "myo", "lv"], on_failure=sink,
+                             verbose=False)
+    reporter = RobustnessReporter(max_failures_per_epoch=3)
+    logger = WandbLogger(offline=True, save_dir=str(tmp), project="robusttrain-test")
+    trainer = pl.Trainer(max_epochs=3, logger=logger, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter])
+    trainer.fit(Tiny(), DataLoader(ds, batch_size=5, shuffle=True), DataLoader(ds, batch_size=5))
+    import wandb
+
+    wandb.finish()
+    mp.undo()
+    files = list((tmp / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    return {"run_dir": run_dir, "records": read_wandb_records(files[0]), "wandb_dir": files[0].parent,
+            "mr": mr, "sink": sink, "reporter": reporter, "tmp": tmp}
+
+
+def test_efr_scalars_logged_once_by_the_mr_callback(fitted):
+    rows = history_rows(fitted["records"])
+    efr_rows = [r for r in rows if "mr/efr/blur/dice@0.25" in r]
+    assert len(efr_rows) == 3  # one per epoch: the reporter did not duplicate the MR callback's keys
+    mr_efr = fitted["mr"].efr
+    last = mr_efr[(mr_efr.epoch == 2) & (mr_efr.perturbation == "blur") & (mr_efr.severity == 0)
+                  & (mr_efr.metric == "dice") & (mr_efr.threshold == 0.5)]
+    assert efr_rows[-1]["mr/efr/blur/dice@0.5"] == pytest.approx(float(last.efr.item()))
+
+
+def test_failure_table_logged_incrementally_with_mask_overlays(fitted):
+    rows = history_rows(fitted["records"])
+    tables = [r["failures/table"] for r in rows if "failures/table" in r]
+    failure_epochs = {r.epoch for r in fitted["sink"].records}
+    assert failure_epochs, "the MR callback produced no failures to log"
+    assert 1 <= len(tables) <= len(failure_epochs)
+    assert all(t["_type"] == "incremental-table-file" and t["log_mode"] == "INCREMENTAL" for t in tables)
+    assert [t["increment_num"] for t in tables] == list(range(len(tables)))
+    # each increment is its own artifact holding only the rows new since the last log
+    arts = [r.artifact for r in fitted["records"] if r.WhichOneof("record_type") == "artifact"
+            and r.artifact.type == "wandb-run-incremental-table"]
+    assert len(arts) == len(tables)
+    files = [{e.path: Path(e.local_path) for e in a.manifest.contents} for a in arts]
+    assert all(str(fitted["tmp"]) in str(p) for f in files for p in f.values())  # staged in tmp
+    bodies = [json.loads(next(p for k, p in f.items() if k.endswith(".table.json")).read_text())
+              for f in files]
+    sizes = [len(b["data"]) for b in bodies]
+    assert all(1 <= n <= 3 for n in sizes)
+    assert tables[-1]["nrows"] == sum(sizes) == len(fitted["reporter"]._logged)
+    keys = [(r[1], r[3], r[4], r[0]) for b in bodies for r in b["data"]]
+    assert len(set(keys)) == len(keys)  # no failure logged twice
+    assert bodies[0]["columns"][:5] == ["epoch", "case_id", "split", "perturbation", "severity"]
+    row = bodies[0]["data"][0]
+    assert row[3] == "blur" and row[4] in (2, 4) and row[6] < row[5] and 0 < row[7] <= 1
+    for cell in (row[8], row[9]):  # source and follow-up, both with GT + prediction overlays
+        assert cell["_type"] == "image-file" and cell["caption"].endswith(f"{row[5 if cell is row[8] else 6]:.3f}")
+        assert set(cell["masks"]) == {"ground_truth", "prediction"}
+        for m in cell["masks"].values():
+            mask = np.asarray(PIL.Image.open(files[0][m["path"]]))
+            assert set(np.unique(mask)) <= {0, 1, 2, 3} and mask.shape == (48, 48)
+
+
+def test_corner_case_charts_and_summary(fitted):
+    rows = history_rows(fitted["records"])
+    corners = json.loads((fitted["run_dir"] / "corner_cases.json").read_text())
+    chart_keys = {k for r in rows for k in r if k.startswith("corners/")}
+    summ = summary(fitted["records"])
+    assert summ["corners/final"] is True
+    assert summ["corners/policy"] == corners["policy"]
+    assert summ.get("corners/least_loss_epoch") == corners["least_loss_epoch"]
+    assert summ.get("corners/balanced_epoch") == corners["balanced_epoch"]
+    flagged = [c["case_id"] for c in corners["corner_cases"]]
+    assert summ["corners/cases"] == ",".join(flagged)
+    if flagged:  # a line series per structure
+        assert {"corners/dice_rv_table", "corners/dice_myo_table", "corners/dice_lv_table"} <= chart_keys
+        chart = next(r for r in rows if "corners/dice_lv_table" in r)["corners/dice_lv_table"]
+        assert chart["_type"] == "table-file" and chart["ncols"] == 3  # line_series: lineKey, step, lineVal
+
+
+def test_plots_written_each_epoch(fitted):
+    plots = fitted["run_dir"] / "plots"
+    assert (plots / "efr.png").stat().st_size > 10_000
+    assert (plots / "clean_dice.png").stat().st_size > 10_000
+    corners = json.loads((fitted["run_dir"] / "corner_cases.json").read_text())
+    for c in corners["corner_cases"]:
+        assert (plots / f"corner_{c['case_id']}.png").is_file()
