@@ -69,12 +69,14 @@ def test_report_has_every_section_and_inlined_images(tmp_path):
         assert f'<section id="{anchor}">' in text
     assert CORNER in text and "last_inlier" in text and "recipe: acdc" in text
     srcs = re.findall(r'<img alt="[^"]*" src="([^"]+)"', text)
-    assert len(srcs) == 3 + 5  # efr, clean dice, one corner case, five failure thumbs
+    assert len(srcs) == 3 + 5 + 1  # efr, clean dice, one corner case, five failure thumbs, gallery
     for src in srcs:
         assert src.startswith("data:image/png;base64,")
         png_size(base64.b64decode(src.split(",", 1)[1]))
     assert "http://" not in text and "https://" not in text  # self-contained
-    assert "not available: gallery.png missing" in text
+    # no gallery.png: drawn from the failures' source tiles with the run's perturbations
+    assert "Drawn from the source images of the worst failures" in text
+    assert (run / "plots" / "gallery.png").is_file()
 
 
 def test_report_degrades_per_section(tmp_path):
@@ -86,6 +88,8 @@ def test_report_degrades_per_section(tmp_path):
     assert "not available: failures/failures.jsonl missing" in text
     assert "Clean validation Dice" not in text  # plot titles live in PNGs, not HTML
     assert text.count("<img") == 1  # clean Dice still there
+
+    assert "not available: gallery.png missing and no failure thumbnails" in text
 
     empty = write_report(tmp_path / "empty").read_text()
     assert "not available: history.csv missing" in empty
@@ -111,3 +115,13 @@ def test_corner_case_table_reads_history_at_marked_epochs(tmp_path):
         assert row[f"dice_{k} @ least-loss"] == pytest.approx(at.loc[5, f"dice_{k}"], abs=1e-3)
     comp = tables.epoch_comparison(history, corners).set_index("checkpoint")
     assert comp.loc["balanced", "worst corner-case Dice"] > comp.loc["least-loss", "worst corner-case Dice"]
+
+
+def test_report_inlines_an_existing_gallery(tmp_path):
+    from test_reporting_helpers import write_png
+
+    run = make_run_dir(tmp_path / "run", failures=False)
+    write_png(run / "gallery.png", 3, size=(64, 200))
+    text = write_report(run).read_text()
+    section = text[text.index('<section id="gallery">'):]
+    assert section.count("<img") == 1 and "not available" not in section.split("</section>")[0]

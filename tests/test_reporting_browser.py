@@ -63,7 +63,7 @@ def test_report_dom_has_every_section_and_no_console_messages(report, tmp_path):
                           ("gallery", "Perturbation gallery")]:
         assert re.search(rf'<section id="{anchor}"><h2>{title}</h2>', dom), anchor
     assert CORNER in dom and "t = 0.25" in dom and "t = 0.5" in dom
-    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', dom)) == 8
+    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', dom)) == 9
 
 
 def _screenshot(tmp: Path, page: Path, name: str):

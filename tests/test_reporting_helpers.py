@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 CLASSES = ["rv", "myo", "lv"]
-PERTURBATIONS = ["blur", "contrast", "spot"]
+PERTURBATIONS = ["blur", "contrast", "specularity"]
 CORNER = "patient007"
 
 

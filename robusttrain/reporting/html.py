@@ -166,11 +166,43 @@ def _failures(run_dir, history, efr, ctx) -> str:
                   "prediction on follow-up.</p>")
 
 
+def _source_tiles(records: list[dict[str, Any]], n: int) -> list:
+    """Source images cut from the worst failures' thumbnail strips (first of five equal tiles)."""
+    import matplotlib.image
+    import numpy as np
+
+    out = []
+    for rec in sorted(records, key=lambda r: -r.get("drop", 0.0)):
+        if rec.get("thumb") and len(out) < n:
+            strip = matplotlib.image.imread(rec["thumb"])
+            w = strip.shape[1] // 5
+            if w > 8 and strip.shape[1] % 5 == 0:
+                tile = strip[:, :w, :3]
+                out.append((tile * 255).round().astype(np.uint8) if tile.dtype != np.uint8 else tile)
+    return out
+
+
 def _gallery(run_dir, history, efr, ctx) -> str:
     for cand in (run_dir / "gallery.png", run_dir / "plots" / "gallery.png"):
         if cand.is_file():
             return _img(cand, "perturbation gallery")
-    return _na("gallery.png missing (run `python -m robusttrain gallery`)")
+    hint = " (write one with `python -m robusttrain gallery recipe=NAME out=RUN_DIR/gallery.png`)"
+    try:
+        from robusttrain.perturbations.gallery import render_gallery
+    except ImportError:
+        return _na("gallery.png missing and the perturbation gallery is not installed" + hint)
+    images = _source_tiles(rundir.load_failures(run_dir) or [], 2)
+    if not images:
+        return _na("gallery.png missing and no failure thumbnails to draw one from" + hint)
+    from robusttrain.perturbations import available
+
+    known = set(available())
+    names = [p for p in dict.fromkeys(efr["perturbation"]) if p in known] if efr is not None else []
+    names = names or None  # None: the gallery's default families
+    sev = sorted(int(s) for s in efr["severity"].unique() if s > 0) if efr is not None else (1, 3, 5)
+    out = render_gallery(images, run_dir / "plots" / "gallery.png", names=names, severities=sev, tile=128)
+    return ("<p>Drawn from the source images of the worst failures, with this run's perturbations "
+            "and severities.</p>" + _img(out, "perturbation gallery"))
 
 
 BUILDERS: dict[str, Callable[..., str]] = {
