@@ -37,3 +37,21 @@ def star_radius(rng: np.random.Generator, theta: np.ndarray, r: float, wobble: f
         lut += wobble / k * rng.uniform(-1, 1) * np.cos(k * t + rng.uniform(0, 2 * np.pi))
     idx = ((theta + np.pi) * (1024 / (2 * np.pi))).astype(np.int32)
     return r * lut[np.clip(idx, 0, 1024)]
+
+
+class MemoCache:
+    """Keeps generated samples (deterministic, so caching is exact) up to ``cache_mb`` of memory."""
+
+    def __init__(self, cache_mb: float = 512):
+        self._store: dict[int, tuple] = {}
+        self._left = int(cache_mb * 2 ** 20)
+
+    def get(self, i: int, make) -> tuple:
+        if i in self._store:
+            return self._store[i]
+        out = make()
+        size = sum(a.nbytes for a in out)
+        if size <= self._left:
+            self._left -= size
+            self._store[i] = out
+        return out

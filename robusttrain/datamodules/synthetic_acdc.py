@@ -23,7 +23,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from ._noise import grid, smooth_noise, star_radius
+from ._noise import MemoCache, grid, smooth_noise, star_radius
 
 PHASES = ("ED", "ES")
 HARD_KINDS = ("papillary", "papillary_thin_rv")
@@ -138,6 +138,7 @@ class SyntheticACDCSource:
     def __init__(self, n_patients: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1,
                  start: int = 0):
         self.seed, self.size, self.start = int(seed), int(image_size), int(start)
+        self._cache = MemoCache()  # slices are deterministic: generate each once
         self.cases = [(start + i, ph) for i in range(int(n_patients)) for ph in PHASES]
         counts = [_n_slices(self.seed, pid) for pid, _ in self.cases]
         self._case_of = np.repeat(np.arange(len(self.cases)), counts)
@@ -167,5 +168,6 @@ class SyntheticACDCSource:
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         c = int(self._case_of[i])
         pid, ph = self.cases[c]
-        return render_acdc_slice(self.seed, pid, ph, int(self._slice_of[i]), self._counts[c], self.size,
-                                 self.hard_cases.get(self._name(c)))
+        return self._cache.get(i, lambda: render_acdc_slice(self.seed, pid, ph, int(self._slice_of[i]),
+                                                            self._counts[c], self.size,
+                                                            self.hard_cases.get(self._name(c))))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from ._noise import grid, smooth_noise
+from ._noise import MemoCache, grid, smooth_noise
 from .synthetic_polyp import choose_hard
 
 
@@ -62,6 +62,7 @@ class SyntheticCXRSource:
 
     def __init__(self, n: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1, start: int = 0):
         self.n, self.seed, self.size, self.start = int(n), int(seed), int(image_size), int(start)
+        self._cache = MemoCache()  # frames are deterministic: generate each once
         self._hard = set(choose_hard(self.n, hard_fraction, self.seed + 1, self.start))
         self.hard_cases = {self.case_id(i): "opacity" for i in self._hard}
 
@@ -77,4 +78,4 @@ class SyntheticCXRSource:
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= i < self.n:
             raise IndexError(i)
-        return render_cxr(self.seed, self.start + i, self.size, i in self._hard)
+        return self._cache.get(i, lambda: render_cxr(self.seed, self.start + i, self.size, i in self._hard))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from ._noise import fractal_noise, grid, smooth_noise, star_radius
+from ._noise import MemoCache, fractal_noise, grid, smooth_noise, star_radius
 
 HARD_KINDS = ("flat_pale", "glare_tissue", "dark_edge")
 
@@ -160,6 +160,7 @@ class SyntheticPolypSource:
 
     def __init__(self, n: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1, start: int = 0):
         self.n, self.seed, self.size, self.start = int(n), int(seed), int(image_size), int(start)
+        self._cache = MemoCache()  # frames are deterministic: generate each once
         self._hard = choose_hard(self.n, hard_fraction, self.seed, self.start)
         self.hard_cases = {self.case_id(i): k for i, k in self._hard.items()}
 
@@ -175,4 +176,5 @@ class SyntheticPolypSource:
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= i < self.n:
             raise IndexError(i)
-        return render_polyp_frame(self.seed, self.start + i, self.size, self._hard.get(i))
+        hard = self._hard.get(i)
+        return self._cache.get(i, lambda: render_polyp_frame(self.seed, self.start + i, self.size, hard))
