@@ -63,12 +63,11 @@ class SegmentationModule(L.LightningModule):
         self.val_dice.update(logits.argmax(1), batch["mask"])
 
     def on_validation_epoch_end(self) -> None:
-        per_class = self.val_dice.compute()
+        per_class = self.val_dice.compute().reshape(-1)  # 0-d when there is one foreground class
         self.val_dice.reset()
         metrics = {f"val/dice_{n}": d for n, d in zip(self.class_names, per_class)}
-        metrics["val/dice"] = per_class.mean()
         self.log_dict(metrics, prog_bar=False)
-        self.log("val/dice", metrics["val/dice"], prog_bar=True)
+        self.log("val/dice", per_class.mean(), prog_bar=True)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
@@ -76,7 +75,7 @@ class SegmentationModule(L.LightningModule):
         self.val_dice.update(logits.argmax(1), batch["mask"])
 
     def on_test_epoch_end(self) -> None:
-        per_class = self.val_dice.compute()
+        per_class = self.val_dice.compute().reshape(-1)  # 0-d when there is one foreground class
         self.val_dice.reset()
         metrics = {f"test/dice_{n}": d for n, d in zip(self.class_names, per_class)}
         metrics["test/dice"] = per_class.mean()
