@@ -111,3 +111,32 @@ def test_acdc_nifti_layout(tmp_path):
     (d / "patient005_frame09_gt.nii.gz").unlink()
     with pytest.raises(DataError, match=r"patient005_frame09\.nii\.gz"):
         ACDCDataModule(root=str(tmp_path)).setup("fit")
+
+
+def test_pranet_and_cvc_tif_layouts(tmp_path):
+    # PraNet: TrainDataset/image|mask is the training set; TestDataset/<name>/images|masks as extra val
+    tr = tmp_path / "pranet" / "TrainDataset"
+    for d in ("image", "mask"):
+        (tr / d).mkdir(parents=True)
+    for k in range(3):
+        cv2.imwrite(str(tr / "image" / f"{k}.png"), np.full((16, 16, 3), 90, np.uint8))
+        cv2.imwrite(str(tr / "mask" / f"{k}.png"), np.full((16, 16), 255, np.uint8))
+    _pair(tmp_path / "pranet" / "TestDataset" / "ETIS", "e1")
+    assert [FolderSource(tmp_path / "pranet").case_id(i) for i in range(3)] == ["0", "1", "2"]
+    (tmp_path / "t2" / "TestDataset").mkdir(parents=True)
+    _pair(tmp_path / "t2" / "TestDataset" / "Kvasir", "k1")
+    assert FolderSource(tmp_path / "t2").case_id(0) == "Kvasir/k1"
+    # CVC-ClinicDB original: Original/ + Ground Truth/ TIFs; PolypGen: <stem>_mask.jpg RGB masks
+    for d in ("Original", "Ground Truth"):
+        (tmp_path / "cvc" / d).mkdir(parents=True)
+    cv2.imwrite(str(tmp_path / "cvc" / "Original" / "1.tif"), np.full((12, 10, 3), 80, np.uint8))
+    m = np.zeros((12, 10, 3), np.uint8)
+    m[:4, :4] = 250
+    cv2.imwrite(str(tmp_path / "cvc" / "Ground Truth" / "1_mask.tif"), m)
+    img, mask = FolderSource(tmp_path / "cvc").load(0)
+    assert img.shape == (12, 10, 3) and mask.sum() == 16
+    dm = PolypDataModule(root=str(tmp_path / "pranet"), image_size=8, batch_size=2,
+                         extra_val={"etis": str(tmp_path / "pranet" / "TestDataset" / "ETIS")})
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 2 and len(dm.val_dataset) == 1
+    assert next(iter(dm.extra_val_dataloaders()["etis"]))["case_id"] == ["e1"]
