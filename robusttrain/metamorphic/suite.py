@@ -103,7 +103,7 @@ class MRSuite:
 
     @staticmethod
     def _cannot_apply(op: Any, probe: torch.Tensor) -> str:
-        if getattr(op, "requires_rgb", False) and probe.shape[1] != 3:
+        if getattr(op, "requires_rgb", getattr(op, "rgb", False)) and probe.shape[1] != 3:
             return "needs RGB"
         try:  # the perturbations raise a clear ValueError for data they cannot handle
             g = torch.Generator().manual_seed(0)

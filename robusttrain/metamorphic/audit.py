@@ -1,0 +1,130 @@
+"""Standalone robustness audit of a trained model (what ``python -m robusttrain check`` runs).
+
+Runs the suite on each named dataset and builds the paper-000 layout: rows = perturbation
+(pooled severities, plus ``all``), columns = dataset x {Dice, IoU}, EFR in %, one table per
+threshold; a last row ``clean`` holds the clean mean Dice / IoU (in %) of each dataset.
+
+>>> import torch
+>>> from robusttrain.metamorphic.audit import audit, format_efr_tables
+>>> from robusttrain.metamorphic.suite import MRSuite
+>>> ds = [(torch.rand(3, 32, 32), (torch.rand(32, 32) > 0.5).long()) for _ in range(2)]
+>>> model = torch.nn.Conv2d(3, 2, 1)
+>>> out = audit(model, {"val": ds}, MRSuite(["contrast"], (2,)), out_dir=None)
+>>> sorted(out["tables"]), list(out["tables"][0.25].columns)
+([0.25, 0.5], ['val/Dice', 'val/IoU'])
+>>> print(format_efr_tables(out["tables"]).splitlines()[0])
+### EFR (%) at t = 0.25
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+import torch
+
+from .batch import BatchHooks, case_ids_of, iter_probe
+from .efr import THRESHOLDS, efr_table
+from .runner import aggregate, run_probe
+from .scoring import logits_to_probabilities
+from .suite import MRSuite, stable_seed
+
+
+def _predict_fn(model: torch.nn.Module, to_probabilities: Callable | None) -> Callable:
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        out = model(x)
+        if to_probabilities is not None:
+            return to_probabilities(out).float()
+        if isinstance(out, dict):
+            out = out.get("logits", next(iter(out.values())))
+        if isinstance(out, (list, tuple)):
+            out = out[0]
+        return logits_to_probabilities(out)
+    return predict
+
+
+def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | None = None,
+          out_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
+          batch_size: int = 8, path: str = "auto", max_cases: int | None = None,
+          thresholds: Sequence[float] = THRESHOLDS, class_names: Sequence[str] | None = None,
+          hooks: BatchHooks | None = None, to_probabilities: Callable | None = None) -> dict[str, Any]:
+    """Run ``suite`` (default: nine families x severities 2, 4) on every dataset.
+
+    Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),
+    "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "markdown": str}`` and, with
+    ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide table) and ``efr_table.md``.
+    """
+    suite = suite or MRSuite()
+    hooks = hooks or BatchHooks()
+    dev = torch.device(device) if device is not None else next(
+        (p.device for p in model.parameters()), torch.device("cpu"))
+    path = path if path != "auto" else ("torch" if dev.type == "cuda" else "numpy")
+    model = model.to(dev)
+    was = model.training
+    model.eval()
+    predict = _predict_fn(model, to_probabilities)
+    efrs, cases_all, clean = [], [], {}
+    try:
+        with torch.no_grad():
+            for name, ds in datasets.items():
+                idx = _subset(ds, max_cases, suite.seed)
+                res = run_probe(predict, iter_probe(ds, idx, batch_size, hooks), suite, name, path=path, device=dev)
+                hist, cases = aggregate(res, class_names or [], 0, suite)
+                t = efr_table(cases, thresholds)
+                t.insert(0, "split", name)
+                efrs.append(t)
+                cases_all.append(cases)
+                clean[name] = {m: float(hist.filter(like=f"{m}_").mean(axis=1).mean()) for m in ("dice", "iou")}
+    finally:
+        model.train(was)
+    efr = pd.concat(efrs, ignore_index=True)
+    tables = paper_tables(efr, clean, thresholds)
+    md = format_efr_tables(tables)
+    if out_dir is not None:
+        from robusttrain.io import atomic_write_csv, atomic_write_text
+        long = pd.concat([t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True)
+        long = long[["threshold"] + [c for c in long.columns if c != "threshold"]]
+        atomic_write_csv(os.path.join(out_dir, "efr_table.csv"), long)
+        atomic_write_text(os.path.join(out_dir, "efr_table.md"), md)
+    return {"tables": tables, "efr": efr, "cases": pd.concat(cases_all, ignore_index=True),
+            "clean": clean, "markdown": md}
+
+
+def _subset(ds: Any, max_cases: int | None, seed: int) -> list[int]:
+    ids = case_ids_of(ds) or [str(i) for i in range(len(ds))]
+    cases = list(dict.fromkeys(ids))
+    if max_cases is None or max_cases >= len(cases):
+        return list(range(len(ds)))
+    g = torch.Generator().manual_seed(stable_seed(seed, "audit") % 2**62)
+    keep = {cases[int(i)] for i in torch.randperm(len(cases), generator=g)[:max_cases]}
+    return [i for i, c in enumerate(ids) if c in keep]
+
+
+def paper_tables(efr: pd.DataFrame, clean: dict[str, dict[str, float]],
+                 thresholds: Sequence[float] = THRESHOLDS) -> dict[float, pd.DataFrame]:
+    """Per threshold: rows perturbation (+ ``clean``), columns ``<dataset>/Dice``, ``<dataset>/IoU`` (%)."""
+    out = {}
+    pooled = efr[efr["severity"] == 0]
+    for t in thresholds:
+        sub = pooled[pooled["threshold"] == float(t)]
+        cols = {}
+        for name in dict.fromkeys(sub["split"]):
+            for m, label in (("dice", "Dice"), ("iou", "IoU")):
+                s = sub[(sub["split"] == name) & (sub["metric"] == m)].set_index("perturbation")["efr"] * 100
+                s["clean"] = 100 * clean[name][m]
+                cols[f"{name}/{label}"] = s
+        table = pd.DataFrame(cols).round(2)
+        table.index.name = "perturbation"
+        out[float(t)] = table
+    return out
+
+
+def format_efr_tables(tables: dict[float, pd.DataFrame]) -> str:
+    """Markdown: one table per threshold (EFR %, last row = clean Dice / IoU %)."""
+    parts = []
+    for t, table in tables.items():
+        head = "| perturbation | " + " | ".join(table.columns) + " |"
+        sep = "|---|" + "---:|" * len(table.columns)
+        rows = [f"| {p} | " + " | ".join(f"{v:.2f}" for v in r) + " |" for p, r in zip(table.index, table.values)]
+        parts.append("\n".join([f"### EFR (%) at t = {t:g}", "", head, sep, *rows, ""]))
+    return "\n".join(parts)

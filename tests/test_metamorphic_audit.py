@@ -1,0 +1,63 @@
+"""audit(): the nine default families through the real registry, paper layout, files, both paths."""
+import numpy as np
+import pandas as pd
+import torch
+
+from robusttrain.metamorphic.audit import audit, format_efr_tables
+from robusttrain.metamorphic.suite import DEFAULT_PERTURBATIONS, MRSuite
+
+
+class RedDetector(torch.nn.Module):
+    """Foreground where the red channel is bright: a fixed, colour-fragile 'model'."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(40.0))
+
+    def forward(self, x):
+        fg = self.w * (x[:, :1] - 0.5)
+        return torch.cat([-fg, fg], 1)
+
+
+def _data(n=4, size=48, c=3):
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(n):
+        img = (torch.randint(40, 90, (c, size, size), generator=g).float() / 255)
+        m = torch.zeros(size, size, dtype=torch.long)
+        r = 8 + 3 * i
+        img[:, 10:10 + r, 12:12 + r] = (torch.tensor([200, 110, 90][:c]).view(c, 1, 1) / 255)
+        m[10:10 + r, 12:12 + r] = 1
+        out.append({"image": img, "mask": m, "case_id": f"c{i}", "slice_index": 0})
+    return out
+
+
+def test_audit_default_suite_paper_layout_and_files(tmp_path):
+    res = audit(RedDetector(), {"kvasir": _data(), "etis": _data(3)}, MRSuite(seed=0), out_dir=tmp_path)
+    t25 = res["tables"][0.25]
+    assert list(t25.columns) == ["kvasir/Dice", "kvasir/IoU", "etis/Dice", "etis/IoU"]
+    assert list(t25.index) == list(DEFAULT_PERTURBATIONS) + ["all", "clean"]
+    assert t25.loc["clean", "kvasir/Dice"] == 100.0  # the detector is perfect on clean data
+    assert (res["tables"][0.5].drop("clean") <= t25.drop("clean")).all().all()  # stricter t, fewer errors
+    assert 0 < t25.loc["all", "kvasir/Dice"] < 100
+    csv = pd.read_csv(tmp_path / "efr_table.csv")
+    assert set(csv.threshold) == {0.25, 0.5} and "kvasir/IoU" in csv.columns
+    md = (tmp_path / "efr_table.md").read_text()
+    assert md == format_efr_tables(res["tables"]) and "### EFR (%) at t = 0.5" in md
+    assert len(res["cases"]) == (4 + 3) * 9 * 2
+
+
+def test_audit_paths_agree_on_every_family():
+    data = _data(3)
+    out = {p: audit(RedDetector(), {"val": data}, MRSuite(seed=2), path=p)["cases"] for p in ("torch", "numpy")}
+    t, n = out["torch"], out["numpy"]
+    assert (t.drop_dice > 0.25).tolist() == (n.drop_dice > 0.25).tolist()
+    assert np.allclose(t.fol_dice, n.fol_dice, atol=0.03)
+
+
+def test_one_channel_data_skips_rgb_only_families():
+    one = [{"image": d["image"][:1], "mask": d["mask"]} for d in _data(2)]
+    suite = MRSuite(seed=0)
+    res = audit(RedDetector(), {"cxr": one}, suite)
+    assert suite.skipped and set(suite.skipped) <= set(DEFAULT_PERTURBATIONS)
+    assert set(res["cases"].perturbation) == {n for n, _ in suite.tests}
