@@ -244,7 +244,10 @@ class Perturbation:
 
     def _content_numpy(self, image: np.ndarray, mask: np.ndarray | None, draws: dict[str, np.ndarray]
                        ) -> dict[str, np.ndarray]:
-        # Default: reuse the torch sampler on a one-image batch (exact same logic).
+        # Default: reuse the torch sampler on a one-image batch (exact same logic) — only when the
+        # family has image-dependent params at all; the conversion costs a full-image pass.
+        if type(self)._content_torch is Perturbation._content_torch:
+            return {}
         t = image_to_batch(image)
         m = None if mask is None else torch.from_numpy(np.ascontiguousarray(mask).astype(np.int64))[None]
         d = {k: torch.as_tensor(v)[None] for k, v in draws.items()}

@@ -1,7 +1,7 @@
 """Motion family (paper 000, MR2-1): Gaussian ``blur`` with sensor noise, and directional ``motion_blur``.
 
 Torch path: per-sample kernels. Small kernels run as grouped convolutions (separable for the Gaussian);
-kernels wider than 31 px go through an FFT of the reflect-padded batch, whose cost does not grow with
+kernels wider than 15 px go through an FFT of the reflect-padded batch, whose cost does not grow with
 sigma. Border handling is reflect-101 everywhere, which is OpenCV's default, so both paths agree.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .base import Perturbation
 
-FFT_ABOVE = 31  # kernel width from which the FFT beats direct convolution on CPU
+FFT_ABOVE = 15  # kernel width from which the FFT (cost independent of sigma) beats grouped convolution on CPU
 
 
 def _good_fft_size(n: int) -> int:
@@ -265,7 +265,7 @@ class MotionBlur(Perturbation):
 
     def _apply_torch(self, images, masks, params):
         k = motion_kernel(params["length"], params["angle"], self.kmax)
-        if self.kmax > 15:
+        if self.kmax > FFT_ABOVE:
             return fft_filter(images, k).clamp_(0.0, 1.0).contiguous()
         b, c, h, w = images.shape
         r = self.kmax // 2
