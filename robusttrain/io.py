@@ -8,6 +8,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -17,6 +21,7 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -45,3 +45,94 @@ def gallery(recipe: str | None, overrides: list[str], positional: list[str]) -> 
     out = render_gallery(images, extra.get("out", "gallery.png"))
     print(f"[robusttrain] gallery written to {Path(out).resolve()}")
     return 0
+
+
+def report(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
+    from robusttrain.reporting.html import write_report
+
+    opts = _only(overrides, {"out"}, "report")
+    if recipe is not None or len(positional) != 1:
+        raise UsageError("usage: report RUN_DIR [out=report.html]")
+    run_dir = Path(positional[0])
+    if not run_dir.is_dir():
+        raise UsageError(f"run directory not found: '{run_dir}'")
+    out = write_report(run_dir, opts.get("out"))
+    print(f"[robusttrain] report written to {Path(out).resolve()}")
+    return 0
+
+
+def corners(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
+    from robusttrain.cornercases.report import corners_report
+
+    opts = _only(overrides, {"policy", "contamination", "tail", "metric"}, "corners")
+    if recipe is not None or len(positional) != 1:
+        raise UsageError("usage: corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto]")
+    kwargs: dict = {k: v for k, v in opts.items() if k != "contamination"}
+    if "contamination" in opts:
+        try:
+            kwargs["contamination"] = float(opts["contamination"])
+        except ValueError:
+            raise UsageError(f"bad value for 'contamination': {opts['contamination']!r} (expected a number "
+                             "in (0, 0.5])") from None
+    try:
+        print(corners_report(positional[0], **kwargs))
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        raise UsageError(str(e).strip().splitlines()[0]) from None
+    return 0
+
+
+def _load_model(cfg, ckpt: str):
+    """The recipe's model class with the checkpoint's weights (LightningModule or plain nn.Module)."""
+    import lightning as L
+    import torch
+    from hydra.utils import get_class
+
+    from robusttrain.cli.build import build
+
+    cls = get_class(cfg.model._target_)
+    try:
+        if issubclass(cls, L.LightningModule):
+            return cls.load_from_checkpoint(ckpt, map_location="cpu")
+        model = build("model", cfg.model)
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        model.load_state_dict(state.get("state_dict", state))
+        return model
+    except (RuntimeError, KeyError, OSError) as e:
+        raise UsageError(f"cannot load ckpt '{ckpt}' into {cfg.model._target_}: "
+                         f"{str(e).strip().splitlines()[0]}") from None
+
+
+def check(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
+    import torch
+
+    from robusttrain.cli.build import build, resolve_run_dir, write_config
+    from robusttrain.cli.compose import compose_recipe
+    from robusttrain.metamorphic.audit import audit
+    from robusttrain.metamorphic.suite import MRSuite
+
+    if positional:
+        raise UsageError(f"unexpected argument '{positional[0]}' (expected key=value)")
+    cfg = compose_recipe(recipe, overrides)
+    ckpt = cfg.get("ckpt")
+    if not ckpt or not Path(str(ckpt)).expanduser().is_file():
+        raise UsageError(f"check needs ckpt=PATH to an existing checkpoint, got ckpt={ckpt}")
+    run_dir = resolve_run_dir(cfg)
+    write_config(cfg, run_dir)
+    print(f"[robusttrain] check recipe={cfg.recipe} ckpt={ckpt} run_dir={run_dir}", flush=True)
+    dm = build("data", cfg.data)
+    dm.setup("fit")
+    datasets = {"val": dm.val_dataset}
+    datasets.update({name: loader.dataset for name, loader in dm.extra_val_dataloaders().items()})
+    mr = (cfg.get("callbacks") or {}).get("metamorphic") or {}
+    suite = MRSuite(mr.get("perturbations"), mr.get("severities", (2, 4)), int(mr.get("seed", cfg.seed)))
+    model = _load_model(cfg, str(ckpt))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = audit(model, datasets, suite, out_dir=run_dir, device=device,
+                batch_size=int(mr.get("batch_size", 8)), max_cases=mr.get("max_cases"),
+                class_names=getattr(dm, "class_names", None))
+    print(out["markdown"])
+    clean = "  ".join(f"{name}: Dice={v['dice']:.4f} IoU={v['iou']:.4f}" for name, v in out["clean"].items())
+    print(f"[robusttrain] clean {clean}")
+    print(f"[robusttrain] EFR tables written to {run_dir / 'efr_table.csv'} and {run_dir / 'efr_table.md'}")
+    print(f"[robusttrain] run_dir={run_dir}", flush=True)
+    return 0
