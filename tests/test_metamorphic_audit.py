@@ -19,7 +19,7 @@ class RedDetector(torch.nn.Module):
         return torch.cat([-fg, fg], 1)
 
 
-def _data(n=4, size=48, c=3):
+def _data(n=4, size=64, c=3):  # text overlay needs >= 64 px (48 px crashes its numpy path)
     g = torch.Generator().manual_seed(1)
     out = []
     for i in range(n):
