@@ -67,7 +67,8 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
         facts["classes"] = ", ".join(c[5:] for c in rundir.dice_columns(history))
     if efr is not None:
         facts["perturbations"] = ", ".join(p for p in dict.fromkeys(efr["perturbation"]) if p != "all")
-        facts["severities"] = ", ".join(map(str, sorted(efr["severity"].unique())))
+        # severity 0 marks the MR callback's pooled rows, not a severity that was run
+        facts["severities"] = ", ".join(str(s) for s in sorted(efr["severity"].unique()) if s > 0)
     files = [n for n in (rundir.CONFIG, rundir.HISTORY, rundir.EFR, rundir.EFR_TABLE, rundir.CORNERS,
                          rundir.FAILURES, "balanced.ckpt") if (run_dir / n).exists()]
     facts["files"] = ", ".join(files) or "none"

@@ -117,7 +117,9 @@ def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | Non
     """One panel per class: the case's Dice over epochs against the cohort mean (and its IQR)."""
     cols = rundir.dice_columns(history)
     case = history[history["case_id"] == str(case_id)].sort_values("epoch")
-    fig = Figure(figsize=(4.2 * max(len(cols), 1), 4.2))
+    # one panel per class, but never narrower than the legend and title need (1-class datasets)
+    width = max(4.2 * max(len(cols), 1), 8.0)
+    fig = Figure(figsize=(width, 4.4))
     axes = fig.subplots(1, max(len(cols), 1), squeeze=False)[0]
     outliers = set(corners.outlier_epochs.get(str(case_id), [])) if corners else set()
     for ax, col in zip(axes, cols):
@@ -142,9 +144,12 @@ def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | Non
         ax.grid(alpha=0.3)
     # one legend for all panels, below them, so it never hides a curve
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    ncol = min(len(labels), max(3, int(width // 1.6)))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
+    legend_rows = -(-len(labels) // ncol)
     fig.suptitle(f"Corner case {case_id}: per-class Dice vs cohort", fontweight="bold")
-    fig.subplots_adjust(left=0.06, right=0.98, top=0.82, bottom=0.24, wspace=0.22)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.84,
+                        bottom=(0.55 + 0.22 * legend_rows) / 4.4, wspace=0.22)
     return fig
 
 
