@@ -143,12 +143,12 @@ def fitted(tmp_path_factory):
     pl.seed_everything(0)
     ds = Cases()
     sink = Sink()
-    mr = MetamorphicCallback(perturbations=["blur"], severities=(2, 4), dirpath=str(run_dir),
+    mr = MetamorphicCallback(perturbations=["blur"], severities=(4,), dirpath=str(run_dir),
                              failure_threshold=0.0, class_names=["rv", "myo", "lv"], on_failure=sink,
                              verbose=False)
     reporter = RobustnessReporter(max_failures_per_epoch=3)
     logger = WandbLogger(offline=True, save_dir=str(tmp), project="robusttrain-test")
-    trainer = pl.Trainer(max_epochs=3, logger=logger, enable_checkpointing=False,
+    trainer = pl.Trainer(max_epochs=2, logger=logger, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter])
     trainer.fit(Tiny(), DataLoader(ds, batch_size=5, shuffle=True), DataLoader(ds, batch_size=5))
@@ -165,9 +165,9 @@ def fitted(tmp_path_factory):
 def test_efr_scalars_logged_once_by_the_mr_callback(fitted):
     rows = history_rows(fitted["records"])
     efr_rows = [r for r in rows if "mr/efr/blur/dice@0.25" in r]
-    assert len(efr_rows) == 3  # one per epoch: the reporter did not duplicate the MR callback's keys
+    assert len(efr_rows) == 2  # one per epoch: the reporter did not duplicate the MR callback's keys
     mr_efr = fitted["mr"].efr
-    last = mr_efr[(mr_efr.epoch == 2) & (mr_efr.perturbation == "blur") & (mr_efr.severity == 0)
+    last = mr_efr[(mr_efr.epoch == 1) & (mr_efr.perturbation == "blur") & (mr_efr.severity == 0)
                   & (mr_efr.metric == "dice") & (mr_efr.threshold == 0.5)]
     assert efr_rows[-1]["mr/efr/blur/dice@0.5"] == pytest.approx(float(last.efr.item()))
 
@@ -217,8 +217,20 @@ def test_corner_case_charts_and_summary(fitted):
     assert summ["corners/cases"] == ",".join(flagged)
     if flagged:  # a line series per structure
         assert {"corners/dice_rv_table", "corners/dice_myo_table", "corners/dice_lv_table"} <= chart_keys
-        chart = next(r for r in rows if "corners/dice_lv_table" in r)["corners/dice_lv_table"]
-        assert chart["_type"] == "table-file" and chart["ncols"] == 3  # line_series: lineKey, step, lineVal
+        chart = [r for r in rows if "corners/dice_lv_table" in r][-1]["corners/dice_lv_table"]
+        assert chart["_type"] == "table-file" and chart["ncols"] == 3  # line_series: step, lineKey, lineVal
+        data = json.loads((fitted["wandb_dir"] / "files" / chart["path"]).read_text())
+        series: dict = {}
+        for step, key, val in (dict(zip(data["columns"], row)).values() for row in data["data"]):
+            series.setdefault(key, []).append((step, val))
+        history = fitted["mr"].history
+        mean = history.groupby("epoch")["dice_lv"].mean()
+        assert [e for e, _ in series["cohort mean"]] == list(mean.index)
+        assert [v for _, v in series["cohort mean"]] == pytest.approx(list(mean.values))
+        case = history[history.case_id == flagged[0]].sort_values("epoch")
+        assert [v for _, v in series[flagged[0]]] == pytest.approx(list(case.dice_lv))
+        ll = corners["least_loss_epoch"]
+        assert series[f"least-loss epoch {ll}"] == [(ll, 0.0), (ll, 1.0)]  # the vertical marker
 
 
 def test_plots_written_each_epoch(fitted):
