@@ -125,3 +125,25 @@ def test_report_inlines_an_existing_gallery(tmp_path):
     text = write_report(run).read_text()
     section = text[text.index('<section id="gallery">'):]
     assert section.count("<img") == 1 and "not available" not in section.split("</section>")[0]
+
+
+def test_failure_rows_with_overlays_or_thumbnail(tmp_path):
+    import numpy as np
+
+    from robusttrain.reporting import wandb_charts
+
+    run = make_run_dir(tmp_path / "run")
+    rec = rundir.load_failures(run)[0]
+    # from the failure bank's files only: the thumbnail strip stands in, follow-up cell empty
+    row = wandb_charts.failure_row(rec, None, CLASSES, rec["thumb"])
+    assert row[:5] == [rec["epoch"], rec["case_id"], "val", rec["perturbation"], 4]
+    assert row[7] == pytest.approx(rec["drop"]) and row[9] is None
+    # with the MR callback's images: GT and each prediction as mask overlays
+    gt = np.zeros((16, 16), np.uint8)
+    gt[4:8, 4:8] = 3
+    images = {"source": np.full((16, 16, 3), 90, np.uint8), "followup": np.full((16, 16, 3), 30, np.uint8),
+              "gt": gt, "pred_source": gt, "pred_followup": np.zeros_like(gt)}
+    row = wandb_charts.failure_row(rec, images, CLASSES)
+    for cell in row[8:]:
+        assert set(cell._masks) == {"ground_truth", "prediction"}
+        assert cell._masks["ground_truth"]._val["class_labels"] == {0: "background", 1: "rv", 2: "myo", 3: "lv"}
