@@ -23,7 +23,7 @@ import lightning.pytorch as pl
 import torch
 
 from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint
-from robusttrain.cornercases import corners_report, find_corner_cases
+from robusttrain.cornercases import POLICIES, corners_report, find_corner_cases, select_balanced_epoch
 from robusttrain.datamodules import ACDCDataModule
 
 
@@ -63,17 +63,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--contamination", type=float, default=0.1)
     ap.add_argument("--policy", default="last_inlier")
+    ap.add_argument("--min-epoch", type=int, default=0, help="warm-up epochs excluded from the analysis")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is shared)")
     ap.add_argument("--out", default="runs/corner_cases_evidence")
     a = ap.parse_args(argv)
 
     pl.seed_everything(a.seed, workers=True)
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     dm = ACDCDataModule(root=a.root, image_size=a.image_size, batch_size=a.batch_size, n_train=a.n_train,
                         n_val=a.n_val, val_fraction=a.val_fraction, seed=a.seed)
     model = UNet(a.lr)
     out = Path(a.out)
-    cb = BalancedCheckpoint(dirpath=out, policy=a.policy, contamination=a.contamination, retention="all")
+    cb = BalancedCheckpoint(dirpath=out, policy=a.policy, contamination=a.contamination,
+                            min_epoch=a.min_epoch, retention="all")
     logger = pl.loggers.CSVLogger(out, name="", version="")
     trainer = pl.Trainer(max_epochs=a.epochs, callbacks=[cb], logger=logger, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
@@ -105,6 +108,15 @@ def main(argv=None) -> dict:
             if planted:
                 summary[f"planted_mean_dice@{key}"] = {c: round(d["per_case"][c]["mean"], 4)
                                                        for c in planted if c in d["per_case"]}
+    # every policy on the same history, least-loss epoch as reference, for comparison
+    h = hist.assign(mean=hist[[c for c in hist.columns if c.startswith("dice_")]].mean(axis=1))
+    summary["policies"] = {}
+    for pol in POLICIES:
+        s = select_balanced_epoch(hist, pol, reference_epoch=rep["least_loss_epoch"], min_epoch=a.min_epoch,
+                                  contamination=a.contamination)
+        at = h[h["epoch"] == s.epoch].set_index("case_id")["mean"]
+        summary["policies"][pol] = {"epoch": s.epoch, "cohort": round(float(at.mean()), 4),
+                                    "corner": {c: round(float(at[c]), 4) for c in s.corner_cases.case_ids}}
     print(json.dumps(summary, indent=2))
     print(corners_report(out, policy=a.policy, contamination=a.contamination))
     return summary
