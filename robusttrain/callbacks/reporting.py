@@ -49,7 +49,8 @@ class RobustnessReporter(Callback):
     Args:
         dirpath: run directory; None → the MetamorphicCallback's ``dirpath``, else the trainer's
             ``log_dir`` / ``default_root_dir`` (where the MR callback writes its files).
-        every_n_epochs: report after every N-th validation of a fit.
+        every_n_epochs: report after every N-th validation of a fit; None → the MR callback's
+            ``every_n_epochs`` (so each report follows a check), 1 without one.
         plots: write ``plots/*.png``.
         wandb: log to a ``WandbLogger`` found in ``trainer.loggers`` (ignored when there is none).
         console: print the compact corner-case (and, if nobody else did, EFR) table.
@@ -59,13 +60,14 @@ class RobustnessReporter(Callback):
             them from (BalancedCheckpoint's settings win, so the live view matches the final one).
     """
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, every_n_epochs: int = 1,
+    def __init__(self, dirpath: str | os.PathLike | None = None, every_n_epochs: int | None = None,
                  plots: bool = True, wandb: bool = True, console: bool = True,
                  max_failures_per_epoch: int = 16, live_corners: bool = True,
                  policy: str = "last_inlier", contamination: float = 0.1,
                  monitor: str = "val/loss") -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.every_n_epochs, self.max_failures_per_epoch = int(every_n_epochs), int(max_failures_per_epoch)
+        self.every_n_epochs = None if every_n_epochs is None else int(every_n_epochs)
+        self.max_failures_per_epoch = int(max_failures_per_epoch)
         self.plots, self.wandb, self.console, self.live_corners = plots, wandb, console, live_corners
         self.policy, self.contamination, self.monitor = policy, contamination, monitor
         self.corners: Corners | None = None      # what the last report showed
@@ -104,7 +106,9 @@ class RobustnessReporter(Callback):
         value = trainer.callback_metrics.get(self.monitor)
         if value is not None:
             self._monitor_values[epoch] = float(value)
-        if self.every_n_epochs > 0 and (epoch + 1) % self.every_n_epochs == 0 and trainer.is_global_zero:
+        every = self.every_n_epochs if self.every_n_epochs is not None else \
+            int(getattr(self._mr, "every_n_epochs", 1) or 1)
+        if every > 0 and (epoch + 1) % every == 0 and trainer.is_global_zero:
             self._report(trainer, epoch, final=False)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -118,8 +122,11 @@ class RobustnessReporter(Callback):
     # ------------------------------------------------------------------ one report
     def _report(self, trainer: Any, epoch: int, final: bool) -> None:
         run_dir = self.run_dir(trainer)
-        history = self._frame("history") if self._frame("history") is not None else rundir.load_history(run_dir)
-        efr = self._frame("efr") if self._frame("efr") is not None else rundir.load_efr(run_dir)
+        # the MR callback's in-memory tables are fresher than the files (and the same data)
+        history = self._frame("history")
+        history = history if history is not None else rundir.load_history(run_dir)
+        efr = self._frame("efr")
+        efr = efr if efr is not None else rundir.load_efr(run_dir)
         corners = self._final_corners(run_dir) if final else None
         if corners is None:
             corners = self._live_corners(history)
