@@ -112,7 +112,8 @@ def test_standalone_writes_files_and_chosen_weights(tmp_path):
     report = json.loads((tmp_path / "corner_cases.json").read_text())
     hist = pd.read_csv(tmp_path / "balanced_history.csv")
     assert sorted(hist["epoch"].unique()) == list(range(6)) and hist["case_id"].nunique() == 6
-    assert {"dice_class1", "dice_class2", "dice_class3"} <= set(hist.columns)
+    assert {"dice_class1", "dice_class2", "dice_class3", "iou_class1"} <= set(hist.columns)
+    assert (hist["iou_class1"] <= hist["dice_class1"] + 1e-9).all()
     chosen = report["balanced_epoch"]
     assert report["status"] == "ok" and report["policy"] == "last_inlier" and chosen in range(6)
     assert report["least_loss_epoch"] == cb.best_epoch() and report["checkpoint"] == "balanced.ckpt"

@@ -69,6 +69,13 @@ def dice_from_sums(s: np.ndarray) -> np.ndarray:
     return np.where(denom > 0, 2 * inter / np.maximum(denom, 1), 1.0)
 
 
+def iou_from_sums(s: np.ndarray) -> np.ndarray:
+    """IoU per class from (3, C) sums; empty/empty scores 1."""
+    inter, p, t = s.astype(np.float64)
+    denom = p + t - inter
+    return np.where(denom > 0, inter / np.maximum(denom, 1), 1.0)
+
+
 class BalancedCheckpoint(Callback):
     """Save the balanced checkpoint of paper 004 (see module docstring).
 
@@ -76,7 +83,8 @@ class BalancedCheckpoint(Callback):
         dirpath: run directory for the outputs; None → the history provider's ``dirpath`` if it
             has one, else ``trainer.log_dir``, else ``trainer.default_root_dir``.
         policy: ``last_inlier`` | ``maximin`` | ``pareto``.
-        contamination, tail, metric: passed to the ECOD analysis (metric = column prefix).
+        contamination, tail, metric: passed to the ECOD analysis (metric = column prefix;
+            self-computed histories have ``dice_<class>`` and ``iou_<class>``).
         monitor, mode: the logged value that defines the least-loss (reference) epoch.
         min_epoch: epochs before it are warm-up: neither analysed nor candidates.
         retention: ``"auto"`` keeps only what the policy can still choose (for ``last_inlier``
@@ -162,10 +170,12 @@ class BalancedCheckpoint(Callback):
         elif isinstance(out, (tuple, list)):
             out = out[0]
         sums = batch_sums(out, batch["mask"], self.threshold)
-        slices = batch.get("slice_index", torch.zeros(len(sums), dtype=torch.long))
-        for cid, sl, s in zip(batch["case_id"], torch.as_tensor(slices).tolist(), sums):
-            # keyed by slice so DistributedSampler's padded duplicates are counted once
-            self._sums[(str(cid), int(sl))] = s
+        slices = batch.get("slice_index")
+        for i, (cid, s) in enumerate(zip(batch["case_id"], sums)):
+            # keyed by slice so DistributedSampler's padded duplicates are counted once;
+            # without slice indices every sample is its own key
+            sl = int(slices[i]) if slices is not None else f"{trainer.global_rank}:{batch_idx}:{i}"
+            self._sums[(str(cid), sl)] = s
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not self._computing or not self._active(trainer):
@@ -185,9 +195,10 @@ class BalancedCheckpoint(Callback):
         epoch = trainer.current_epoch
         self._rows = [r for r in self._rows if r["epoch"] != epoch]
         for cid in sorted(per_case):
-            d = dice_from_sums(per_case[cid])
+            d, j = dice_from_sums(per_case[cid]), iou_from_sums(per_case[cid])
             self._rows.append({"case_id": cid, "epoch": epoch,
-                               **{f"{self.metric}_{c}": float(v) for c, v in zip(names, d)}})
+                               **{f"dice_{c}": float(v) for c, v in zip(names, d)},
+                               **{f"iou_{c}": float(v) for c, v in zip(names, j)}})
 
     # ------------------------------------------------------------------ candidates
     def on_validation_end(self, trainer, pl_module) -> None:
