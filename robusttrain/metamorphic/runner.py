@@ -27,7 +27,7 @@ import torch
 from .batch import ProbeBatch
 from .efr import relative_drops
 from .scoring import dice_from_sums, iou_from_sums, probabilities_to_labels, slice_sums
-from .suite import MRSuite
+from .suite import MRSuite, to_uint8_list
 
 Predict = Callable[[torch.Tensor], torch.Tensor]
 
@@ -77,9 +77,10 @@ def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, s
         k_classes = max(2, int(probs.shape[1]))
         src.append(slice_sums(src_lab, masks, k_classes).cpu())
         f_rows, c_rows = [], []
+        u8 = to_uint8_list(pb.images) if path == "numpy" else None  # once per batch, not per test
         for k in range(len(suite.tests)):
             params = suite.params_for(split, k, pb.case_ids, pb.slice_indices, pb.images, pb.masks)
-            fimg = suite.apply(k, images, masks, params, path=path)
+            fimg = suite.apply(k, images, masks, params, path=path, uint8=u8)
             flab = probabilities_to_labels(predict(fimg))
             f_rows.append(slice_sums(flab, masks, k_classes).cpu())
             c_rows.append(slice_sums(flab, src_lab, k_classes).cpu())

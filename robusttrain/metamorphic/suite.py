@@ -46,6 +46,12 @@ def _to_uint8_hwc(img: torch.Tensor) -> np.ndarray:
     return (img.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
 
 
+def to_uint8_list(images: torch.Tensor) -> list[np.ndarray]:
+    """(B,C,H,W) float [0,1] -> list of HWC uint8 arrays (the numpy path's input)."""
+    u8 = (images.detach().float().clamp(0, 1) * 255).round_().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return list(u8)
+
+
 def _from_hwc(arr: np.ndarray) -> torch.Tensor:
     arr = np.asarray(arr)
     if arr.ndim == 2:
@@ -146,17 +152,26 @@ class MRSuite:
 
     # -- applying ---------------------------------------------------------------------
     def apply(self, k: int, images: torch.Tensor, masks: torch.Tensor | None,
-              params: list[dict], path: str = "torch") -> torch.Tensor:
-        """Follow-up images for test ``k`` on ``path`` ("torch": batched; "numpy": uint8 per image)."""
+              params: list[dict], path: str = "torch", uint8: list[np.ndarray] | None = None
+              ) -> torch.Tensor:
+        """Follow-up images for test ``k`` on ``path`` ("torch": batched; "numpy": uint8 per image).
+
+        ``uint8``: the batch already converted by :func:`to_uint8_list` (saves one conversion per test).
+        """
         op = self.op(k)
         if path == "numpy":
-            outs = []
-            for i, p in enumerate(params):
-                m = None if masks is None else masks[i].cpu().numpy()
-                o, _ = op.apply_numpy(_to_uint8_hwc(images[i]), mask=m,
-                                      params={n: v[0].numpy() for n, v in p.items()})
-                outs.append(_from_hwc(o))
-            return torch.stack(outs).to(images.device, images.dtype)
+            src = uint8 if uint8 is not None else to_uint8_list(images)
+            mk = None if masks is None else masks.cpu().numpy()
+            outs = [op.apply_numpy(src[i], mask=None if mk is None else mk[i],
+                                   params={n: v[0].numpy() for n, v in p.items()})[0]
+                    for i, p in enumerate(params)]
+            if all(o.dtype == np.uint8 and o.shape == outs[0].shape for o in outs):
+                arr = np.stack(outs)
+                arr = arr[..., None] if arr.ndim == 3 else arr
+                t = torch.from_numpy(arr).permute(0, 3, 1, 2).float().div_(255.0)
+            else:
+                t = torch.stack([_from_hwc(o) for o in outs])
+            return t.to(images.device, images.dtype)
         if path != "torch":
             raise ValueError(f"path must be 'torch' or 'numpy', got {path!r}")
         try:

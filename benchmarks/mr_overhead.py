@@ -1,0 +1,87 @@
+"""Cost of a metamorphic check vs the model forwards it cannot avoid (CPU, one run).
+
+The polyp recipe's model (MONAI BasicUNet, features 16,16,32,64,128,16, 128x128, batch 16),
+the default suite (nine families x severities 2, 4). "forwards" = the same model on the very
+same source and follow-up batches, timed alone; "overhead" = (check - forwards) / forwards,
+i.e. perturbation + scoring + bookkeeping + failure records. Target: <= 20 %.
+
+    python benchmarks/mr_overhead.py [--cases 16] [--size 128] [--repeats 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from robusttrain.metamorphic.batch import BatchHooks, iter_probe
+from robusttrain.metamorphic.efr import efr_table
+from robusttrain.metamorphic.failures import build_failures
+from robusttrain.metamorphic.runner import aggregate, run_probe
+from robusttrain.metamorphic.scoring import logits_to_probabilities
+from robusttrain.metamorphic.suite import MRSuite
+
+
+def synthetic(n: int, size: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    out = []
+    for i in range(n):
+        img = 0.35 + 0.1 * torch.rand(3, size, size, generator=g)
+        img[0] += 0.2
+        cy, cx, r = (torch.rand(3, generator=g) * torch.tensor([0.5, 0.5, 0.15]) + torch.tensor([0.25, 0.25, 0.1])) * size
+        m = (((yy - cy) / r) ** 2 + ((xx - cx) / (1.3 * r)) ** 2 <= 1).long()
+        img = torch.where(m.bool(), torch.tensor([0.75, 0.45, 0.4]).view(3, 1, 1), img).clamp(0, 1)
+        out.append({"image": img, "mask": m, "case_id": f"case{i:03d}", "slice_index": 0})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=16)
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=2, help="checks after the first (params cached)")
+    args = ap.parse_args()
+    from monai.networks.nets import BasicUNet
+
+    torch.manual_seed(0)
+    model = BasicUNet(spatial_dims=2, in_channels=3, out_channels=2, features=(16, 16, 32, 64, 128, 16)).eval()
+    data = synthetic(args.cases, args.size)
+    suite = MRSuite(seed=0)
+    hooks = BatchHooks()
+    inputs: list[torch.Tensor] = []
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        inputs.append(x)  # the exact batches the check forwards, replayed below
+        return logits_to_probabilities(model(x))
+
+    def check() -> float:
+        t0 = time.perf_counter()
+        res = run_probe(predict, iter_probe(data, range(len(data)), args.batch_size, hooks), suite, "val",
+                        path="numpy")
+        _, cases = aggregate(res, ["polyp"], 0, suite)
+        efr_table(cases)
+        build_failures(res, cases, suite, data, hooks, predict, "numpy", 0.25, 16, 0)
+        return time.perf_counter() - t0
+
+    def forwards() -> float:
+        t0 = time.perf_counter()
+        for x in inputs:
+            logits_to_probabilities(model(x))
+        return time.perf_counter() - t0
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.cases} cases at "
+          f"{args.size}px, {len(suite.names)} families x severities {suite.severities}")
+    with torch.no_grad():
+        for rep in range(1 + args.repeats):
+            inputs.clear()
+            t_check = check()
+            t_fwd = forwards()
+            label = "first check (samples params)" if rep == 0 else f"check {rep} (cached params)"
+            print(f"{label:30s}: check {t_check:7.2f} s | forwards alone {t_fwd:7.2f} s "
+                  f"({len(inputs)} batches) | overhead {100 * (t_check - t_fwd) / t_fwd:6.1f} %")
+
+
+if __name__ == "__main__":
+    main()
