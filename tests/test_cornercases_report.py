@@ -53,3 +53,11 @@ def test_report_unknown_least_loss(tmp_path):
     text = corners_report(h)
     assert "least-loss epoch: unknown" in text and "n/a" in text
     assert "p05" in text  # still flagged at the last epoch
+
+
+def test_report_uses_min_epoch_from_corner_cases_json(tmp_path):
+    planted(tmp_path)
+    (tmp_path / "corner_cases.json").write_text(json.dumps({"least_loss_epoch": 9, "min_epoch": 3}))
+    text = corners_report(tmp_path)
+    assert "balanced epoch (last_inlier): 8" in text
+    assert "p05" in text and "[9]" in text

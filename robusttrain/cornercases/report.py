@@ -56,8 +56,11 @@ def _gain(a: Optional[float], b: Optional[float]) -> str:
 
 def corners_report(path_or_history: Union[str, os.PathLike, pd.DataFrame], policy: str = "last_inlier",
                    contamination: float = 0.1, tail: str = "low", metric: str = "dice",
-                   least_loss_epoch: Optional[int] = None, min_epoch: int = 0) -> str:
-    """The flagged cases with their Dice at the least-loss and balanced epochs, and the gain."""
+                   least_loss_epoch: Optional[int] = None, min_epoch: Optional[int] = None) -> str:
+    """The flagged cases with their Dice at the least-loss and balanced epochs, and the gain.
+
+    ``min_epoch`` None → the value in ``corner_cases.json`` (so the report matches the callback), else 0.
+    """
     run_dir, candidates, source = None, None, "least_loss_epoch argument"
     if isinstance(path_or_history, pd.DataFrame):
         h, name = load_history(path_or_history), "<DataFrame>"
@@ -66,7 +69,11 @@ def corners_report(path_or_history: Union[str, os.PathLike, pd.DataFrame], polic
         h, name, run_dir = load_history(hp), str(path_or_history), hp.parent
         cj = run_dir / "corner_cases.json"
         if cj.is_file():  # only epochs whose weights were kept can be balanced.ckpt
-            candidates = json.loads(cj.read_text()).get("candidate_epochs") or None
+            saved = json.loads(cj.read_text())
+            candidates = saved.get("candidate_epochs") or None
+            if min_epoch is None:
+                min_epoch = int(saved.get("min_epoch") or 0)
+    min_epoch = 0 if min_epoch is None else int(min_epoch)
     if least_loss_epoch is None:
         least_loss_epoch, source = least_loss_from_run(run_dir) if run_dir else (None, "unknown")
     cols = metric_columns(h, metric)
