@@ -50,9 +50,13 @@ def test_error_paths_are_one_line_exit_2(capsys, args, expected):
 def test_missing_checkpoint_and_data_root_are_named(capsys, tmp_path):
     code, _, err = _run(capsys, "test", "recipe=smoke", f"run_dir={tmp_path/'r'}", f"ckpt={tmp_path/'no.ckpt'}")
     assert code == 2 and "checkpoint not found" in err and "no.ckpt" in err
+    # a real process, so stderr is exactly what a user sees (no traceback, one error line)
     missing = tmp_path / "nowhere"
-    code, _, err = _run(capsys, "fit", "recipe=smoke", f"run_dir={tmp_path/'r2'}", f"data.root={missing}")
-    assert code == 2 and str(missing) in err and len(err.strip().splitlines()) == 1
+    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={tmp_path/'r2'}",
+                           f"data.root={missing}"], capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("robusttrain fit: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and str(missing) in errors[0]
+    assert "Traceback" not in proc.stderr
 
 
 def test_user_recipe_folder_is_searched_first(capsys, tmp_path, monkeypatch):
@@ -87,3 +91,31 @@ def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "validation val/dice=" in proc.stdout
+
+    # the robustness tools read the same run directory
+    assert main(["corners", str(run_dir)]) == 0
+    assert main(["report", str(run_dir)]) == 0
+    html = (run_dir / "report.html").read_text()
+    assert "<section id=\"efr-table\">" in html and "data:image/png;base64," in html
+    check_dir = tmp_path / "check"
+    assert main(["check", "recipe=smoke", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}",
+                 f"run_dir={check_dir}"]) == 0
+    md = (check_dir / "efr_table.md").read_text()
+    assert "### EFR (%) at t = 0.25" in md and "| blur |" in md and "| clean |" in md
+
+
+def test_tool_error_paths(capsys, tmp_path):
+    code, _, err = _run(capsys, "corners", str(tmp_path / "missing"))
+    assert code == 2 and "missing" in err
+    code, _, err = _run(capsys, "report", str(tmp_path / "missing"))
+    assert code == 2 and "run directory not found" in err
+    code, _, err = _run(capsys, "check", "recipe=smoke", f"ckpt={tmp_path / 'x.ckpt'}")
+    assert code == 2 and "x.ckpt" in err
+    code, _, err = _run(capsys, "gallery", "recipe=smoke", "bogus=1")
+    assert code == 2 and "unknown key 'bogus'" in err
+
+
+def test_gallery_renders_a_png(tmp_path):
+    out = tmp_path / "g.png"
+    assert main(["gallery", "recipe=smoke", f"out={out}", "n=1"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
