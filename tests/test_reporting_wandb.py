@@ -180,27 +180,29 @@ def test_failure_table_logged_incrementally_with_mask_overlays(fitted):
     assert 1 <= len(tables) <= len(failure_epochs)
     assert all(t["_type"] == "incremental-table-file" and t["log_mode"] == "INCREMENTAL" for t in tables)
     assert [t["increment_num"] for t in tables] == list(range(len(tables)))
-    # each increment is its own artifact holding only the rows new since the last log
-    arts = [r.artifact for r in fitted["records"] if r.WhichOneof("record_type") == "artifact"
-            and r.artifact.type == "wandb-run-incremental-table"]
-    assert len(arts) == len(tables)
-    files = [{e.path: Path(e.local_path) for e in a.manifest.contents} for a in arts]
-    assert all(str(fitted["tmp"]) in str(p) for f in files for p in f.values())  # staged in tmp
-    bodies = [json.loads(next(p for k, p in f.items() if k.endswith(".table.json")).read_text())
-              for f in files]
+    # each logged increment's file holds only the rows new since the previous log
+    bodies = [json.loads((fitted["wandb_dir"] / "files" / t["path"]).read_text()) for t in tables]
     sizes = [len(b["data"]) for b in bodies]
     assert all(1 <= n <= 3 for n in sizes)
     assert tables[-1]["nrows"] == sum(sizes) == len(fitted["reporter"]._logged)
     keys = [(r[1], r[3], r[4], r[0]) for b in bodies for r in b["data"]]
     assert len(set(keys)) == len(keys)  # no failure logged twice
     assert bodies[0]["columns"][:5] == ["epoch", "case_id", "split", "perturbation", "severity"]
-    row = bodies[0]["data"][0]
-    assert row[3] == "blur" and row[4] in (2, 4) and row[6] < row[5] and 0 < row[7] <= 1
+    # the images themselves live in the increment artifacts (staged under tmp, not in $HOME)
+    arts = [r.artifact for r in fitted["records"] if r.WhichOneof("record_type") == "artifact"
+            and r.artifact.type == "wandb-run-incremental-table"]
+    assert len(arts) >= len(tables)
+    files = {e.path: Path(e.local_path) for e in arts[0].manifest.contents}
+    assert all(str(fitted["tmp"]) in str(p) for p in files.values())
+    body = json.loads(next(p for k, p in files.items() if k.endswith(".table.json")).read_text())
+    assert len(body["data"]) <= 3
+    row = body["data"][0]
+    assert row[3] == "blur" and row[4] == 4 and row[6] < row[5] and 0 < row[7] <= 1
     for cell in (row[8], row[9]):  # source and follow-up, both with GT + prediction overlays
         assert cell["_type"] == "image-file" and cell["caption"].endswith(f"{row[5 if cell is row[8] else 6]:.3f}")
         assert set(cell["masks"]) == {"ground_truth", "prediction"}
         for m in cell["masks"].values():
-            mask = np.asarray(PIL.Image.open(files[0][m["path"]]))
+            mask = np.asarray(PIL.Image.open(files[m["path"]]))
             assert set(np.unique(mask)) <= {0, 1, 2, 3} and mask.shape == (48, 48)
 
 
