@@ -98,8 +98,11 @@ class Text(Perturbation):
         fp = self.font_px(h)
         gw = glyph_atlas(fp).shape[2]
         bh, bw = max(LINES[self.severity]) * (fp + 2), L * gw  # only the lines this severity shows
-        bh, bw = min(bh, h), min(bw, w)
-        return fp, gw, bh, bw, max(int(0.015 * min(h, w)), 1)
+        m = max(int(0.015 * min(h, w)), 1)
+        # Clip the block inside the margins: on small images an unclipped block would start at a
+        # negative corner origin (w - bw - m < 0) and slice nothing.
+        bh, bw = min(bh, h - 2 * m), min(bw, w - 2 * m)
+        return fp, gw, bh, bw, m
 
     def _draw(self, r, b):
         th = isinstance(r, TorchRandom)
