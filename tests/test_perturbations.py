@@ -266,3 +266,21 @@ def test_cuda_matches_cpu(name):
     # sampling on the device works without host round trips in user code
     o2, p2 = p.apply_batch(x.cuda(), m.cuda(), generator=torch.Generator().manual_seed(0))
     assert all(v.is_cuda for v in p2.values())
+
+
+@pytest.mark.parametrize("size", [40, 48])
+def test_text_fits_small_images_on_both_paths(size):
+    # Regression: on small frames the corner block used to start at a negative origin.
+    from robusttrain.perturbations.base import index_params
+
+    p = P.get("text", severity=1)  # one short block: a corner stays free of the central lesion
+    img = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, size, size, dtype=torch.long)
+    mask[:, size // 2 - 3:size // 2 + 3, size // 2 - 3:size // 2 + 3] = 1
+    out, params = p.apply_batch(img, mask, generator=torch.Generator().manual_seed(0))
+    assert (out != img).any()
+    assert torch.equal(out[mask[:, None].expand_as(out) == 1], img[mask[:, None].expand_as(img) == 1])
+    u8 = (img[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    o_np, _ = p.apply_numpy(u8, mask[0].numpy(), params=index_params(params, 0))
+    ref = (out[0].permute(1, 2, 0).numpy() * 255)
+    assert np.abs(o_np.astype(np.float64) - ref).max() <= 2.0
