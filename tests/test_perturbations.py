@@ -284,3 +284,18 @@ def test_text_fits_small_images_on_both_paths(size):
     o_np, _ = p.apply_numpy(u8, mask[0].numpy(), params=index_params(params, 0))
     ref = (out[0].permute(1, 2, 0).numpy() * 255)
     assert np.abs(o_np.astype(np.float64) - ref).max() <= 2.0
+
+
+@pytest.mark.parametrize("name", ["blur", "motion_blur"])
+def test_large_kernels_on_tiny_images_match_opencv(name):
+    # Regression: torch's reflect padding refuses pads >= the image side; OpenCV reflects on.
+    from robusttrain.perturbations.base import index_params
+
+    p = P.get(name, severity=5)
+    img = torch.rand(2, 3, 24, 24, generator=torch.Generator().manual_seed(3))
+    out, params = p.apply_batch(img, generator=torch.Generator().manual_seed(0))
+    assert out.shape == img.shape and torch.isfinite(out).all()
+    u8 = (img[1].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    o_np, _ = p.apply_numpy(u8, params=index_params(params, 1))
+    ref = out[1].permute(1, 2, 0).numpy() * 255
+    assert np.abs(o_np.astype(np.float64) - ref).max() <= 2.0

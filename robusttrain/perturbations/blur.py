@@ -31,12 +31,34 @@ def _good_fft_size(n: int) -> int:
         n += 1
 
 
+def reflect_pad(x: torch.Tensor, left: int, right: int, top: int, bottom: int) -> torch.Tensor:
+    """``F.pad(..., mode="reflect")`` (OpenCV's BORDER_REFLECT_101) for pads of any size.
+
+    torch's reflect padding refuses pads >= the image side; OpenCV keeps reflecting, so a large
+    blur kernel on a small image must too for the two paths to agree.
+    """
+    h, w = x.shape[-2:]
+    if left < w and right < w and top < h and bottom < h:
+        return F.pad(x, (left, right, top, bottom), mode="reflect")
+    return x.index_select(-2, _reflect_index(h, top, bottom, x.device)).index_select(
+        -1, _reflect_index(w, left, right, x.device))
+
+
+def _reflect_index(n: int, before: int, after: int, device: torch.device) -> torch.Tensor:
+    i = torch.arange(-before, n + after, device=device)
+    if n == 1:
+        return torch.zeros_like(i)
+    period = 2 * (n - 1)
+    j = i.remainder(period)
+    return torch.where(j >= n, period - j, j)
+
+
 def fft_filter(images: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     """Filter each image with its own point-symmetric (K,K) kernel (kernels: (B,K,K)), reflect-101 border."""
     b, c, h, w = images.shape
     k = kernels.shape[-1]
     r = k // 2
-    x = F.pad(images, (r, r, r, r), mode="reflect")
+    x = reflect_pad(images, r, r, r, r)
     fh, fw = _good_fft_size(h + 2 * r), _good_fft_size(w + 2 * r)
     kpad = images.new_zeros(b, fh, fw)
     kpad[:, :k, :k] = kernels.to(images.dtype)
@@ -53,9 +75,9 @@ def separable_filter(images: torch.Tensor, k1d: torch.Tensor) -> torch.Tensor:
     k = k1d.shape[-1]
     r = k // 2
     wgt = k1d.to(images.dtype).repeat_interleave(c, 0)  # (B*C, K): one group per image channel
-    x = F.pad(images.reshape(1, b * c, h, w), (r, r, 0, 0), mode="reflect")
+    x = reflect_pad(images.reshape(1, b * c, h, w), r, r, 0, 0)
     x = F.conv2d(x, wgt[:, None, None, :], groups=b * c)
-    x = F.pad(x, (0, 0, r, r), mode="reflect")
+    x = reflect_pad(x, 0, 0, r, r)
     x = F.conv2d(x, wgt[:, None, :, None], groups=b * c)
     return x.reshape(b, c, h, w)
 
@@ -269,7 +291,7 @@ class MotionBlur(Perturbation):
             return fft_filter(images, k).clamp_(0.0, 1.0).contiguous()
         b, c, h, w = images.shape
         r = self.kmax // 2
-        x = F.pad(images.reshape(1, b * c, h, w), (r, r, r, r), mode="reflect")
+        x = reflect_pad(images.reshape(1, b * c, h, w), r, r, r, r)
         wgt = k.to(images.dtype).repeat_interleave(c, 0)[:, None]
         return F.conv2d(x, wgt, groups=b * c).reshape(b, c, h, w).clamp_(0.0, 1.0)
 
