@@ -18,15 +18,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import NumpyRandom, Perturbation, TorchRandom, check_image, check_mask_np
+from .base import Perturbation
 from .border import fov_mask, fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
-from .placement import (erode_cells, erode_cells_np, gather_cells, gather_cells_np, maps_np_arrays, maps_torch,
+from .placement import (PlacedSampling, erode_cells, erode_cells_np, gather_cells, gather_cells_np,
                         pick_cells, pick_cells_np)
 
 
-class PastedObject(Perturbation):
+class PastedObject(PlacedSampling, Perturbation):
     """Base of the cut-out families. ``cutouts``: a folder of user cut-outs (see
     :func:`~robusttrain.perturbations.cutouts.load_cutouts`), else ``n_procedural`` generated ones.
 
@@ -85,16 +85,6 @@ class PastedObject(Perturbation):
                 "angle": f32(dev(r.uniform(0, 2 * math.pi, (b,)))), "flip": dev(r.integers(0, 2, (b,))),
                 "gain": f32(gain), "visible": f32(vis)}
 
-    def _sample_torch(self, images, masks, generator):
-        luma, free, k = maps_torch(images, masks)
-        return self._place(luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device)
-
-    def sample_numpy(self, image, mask=None, rng=None):
-        image = check_image(image, self.name, self.rgb)
-        mask = check_mask_np(mask, image, self.name)
-        luma, free, k = maps_np_arrays(image, mask)
-        p = self._place(luma, free, k, image.shape[0], image.shape[1], NumpyRandom(rng))
-        return {key: np.asarray(v)[0] for key, v in p.items()}
 
     # -- rendering ----------------------------------------------------------------------------
     def _half(self, h: int) -> int:

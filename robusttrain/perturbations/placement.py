@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import TorchRandom, torch_generator_from
+from .base import NumpyRandom, TorchRandom, check_image, check_mask_np, torch_generator_from
 from .border import cell_means, cell_means_np, cell_size, dilate3, fov_from_cells, fov_from_cells_np
 from .colour import LUMA
 
@@ -123,3 +123,22 @@ def gather_cells_np(grid: np.ndarray, y: np.ndarray, x: np.ndarray, k: int) -> n
     cy = np.clip((y / k).astype(np.int64), 0, hc - 1)
     cx = np.clip((x / k).astype(np.int64), 0, wc - 1)
     return np.take_along_axis(grid.reshape(b, -1), cy * wc + cx, 1)
+
+
+class PlacedSampling:
+    """Sampling shared by perturbations placed on the free-space / brightness maps (spots, objects).
+
+    A subclass provides ``_place(luma, free, k, h, w, random, device=None)`` returning batched
+    params; both paths then draw from the same maps with the same random stream.
+    """
+
+    def _sample_torch(self, images, masks, generator):
+        luma, free, k = maps_torch(images, masks)
+        return self._place(luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device)
+
+    def sample_numpy(self, image, mask=None, rng=None):
+        image = check_image(image, self.name, self.rgb)
+        mask = check_mask_np(mask, image, self.name)
+        luma, free, k = maps_np_arrays(image, mask)
+        p = self._place(luma, free, k, image.shape[0], image.shape[1], NumpyRandom(rng))
+        return {key: np.asarray(v)[0] for key, v in p.items()}

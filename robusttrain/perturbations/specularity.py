@@ -16,8 +16,8 @@ import math
 import numpy as np
 import torch
 
-from .base import NumpyRandom, Perturbation, TorchRandom, check_image, check_mask_np
-from .placement import (erode_cells, erode_cells_np, gather_cells, gather_cells_np, maps_np_arrays, maps_torch,
+from .base import Perturbation
+from .placement import (PlacedSampling, erode_cells, erode_cells_np, gather_cells, gather_cells_np,
                         pick_cells, pick_cells_np)
 
 CORE, EDGE, REACH = 0.55, 0.30, 1.45
@@ -36,7 +36,7 @@ def _alpha(py, px, cy, cx, a, b, ang, strength, xp):
     return strength * g * (g > 0)
 
 
-class Specularity(Perturbation):
+class Specularity(PlacedSampling, Perturbation):
     """Specular reflections near cluster centres, dimmed in dark regions.
 
     Params (pixel units, so replay on images of the same size): ``center`` (B,S,2) y,x; ``axes`` (B,S,2)
@@ -91,16 +91,6 @@ class Specularity(Perturbation):
         return {"center": f32(xp.stack([y, x], -1)), "axes": f32(xp.stack([a, bb], -1)),
                 "angle": f32(ang), "strength": f32(strength)}
 
-    def _sample_torch(self, images, masks, generator):
-        luma, free, k = maps_torch(images, masks)
-        return self._place(luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device)
-
-    def sample_numpy(self, image, mask=None, rng=None):
-        image = check_image(image, self.name, self.rgb)
-        mask = check_mask_np(mask, image, self.name)
-        luma, free, k = maps_np_arrays(image, mask)
-        p = self._place(luma, free, k, image.shape[0], image.shape[1], NumpyRandom(rng))
-        return {key: v[0] for key, v in p.items()}
 
     def _window(self, h: int) -> int:
         return math.ceil(REACH * self.LAMBDA[self.severity] * h) + 1
