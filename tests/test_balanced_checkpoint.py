@@ -1,7 +1,6 @@
 """BalancedCheckpoint in real (tiny) Lightning fits: standalone Dice, a history provider, resume."""
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch

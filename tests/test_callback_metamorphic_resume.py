@@ -21,7 +21,7 @@ def _run(root, epochs, ckpt=None):
 
 
 def test_resume_from_last_ckpt_gives_identical_files(tmp_path):
-    full = _run(tmp_path / "full", 3)
+    _run(tmp_path / "full", 3)
     _run(tmp_path / "cut", 2)
     state = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=True)  # plain state
     assert any(k.startswith("MetamorphicCallback") for k in state["callbacks"])

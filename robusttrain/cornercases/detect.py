@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-import numpy as np
 import pandas as pd
 
 from .ecod import check_args, ecod_fit
