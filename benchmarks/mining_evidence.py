@@ -1,16 +1,19 @@
-"""Does retraining on mined metamorphic failures help? Three runs, same seed and step budget:
+"""Does retraining on mined metamorphic failures help? (a)/(b)/(c) with the same budget, several seeds.
 
 (a) plain      — training set + ``n_slots`` clean duplicate samples per epoch
 (b) random     — the slots hold a random perturbation x severity with random params
 (c) mined      — the slots hold failures mined on a train probe (FailureMiningCallback)
 
-All three see ``N + n_slots`` samples per epoch (slots = 20 % of an epoch), so only what fills
-the slots differs. Afterwards the same seeded MR suite runs on the held-out validation split
-(never trained on) and we report the overall EFR (errors / test cases over all perturbations x
-severities) at t = 0.25 and 0.5 for Dice and IoU, and the clean Dice.
+All three see ``N + n_slots`` samples per epoch (same optimiser steps), so only what fills the
+slots differs. The data split and the MR suite's params are fixed by ``--data-seed`` (so the
+held-out follow-ups are identical across conditions and training seeds); ``--seeds`` vary only
+the training (weights init, shuffling, augmentation, slot draws). After the last epoch the seeded
+MR suite runs on the held-out validation split (never trained on) and we report the overall EFR
+(errors / test cases over all perturbations x severities) at t = 0.25 and 0.5 for Dice and IoU,
+and the clean Dice; ``results.json`` holds per-seed rows and mean / std over seeds.
 
-    python benchmarks/mining_evidence.py --data synthetic --epochs 8
-    python benchmarks/mining_evidence.py --data kvasir --epochs 8
+    python benchmarks/mining_evidence.py --data synthetic --epochs 15 --seeds 0,1,2
+    python benchmarks/mining_evidence.py --data kvasir --epochs 15 --seeds 0,1,2
 """
 from __future__ import annotations
 
@@ -45,29 +48,36 @@ class _Module(SegmentationModule):
 
 
 def datamodule(args) -> PolypDataModule:
-    kw = dict(image_size=args.size, batch_size=8, num_workers=args.workers, seed=args.seed)
+    # the split depends on the data seed only, never on the training seed
+    kw = dict(image_size=args.size, batch_size=args.batch_size, num_workers=args.workers, seed=args.data_seed)
     if args.data == "kvasir":
-        return PolypDataModule(root=KVASIR, val_fraction=0.3, **kw)
+        return PolypDataModule(root=KVASIR, val_fraction=args.val_fraction, **kw)
     return PolypDataModule(n_train=args.n_train, n_val=args.n_val, **kw)
 
 
-def run(cond: str, args, out: Path) -> dict:
-    L.seed_everything(args.seed, workers=True)
+def run(cond: str, seed: int, args, out: Path) -> dict:
+    L.seed_everything(seed, workers=True)
     torch.set_num_threads(args.threads)
-    run_dir = out / args.data / cond
+    run_dir = out / args.data / f"{cond}_s{seed}"
+    if run_dir.exists():  # a fresh failure bank per run
+        import shutil
+        shutil.rmtree(run_dir)
     dm = datamodule(args)
     dm.setup("fit")
+    # MR suite seeded by the data seed: identical held-out follow-ups for every condition and seed
     mr = MetamorphicCallback(perturbations=PERTS, severities=SEVS, every_n_epochs=args.epochs,
-                             seed=args.seed, dirpath=str(run_dir), verbose=False,
+                             seed=args.data_seed, dirpath=str(run_dir), verbose=False,
                              train_probe_size=args.probe if cond == "mined" else 0)
     cbs = [mr]
     if cond == "mined":
-        cbs.append(FailureMiningCallback(replay_ratio=args.ratio, jitter=args.jitter))
+        cbs.append(FailureMiningCallback(replay_ratio=args.ratio, jitter=args.jitter,
+                                         clean_mix=args.clean_mix, fresh_image=args.fresh_image))
     else:  # same slot layout as ReplayDataset; the datamodule's loader reads train_dataset
         dm.train_dataset = RandomPerturbationDataset(dm.train_dataset, PERTS if cond == "random" else [],
                                                      SEVS, ratio=args.ratio)
         mr.datasets["train"] = dm.train_dataset.base
-    model = _Module(in_channels=3, num_classes=2, class_names=["polyp"], lr=args.lr)
+    feats = tuple(int(f) for f in args.features.split(",")) if args.features else None
+    model = _Module(in_channels=3, num_classes=2, class_names=["polyp"], lr=args.lr, features=feats)
     trainer = L.Trainer(max_epochs=args.epochs, callbacks=cbs, logger=False, default_root_dir=run_dir,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, accelerator="cpu", devices=1, deterministic=False)
@@ -75,9 +85,11 @@ def run(cond: str, args, out: Path) -> dict:
     trainer.fit(model, datamodule=dm)
     efr = mr.efr[(mr.efr["split"] == "val") & (mr.efr["epoch"] == args.epochs - 1)
                  & (mr.efr["perturbation"] != "all")]  # "all" rows are the pooled totals
-    res = {"condition": cond, "seconds": round(time.time() - t0, 1),
+    res = {"condition": cond, "seed": seed, "seconds": round(time.time() - t0, 1),
+           "optimizer_steps": int(trainer.global_step),
            "train_samples_per_epoch": len(dm.train_dataset) + (cbs[-1].replay.n_slots if cond == "mined" else 0),
-           "held_out_cases": int(mr.history["case_id"].nunique())}
+           "held_out_cases": int(mr.history["case_id"].nunique()),
+           "test_cases": int(efr[(efr["metric"] == "dice") & (efr["threshold"] == 0.25)]["cases"].sum())}
     for (metric, t), g in efr.groupby(["metric", "threshold"]):
         res[f"efr_{metric}@{t:g}"] = round(100 * g["errors"].sum() / g["cases"].sum(), 2)
     last = mr.history[mr.history["epoch"] == args.epochs - 1]
@@ -87,38 +99,66 @@ def run(cond: str, args, out: Path) -> dict:
                                             for p, g in per}
     if cond == "mined":
         res["bank_size"] = len(cbs[-1].bank)
+        res["trainable"] = len(cbs[-1].bank.trainable())
+        res["distinct_cases"] = len({r.case_id for r in cbs[-1].bank.trainable()})
         res["mining_log"] = cbs[-1].rows
+    print(json.dumps({k: v for k, v in res.items() if k != "mining_log"}), flush=True)
     return res
+
+
+COLS = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5", "clean_dice", "seconds"]
+
+
+def summarise(results: list[dict]) -> dict:
+    """Mean and (sample) std over seeds per condition."""
+    import numpy as np
+
+    out = {}
+    for cond in dict.fromkeys(r["condition"] for r in results):
+        rs = [r for r in results if r["condition"] == cond]
+        out[cond] = {c: {"mean": round(float(np.mean([r[c] for r in rs])), 2),
+                         "std": round(float(np.std([r[c] for r in rs], ddof=1)) if len(rs) > 1 else 0.0, 2)}
+                     for c in COLS}
+        out[cond]["seeds"] = [r["seed"] for r in rs]
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", choices=["synthetic", "kvasir"], default="synthetic")
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--n-train", type=int, default=96)
-    ap.add_argument("--n-val", type=int, default=32)
-    ap.add_argument("--probe", type=int, default=32, help="train-probe cases mined per epoch (c)")
+    ap.add_argument("--n-val", type=int, default=48)
+    ap.add_argument("--val-fraction", type=float, default=0.3, help="kvasir held-out fraction")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--features", default="8,8,16,32,64,8", help="basic_unet widths ('' = default)")
+    ap.add_argument("--probe", type=int, default=64, help="train-probe cases mined per epoch (c)")
     ap.add_argument("--ratio", type=float, default=0.2)
     ap.add_argument("--jitter", type=float, default=0.1)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clean-mix", type=float, default=0.0)
+    ap.add_argument("--fresh-image", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds")
+    ap.add_argument("--data-seed", type=int, default=0, help="split + MR-suite seed (fixed)")
     ap.add_argument("--workers", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--conditions", default="plain,random,mined")
     ap.add_argument("--out", default="runs/mining_evidence")
+    ap.add_argument("--tag", default="", help="results file suffix (results<tag>.json)")
     args = ap.parse_args()
     out = Path(args.out)
-    results = [run(c, args, out) for c in args.conditions.split(",")]
+    results = [run(c, int(s), args, out) for s in args.seeds.split(",") for c in args.conditions.split(",")]
+    summary = summarise(results)
     (out / args.data).mkdir(parents=True, exist_ok=True)
-    (out / args.data / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    cols = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5", "clean_dice", "seconds"]
-    print(f"| {args.data} | " + " | ".join(cols) + " |")
-    print("|---" * (len(cols) + 1) + "|")
+    (out / args.data / f"results{args.tag}.json").write_text(
+        json.dumps({"args": vars(args), "summary": summary, "results": results}, indent=2))
+    print(f"| {args.data} | " + " | ".join(COLS) + " |")
+    print("|---" * (len(COLS) + 1) + "|")
+    for cond, m in summary.items():
+        print(f"| {cond} | " + " | ".join(f"{m[c]['mean']:.2f} ± {m[c]['std']:.2f}" for c in COLS) + " |")
     for r in results:
-        print(f"| {r['condition']} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
-    for r in results:
-        print(r["condition"], "EFR dice@0.25 by perturbation:", r["efr_dice@0.25_by_perturbation"])
+        print(r["condition"], r["seed"], "EFR dice@0.25 by perturbation:", r["efr_dice@0.25_by_perturbation"])
 
 
 if __name__ == "__main__":

@@ -114,3 +114,27 @@ def test_random_perturbation_baseline(train_ds):
     assert s["image"].shape == (3, 64, 64) and 0 <= float(s["image"].min())
     plain = RandomPerturbationDataset(train_ds, [], ratio=0.2)
     assert plain[len(train_ds)]["image"].shape == (3, 64, 64)
+
+
+def test_clean_mix_and_fresh_image(train_ds, tmp_path):
+    suite = MRSuite(["contrast"], severities=(4,), seed=0)
+    suite.prepare(in_channels=3)
+    bank = FailureBank(tmp_path)
+    rec, _ = probe_record(train_ds, 2, 0, suite)
+    bank.add(rec)
+    bank.flush(0)
+    n = len(train_ds)
+    # clean_mix=1: every slot is the failing case's clean image (augmentations only: flips/rot90)
+    ds = ReplayDataset(train_ds, tmp_path, clean_mix=1.0)
+    img, _ = clean(train_ds, 2)
+    torch.manual_seed(0)
+    s = ds[n]
+    assert s["case_id"] == rec.case_id
+    assert torch.allclose(s["image"].sum(), img[0].sum(), atol=1e-3)  # same pixels, maybe flipped
+    # fresh_image=1: the failing perturbation on random training images
+    ds = ReplayDataset(train_ds, tmp_path, fresh_image=1.0)
+    torch.manual_seed(0)
+    cases = {ds[n]["case_id"] for _ in range(20)}
+    assert len(cases) > 3
+    with pytest.raises(ValueError):
+        ReplayDataset(train_ds, tmp_path, clean_mix=0.6, fresh_image=0.6)

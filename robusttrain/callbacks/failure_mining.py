@@ -26,6 +26,8 @@ What it does (``enabled=False`` turns all of it off):
   log, updates the failure-driven weights from the train-probe EFR (``failures/sampling.json``),
   writes ``failures/mining.csv``; then all ranks meet at a barrier, so the next epoch's loader
   (every worker, every rank) replays them.
+* ``replay_ratio``, ``jitter``, ``clean_mix``, ``fresh_image``: see
+  :class:`~robusttrain.mining.ReplayDataset`.
 * logs per epoch ``mining/bank_size``, ``mining/trainable``, ``mining/new``, ``mining/replayed``
   (replay slots used this epoch) and ``mining/weight/<perturbation>``.
 * checkpoint state: bank, weights and the per-epoch log; on resume the log file is rewritten to
@@ -60,7 +62,9 @@ class FailureMiningCallback(Callback):
                  allow_val_mining: bool = False, enabled: bool = True, max_size: int = 2000,
                  n_thumbs: int = 32, jitter: float = 0.1, momentum: float = 0.5, floor: float = 0.05,
                  threshold: float = 0.25, clean_train_probe: bool = True,
-                 perturbation_kwargs: dict[str, dict] | None = None):
+                 perturbation_kwargs: dict[str, dict] | None = None,
+                 clean_mix: float = 0.0, fresh_image: float = 0.0):
+        self.clean_mix, self.fresh_image = float(clean_mix), float(fresh_image)
         self.dirpath, self.replay_ratio, self.enabled = dirpath, float(replay_ratio), bool(enabled)
         self.allow_val_mining, self.max_size, self.n_thumbs = allow_val_mining, max_size, n_thumbs
         self.jitter, self.threshold, self.clean_train_probe = jitter, float(threshold), clean_train_probe
@@ -108,7 +112,8 @@ class FailureMiningCallback(Callback):
         if self.replay_ratio > 0:
             sources = {"val": dm.val_dataset} if self.allow_val_mining and getattr(dm, "val_dataset", None) else None
             self.replay = ReplayDataset(base, self.run_dir, self.replay_ratio, self.jitter,
-                                        self.allow_val_mining, sources, self.perturbation_kwargs)
+                                        self.allow_val_mining, sources, self.perturbation_kwargs,
+                                        clean_mix=self.clean_mix, fresh_image=self.fresh_image)
             self._patch_loader(dm)
 
     def _patch_loader(self, dm: Any) -> None:

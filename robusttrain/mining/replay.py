@@ -16,7 +16,12 @@ indexes the dataset ``< N`` (e.g. a metamorphic probe) sees the original samples
   ``alpha ~ U(0, jitter)`` of the way toward a freshly sampled valid value of the same
   perturbation; integer params (seeds, counts, shape/character codes, cast choice) are kept. So a
   replay stays inside the perturbation's valid range and close to the failure. ``jitter=0`` replays
-  exactly. The bank is read from ``<run_dir>/failures/`` whenever its files change (checked with
+  exactly. Two optional ways to learn the artifact *family* rather than memorise a few failing
+  images: ``fresh_image`` (default 0) is the probability that a slot applies the chosen failure's
+  perturbation x severity with fresh random params to a random training image instead, and
+  ``clean_mix`` (default 0) the probability that it holds the failure's clean source image
+  (un-perturbed, augmented), a paired clean copy that keeps the clean fit of the replayed cases.
+  The bank is read from ``<run_dir>/failures/`` whenever its files change (checked with
   ``os.stat`` per slot), so each DataLoader worker — persistent or not — and each DDP rank sees new
   failures in the epoch after they were mined. Slots fall back to a clean random sample while the
   bank holds nothing trainable.
@@ -209,10 +214,17 @@ class ReplayDataset(_SlotDataset):
     def __init__(self, base: Dataset, run_dir: str | os.PathLike, replay_ratio: float = 0.2,
                  jitter: float = 0.1, allow_val_mining: bool = False,
                  sources: dict[str, Dataset] | None = None,
-                 perturbation_kwargs: dict[str, dict] | None = None):
+                 perturbation_kwargs: dict[str, dict] | None = None,
+                 clean_mix: float = 0.0, fresh_image: float = 0.0):
         super().__init__(base, replay_ratio)
+        for name, v in (("clean_mix", clean_mix), ("fresh_image", fresh_image)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name}={v}: expected a probability in [0, 1]")
+        if clean_mix + fresh_image > 1.0:
+            raise ValueError("clean_mix + fresh_image must be <= 1")
         self.dir = Path(run_dir) / "failures"
         self.jitter, self.allow_val_mining = float(jitter), allow_val_mining
+        self.clean_mix, self.fresh_image = float(clean_mix), float(fresh_image)
         self.views = {"train": self.view}
         for split, ds in (sources or {}).items():
             if split != "train":
@@ -297,6 +309,16 @@ class ReplayDataset(_SlotDataset):
         recs = self._by_pert[pert]
         drops = np.array([max(r.drop, 0.05) for r in recs])
         rec = recs[rng.choice(len(recs), p=drops / drops.sum())]
+        u = float(rng.uniform()) if (self.clean_mix or self.fresh_image) else 1.0
+        if u < self.clean_mix:  # paired clean copy of the failing case
+            view = self.views[rec.split]
+            return view.finish(*view.load(rec.index))
+        if u < self.clean_mix + self.fresh_image:  # the failing family on any training image
+            img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
+            out, _ = self._op(rec.perturbation, rec.severity).apply_numpy(img, mask=msk, rng=rng)
+            if out.ndim == 2:
+                out = out[..., None]
+            return self.view.finish(out, msk, meta)
         img, msk, meta = self.recreate(rec, rng)
         view = self.views[rec.split]
         sample = view.finish(img, msk, meta)
