@@ -299,3 +299,23 @@ def test_large_kernels_on_tiny_images_match_opencv(name):
     o_np, _ = p.apply_numpy(u8, params=index_params(params, 1))
     ref = out[1].permute(1, 2, 0).numpy() * 255
     assert np.abs(o_np.astype(np.float64) - ref).max() <= 2.0
+
+
+def test_contrast_runs_on_grey_images_on_both_paths():
+    # MRI / X-ray recipes are 1-channel: under-exposure must apply there too (without saturation).
+    from robusttrain.perturbations.base import index_params
+
+    p = P.get("contrast", severity=5)
+    img = torch.rand(3, 1, 32, 32, generator=torch.Generator().manual_seed(2))
+    out, params = p.apply_batch(img, generator=torch.Generator().manual_seed(0))
+    assert out.shape == img.shape
+    assert (out.std(dim=(1, 2, 3)) < 0.6 * img.std(dim=(1, 2, 3))).all()  # contrast lowered
+    for i in range(3):
+        u8 = (img[i].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        o_hwc, _ = p.apply_numpy(u8, params=index_params(params, i))
+        o_hw, _ = p.apply_numpy(u8[:, :, 0], params=index_params(params, i))
+        assert o_hwc.shape == (32, 32, 1) and o_hw.shape == (32, 32)
+        ref = out[i].permute(1, 2, 0).numpy() * 255
+        assert np.abs(o_hwc.astype(np.float64) - ref).max() <= 2.0
+    with pytest.raises(ValueError, match="saturation"):
+        P.get("saturation").apply_batch(img)

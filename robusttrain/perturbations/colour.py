@@ -32,12 +32,12 @@ def _saturation_matrix(s: Any, xp) -> Any:
 class _AffineColour(Perturbation):
     """Shared apply code for families expressed as ``matrix`` (3x3) and ``offset`` (3,) params."""
 
-    def _affine(self, params: dict[str, Any]) -> tuple[Any, Any]:
+    def _affine(self, params: dict[str, Any], channels: int = 3) -> tuple[Any, Any]:
         raise NotImplementedError
 
     def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
-        m, off = self._affine(params)
         b, c, h, w = images.shape
+        m, off = self._affine(params, c)
         out = torch.empty_like(images)
         # One read + one write of the batch: out = offset + M @ x, then an in-place clamp.
         torch.baddbmm(off.to(images.dtype)[:, :, None], m.to(images.dtype), images.reshape(b, c, h * w),
@@ -45,10 +45,12 @@ class _AffineColour(Perturbation):
         return out.clamp_(0.0, 1.0)
 
     def _apply_np(self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]) -> np.ndarray:
-        m, off = self._affine({k: np.asarray(v)[None] for k, v in params.items()})
+        m, off = self._affine({k: np.asarray(v)[None] for k, v in params.items()}, image.shape[2])
         scale = 255.0 if image.dtype == np.uint8 else 1.0
         affine = np.concatenate([m[0], off[0][:, None] * scale], axis=1).astype(np.float64)
         out = cv2.transform(image, affine)  # uint8: rounds and saturates in the same pass
+        if out.ndim == 2:  # OpenCV drops a single channel axis
+            out = out[:, :, None]
         if out.dtype != np.uint8:
             np.clip(out, 0.0, 1.0, out=out)
         return out
@@ -76,7 +78,7 @@ class Saturation(_AffineColour):
         lo, hi = self.RANGES[self.severity]
         return {"factor": r.uniform(lo, hi, (b,)), "brightness": r.uniform(1.0, 1.0 + 0.04 * self.severity, (b,))}
 
-    def _affine(self, params):
+    def _affine(self, params, channels=3):
         f, br = params["factor"], params["brightness"]
         xp = _xp(f)
         m = br[:, None, None] * _saturation_matrix(f, xp)
@@ -100,6 +102,7 @@ class Contrast(_AffineColour):
     """
 
     name = "contrast"
+    rgb = False  # grey images (MRI, X-ray) get the same under-exposure without the saturation part
     RANGES = {1: (0.82, 0.9), 2: (0.74, 0.82), 3: (0.66, 0.74), 4: (0.58, 0.66), 5: (0.5, 0.58)}
 
     def _draw(self, r, b):
@@ -107,21 +110,27 @@ class Contrast(_AffineColour):
         return {k: r.uniform(lo, hi, (b,)) for k in ("contrast", "brightness", "saturation")}
 
     def _content_torch(self, images, masks, draws):
-        w = torch.as_tensor(LUMA, device=images.device, dtype=images.dtype)
-        return {"mean": images.mean(dim=(2, 3)) @ w}
+        means = images.mean(dim=(2, 3))
+        if images.shape[1] == 1:
+            return {"mean": means[:, 0]}
+        return {"mean": means @ torch.as_tensor(LUMA, device=images.device, dtype=images.dtype)}
 
     def _content_numpy(self, image, mask, draws):
-        means = np.asarray(cv2.mean(image)[:3], dtype=np.float64)
+        c = image.shape[2] if image.ndim == 3 else 1
+        means = np.asarray(cv2.mean(image)[:c], dtype=np.float64)
         scale = 1 / 255 if image.dtype == np.uint8 else 1.0
-        return {"mean": np.float32(means @ LUMA * scale)}
+        grey = means[0] if c == 1 else means @ LUMA
+        return {"mean": np.float32(grey * scale)}
 
-    def _affine(self, params):
+    def _affine(self, params, channels=3):
         c, br, s, mean = params["contrast"], params["brightness"], params["saturation"], params["mean"]
         xp = _xp(c)
-        m = (c * br)[:, None, None] * _saturation_matrix(s, xp)
-        off = ((1 - c) * br * mean)[:, None] * (xp.ones((1, 3), dtype=xp.float32) if xp is np
-                                                else torch.ones(1, 3, device=c.device))
-        return m, off
+        if channels == 1:  # saturation is the identity on grey: out = c*b*x + (1-c)*b*mean
+            m = (c * br)[:, None, None]
+        else:
+            m = (c * br)[:, None, None] * _saturation_matrix(s, xp)
+        ones = xp.ones((1, channels), dtype=xp.float32) if xp is np else torch.ones(1, channels, device=c.device)
+        return m, ((1 - c) * br * mean)[:, None] * ones
 
 
 class WhiteBalance(_AffineColour):
@@ -163,7 +172,7 @@ class WhiteBalance(_AffineColour):
         gains = xp.where((cast == 0)[:, None], green, purple)
         return {"cast": cast, "gains": gains.astype(np.float32) if xp is np else gains.float()}
 
-    def _affine(self, params):
+    def _affine(self, params, channels=3):
         g = params["gains"]
         xp = _xp(g)
         if xp is np:
