@@ -118,3 +118,12 @@ def test_gallery_renders_a_png(tmp_path):
     out = tmp_path / "g.png"
     assert main(["gallery", "recipe=smoke", f"out={out}", "n=1"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_named_extra_validation_sets_can_be_added_on_the_command_line():
+    from robusttrain.cli.compose import compose_recipe
+
+    cfg = compose_recipe("polyp", ["data.root=/data/kvasir", "data.extra_val.etis=/data/etis"])
+    assert dict(cfg.data.extra_val) == {"etis": "/data/etis"}
+    with pytest.raises(Exception, match="unknown key 'data.nope'"):
+        compose_recipe("polyp", ["data.nope.x=1"])

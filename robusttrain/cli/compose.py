@@ -55,6 +55,7 @@ def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
     for o in overrides:
         if "=" not in o:
             raise UsageError(f"expected key=value, got '{o}'")
+    overrides = _allow_new_keys_in_open_mappings(recipe, overrides)
     try:
         cfg = _compose_raw(recipe, overrides)
     except MissingConfigException as e:
@@ -68,6 +69,27 @@ def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
         raise UsageError(f"cannot parse override: {_first_line(e)}") from None
     _check_value_types(recipe, cfg, overrides)
     return cfg
+
+
+def _allow_new_keys_in_open_mappings(recipe: str, overrides: list[str]) -> list[str]:
+    """``data.extra_val.etis=PATH`` adds a key: name -> value mappings that are empty in the recipe
+    (e.g. ``data.extra_val: {}``) are open, so such keys get Hydra's ``+`` instead of an error."""
+    candidates = [o for o in overrides if not o.startswith(("+", "~")) and "." in o.split("=", 1)[0]]
+    if not candidates:
+        return overrides
+    try:
+        base = _compose_raw(recipe, [o for o in overrides if o.split("=", 1)[0] in GROUPS])
+    except Exception:  # the real composition below reports the problem
+        return overrides
+    out = []
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        parent = key.rpartition(".")[0]
+        node = OmegaConf.select(base, parent, default=None) if o in candidates else None
+        if isinstance(node, DictConfig) and len(node) == 0 and OmegaConf.select(base, key, default=None) is None:
+            o = "+" + o
+        out.append(o)
+    return out
 
 
 def _first_line(e: BaseException) -> str:
