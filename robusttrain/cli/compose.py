@@ -106,13 +106,13 @@ def _missing_group_message(text: str) -> str:
 
 def _unknown_key_message(recipe: str, key: str) -> str:
     base = _compose_raw(recipe, [])
-    parent, _, leaf = key.rpartition(".")
+    parent = key.rpartition(".")[0]
+    while parent and not isinstance(OmegaConf.select(base, parent, default=None), DictConfig):
+        parent = parent.rpartition(".")[0]  # report the deepest group that does exist
     node = OmegaConf.select(base, parent) if parent else base
-    if isinstance(node, DictConfig):
-        valid = ", ".join(str(k) for k in node.keys())
-        where = f"under '{parent}'" if parent else "at the top level"
-        return f"unknown key '{key}'; valid keys {where}: {valid}"
-    return f"unknown key '{key}' ('{parent}' is not a group of keys)"
+    valid = ", ".join(str(k) for k in node.keys())
+    where = f"under '{parent}'" if parent else "at the top level"
+    return f"unknown key '{key}'; valid keys {where}: {valid}"
 
 
 def _check_value_types(recipe: str, cfg: DictConfig, overrides: list[str]) -> None:
