@@ -127,3 +127,20 @@ def test_named_extra_validation_sets_can_be_added_on_the_command_line():
     assert dict(cfg.data.extra_val) == {"etis": "/data/etis"}
     with pytest.raises(Exception, match="unknown key 'data.nope.x'; valid keys under 'data': _target_, root"):
         compose_recipe("polyp", ["data.nope.x=1"])
+
+
+@pytest.mark.slow
+def test_ddp_fit_through_the_cli_shares_one_default_run_directory(tmp_path):
+    # Lightning re-runs the command for rank 1 seconds later: it must find rank 0's timestamped folder.
+    env = dict(os.environ, WANDB_MODE="offline")
+    env.pop("ROBUSTTRAIN_RUN_DIR", None)
+    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", "trainer.devices=2",
+                           "trainer.strategy=ddp", "trainer.accelerator=cpu", "trainer.max_epochs=1",
+                           "trainer.enable_progress_bar=false"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = list((tmp_path / "runs" / "smoke").iterdir())
+    assert len(runs) == 1, runs
+    assert proc.stdout.count("final validation val/dice=") == 1  # printed by rank 0 only
+    for name in ("config.yaml", "history.csv", "efr.csv", "corner_cases.json", "balanced.ckpt"):
+        assert (runs[0] / name).is_file(), name

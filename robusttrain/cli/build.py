@@ -20,6 +20,9 @@ from robusttrain.cli.errors import UsageError
 from robusttrain.io import atomic_write_text
 
 
+RUN_DIR_ENV = "ROBUSTTRAIN_RUN_DIR"
+
+
 @dataclass
 class Run:
     cfg: DictConfig
@@ -34,9 +37,14 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
     """Fill ``cfg.run_dir`` (default ``runs/<recipe>/<timestamp>/``), create it, and resolve the config."""
     with open_dict(cfg):
         if not cfg.get("run_dir"):
+            # Lightning's DDP launcher re-runs this command for the other ranks seconds later; they
+            # inherit the environment, so they find the same timestamped directory here.
             stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-            cfg.run_dir = str(Path("runs") / str(cfg.recipe) / stamp)
+            child = os.environ.get("LOCAL_RANK", "0") != "0"
+            inherited = os.environ.get(RUN_DIR_ENV) if child else None
+            cfg.run_dir = inherited or str(Path("runs") / str(cfg.recipe) / stamp)
         cfg.run_dir = str(Path(cfg.run_dir).expanduser().resolve())
+        os.environ[RUN_DIR_ENV] = cfg.run_dir
     run_dir = Path(cfg.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,8 @@ def _unknown_key_message(recipe: str, key: str) -> str:
     node = OmegaConf.select(base, parent) if parent else base
     valid = ", ".join(str(k) for k in node.keys())
     where = f"under '{parent}'" if parent else "at the top level"
-    return f"unknown key '{key}'; valid keys {where}: {valid}"
+    return (f"unknown key '{key}'; valid keys {where}: {valid} "
+            f"(to add a key the recipe does not have, write +{key}=...)")
 
 
 def _check_value_types(recipe: str, cfg: DictConfig, overrides: list[str]) -> None:

@@ -1,6 +1,7 @@
 """``fit``, ``validate`` and ``test``: compose, build, run, report the run directory and Dice."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -28,6 +29,12 @@ def _dice_line(metrics: dict, prefix: str) -> str:
     return "  ".join(f"{k}={float(metrics[k]):.4f}" for k in keys)
 
 
+def _say(text: str) -> None:
+    """Print once per run: DDP re-runs the command for the other ranks (LOCAL_RANK > 0)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+        print(text, flush=True)
+
+
 def run_stage(stage: str, cfg: DictConfig) -> int:
     if stage != "fit" and cfg.get("ckpt") in (None, ""):
         raise UsageError(f"{stage} needs ckpt=PATH (a .ckpt file written by fit)")
@@ -35,18 +42,18 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
     if ckpt not in (None, "", "last") and not Path(str(ckpt)).expanduser().is_file():
         raise UsageError(f"checkpoint not found: ckpt={ckpt}")  # before anything is built or written
     run = build_run(cfg)
-    print(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}", flush=True)
+    _say(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}")
     ckpt = _ckpt_path(cfg, run.run_dir, required=stage != "fit")
     trainer = run.trainer
     if stage == "fit":
         trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
         metrics = dict(trainer.callback_metrics)
-        print(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
+        _say(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
     elif stage == "validate":
         trainer.validate(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
-        print(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')}")
+        _say(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')}")
     else:
         trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
-        print(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
-    print(f"[robusttrain] run_dir={run.run_dir}", flush=True)
+        _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
+    _say(f"[robusttrain] run_dir={run.run_dir}")
     return 0
