@@ -91,6 +91,17 @@ def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "validation val/dice=" in proc.stdout
 
+    # a resumed run continues where it stopped: epoch 2 is added, epochs 0-1 are kept
+    import pandas as pd
+
+    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={run_dir}",
+                           "ckpt=last", "trainer.max_epochs=3", "trainer.enable_progress_bar=false"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    history = pd.read_csv(run_dir / "history.csv")
+    assert sorted(set(history.epoch)) == [0, 1, 2]
+    assert sorted(set(pd.read_csv(run_dir / "efr.csv").epoch)) == [0, 1, 2]
+
     # the robustness tools read the same run directory
     assert main(["corners", str(run_dir)]) == 0
     assert main(["report", str(run_dir)]) == 0
