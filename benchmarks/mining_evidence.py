@@ -84,7 +84,8 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
     t0 = time.time()
     trainer.fit(model, datamodule=dm)
     efr = mr.efr[(mr.efr["split"] == "val") & (mr.efr["epoch"] == args.epochs - 1)
-                 & (mr.efr["perturbation"] != "all")]  # "all" rows are the pooled totals
+                 & (mr.efr["perturbation"] != "all")  # "all" rows are the pooled totals,
+                 & (mr.efr["severity"].astype(int) != 0)]  # severity-0 rows pool each perturbation
     res = {"condition": cond, "seed": seed, "seconds": round(time.time() - t0, 1),
            "optimizer_steps": int(trainer.global_step),
            "train_samples_per_epoch": len(dm.train_dataset) + (cbs[-1].replay.n_slots if cond == "mined" else 0),
