@@ -319,3 +319,31 @@ def test_contrast_runs_on_grey_images_on_both_paths():
         assert np.abs(o_hwc.astype(np.float64) - ref).max() <= 2.0
     with pytest.raises(ValueError, match="saturation"):
         P.get("saturation").apply_batch(img)
+
+
+@pytest.mark.parametrize("size", [9, 64])
+def test_cpu_opencv_filters_match_torch_kernels(size):
+    # On CPU float32 the torch path filters with OpenCV per plane; it must equal the generic
+    # torch kernels (grouped conv / FFT, reached here through float64) incl. huge-kernel borders.
+    from robusttrain.perturbations import blur as BL
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 3, size, size, generator=g)
+    sigma = torch.tensor([0.7, 5.0, 15.0])
+    ksize = 2 * torch.ceil(3 * sigma).long() + 1
+    k1 = BL.gaussian_kernel_1d(sigma, ksize, 91)
+    assert BL._cpu_planes(x) and not BL._cpu_planes(x.double())
+    ref = BL.fft_filter(x.double(), (k1[:, :, None] * k1[:, None, :]).double()).float()
+    assert torch.allclose(BL.separable_filter(x, k1), ref, atol=1e-5)
+    km = BL.motion_kernel(torch.tensor([3.5, 12.0, 30.0]), torch.tensor([0.0, 0.8, 2.0]), 33)
+    ref = BL.fft_filter(x.double(), km.double()).float()
+    assert torch.allclose(BL.filter2d_cpu(x, km), ref, atol=1e-5)
+
+
+def test_cpu_noise_tiles_match_gather():
+    from robusttrain.perturbations import blur as BL
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(4, 3, 40, 300, generator=g)
+    level, off = torch.tensor([0, 1, 3, 5]), torch.tensor([[0, 0], [255, 17], [300, 5], [-3, 999]])
+    fast = BL.add_noise_torch(x.clone(), level, off)
+    slow = BL.add_noise_torch(x.double(), level, off).float()  # the generic gather path
+    assert torch.allclose(fast, slow, atol=1e-6)
