@@ -167,3 +167,11 @@ def test_default_hooks_read_dicts_and_tuples_and_name_the_hook_to_set():
     hooks = BatchHooks(get_images=lambda b: b["x"], get_masks=lambda b: b["y"])
     pb = next(iter_probe([{"x": img[1], "y": mask[1]}], [0], 1, hooks))
     assert pb.images.shape == (1, 3, 32, 32)
+
+
+def test_two_class_labels_equal_argmax_including_ties():
+    import torch
+    from robusttrain.metamorphic.scoring import probabilities_to_labels
+    p = torch.rand(3, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    p[:, 1, :3] = p[:, 0, :3]  # ties -> class 0, like argmax
+    assert torch.equal(probabilities_to_labels(p), p.argmax(1))

@@ -30,6 +30,10 @@ def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"expected probabilities of shape (B,K,H,W), got {tuple(probs.shape)}")
     if probs.shape[1] == 1:
         return (probs[:, 0] > 0.5).long()
+    if probs.shape[1] == 2 and not probs.is_complex():
+        # argmax over a 2-channel dim is a strided reduction (tens of ms per batch on a busy CPU);
+        # one comparison gives the same labels (argmax keeps the first index on ties).
+        return (probs[:, 1] > probs[:, 0]).long()
     return probs.argmax(dim=1)
 
 
