@@ -87,19 +87,26 @@ def _support(k1d: np.ndarray) -> np.ndarray:
     return k1d[r - a: r + a + 1]
 
 
-def separable_filter_cpu(images: torch.Tensor, k1d: torch.Tensor) -> torch.Tensor:
-    """:func:`separable_filter` with OpenCV on CPU float32: one ``sepFilter2D`` per (image, channel) plane,
-    each sample's kernel trimmed to its own support (a small sigma costs less than the batch maximum)."""
+def _opencv_planes(images: torch.Tensor, kernels: torch.Tensor, prepare, filter_plane) -> torch.Tensor:
+    """Run ``filter_plane(src, kernel, dst)`` on every (image, channel) plane of a CPU float32 batch,
+    reading the tensor without a copy and writing into one preallocated output; ``prepare`` trims
+    each sample's kernel once (a small kernel then costs less than the batch maximum)."""
     b, c, h, w = images.shape
     x = images.detach().contiguous().numpy()
     out = torch.empty((b, c, h, w), dtype=images.dtype)
     o = out.numpy()
-    ks = k1d.detach().cpu().to(torch.float32).numpy()
+    ks = kernels.detach().cpu().to(torch.float32).numpy()
     for i in range(b):
-        g = _support(ks[i])
+        k = prepare(ks[i])
         for j in range(c):
-            cv2.sepFilter2D(x[i, j], cv2.CV_32F, g, g, dst=o[i, j], borderType=cv2.BORDER_REFLECT_101)
+            filter_plane(x[i, j], k, o[i, j])
     return out
+
+
+def separable_filter_cpu(images: torch.Tensor, k1d: torch.Tensor) -> torch.Tensor:
+    """:func:`separable_filter` with OpenCV on CPU float32: one ``sepFilter2D`` per plane."""
+    return _opencv_planes(images, k1d, _support, lambda src, g, dst: cv2.sepFilter2D(
+        src, cv2.CV_32F, g, g, dst=dst, borderType=cv2.BORDER_REFLECT_101))
 
 
 def crop_kernel(k: np.ndarray) -> np.ndarray:
@@ -118,16 +125,8 @@ def crop_kernel(k: np.ndarray) -> np.ndarray:
 
 def filter2d_cpu(images: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     """Per-sample point-symmetric (K,K) kernels on CPU float32 with OpenCV, one ``filter2D`` per plane."""
-    b, c, h, w = images.shape
-    x = images.detach().contiguous().numpy()
-    out = torch.empty((b, c, h, w), dtype=images.dtype)
-    o = out.numpy()
-    ks = kernels.detach().cpu().to(torch.float32).numpy()
-    for i in range(b):
-        k = crop_kernel(ks[i])
-        for j in range(c):
-            cv2.filter2D(x[i, j], cv2.CV_32F, k, dst=o[i, j], borderType=cv2.BORDER_REFLECT_101)
-    return out
+    return _opencv_planes(images, kernels, crop_kernel, lambda src, k, dst: cv2.filter2D(
+        src, cv2.CV_32F, k, dst=dst, borderType=cv2.BORDER_REFLECT_101))
 
 
 def separable_filter(images: torch.Tensor, k1d: torch.Tensor) -> torch.Tensor:
