@@ -347,3 +347,23 @@ def test_cpu_noise_tiles_match_gather():
     fast = BL.add_noise_torch(x.clone(), level, off)
     slow = BL.add_noise_torch(x.double(), level, off).float()  # the generic gather path
     assert torch.allclose(fast, slow, atol=1e-6)
+
+
+def test_placement_maps_memo_never_returns_stale_maps():
+    from robusttrain.perturbations.placement import _maps_torch, maps_torch
+
+    img = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    first = maps_torch(img, None)
+    assert maps_torch(img, None) is first              # same image: computed once
+    img[:, :, :32] = 0.0                                # in-place change bumps the version
+    fresh = maps_torch(img, None)
+    assert fresh is not first
+    for a, b in zip(fresh[:2], _maps_torch(img, None)[:2]):
+        assert torch.equal(a, b)
+    mask = torch.zeros(2, 64, 64, dtype=torch.long)
+    mask[:, 40:50, 40:50] = 1
+    with_mask = maps_torch(img, mask)                   # a different mask is a different key
+    assert not torch.equal(with_mask[1], fresh[1])
+    # per-image views of one batch, visited test after test (the suite's order), are all memoised
+    views = [maps_torch(img[i:i + 1].detach(), None) for i in range(2)]
+    assert all(maps_torch(img[i:i + 1].detach(), None) is views[i] for i in range(2))

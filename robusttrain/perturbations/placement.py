@@ -18,8 +18,46 @@ from .border import cell_means, cell_means_np, cell_size, dilate3, fov_from_cell
 from .colour import LUMA
 
 
+def _tensor_key(t: torch.Tensor | None) -> tuple | None:
+    # storage address + layout + the version counter that every in-place write bumps
+    return None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version)
+
+
+class _MapsMemo:
+    """Maps of the images seen since the last change of storage, keyed by view (address, layout, version).
+
+    Entries live only while their images' storage is the current one (its reference is held, so no
+    address can be reused meanwhile); a call on another storage drops them, so memory stays one batch.
+    """
+
+    def __init__(self) -> None:
+        self.storage = None
+        self.entries: dict = {}
+
+    def get(self, images: torch.Tensor, masks: torch.Tensor | None, compute):
+        storage = images.untyped_storage()
+        if self.storage is None or storage.data_ptr() != self.storage.data_ptr():
+            self.storage, self.entries = storage, {}
+        key = (_tensor_key(images), _tensor_key(masks))
+        if key not in self.entries:
+            self.entries[key] = (compute(images, masks), masks)  # masks held: their address stays theirs
+        return self.entries[key][0]
+
+
+_MAPS_MEMO = _MapsMemo()
+
+
 def maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """-> (luma (B,Hc,Wc) float, free (B,Hc,Wc) bool, cell size k)."""
+    """-> (luma (B,Hc,Wc) float, free (B,Hc,Wc) bool, cell size k).
+
+    The metamorphic suite samples spots and the three object families for the same images one test
+    after another; the maps are memoised per image view (see :class:`_MapsMemo`), so they are computed
+    once per image instead of once per family. Callers must not modify the returned maps.
+    """
+    return _MAPS_MEMO.get(images, masks, _maps_torch)
+
+
+def _maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
     _, _, h, w = images.shape
     k = cell_size(h, w)
     low = cell_means(images)
