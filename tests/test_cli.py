@@ -155,3 +155,16 @@ def test_ddp_fit_through_the_cli_shares_one_default_run_directory(tmp_path):
     assert proc.stdout.count("final validation val/dice=") == 1  # printed by rank 0 only
     for name in ("config.yaml", "history.csv", "efr.csv", "corner_cases.json", "balanced.ckpt"):
         assert (runs[0] / name).is_file(), name
+
+
+def test_each_robustness_callback_can_be_switched_off():
+    from robusttrain.cli.build import build_callbacks
+    from robusttrain.cli.compose import compose_recipe
+
+    names = lambda cbs: sorted(type(c).__name__ for c in cbs)  # noqa: E731
+    on = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x"])))
+    assert on == ["BalancedCheckpoint", "FailureMiningCallback", "MetamorphicCallback", "ModelCheckpoint",
+                  "RobustnessReporter"]
+    off = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x", "callbacks.mining.enabled=false",
+                                                         "callbacks.reporting.enabled=false"])))
+    assert off == ["BalancedCheckpoint", "MetamorphicCallback", "ModelCheckpoint"]
