@@ -1,0 +1,85 @@
+"""Failure mining under real DDP (2 CPU processes, gloo): failures mined on rank 0 reach both ranks'
+training data in the next epoch, through the run directory rather than process memory."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = textwrap.dedent('''
+    import itertools, json, os, sys
+    import lightning.pytorch as L
+    import torch
+    from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
+    from robusttrain.datamodules.polyp import PolypDataModule
+    from robusttrain.mining import CleanDataset
+
+    class BrightnessModel(L.LightningModule):
+        """Foreground where the image is bright (lr 0): under-exposure breaks it, deterministically."""
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 2, 1)
+            with torch.no_grad():
+                self.conv.weight.zero_(); self.conv.weight[1] = 20.0
+                self.conv.bias.copy_(torch.tensor([0.0, -30.0]))
+            self.seen = {}
+        def forward(self, x):
+            return self.conv(x)
+        def training_step(self, batch, _):
+            self.seen.setdefault(self.current_epoch, []).extend(zip(batch["case_id"], batch["image"]))
+            return torch.nn.functional.cross_entropy(self(batch["image"]), batch["mask"])
+        def validation_step(self, batch, _):
+            pass
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def dihedral(img):
+        return [torch.flip(torch.rot90(img, k, (1, 2)), (2,)) if h else torch.rot90(img, k, (1, 2))
+                for k, h in itertools.product(range(4), (False, True))]
+
+    run_dir = sys.argv[1]
+    dm = PolypDataModule(image_size=48, n_train=16, n_val=4, batch_size=4, num_workers=2)
+    mr = MetamorphicCallback(perturbations=["contrast"], severities=(5,), max_cases=4, train_probe_size=8,
+                             dirpath=run_dir, verbose=False)
+    mine = FailureMiningCallback(dirpath=run_dir)
+    model = BrightnessModel()
+    trainer = L.Trainer(max_epochs=2, callbacks=[mr, mine], logger=False, default_root_dir=run_dir,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        enable_checkpointing=False, accelerator="cpu", devices=2, strategy="ddp")
+    trainer.fit(model, datamodule=dm)
+    clean = CleanDataset(dm.train_dataset)
+    by_case = {clean[i]["case_id"]: clean[i]["image"] for i in range(len(clean))}
+    perturbed = {e: sum(not any(torch.allclose(img, d, atol=1e-6) for d in dihedral(by_case[c]))
+                        for c, img in seen) for e, seen in model.seen.items()}
+    counts = {e: len(s) for e, s in model.seen.items()}
+    with open(os.path.join(run_dir, f"seen_rank{trainer.global_rank}.json"), "w") as fh:
+        json.dump({"perturbed": perturbed, "samples": counts}, fh)
+''')
+
+
+def test_mined_failures_reach_both_ranks_in_the_next_epoch(tmp_path):
+    script = tmp_path / "ddp_mining.py"
+    script.write_text(SCRIPT)
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True,
+                          env=env, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    seen = [json.loads((run_dir / f"seen_rank{r}.json").read_text()) for r in (0, 1)]
+    for s in seen:
+        assert s["perturbed"]["0"] == 0          # the bank is empty during epoch 0
+        assert s["perturbed"]["1"] > 0           # failures found after epoch 0 are trained on in epoch 1
+        assert s["samples"]["0"] == s["samples"]["1"]  # replay fills slots; the epoch length is fixed
+    rows = pd.read_csv(run_dir / "failures" / "mining.csv")
+    assert list(rows["epoch"]) == [0, 1] and rows["trainable"].iloc[0] > 0 and rows["replayed"].iloc[1] > 0
+    lines = (run_dir / "failures" / "failures.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds.count("batch") == 2 and kinds[-1] == "batch"   # one closed batch per epoch, rank 0 only
