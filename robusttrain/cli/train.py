@@ -10,13 +10,9 @@ from robusttrain.cli.build import build_run
 from robusttrain.cli.errors import UsageError
 
 
-def _ckpt_path(cfg: DictConfig, run_dir: Path, required: bool) -> str | None:
-    ckpt = cfg.get("ckpt")
-    if ckpt in (None, ""):
-        if required:
-            raise UsageError("this command needs ckpt=PATH (a .ckpt file written by fit)")
-        return None
-    path = run_dir / "checkpoints" / "last.ckpt" if str(ckpt) == "last" else Path(str(ckpt)).expanduser()
+def _resolve_ckpt(ckpt: str, run_dir: Path | None) -> str:
+    """``ckpt=PATH`` or ``ckpt=last`` (``<run_dir>/checkpoints/last.ckpt``) -> an existing file."""
+    path = run_dir / "checkpoints" / "last.ckpt" if ckpt == "last" else Path(ckpt).expanduser()
     if not path.is_file():
         raise UsageError(f"checkpoint not found: ckpt={ckpt} -> '{path}'")
     return str(path)
@@ -36,14 +32,15 @@ def _say(text: str) -> None:
 
 
 def run_stage(stage: str, cfg: DictConfig) -> int:
-    if stage != "fit" and cfg.get("ckpt") in (None, ""):
+    ckpt = str(cfg.get("ckpt")) if cfg.get("ckpt") not in (None, "") else None
+    if stage != "fit" and ckpt is None:
         raise UsageError(f"{stage} needs ckpt=PATH (a .ckpt file written by fit)")
-    ckpt = cfg.get("ckpt")
-    if ckpt not in (None, "", "last") and not Path(str(ckpt)).expanduser().is_file():
-        raise UsageError(f"checkpoint not found: ckpt={ckpt}")  # before anything is built or written
+    if ckpt is not None and ckpt != "last":
+        ckpt = _resolve_ckpt(ckpt, None)  # before anything is built or written
     run = build_run(cfg)
     _say(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}")
-    ckpt = _ckpt_path(cfg, run.run_dir, required=stage != "fit")
+    if ckpt == "last":
+        ckpt = _resolve_ckpt(ckpt, run.run_dir)
     trainer = run.trainer
     if stage == "fit":
         trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
