@@ -15,35 +15,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent('''
-    import itertools, json, os, sys
+    import json, os, sys
     import lightning.pytorch as L
-    import torch
     from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
     from robusttrain.datamodules.polyp import PolypDataModule
     from robusttrain.mining import CleanDataset
-
-    class BrightnessModel(L.LightningModule):
-        """Foreground where the image is bright (lr 0): under-exposure breaks it, deterministically."""
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 2, 1)
-            with torch.no_grad():
-                self.conv.weight.zero_(); self.conv.weight[1] = 20.0
-                self.conv.bias.copy_(torch.tensor([0.0, -30.0]))
-            self.seen = {}
-        def forward(self, x):
-            return self.conv(x)
-        def training_step(self, batch, _):
-            self.seen.setdefault(self.current_epoch, []).extend(zip(batch["case_id"], batch["image"]))
-            return torch.nn.functional.cross_entropy(self(batch["image"]), batch["mask"])
-        def validation_step(self, batch, _):
-            pass
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
-    def dihedral(img):
-        return [torch.flip(torch.rot90(img, k, (1, 2)), (2,)) if h else torch.rot90(img, k, (1, 2))
-                for k, h in itertools.product(range(4), (False, True))]
+    from mining_models import BrightnessModel, n_perturbed
 
     run_dir = sys.argv[1]
     dm = PolypDataModule(image_size=48, n_train=16, n_val=4, batch_size=4, num_workers=2)
@@ -57,8 +34,7 @@ SCRIPT = textwrap.dedent('''
     trainer.fit(model, datamodule=dm)
     clean = CleanDataset(dm.train_dataset)
     by_case = {clean[i]["case_id"]: clean[i]["image"] for i in range(len(clean))}
-    perturbed = {e: sum(not any(torch.allclose(img, d, atol=1e-6) for d in dihedral(by_case[c]))
-                        for c, img in seen) for e, seen in model.seen.items()}
+    perturbed = {e: n_perturbed(seen, by_case) for e, seen in model.seen.items()}
     counts = {e: len(s) for e, s in model.seen.items()}
     with open(os.path.join(run_dir, f"seen_rank{trainer.global_rank}.json"), "w") as fh:
         json.dump({"perturbed": perturbed, "samples": counts}, fh)
@@ -69,7 +45,8 @@ def test_mined_failures_reach_both_ranks_in_the_next_epoch(tmp_path):
     script = tmp_path / "ddp_mining.py"
     script.write_text(SCRIPT)
     run_dir = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    here = Path(__file__).resolve().parent  # the repo (robusttrain) and tests/ (mining_models)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
     proc = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True,
                           env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
