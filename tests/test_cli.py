@@ -123,6 +123,8 @@ def test_tool_error_paths(capsys, tmp_path):
     assert code == 2 and "x.ckpt" in err
     code, _, err = _run(capsys, "gallery", "recipe=smoke", "bogus=1")
     assert code == 2 and "unknown key 'bogus'" in err
+    code, _, err = _run(capsys, "gallery", "recipe=smoke", "n=abc")
+    assert code == 2 and "bad value for 'n': 'abc'" in err
 
 
 def test_gallery_renders_a_png(tmp_path):

@@ -41,7 +41,10 @@ def gallery(recipe: str | None, overrides: list[str], positional: list[str]) -> 
     opts = [o for o in overrides if not o.startswith(("out=", "n="))]
     extra = _only([o for o in overrides if o.startswith(("out=", "n="))], {"out", "n"}, "gallery")
     cfg = compose_recipe(recipe or "polyp", opts)
-    images = _sample_images(build("data", cfg.data), int(extra.get("n", 2)))
+    n = extra.get("n", "2")
+    if not n.isdigit() or int(n) < 1:
+        raise UsageError(f"bad value for 'n': {n!r} (expected a positive integer: images per gallery)")
+    images = _sample_images(build("data", cfg.data), int(n))
     out = render_gallery(images, extra.get("out", "gallery.png"))
     print(f"[robusttrain] gallery written to {Path(out).resolve()}")
     return 0
