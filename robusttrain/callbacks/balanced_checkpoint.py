@@ -29,6 +29,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
+from robusttrain.cornercases.balanced import check_worst_fraction
 from robusttrain.cornercases.history import FALLBACK_NAME
 from robusttrain.io import atomic_write_csv, atomic_write_json
 
@@ -82,7 +83,8 @@ class BalancedCheckpoint(Callback):
     Args:
         dirpath: run directory for the outputs; None → the history provider's ``dirpath`` if it
             has one, else ``trainer.log_dir``, else ``trainer.default_root_dir``.
-        policy: ``last_inlier`` | ``maximin`` | ``pareto``.
+        policy: ``last_inlier`` | ``maximin`` | ``pareto`` | ``cvar``.
+        worst_fraction: share of cases whose mean Dice the ``cvar`` policy maximises, in (0, 1].
         contamination, tail, metric: passed to the ECOD analysis (metric = column prefix;
             self-computed histories have ``dice_<class>`` and ``iou_<class>``).
         monitor, mode: the logged value that defines the least-loss (reference) epoch.
@@ -99,9 +101,11 @@ class BalancedCheckpoint(Callback):
                  contamination: float = 0.1, tail: str = "low", metric: str = "dice",
                  monitor: str = "val/loss", mode: str = "min", min_epoch: int = 0,
                  retention: Union[str, int] = "auto", compute_dice: Optional[bool] = None,
-                 class_names: Optional[list[str]] = None, threshold: float = 0.5) -> None:
+                 class_names: Optional[list[str]] = None, threshold: float = 0.5,
+                 worst_fraction: float = 0.1) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.worst_fraction = check_worst_fraction(worst_fraction)
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         if not (retention in ("auto", "all") or (isinstance(retention, int) and retention >= 1)):
@@ -275,7 +279,8 @@ class BalancedCheckpoint(Callback):
         best = self.best_epoch()
         base = {"schema": 1, "policy": self.policy, "monitor": self.monitor, "mode": self.mode,
                 "least_loss_epoch": best, "contamination": self.contamination, "tail": self.tail,
-                "metric": self.metric, "min_epoch": self.min_epoch, "checkpoint": None}
+                "metric": self.metric, "min_epoch": self.min_epoch, "worst_fraction": self.worst_fraction,
+                "checkpoint": None}
         raw = self._history()
         if raw is None or raw.empty:
             self.selection = None
@@ -287,7 +292,8 @@ class BalancedCheckpoint(Callback):
         sel = select_balanced_epoch(
             h, self.policy, reference_epoch=best if best in epochs else None,
             candidates=[e for e in self._saved if self._candidate(e).is_file()],
-            contamination=self.contamination, tail=self.tail, metric=self.metric, min_epoch=self.min_epoch)
+            contamination=self.contamination, tail=self.tail, metric=self.metric, min_epoch=self.min_epoch,
+            worst_fraction=self.worst_fraction)
         self.selection = sel
         cc = sel.corner_cases
         return {**base, "status": sel.status, "reason": sel.reason, "balanced_epoch": sel.epoch,

@@ -165,7 +165,7 @@ class RobustnessReporter(Callback):
                 reference_epoch=least if least in set(history["epoch"]) else None,
                 contamination=getattr(bc, "contamination", self.contamination),
                 tail=getattr(bc, "tail", "low"), metric=getattr(bc, "metric", "dice"),
-                min_epoch=getattr(bc, "min_epoch", 0))
+                min_epoch=getattr(bc, "min_epoch", 0), worst_fraction=getattr(bc, "worst_fraction", 0.1))
         except Exception as err:  # a provisional view is optional; never break training for it
             log.warning("RobustnessReporter: provisional corner cases unavailable: %s", err)
             return None

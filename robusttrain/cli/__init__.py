@@ -17,7 +17,7 @@ commands:
   validate   validate a checkpoint                 validate recipe=polyp ckpt=PATH
   test       test a checkpoint                     test recipe=polyp ckpt=PATH
   check      metamorphic robustness audit          check recipe=polyp ckpt=PATH [data.root=PATH]
-  corners    corner-case report of a run           corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto]
+  corners    corner-case report of a run           corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto|cvar]
   gallery    render the perturbation gallery       gallery [recipe=polyp] [out=gallery.png]
   report     self-contained HTML report of a run   report RUN_DIR
 

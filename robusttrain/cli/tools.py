@@ -64,19 +64,23 @@ def report(recipe: str | None, overrides: list[str], positional: list[str]) -> i
     return 0
 
 
+NUMERIC_CORNER_OPTS = {"contamination": "(0, 0.5]", "worst_fraction": "(0, 1]"}
+
+
 def corners(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
     from robusttrain.cornercases.report import corners_report
 
-    opts = _only(overrides, {"policy", "contamination", "tail", "metric"}, "corners")
+    opts = _only(overrides, {"policy", "contamination", "tail", "metric", "worst_fraction"}, "corners")
     if recipe is not None or len(positional) != 1:
-        raise UsageError("usage: corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto]")
-    kwargs: dict = {k: v for k, v in opts.items() if k != "contamination"}
-    if "contamination" in opts:
-        try:
-            kwargs["contamination"] = float(opts["contamination"])
-        except ValueError:
-            raise UsageError(f"bad value for 'contamination': {opts['contamination']!r} (expected a number "
-                             "in (0, 0.5])") from None
+        raise UsageError("usage: corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto|cvar] "
+                         "[worst_fraction=0.1]")
+    kwargs: dict = {k: v for k, v in opts.items() if k not in NUMERIC_CORNER_OPTS}
+    for key, expected in NUMERIC_CORNER_OPTS.items():
+        if key in opts:
+            try:
+                kwargs[key] = float(opts[key])
+            except ValueError:
+                raise UsageError(f"bad value for '{key}': {opts[key]!r} (expected a number in {expected})") from None
     try:
         print(corners_report(positional[0], **kwargs))
     except (FileNotFoundError, ValueError, KeyError) as e:

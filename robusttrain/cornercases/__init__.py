@@ -14,10 +14,12 @@ from .detect import (MIN_SAMPLES, CornerCaseResult, OutlierEpochResult, find_cor
 from .ecod import ecod_fit, max_flagged
 from .history import load_history, metric_columns
 from .report import corners_report
-from .balanced import POLICIES, Selection, epoch_table, select_balanced_epoch
+from .balanced import (POLICIES, Selection, epoch_table, select_balanced_epoch,
+                       worst_fraction_mean)
 
 __all__ = [
     "MIN_SAMPLES", "POLICIES", "CornerCaseResult", "OutlierEpochResult", "Selection",
     "find_corner_cases", "find_outlier_epochs", "select_balanced_epoch", "epoch_table",
+    "worst_fraction_mean",
     "ecod_fit", "max_flagged", "load_history", "metric_columns", "corners_report",
 ]

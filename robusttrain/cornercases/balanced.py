@@ -5,6 +5,9 @@ Policies (all choose among *inlier* candidate epochs, ties go to the later epoch
 - ``maximin`` — the epoch whose worst corner case (mean Dice over classes) is best.
 - ``pareto`` — among epochs on the Pareto front of (cohort mean, worst-case), the one closest
   to the utopia point (best cohort mean, best worst-case) — both are Dice, so no rescaling.
+- ``cvar`` — the epoch with the best mean Dice over the worst ``worst_fraction`` of *all* cases
+  (CVaR of the per-case Dice; ``ceil(k·n)`` cases, at least one, re-ranked at every epoch). Unlike
+  ``maximin`` it does not hang on one corner case, so one noisy case cannot decide the epoch.
 "Worst case" is over the corner cases; when there are none, over all cases.
 
 >>> import pandas as pd
@@ -26,7 +29,7 @@ import pandas as pd
 from .detect import NOT_ENOUGH, OK, CornerCaseResult, find_corner_cases, find_outlier_epochs
 from .history import HistoryLike, case_scores, load_history, metric_columns
 
-POLICIES = ("last_inlier", "maximin", "pareto")
+POLICIES = ("last_inlier", "maximin", "pareto", "cvar")
 NO_INLIER = "no_inlier_epoch"
 
 
@@ -41,7 +44,9 @@ class Selection:
     outlier_epochs: dict[str, list[int]] = field(default_factory=dict)
     candidates: list[int] = field(default_factory=list)
     inlier_epochs: list[int] = field(default_factory=list)
-    # per candidate epoch: {"cohort": mean over cases, "worst": worst-case mean}
+    # per candidate epoch: {"cohort": mean over cases, "worst": worst-case mean,
+    # "cvar": mean of the worst ``worst_fraction`` of cases}
+    worst_fraction: float = 0.1
     table: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -50,13 +55,42 @@ class Selection:
         return d
 
 
-def epoch_table(history: pd.DataFrame, columns: list[str], worst_of: list[str]) -> pd.DataFrame:
-    """Per epoch: cohort mean of per-case mean Dice and the minimum over ``worst_of`` (or all cases)."""
+def check_worst_fraction(worst_fraction: float) -> float:
+    """``worst_fraction`` as a float in (0, 1]; ValueError naming the value otherwise."""
+    try:
+        k = float(worst_fraction)
+    except (TypeError, ValueError):
+        raise ValueError(f"worst_fraction must be a number in (0, 1], got {worst_fraction!r}") from None
+    if not (0.0 < k <= 1.0):  # also refuses NaN
+        raise ValueError(f"worst_fraction must be in (0, 1], got {worst_fraction!r}")
+    return k
+
+
+def worst_fraction_mean(scores, worst_fraction: float = 0.1) -> float:
+    """Mean of the lowest ``ceil(k·n)`` (at least one) finite scores: the CVaR of per-case Dice.
+
+    >>> worst_fraction_mean([0.9, 0.8, 0.1, 0.7, 0.3], 0.4)
+    0.2
+    """
+    k = check_worst_fraction(worst_fraction)
+    v = np.sort(np.asarray(scores, dtype=np.float64).ravel())
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return float("nan")
+    n = max(1, int(np.ceil(k * v.size - 1e-9)))  # 1e-9: 0.1·30 must be 3, not 4
+    return float(v[:n].mean())
+
+
+def epoch_table(history: pd.DataFrame, columns: list[str], worst_of: list[str],
+                worst_fraction: float = 0.1) -> pd.DataFrame:
+    """Per epoch: cohort mean of per-case mean Dice, the minimum over ``worst_of`` (or all cases)
+    and ``cvar``, the mean over the worst ``worst_fraction`` of all cases."""
     h = history.assign(_score=case_scores(history, columns).to_numpy())
     cohort = h.groupby("epoch")["_score"].mean()
     sub = h[h["case_id"].isin(worst_of)] if worst_of else h
     worst = sub.groupby("epoch")["_score"].min().reindex(cohort.index)
-    return pd.DataFrame({"cohort": cohort, "worst": worst})
+    cvar = h.groupby("epoch")["_score"].apply(lambda s: worst_fraction_mean(s, worst_fraction))
+    return pd.DataFrame({"cohort": cohort, "worst": worst, "cvar": cvar.reindex(cohort.index)})
 
 
 def _pareto_pick(tab: pd.DataFrame) -> tuple[int, str]:
@@ -79,22 +113,25 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
                           reference_epoch: Optional[int] = None,
                           candidates: Optional[Iterable[int]] = None,
                           contamination: float = 0.1, tail: str = "low", metric: str = "dice",
-                          min_epoch: int = 0) -> Selection:
+                          min_epoch: int = 0, worst_fraction: float = 0.1) -> Selection:
     """Pick the balanced epoch.
 
     Corner cases are found at ``reference_epoch`` (the least-loss epoch; None = last epoch), their
     outlier epochs over all epochs ``>= min_epoch``; only ``candidates`` (default: every epoch
     ``>= min_epoch`` in the history, e.g. the epochs whose weights were kept) can be chosen.
+    ``worst_fraction`` is the share of cases the ``cvar`` policy averages (in (0, 1]).
     Fewer than 5 cases → ``status="not_enough_data"`` and the last candidate epoch.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    worst_fraction = check_worst_fraction(worst_fraction)
     h = load_history(history)
     cols = metric_columns(h, metric)
     all_epochs = sorted(int(e) for e in h["epoch"].unique() if e >= min_epoch)
     cands = all_epochs if candidates is None else sorted({int(e) for e in candidates} & set(all_epochs))
     cc = find_corner_cases(h, epoch=reference_epoch, contamination=contamination, tail=tail, metric=metric)
-    sel = Selection(None, policy, NOT_ENOUGH, "", cc.epoch, cc, candidates=cands)
+    sel = Selection(None, policy, NOT_ENOUGH, "", cc.epoch, cc, candidates=cands,
+                    worst_fraction=worst_fraction)
     if not cands:
         sel.reason = "not enough data: no candidate epoch in the history"
         return sel
@@ -110,7 +147,7 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
         for e in oe.epochs:
             bad[e] = bad.get(e, 0) + 1
     sel.inlier_epochs = [e for e in cands if e not in bad]
-    tab = epoch_table(h, cols, cc.case_ids).loc[cands]
+    tab = epoch_table(h, cols, cc.case_ids, worst_fraction).loc[cands]
     sel.table = {int(e): {k: float(v) for k, v in r.items()} for e, r in tab.iterrows()}
     pool, sel.status = sel.inlier_epochs, OK
     prefix = ""
@@ -133,7 +170,13 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
                                                  round(float(sub['cohort'][e]), 12), e)))
         sel.reason = (f"{prefix}{what}; epoch {sel.epoch} has the best worst-case Dice "
                       f"{float(worst[sel.epoch]):.4f}")
+    elif policy == "cvar":
+        cv = tab.loc[pool, "cvar"].fillna(-np.inf)
+        # ties (to 1e-12) go to the later epoch, as for every policy
+        sel.epoch = int(max(pool, key=lambda e: (round(float(cv[e]), 12), e)))
+        sel.reason = (f"{prefix}{what}; epoch {sel.epoch} has the best mean Dice "
+                      f"{float(cv[sel.epoch]):.4f} over the worst {100 * worst_fraction:g} % of cases")
     else:
-        sel.epoch, why = _pareto_pick(tab.loc[pool])
+        sel.epoch, why = _pareto_pick(tab.loc[pool, ["cohort", "worst"]])
         sel.reason = f"{prefix}{what}; {why}"
     return sel

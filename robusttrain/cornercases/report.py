@@ -56,10 +56,12 @@ def _gain(a: Optional[float], b: Optional[float]) -> str:
 
 def corners_report(path_or_history: Union[str, os.PathLike, pd.DataFrame], policy: str = "last_inlier",
                    contamination: float = 0.1, tail: str = "low", metric: str = "dice",
-                   least_loss_epoch: Optional[int] = None, min_epoch: Optional[int] = None) -> str:
+                   least_loss_epoch: Optional[int] = None, min_epoch: Optional[int] = None,
+                   worst_fraction: Optional[float] = None) -> str:
     """The flagged cases with their Dice at the least-loss and balanced epochs, and the gain.
 
-    ``min_epoch`` None → the value in ``corner_cases.json`` (so the report matches the callback), else 0.
+    ``min_epoch`` / ``worst_fraction`` (the ``cvar`` policy's share of worst cases) None → the value in
+    ``corner_cases.json`` (so the report matches the callback), else 0 / 0.1.
     """
     run_dir, candidates, source = None, None, "least_loss_epoch argument"
     if isinstance(path_or_history, pd.DataFrame):
@@ -73,14 +75,18 @@ def corners_report(path_or_history: Union[str, os.PathLike, pd.DataFrame], polic
             candidates = saved.get("candidate_epochs") or None
             if min_epoch is None:
                 min_epoch = int(saved.get("min_epoch") or 0)
+            if worst_fraction is None:
+                worst_fraction = saved.get("worst_fraction")
     min_epoch = 0 if min_epoch is None else int(min_epoch)
+    worst_fraction = 0.1 if worst_fraction is None else worst_fraction
     if least_loss_epoch is None:
         least_loss_epoch, source = least_loss_from_run(run_dir) if run_dir else (None, "unknown")
     cols = metric_columns(h, metric)
     epochs = set(h["epoch"].tolist())
     ref = least_loss_epoch if least_loss_epoch in epochs else None
     sel = select_balanced_epoch(h, policy, reference_epoch=ref, candidates=candidates,
-                                contamination=contamination, tail=tail, metric=metric, min_epoch=min_epoch)
+                                contamination=contamination, tail=tail, metric=metric, min_epoch=min_epoch,
+                                worst_fraction=worst_fraction)
     cc = sel.corner_cases
     lines = [f"corner-case report: {name}",
              f"history: {h['case_id'].nunique()} cases x {len(epochs)} epochs; columns {', '.join(cols)}",
