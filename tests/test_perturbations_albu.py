@@ -1,6 +1,10 @@
 """Albumentations integration, user cut-out folders (real EAD2019 instrument mask) and the gallery."""
 from __future__ import annotations
 
+import inspect
+import json
+import pickle
+import typing
 from pathlib import Path
 
 import albumentations as A
@@ -29,8 +33,104 @@ def _mask(h=96, w=96):
     return m
 
 
+def _cutout_folder(folder: Path) -> Path:
+    """One image + a 3-channel mask whose channels hold different shapes (so ``mask_channel`` matters)."""
+    folder.mkdir(exist_ok=True)
+    cv2.imwrite(str(folder / "a.jpg"), np.full((60, 80, 3), (40, 180, 90), np.uint8))
+    mask = np.zeros((60, 80, 3), np.uint8)
+    mask[20:40, 10:30, 0] = 255
+    ch1 = np.zeros((60, 80), np.uint8)
+    cv2.ellipse(ch1, (40, 30), (35, 20), 0, 0, 360, 255, -1)
+    mask[:, :, 1] = mask[:, :, 2] = ch1
+    cv2.imwrite(str(folder / "a_mask.png"), mask)
+    return folder
+
+
+# Arguments whose non-default value cannot be derived from the default's type (keyed by argument name,
+# or by (family, argument)); a function of a scratch folder, returning the kwargs to pass.
+SPECIAL = {
+    "cast": lambda tmp: {"cast": "green"},
+    "n_procedural": lambda tmp: {"n_procedural": 3},
+    "cutouts": lambda tmp: {"cutouts": str(_cutout_folder(tmp / "cuts"))},
+    "mask_channel": lambda tmp: {"mask_channel": 1, "cutouts": str(_cutout_folder(tmp / "cuts"))},
+}
+
+
+def _family_args(family):
+    return [q for q in list(inspect.signature(P.family_class(family).__init__).parameters.values())[1:]]
+
+
+def _non_default(family, q, tmp):
+    """kwargs giving argument ``q`` of ``family`` a value other than its default."""
+    key = (family, q.name) if (family, q.name) in SPECIAL else q.name
+    if key in SPECIAL:
+        return SPECIAL[key](tmp)
+    d = q.default
+    hint = typing.get_type_hints(P.family_class(family).__init__).get(q.name)
+    if typing.get_origin(hint) is typing.Literal:
+        return {q.name: next(c for c in typing.get_args(hint) if c != d)}
+    if q.name == "severity":
+        return {"severity": 5 if d != 5 else 1}
+    if isinstance(d, bool):
+        return {q.name: not d}
+    if isinstance(d, int):
+        return {q.name: d + 1}
+    if isinstance(d, float):
+        return {q.name: d / 2 if d else 0.5}
+    pytest.fail(f"no non-default test value for {family}.{q.name} (default {d!r}): add one to SPECIAL")
+
+
+CASES = [(f, q.name) for f in sorted(albu.TRANSFORMS) for q in _family_args(f)]
+
+
+@pytest.mark.parametrize("family,arg", CASES, ids=[f"{f}-{a}" for f, a in CASES])
+def test_every_argument_round_trips_through_to_dict_from_dict(family, arg, tmp_path):
+    q = next(q for q in _family_args(family) if q.name == arg)
+    kw = _non_default(family, q, tmp_path)
+    cls = albu.TRANSFORMS[family]
+    assert arg in cls.get_transform_init_args_names(cls)
+    expected = get(family, **kw).init_args()          # what the family itself records
+    assert expected[arg] == kw[arg] and expected[arg] != q.default
+    t = cls(**kw, p=0.8)
+    d = json.loads(json.dumps(A.to_dict(A.Compose([t]))))  # through real JSON, as a saved pipeline is
+    back = A.from_dict(d).transforms[0]
+    assert type(back) is cls and back.p == 0.8
+    assert back.family_args == t.family_args == {**expected}
+    assert back.perturbation.init_args() == expected   # the argument reached the perturbation
+    # existing perturbation objects keep every argument too
+    assert albu.transform_for(get(family, **kw)).family_args == expected
+    img, m = _img(), _mask()
+    out = A.Compose([cls(**kw)], seed=5)(image=img, mask=m)["image"]
+    again = A.Compose([back], seed=5)(image=img, mask=m)["image"]
+    assert np.array_equal(out, again)
+
+
+def test_issue_examples_keep_their_arguments():
+    """The three arguments the issue reported as lost after to_dict/from_dict now act after the round trip."""
+    img, m = _img(), _mask()
+    pipe = A.Compose([albu.BlurTransform(noise=False), albu.InstrumentTransform(n_procedural=3),
+                      albu.WhiteBalanceTransform(cast="green", severity=5)])
+    blur, inst, wb = A.from_dict(A.to_dict(pipe)).transforms
+    assert inst.perturbation.bank.shape[0] == 3
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        assert blur.perturbation.sample_numpy(img, m, rng)["noise"] == 0
+        assert wb.perturbation.sample_numpy(img, m, rng)["cast"] == 0  # CASTS[0] == "green"
+    out = A.Compose([wb], seed=0)(image=img)["image"].astype(int)
+    assert (out[..., 1] - img[..., 1].astype(int)).mean() > (out[..., 0] - img[..., 0].astype(int)).mean()
+
+
+def test_every_family_has_a_transform_except_those_needing_a_model():
+    need_model = {f for f in P.available() if any(q.name == "model" for q in _family_args(f))}
+    assert set(albu.TRANSFORMS) == set(P.available()) - need_model and "adversarial" in need_model
+    for f, cls in albu.TRANSFORMS.items():
+        assert getattr(albu, cls.__name__) is cls and cls.__module__ == albu.__name__
+    assert albu.TRANSFORMS["white_balance"] is albu.WhiteBalanceTransform  # the old public names still work
+    assert albu.transform_class("motion_blur").__name__ == "MotionBlurTransform"
+
+
 @pytest.mark.parametrize("family", sorted(albu.TRANSFORMS))
-def test_each_family_in_compose_uint8_and_float_and_roundtrips_dict(family):
+def test_each_family_in_compose_uint8_and_float_replay_and_pickle(family):
     img, m = _img(), _mask()
     t = A.Compose([albu.TRANSFORMS[family](severity=4, p=1.0)], seed=3)
     out = t(image=img, mask=m)
@@ -42,12 +142,12 @@ def test_each_family_in_compose_uint8_and_float_and_roundtrips_dict(family):
         assert not np.array_equal(out["image"], img)
     f = t(image=img.astype(np.float32) / 255, mask=m)["image"]
     assert f.dtype == np.float32 and 0 <= f.min() and f.max() <= 1
-    t2 = A.from_dict(A.to_dict(t))
-    assert type(t2.transforms[0]) is albu.TRANSFORMS[family] and t2.transforms[0].severity == 4
-    # same seed, same pipeline from the dict -> same output
-    t2 = A.Compose(t2.transforms, seed=3)
-    assert np.array_equal(A.Compose([albu.TRANSFORMS[family](severity=4)], seed=3)(image=img, mask=m)["image"],
-                          t2(image=img, mask=m)["image"])
+    r = A.ReplayCompose([albu.TRANSFORMS[family](severity=4)])
+    r.set_random_seed(1)
+    first = r(image=img, mask=m)
+    assert np.array_equal(A.ReplayCompose.replay(first["replay"], image=img, mask=m)["image"], first["image"])
+    clone = pickle.loads(pickle.dumps(t))  # data-loader workers started with spawn pickle the pipeline
+    assert np.array_equal(A.Compose(clone.transforms, seed=3)(image=img, mask=m)["image"], out["image"])
 
 
 def test_replaycompose_replays_exactly_and_mixes_with_builtins():
@@ -61,16 +161,24 @@ def test_replaycompose_replays_exactly_and_mixes_with_builtins():
     assert np.array_equal(out["mask"], m[:, ::-1])  # only the flip touches the mask
 
 
-def test_bad_options_and_severity_rejected_by_schema():
-    with pytest.raises(ValueError):
+def test_bad_arguments_rejected_at_construction():
+    with pytest.raises(ValueError, match="severity must be an int in 1..5"):
         albu.BlurTransform(severity=9)
+    with pytest.raises(ValueError, match="'sevrity' are not valid for transform BlurTransform"):
+        albu.BlurTransform(sevrity=2)  # a typo is an error, not a warning that drops the argument
+    with pytest.raises(ValueError, match="noise"):
+        albu.BlurTransform(noise="sometimes")
+    with pytest.raises(ValueError, match="cast must be one of"):
+        albu.WhiteBalanceTransform(cast="blue")
     with pytest.raises(ValueError, match="no Albumentations transform"):
         get("adversarial", model=lambda x: x).to_albumentations()
+    with pytest.raises(TypeError, match="abstract"):
+        albu.PerturbationTransform()
 
 
 def test_to_albumentations_reuses_configuration():
     t = get("white_balance", severity=2, cast="purple").to_albumentations(p=1.0)
-    assert isinstance(t, albu.WhiteBalanceTransform) and t.options == {"cast": "purple"}
+    assert isinstance(t, albu.WhiteBalanceTransform) and t.family_args == {"severity": 2, "cast": "purple"}
     d = A.to_dict(A.Compose([t]))
     assert A.from_dict(d).transforms[0].perturbation.cast == "purple"
 
@@ -87,7 +195,7 @@ def test_real_instrument_cutout_from_ead2019_folder():
     out, params = p.apply_numpy(img, m, rng=np.random.default_rng(0))
     assert params["visible"] == 1 and (out != img).any()
     assert np.array_equal(out[m != 0], img[m != 0])
-    t = A.Compose([albu.InstrumentTransform(severity=3, options={"cutouts": str(EAD)})], seed=0)
+    t = A.Compose([albu.InstrumentTransform(severity=3, cutouts=EAD)], seed=0)
     assert A.from_dict(A.to_dict(t)).transforms[0].perturbation.cutouts == str(EAD)
 
 

@@ -55,5 +55,16 @@ def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
     return _REGISTRY[name](severity=severity, **kwargs)
 
 
+def family_class(name: str) -> Callable[..., Perturbation]:
+    """The class registered as ``name`` (adapters expose its constructor's arguments).
+
+    >>> family_class("blur").__name__
+    'Blur'
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown perturbation {name!r}; valid choices: {', '.join(available())}")
+    return _REGISTRY[name]
+
+
 __all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
            "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity", "Text", "Instrument", "Feces", "Blood", "Melt", "Adversarial"]

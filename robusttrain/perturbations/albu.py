@@ -1,47 +1,63 @@
-"""Albumentations 2.x transforms for every perturbation family (image + untouched mask).
+"""Albumentations 2.x transforms for every registered perturbation family (image + untouched mask).
 
-Each family has its own :class:`A.DualTransform` subclass (so ``A.to_dict`` / ``A.from_dict`` find it by
-its full class name once this module is imported). Params are drawn in ``get_params_dependent_on_data``
-from the transform's seeded ``random_generator`` — so ``A.Compose(..., seed=...)`` is reproducible and
-``A.ReplayCompose`` replays exactly — and the image goes through the perturbation's numpy path.
-The lesion ``mask`` (if passed) keeps objects, spots and text off the lesion; it is returned unchanged.
+One generic adapter, :class:`PerturbationTransform`, is specialised per family by :func:`transform_class`:
+``<Family>Transform`` (``BlurTransform``, ``WhiteBalanceTransform``, ... one per name in
+:func:`~robusttrain.perturbations.available`, made when this module is imported) takes exactly the family's
+constructor arguments plus ``p``, validates them with a pydantic schema built from the family's signature
+and lists every one in ``get_transform_init_args_names()``, so ``A.to_dict`` / ``A.from_dict`` round-trip
+all of them (``A.from_dict`` finds the class by its full name once this module is imported).
+
+Params are drawn in ``get_params_dependent_on_data`` from the transform's seeded ``random_generator`` —
+so ``A.Compose(..., seed=...)`` is reproducible and ``A.ReplayCompose`` replays exactly — and the image
+goes through the perturbation's numpy path. The lesion ``mask`` (if passed) keeps objects, spots and text
+off the lesion; it is returned unchanged. Families that need a model (``adversarial``) have no transform.
 
 Example:
     >>> import albumentations as A, numpy as np
     >>> from robusttrain.perturbations.albu import BlurTransform
-    >>> t = A.Compose([BlurTransform(severity=2, p=1.0)], seed=0)
+    >>> t = A.Compose([BlurTransform(severity=2, noise=False, p=1.0)], seed=0)
     >>> out = t(image=np.zeros((32, 32, 3), np.uint8), mask=np.zeros((32, 32), np.uint8))
-    >>> out["image"].shape, A.from_dict(A.to_dict(t)).transforms[0].severity
-    ((32, 32, 3), 2)
+    >>> back = A.from_dict(A.to_dict(t)).transforms[0]
+    >>> out["image"].shape, back.severity, back.noise, back.perturbation.noise
+    ((32, 32, 3), 2, False, False)
 """
 from __future__ import annotations
 
-from typing import Any
+import inspect
+import os
+import typing
+from typing import Any, ClassVar
 
 import albumentations as A
 import numpy as np
 from albumentations.core.transforms_interface import BaseTransformInitSchema
-from pydantic import Field
+from pydantic import create_model
 
+from . import available, family_class, get
 from .base import Perturbation
+
+_P = inspect.Parameter
 
 
 class PerturbationTransform(A.DualTransform):
-    """Base: wraps the perturbation registered as ``family``; ``options`` are its extra constructor kwargs
-    (JSON-serialisable, e.g. ``{"cutouts": "/path/to/folder"}``)."""
+    """Base of the per-family transforms; build them with :func:`transform_class`, not directly.
 
-    family = ""
+    ``family_args`` holds the family's constructor arguments (paths as strings, so the dict is JSON-ready);
+    each is also an attribute (``t.severity``) unless Albumentations already uses that name.
+    """
 
-    class InitSchema(BaseTransformInitSchema):
-        severity: int = Field(ge=1, le=5)
-        options: dict[str, Any] | None = None
+    family: ClassVar[str] = ""
+    arg_names: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, severity: int = 3, options: dict[str, Any] | None = None, p: float = 1.0):
+    def __init__(self, p: float = 1.0, **family_args: Any):
+        if not self.family:
+            raise TypeError("PerturbationTransform is abstract: use transform_class(name) or e.g. BlurTransform")
         super().__init__(p=p)
-        from . import get  # late import: the registry module imports this one lazily
-        self.severity = severity
-        self.options = dict(options or {})
-        self.perturbation: Perturbation = get(self.family, severity=severity, **self.options)
+        self.family_args = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in family_args.items()}
+        for k, v in self.family_args.items():
+            if k not in _taken():
+                setattr(self, k, v)
+        self.perturbation: Perturbation = get(self.family, **self.family_args)
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         image = data["image"] if "image" in data else data["images"][0]
@@ -62,42 +78,100 @@ class PerturbationTransform(A.DualTransform):
         return mask  # masks are never changed
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
-        return ("severity", "options")
+        return self.arg_names
+
+    def get_transform_init_args(self) -> dict[str, Any]:
+        # Exactly the constructor arguments; Albumentations' default drops empty containers.
+        return dict(self.family_args)
 
 
-def _make(family: str, cls_name: str) -> type[PerturbationTransform]:
-    cls = type(cls_name, (PerturbationTransform,), {"family": family, "__module__": __name__,
-               "__doc__": f"Albumentations transform for the ``{family}`` perturbation (see the registry)."})
+def _taken() -> frozenset[str]:
+    global _TAKEN
+    if _TAKEN is None:  # names Albumentations itself uses on a transform (class or instance)
+        _TAKEN = (frozenset(dir(PerturbationTransform)) | frozenset(vars(A.NoOp(p=1.0)))
+                  | {"family_args", "perturbation"})
+    return _TAKEN
+
+
+_TAKEN: frozenset[str] | None = None
+_CLASSES: dict[str, type[PerturbationTransform]] = {}
+
+
+def _class_name(family: str) -> str:
+    return "".join(w[:1].upper() + w[1:] for w in family.split("_")) + "Transform"
+
+
+def transform_class(family: str) -> type[PerturbationTransform]:
+    """The Albumentations transform class of a registered family (made once, then cached).
+
+    Its ``__init__`` signature is the family's constructor signature plus keyword-only ``p`` (default 1).
+
+    >>> transform_class("white_balance").__name__, transform_class("white_balance")(cast="green").cast
+    ('WhiteBalanceTransform', 'green')
+    """
+    if family in _CLASSES:
+        return _CLASSES[family]
+    fam = family_class(family)
+    params = list(inspect.signature(fam.__init__).parameters.values())[1:]
+    if any(q.name == "model" for q in params):
+        raise ValueError(f"{family}: has no Albumentations transform (it needs a model, which cannot go into a "
+                         f"serialised pipeline or data-loader workers); available: {sorted(TRANSFORMS)}")
+    bad = [q.name for q in params if q.kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD) or q.name in ("p", "strict")]
+    if bad:
+        raise TypeError(f"{family}: constructor arguments {bad} cannot be Albumentations init args "
+                        "(*args/**kwargs or the reserved names p/strict)")
+    try:
+        hints = typing.get_type_hints(fam.__init__)
+    except Exception:  # unresolvable annotation: validate nothing rather than fail the import
+        hints = {}
+    name = _class_name(family)
+    schema = create_model(f"{name}InitSchema", __base__=BaseTransformInitSchema,
+                          **{q.name: (hints.get(q.name, Any), ... if q.default is _P.empty else q.default)
+                             for q in params})
+    sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)]
+                            + [q.replace(kind=_P.KEYWORD_ONLY) if q.kind is _P.KEYWORD_ONLY
+                               else q.replace(kind=_P.POSITIONAL_OR_KEYWORD) for q in params]
+                            + [_P("p", _P.KEYWORD_ONLY, default=1.0, annotation=float)])
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        PerturbationTransform.__init__(**bound.arguments)
+
+    __init__.__signature__ = sig  # read by Albumentations' validating metaclass and by help()
+    doc = (f"Albumentations transform for the ``{family}`` perturbation: arguments as "
+           f":class:`{fam.__module__}.{fam.__qualname__}`, plus ``p``.")
+    cls = type(name, (PerturbationTransform,), {
+        "family": family, "arg_names": tuple(q.name for q in params), "InitSchema": schema,
+        "__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc})
+    validating_init = cls.__init__  # the metaclass's wrapper; strict: a misspelt argument is an error, not a warning
+
+    def strict_init(self: PerturbationTransform, *args: Any, strict: bool = True, **kwargs: Any) -> None:
+        validating_init(self, *args, strict=strict, **kwargs)
+
+    strict_init.__signature__ = sig
+    cls.__init__ = strict_init
+    _CLASSES[family] = cls
     return cls
 
 
-SaturationTransform = _make("saturation", "SaturationTransform")
-ContrastTransform = _make("contrast", "ContrastTransform")
-WhiteBalanceTransform = _make("white_balance", "WhiteBalanceTransform")
-SpecularityTransform = _make("specularity", "SpecularityTransform")
-BlurTransform = _make("blur", "BlurTransform")
-MotionBlurTransform = _make("motion_blur", "MotionBlurTransform")
-InstrumentTransform = _make("instrument", "InstrumentTransform")
-FecesTransform = _make("feces", "FecesTransform")
-BloodTransform = _make("blood", "BloodTransform")
-TextTransform = _make("text", "TextTransform")
-MeltTransform = _make("melt", "MeltTransform")
-
-TRANSFORMS: dict[str, type[PerturbationTransform]] = {
-    c.family: c for c in (SaturationTransform, ContrastTransform, WhiteBalanceTransform, SpecularityTransform,
-                          BlurTransform, MotionBlurTransform, InstrumentTransform, FecesTransform, BloodTransform,
-                          TextTransform, MeltTransform)}
+TRANSFORMS: dict[str, type[PerturbationTransform]] = {}
+for _family in available():  # module-level classes: importable by name, picklable, found by A.from_dict
+    try:
+        TRANSFORMS[_family] = globals()[_class_name(_family)] = transform_class(_family)
+    except ValueError:
+        pass  # needs a model
+__all__ = ["PerturbationTransform", "TRANSFORMS", "transform_class", "transform_for",
+           *(c.__name__ for c in TRANSFORMS.values())]
 
 
 def transform_for(perturbation: Perturbation, p: float = 1.0) -> PerturbationTransform:
-    """The Albumentations transform for an existing perturbation object (its instance is reused)."""
-    if perturbation.name not in TRANSFORMS:
-        raise ValueError(f"{perturbation.name}: has no Albumentations transform (it needs a model); "
-                         f"available: {sorted(TRANSFORMS)}")
-    options: dict[str, Any] = {}
-    for key in ("cast", "fast", "noise", "inplace", "cutouts"):
-        if hasattr(perturbation, key) and getattr(perturbation, key) not in (None, False) and key != "inplace":
-            options[key] = getattr(perturbation, key)
-    t = TRANSFORMS[perturbation.name](severity=perturbation.severity, options=options, p=p)
-    t.perturbation = perturbation
+    """The Albumentations transform for an existing perturbation, with all its constructor arguments.
+
+    >>> from robusttrain.perturbations import get
+    >>> transform_for(get("instrument", severity=2, n_procedural=3)).perturbation.bank.shape[0]
+    3
+    """
+    t = transform_class(perturbation.name)(p=p, **perturbation.init_args())
+    t.perturbation = perturbation  # same arguments; keep the caller's instance (and its caches)
     return t

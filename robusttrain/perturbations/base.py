@@ -18,6 +18,8 @@ Masks are never modified. ``severity`` is an int in 1..5.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import numpy as np
@@ -200,6 +202,11 @@ def params_to(params: Params, device: torch.device) -> Params:
     return {k: (v if v.device == device else v.to(device, non_blocking=True)) for k, v in params.items()}
 
 
+@functools.lru_cache(maxsize=None)
+def _init_signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.__init__)
+
+
 class Perturbation:
     """Base class of every perturbation: validation, severity, sampling and the two apply paths.
 
@@ -229,8 +236,35 @@ class Perturbation:
     name: str = "perturbation"
     rgb: bool = True  # needs 3-channel RGB input
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # Record the constructor arguments (defaults filled in) before __init__ runs, so any family can be
+        # rebuilt exactly without each one storing its arguments under their own names (the Albumentations
+        # adapter serialises them; the batch augmentation builds the other severities from them).
+        obj = super().__new__(cls)
+        try:
+            bound = _init_signature(cls).bind(None, *args, **kwargs)
+        except TypeError:
+            obj._init_args = {}  # __init__ raises the proper error for these arguments
+            return obj
+        bound.apply_defaults()
+        params = _init_signature(cls).parameters
+        args_: dict[str, Any] = {}
+        for k, v in list(bound.arguments.items())[1:]:
+            args_.update(v if params[k].kind is inspect.Parameter.VAR_KEYWORD else {k: v})
+        obj._init_args = args_
+        return obj
+
     def __init__(self, severity: int = 3):
         self.severity = check_severity(severity, self.name)
+
+    def init_args(self) -> dict[str, Any]:
+        """The constructor arguments this perturbation was built with, defaults filled in.
+
+        >>> from robusttrain.perturbations import get
+        >>> get("blur", severity=2, noise=False).init_args()
+        {'severity': 2, 'fast': False, 'noise': False}
+        """
+        return dict(self.__dict__.get("_init_args", {}))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(severity={self.severity})"
