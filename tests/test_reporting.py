@@ -22,7 +22,7 @@ def png_size(data: bytes) -> tuple[int, int]:
 def test_plots_are_valid_pngs_of_readable_size(tmp_path):
     run = make_run_dir(tmp_path / "run")
     written = write_plots(run)
-    assert set(written) == {"efr", "clean_dice", f"corner_{CORNER}"}
+    assert set(written) == {"efr", "clean_dice", "tradeoff", f"corner_{CORNER}"}
     for name, path in written.items():
         assert path.parent == run / "plots"
         w, h = png_size(path.read_bytes())
@@ -69,7 +69,7 @@ def test_report_has_every_section_and_inlined_images(tmp_path):
         assert f'<section id="{anchor}">' in text
     assert CORNER in text and "last_inlier" in text and "recipe: acdc" in text
     srcs = re.findall(r'<img alt="[^"]*" src="([^"]+)"', text)
-    assert len(srcs) == 3 + 5 + 1  # efr, clean dice, one corner case, five failure thumbs, gallery
+    assert len(srcs) == 4 + 5 + 1  # efr, clean dice, trade-off, one corner case, five failure thumbs, gallery
     for src in srcs:
         assert src.startswith("data:image/png;base64,")
         png_size(base64.b64decode(src.split(",", 1)[1]))
@@ -87,7 +87,7 @@ def test_report_degrades_per_section(tmp_path):
     assert "not available: corner_cases.json missing" in text
     assert "not available: failures/failures.jsonl missing" in text
     assert "Clean validation Dice" not in text  # plot titles live in PNGs, not HTML
-    assert text.count("<img") == 1  # clean Dice still there
+    assert text.count("<img") == 2  # clean Dice and the checkpoint trade-off (history only) still there
 
     assert "not available: gallery.png missing and no failure thumbnails" in text
 

@@ -42,6 +42,7 @@ nav a{margin-right:1rem}
 
 SECTIONS = [("summary", "Run summary"), ("clean-dice", "Clean Dice"), ("efr-table", "EFR table"),
             ("efr-curves", "EFR curves"), ("corner-cases", "Corner cases"),
+            ("tradeoff", "Checkpoint trade-off"),
             ("failures", "Worst failures"), ("gallery", "Perturbation gallery")]
 
 
@@ -138,6 +139,22 @@ def _corner_cases(run_dir, history, efr, ctx) -> str:
     return out
 
 
+def _tradeoff(run_dir, history, efr, ctx) -> str:
+    if history is None:
+        return _na("history.csv missing")
+    if "tradeoff" not in ctx["plots"]:
+        return _na("fewer than two epochs in history.csv")
+    trade = plots.run_tradeoff(history, ctx["corners"])
+    rows = [{"policy": name, "epoch": "-" if e is None else e,
+             "cohort mean Dice": trade.table["cohort"].get(e), "worst-k mean Dice": trade.table["cvar"].get(e)}
+            for name, e in trade.choices.items()]
+    pct = f"{100 * trade.worst_fraction:g}"
+    return (f"<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice of "
+            f"the worst {pct} % of cases. A policy only helps if it also holds on held-out data "
+            f"(<code>benchmarks/evidence.py</code>).</p>"
+            + _table(pd.DataFrame(rows), "{:.4f}", index=False) + _img(ctx["plots"]["tradeoff"], "trade-off"))
+
+
 def _thumb(run_dir: Path, rec: dict[str, Any]) -> Path | None:
     name = rec.get("thumb") or (rec.get("extra") or {}).get("thumb")
     if name:
@@ -208,7 +225,7 @@ def _gallery(run_dir, history, efr, ctx) -> str:
 
 BUILDERS: dict[str, Callable[..., str]] = {
     "summary": _summary, "clean-dice": _clean_dice, "efr-table": _efr_table, "efr-curves": _efr_curves,
-    "corner-cases": _corner_cases, "failures": _failures, "gallery": _gallery}
+    "corner-cases": _corner_cases, "tradeoff": _tradeoff, "failures": _failures, "gallery": _gallery}
 
 
 def render_report(run_dir: str | Path) -> str:

@@ -8,7 +8,7 @@ process, in threads, and without a display. Every file is written atomically.
 >>> pd.DataFrame({"case_id": ["a", "b"] * 2, "epoch": [0, 0, 1, 1],
 ...               "dice_lv": [.5, .6, .7, .8]}).to_csv(f"{run}/history.csv", index=False)
 >>> sorted(p.name for p in write_plots(run).values())
-['clean_dice.png']
+['clean_dice.png', 'tradeoff.png']
 """
 from __future__ import annotations
 
@@ -153,6 +153,53 @@ def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | Non
     return fig
 
 
+POLICY_MARKERS = {"least_loss": ("s", "tab:red"), "last": ("D", "tab:gray"), "last_inlier": ("o", "tab:blue"),
+                  "maximin": ("^", "tab:orange"), "pareto": ("v", "tab:purple"), "cvar": ("*", "tab:green")}
+
+
+def run_tradeoff(history: pd.DataFrame, corners: Corners | None = None):
+    """:func:`robusttrain.cornercases.tradeoff.policy_tradeoff` with the run's own settings
+    (reference epoch, candidates, contamination, min_epoch, worst_fraction from ``corner_cases.json``)."""
+    from robusttrain.cornercases.tradeoff import policy_tradeoff
+
+    raw = corners.raw if corners is not None else {}
+    return policy_tradeoff(
+        history, reference_epoch=corners.least_loss_epoch if corners is not None else None,
+        candidates=raw.get("candidate_epochs") or None, contamination=float(raw.get("contamination") or 0.1),
+        tail=str(raw.get("tail") or "low"), min_epoch=int(raw.get("min_epoch") or 0),
+        worst_fraction=float(raw.get("worst_fraction") or 0.1))
+
+
+def plot_tradeoff(trade) -> Figure:
+    """Cohort mean vs mean of the worst k % of cases, one point per epoch (joined in epoch order),
+    with the epoch each checkpoint policy picks marked. Up and right is better on both axes."""
+    tab = trade.table.dropna(subset=["cohort", "cvar"])
+    fig = Figure(figsize=(7.0, 5.8))
+    ax = fig.subplots()
+    ax.plot(tab["cohort"], tab["cvar"], color="0.75", linewidth=1, zorder=1)
+    pts = ax.scatter(tab["cohort"], tab["cvar"], c=tab.index.to_numpy(), cmap="viridis", s=22, zorder=2)
+    fig.colorbar(pts, ax=ax, label="epoch")
+    for e, r in tab.iterrows():
+        ax.annotate(str(e), (r["cohort"], r["cvar"]), xytext=(3, 3), textcoords="offset points", fontsize=7)
+    # several policies often pick the same epoch: shrinking hollow markers keep each one visible
+    for k, (name, epoch) in enumerate(trade.choices.items()):
+        if epoch is None or epoch not in tab.index:
+            continue
+        marker, colour = POLICY_MARKERS.get(name, ("P", "black"))
+        ax.scatter([tab.loc[epoch, "cohort"]], [tab.loc[epoch, "cvar"]], s=320 - 40 * k, marker=marker,
+                   facecolors="none", edgecolors=colour, linewidths=1.8, zorder=3,
+                   label=f"{name}: epoch {epoch}")
+    pct = f"{100 * trade.worst_fraction:g}"
+    ax.set_title(f"Checkpoint trade-off: cohort mean vs worst {pct} % of cases")
+    ax.set_xlabel("cohort mean Dice")
+    ax.set_ylabel(f"mean Dice of the worst {pct} % of cases")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:  # below the axes: the picks sit at the curve's corners
+        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, markerscale=0.5)
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.93, bottom=0.24)
+    return fig
+
+
 def write_plots(run_dir: str | Path, corners: Corners | None = None,
                 corner_cases: list[str] | None = None) -> dict[str, Path]:
     """(Re)generate every plot the run directory's files allow; returns {name: path}.
@@ -170,6 +217,9 @@ def write_plots(run_dir: str | Path, corners: Corners | None = None,
         written["efr"] = save_png(plot_efr(efr, corners=corners), out_dir / "efr.png")
     if history is not None and rundir.dice_columns(history):
         written["clean_dice"] = save_png(plot_clean_dice(history, corners), out_dir / "clean_dice.png")
+        if history["epoch"].nunique() >= 2:
+            written["tradeoff"] = save_png(plot_tradeoff(run_tradeoff(history, corners)),
+                                           out_dir / "tradeoff.png")
         known = set(history["case_id"])
         for cid in cases:
             if str(cid) in known:
