@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from robusttrain.metamorphic.batch import HookError
-from robusttrain.metamorphic.scoring import logits_to_probabilities
+from robusttrain.metamorphic.outputs import to_probabilities_fn
 from robusttrain.metamorphic.suite import stable_seed
 
 
@@ -37,16 +37,14 @@ def select_probe(case_ids: Sequence[str], max_cases: int | None, seed: int, spli
     return [i for i, c in enumerate(case_ids) if c in chosen]
 
 
-def default_to_probabilities(outputs: Any) -> torch.Tensor:
-    """Model outputs -> (B,K,H,W) probabilities (logits tensor, dict with logits, or tuple)."""
-    if isinstance(outputs, dict):
-        outputs = next((outputs[k] for k in ("logits", "out", "pred", "preds") if k in outputs), outputs)
-    if isinstance(outputs, (list, tuple)) and outputs and torch.is_tensor(outputs[0]):
-        outputs = outputs[0]  # deep supervision / aux heads: the main output comes first
-    if not torch.is_tensor(outputs) or outputs.ndim != 4:
-        raise HookError("cannot turn the model's outputs into (B,K,H,W) probabilities (got "
-                        f"{getattr(outputs, 'shape', type(outputs).__name__)}); pass to_probabilities=")
-    return logits_to_probabilities(outputs)
+def make_to_probabilities(spec: str | Callable | None) -> Callable:
+    """The callback's ``to_probabilities=``: None/"auto", "logits", "identity" or a callable
+    (see :mod:`robusttrain.metamorphic.outputs`); a bad value raises at construction."""
+    return to_probabilities_fn(spec)
+
+
+# logits tensor, dict with logits, or tuple; refuses NaN/inf and outputs that are probabilities
+default_to_probabilities = to_probabilities_fn(None)
 
 
 def make_predict(trainer: Any, pl_module: Any, to_probabilities: Callable) -> Callable:

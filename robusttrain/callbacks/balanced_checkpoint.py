@@ -32,6 +32,8 @@ from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_
 from robusttrain.cornercases.balanced import check_worst_fraction
 from robusttrain.cornercases.history import FALLBACK_NAME
 from robusttrain.io import atomic_write_csv, atomic_write_json
+from robusttrain.metamorphic.batch import case_id_list
+from robusttrain.metamorphic.outputs import NonFiniteOutputError
 
 CANDIDATES = "balanced_candidates"
 
@@ -173,9 +175,11 @@ class BalancedCheckpoint(Callback):
             out = out.get("logits", next(iter(out.values())))
         elif isinstance(out, (tuple, list)):
             out = out[0]
+        if not bool(torch.isfinite(out).all()):  # NaN logits would score as "predicts background"
+            raise NonFiniteOutputError("model outputs (logits)", trainer.current_epoch, "val")
         sums = batch_sums(out, batch["mask"], self.threshold)
         slices = batch.get("slice_index")
-        for i, (cid, s) in enumerate(zip(batch["case_id"], sums)):
+        for i, (cid, s) in enumerate(zip(case_id_list(batch["case_id"]), sums)):
             # keyed by slice so DistributedSampler's padded duplicates are counted once;
             # without slice indices every sample is its own key
             sl = int(slices[i]) if slices is not None else f"{trainer.global_rank}:{batch_idx}:{i}"

@@ -34,7 +34,7 @@ from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
 from robusttrain.metamorphic.suite import DEFAULT_SEVERITIES, MRSuite
 
 from ._dist import gather_objects
-from ._mr_probe import checking_state, default_to_probabilities, make_predict, progress_bar, select_probe
+from ._mr_probe import checking_state, make_predict, make_to_probabilities, progress_bar, select_probe
 
 Sink = Callable[..., None]
 
@@ -53,7 +53,7 @@ class MetamorphicCallback(Callback):
                  class_names: Sequence[str] | None = None,
                  get_images: Callable | None = None, get_masks: Callable | None = None,
                  get_case_ids: Callable | None = None, get_slice_indices: Callable | None = None,
-                 to_probabilities: Callable | None = None,
+                 to_probabilities: str | Callable | None = None,
                  perturbation_kwargs: dict[str, dict] | None = None, verbose: bool = True):
         if path not in ("auto", "torch", "numpy"):
             raise ValueError(f"path must be 'auto', 'torch' or 'numpy', got {path!r}")
@@ -70,7 +70,7 @@ class MetamorphicCallback(Callback):
         d = BatchHooks()
         self.hooks = BatchHooks(get_images or d.get_images, get_masks or d.get_masks,
                                 get_case_ids or d.get_case_ids, get_slice_indices or d.get_slice_indices)
-        self.to_probabilities = to_probabilities or default_to_probabilities
+        self.to_probabilities = make_to_probabilities(to_probabilities)
         self.verbose = verbose
         self.history = pd.DataFrame(columns=["case_id", "epoch"])
         self.efr = pd.DataFrame(columns=EFR_COLUMNS)
@@ -119,7 +119,7 @@ class MetamorphicCallback(Callback):
                 n_b = -(-len(shard) // self.batch_size)
                 bar = progress_bar(trainer, n_b * (1 + len(self.suite.tests) or 1), f"MR check ({split})")
                 res = run_probe(predict, iter_probe(ds, shard, self.batch_size, self.hooks, self.num_workers),
-                                self.suite, split, path=path, device=device, progress=bar.update)
+                                self.suite, split, path=path, device=device, progress=bar.update, epoch=epoch)
                 bar.close()
                 parts = gather_objects(trainer, res.to_obj())
                 res = ProbeResult.merge([ProbeResult(**p) for p in parts])

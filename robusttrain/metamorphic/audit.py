@@ -26,28 +26,20 @@ import torch
 from .batch import BatchHooks, case_ids_of, iter_probe
 from .efr import THRESHOLDS, efr_table
 from .runner import aggregate, run_probe
-from .scoring import logits_to_probabilities
+from .outputs import to_probabilities_fn
 from .suite import MRSuite, stable_seed
 
 
-def _predict_fn(model: torch.nn.Module, to_probabilities: Callable | None) -> Callable:
-    def predict(x: torch.Tensor) -> torch.Tensor:
-        out = model(x)
-        if to_probabilities is not None:
-            return to_probabilities(out).float()
-        if isinstance(out, dict):
-            out = out.get("logits", next(iter(out.values())))
-        if isinstance(out, (list, tuple)):
-            out = out[0]
-        return logits_to_probabilities(out)
-    return predict
+def _predict_fn(model: torch.nn.Module, to_probabilities: str | Callable | None) -> Callable:
+    convert = to_probabilities_fn(to_probabilities)
+    return lambda x: convert(model(x)).float()
 
 
 def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | None = None,
           out_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
           batch_size: int = 8, path: str = "auto", max_cases: int | None = None,
           thresholds: Sequence[float] = THRESHOLDS, class_names: Sequence[str] | None = None,
-          hooks: BatchHooks | None = None, to_probabilities: Callable | None = None) -> dict[str, Any]:
+          hooks: BatchHooks | None = None, to_probabilities: str | Callable | None = None) -> dict[str, Any]:
     """Run ``suite`` (default: nine families x severities 2, 4) on every dataset.
 
     Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),

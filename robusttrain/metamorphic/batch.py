@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
@@ -42,9 +43,40 @@ def default_get_masks(batch: Any) -> torch.Tensor:
     return m
 
 
+def case_id_list(ids: Any) -> list[str]:
+    """Case ids as plain strings, whatever the collate made of them.
+
+    ``default_collate`` turns integer ids into a tensor; ``str`` of its elements would give
+    ``"tensor(1000)"``, so tensors and numpy arrays become ``str(int)`` per element.
+
+    >>> import torch, numpy as np
+    >>> case_id_list(torch.tensor([1000, 7])), case_id_list(["a", np.int64(3), torch.tensor(5)])
+    (['1000', '7'], ['a', '3', '5'])
+    """
+    if torch.is_tensor(ids) or isinstance(ids, np.ndarray):
+        ids = ids.reshape(-1).tolist()
+    elif isinstance(ids, (str, bytes)):
+        ids = [ids]
+    return [_case_id(c) for c in ids]
+
+
+def _case_id(c: Any) -> str:
+    if torch.is_tensor(c) and c.numel() == 1:
+        c = c.item()
+    elif isinstance(c, np.ndarray) and c.size == 1:
+        c = c.item()
+    if isinstance(c, np.generic):
+        c = c.item()
+    if isinstance(c, bytes):
+        c = c.decode()
+    if isinstance(c, float) and c.is_integer():
+        c = int(c)  # a float-collated integer id: 3.0 is case "3"
+    return str(c)
+
+
 def default_get_case_ids(batch: Any) -> Sequence[str] | None:
     if isinstance(batch, dict) and "case_id" in batch:
-        return [str(c) for c in batch["case_id"]]
+        return case_id_list(batch["case_id"])
     return None
 
 
@@ -106,13 +138,24 @@ def read_batch(indices: list[int], batch: Any, hooks: BatchHooks) -> ProbeBatch:
                         f"{getattr(images, 'shape', type(images).__name__)}; pass get_images=")
     masks = _normalise_mask(hooks.get_masks(batch), images.shape[0])
     cids = hooks.get_case_ids(batch)
-    cids = [f"idx{i}" for i in indices] if cids is None else [str(c) for c in cids]
+    cids = [f"idx{i}" for i in indices] if cids is None else case_id_list(cids)
     sl = hooks.get_slice_indices(batch)
     sl = [0] * len(indices) if sl is None else [int(s) for s in sl]
     if len(cids) != len(indices) or len(sl) != len(indices):
         raise HookError("get_case_ids / get_slice_indices returned a list whose length differs "
                         "from the batch size; fix get_case_ids=")
-    return ProbeBatch(indices, images.float(), masks, cids, sl)
+    images = images.float()
+    check_finite_images(images, cids)
+    return ProbeBatch(indices, images, masks, cids, sl)
+
+
+def check_finite_images(images: torch.Tensor, case_ids: Sequence[str]) -> None:
+    """ValueError naming the cases whose images hold NaN/inf (they would pass every perturbation)."""
+    finite = torch.isfinite(images).flatten(1).all(1)
+    if not bool(finite.all()):
+        bad = [case_ids[i] for i in (~finite).nonzero().flatten().tolist()]
+        raise ValueError(f"probe images of case(s) {bad} contain NaN or inf; expected finite values "
+                         f"in [0,1] (check the dataset / transforms)")
 
 
 def iter_probe(dataset: Dataset, indices: Sequence[int], batch_size: int, hooks: BatchHooks,
@@ -129,7 +172,7 @@ def case_ids_of(dataset: Dataset) -> list[str] | None:
     fn = getattr(dataset, "case_ids", None)
     if callable(fn):
         try:
-            ids = [str(c) for c in fn()]
+            ids = case_id_list(fn())
         except Exception:  # a dataset-specific failure must not break the probe
             return None
         if len(ids) == len(dataset):

@@ -26,6 +26,7 @@ import torch
 
 from .batch import ProbeBatch
 from .efr import relative_drops
+from .outputs import NonFiniteOutputError, check_probabilities
 from .scoring import dice_from_sums, iou_from_sums, probabilities_to_labels, slice_sums
 from .suite import MRSuite, to_uint8_list
 
@@ -62,10 +63,16 @@ class ProbeResult:
 
 def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, split: str,
               path: str = "torch", device: torch.device | str | None = None,
-              progress: Callable[[int], None] | None = None) -> ProbeResult:
-    """Score every probe slice clean and under every test of ``suite``."""
+              progress: Callable[[int], None] | None = None, epoch: int | None = None) -> ProbeResult:
+    """Score every probe slice clean and under every test of ``suite``.
+
+    NaN/inf outputs raise :class:`NonFiniteOutputError` naming ``epoch``, ``split`` and the cases.
+    """
     idx, cids, sl, src, fol, cons = [], [], [], [], [], []
+    where: dict = {}
+    predict = _checked(predict, where, epoch, split)
     for pb in batches:
+        where["case_ids"] = pb.case_ids
         images = pb.images if device is None else pb.images.to(device)
         masks = pb.masks.to(images.device)
         if suite.in_channels is None:
@@ -103,6 +110,18 @@ def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, s
     return ProbeResult(split, np.asarray(idx, np.int64), cids, np.asarray(sl, np.int64),
                        torch.cat([pad(t) for t in src]).numpy(), torch.cat([pad(t) for t in fol]).numpy(),
                        torch.cat([pad(t) for t in cons]).numpy())
+
+
+def _checked(predict: Predict, where: dict, epoch: int | None, split: str) -> Predict:
+    """``predict`` whose NaN/inf outputs stop the check with the epoch, split and cases named."""
+    def run(images: torch.Tensor) -> torch.Tensor:
+        try:
+            probs = predict(images)
+            check_probabilities(probs)
+        except NonFiniteOutputError as e:
+            raise e.at(epoch, split, where.get("case_ids", ())) from None
+        return probs
+    return run
 
 
 def case_order(res: ProbeResult) -> list[str]:

@@ -20,14 +20,20 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from .outputs import (NonFiniteOutputError, ProbabilityOutputError, check_probabilities,  # noqa: F401
+                      logits_to_probabilities)
+
 
 def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:
     """(B,K,H,W) class probabilities -> (B,H,W) int64 labels.
 
-    K == 1 is read as the foreground probability of a binary task (threshold 0.5).
+    K == 1 is read as the foreground probability of a binary task (threshold 0.5). NaN/inf raise
+    :class:`NonFiniteOutputError` (every consumer of labels gets the check), values outside [0,1]
+    :class:`ProbabilityOutputError`.
     """
     if probs.ndim != 4:
         raise ValueError(f"expected probabilities of shape (B,K,H,W), got {tuple(probs.shape)}")
+    check_probabilities(probs)
     if probs.shape[1] == 1:
         return (probs[:, 0] > 0.5).long()
     if probs.shape[1] == 2 and not probs.is_complex():
@@ -35,19 +41,6 @@ def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:
         # one comparison gives the same labels (argmax keeps the first index on ties).
         return (probs[:, 1] > probs[:, 0]).long()
     return probs.argmax(dim=1)
-
-
-def logits_to_probabilities(logits: torch.Tensor) -> torch.Tensor:
-    """Model logits -> (B,K,H,W) probabilities: (B,1,H,W) sigmoid (as [1-p, p]), else softmax.
-
-    >>> logits_to_probabilities(torch.zeros(1, 1, 2, 2)).shape
-    torch.Size([1, 2, 2, 2])
-    """
-    logits = logits.float()  # AMP outputs may be half; sums and argmax want full precision
-    if logits.shape[1] == 1:
-        p = torch.sigmoid(logits)
-        return torch.cat([1 - p, p], dim=1)
-    return torch.softmax(logits, dim=1)
 
 
 def slice_sums(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,11 @@ def check_batch(images: Any, name: str, rgb: bool, check_range: bool = True) -> 
         raise ValueError(f"{name}: expected 1 or 3 channels in dim 1 (B,C,H,W), got shape {tuple(images.shape)}")
     if check_range and images.device.type == "cpu":
         lo, hi = torch.aminmax(images)
+        if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
+            # NaN compares false with everything: without this it would pass the range check
+            # and flow through every perturbation into a "robustness" figure
+            bad = sorted({int(i) for i in (~torch.isfinite(images)).flatten(1).any(1).nonzero().flatten()})
+            raise ValueError(f"{name}: images contain NaN or inf (batch index {bad}); expected finite values in [0,1]")
         if float(lo) < -1e-4 or float(hi) > 1 + 1e-4:
             raise ValueError(f"{name}: float images must lie in [0,1], got values in [{float(lo):.3g}, {float(hi):.3g}]")
     return images
@@ -117,6 +123,8 @@ def check_image(image: Any, name: str, rgb: bool) -> np.ndarray:
         return image
     if image.dtype == np.float32:
         lo, hi = float(image.min()), float(image.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"{name}: image contains NaN or inf; expected finite values in [0,1]")
         if lo < -1e-4 or hi > 1 + 1e-4:
             raise ValueError(f"{name}: float32 images must lie in [0,1], got values in [{lo:.3g}, {hi:.3g}]")
         return image
