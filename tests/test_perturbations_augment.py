@@ -14,6 +14,10 @@ class TinyNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 2, 3, padding=1)
+        g = torch.Generator().manual_seed(0)  # fixed weights: the tests do not depend on the global RNG
+        with torch.no_grad():
+            self.conv.weight.copy_(0.3 * torch.randn(self.conv.weight.shape, generator=g))
+            self.conv.bias.zero_()
 
     def forward(self, x):
         return self.conv(x)
@@ -100,7 +104,10 @@ def test_mixed_severities_match_the_family_applied_per_sample(family):
 def test_params_differ_between_samples(family):
     x, m = _batch(8)
     aug = BatchAugmentation(family, severity=3, p=1.0, **_kwargs(family))
+    other = aug.generate_parameters(x, m, torch.Generator().manual_seed(1))
     aug(x, mask=m, generator=torch.Generator().manual_seed(0))
+    if all(torch.equal(v, other[k]) for k, v in aug._params.items()):
+        pytest.skip(f"{family} draws nothing at random (its params are a function of the image and model)")
     rows = torch.cat([v.reshape(8, -1).double() for k, v in aug._params.items() if k.startswith("s3.")], 1)
     assert rows.shape[0] == 8
     # drawn per sample, not once per batch (melt has only 6 possible draws, so not all 8 can differ)
