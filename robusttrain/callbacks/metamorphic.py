@@ -42,7 +42,7 @@ Sink = Callable[..., None]
 class MetamorphicCallback(Callback):
     """Metamorphic checks of the validation set (and a train probe for failure mining)."""
 
-    def __init__(self, perturbations: Sequence[str] | None = None,
+    def __init__(self, perturbations: str | Sequence[str] | None = None,
                  severities: Sequence[int] = DEFAULT_SEVERITIES, every_n_epochs: int = 1,
                  max_cases: int | None = None, seed: int = 0,
                  thresholds: Sequence[float] = THRESHOLDS, batch_size: int = 8,

@@ -28,7 +28,7 @@ import torch
 log = logging.getLogger(__name__)
 
 DEFAULT_PERTURBATIONS = ("saturation", "contrast", "white_balance", "specularity", "blur",
-                         "instrument", "feces", "blood", "text")
+                         "instrument", "feces", "blood", "text")  # the "endoscopy" suite
 DEFAULT_SEVERITIES = (2, 4)
 
 
@@ -63,15 +63,23 @@ def _from_hwc(arr: np.ndarray) -> torch.Tensor:
 class MRSuite:
     """Perturbation families x severities with per-(case, perturbation, severity) cached params.
 
+    ``perturbations``: a suite name (``"endoscopy"``, ``"mri"``, ``"xray"``; see
+    :mod:`robusttrain.perturbations.suites`), a list of family and/or suite names, or None for the
+    endoscopy suite; an unknown name is a ValueError listing the valid ones.
     ``tests`` is the ordered list of ``(name, severity)``; a test index ``k`` refers to it.
-    Families that cannot run on the data (RGB-only on 1-channel images) are dropped by
-    :meth:`prepare` and listed in ``skipped``.
+    Families that cannot run on the data (RGB-only on 1-channel images, grey-only on RGB) are
+    dropped by :meth:`prepare` and listed in ``skipped``.
+
+    >>> MRSuite("mri").names[:2]
+    ['bias_field', 'ghosting']
     """
 
-    def __init__(self, perturbations: Sequence[str] | None = None,
+    def __init__(self, perturbations: str | Sequence[str] | None = None,
                  severities: Sequence[int] = DEFAULT_SEVERITIES, seed: int = 0,
                  perturbation_kwargs: dict[str, dict] | None = None):
-        self.names = list(perturbations if perturbations is not None else DEFAULT_PERTURBATIONS)
+        from robusttrain.perturbations.suites import resolve
+
+        self.names = resolve(perturbations) if perturbations is not None else list(DEFAULT_PERTURBATIONS)
         self.severities = [int(s) for s in severities]
         self.seed = int(seed)
         self.perturbation_kwargs = dict(perturbation_kwargs or {})
@@ -111,6 +119,8 @@ class MRSuite:
     def _cannot_apply(op: Any, probe: torch.Tensor) -> str:
         if getattr(op, "requires_rgb", getattr(op, "rgb", False)) and probe.shape[1] != 3:
             return "needs RGB"
+        if getattr(op, "grey_only", False) and probe.shape[1] != 1:
+            return "needs single-channel (grey) images"
         try:  # the perturbations raise a clear ValueError for data they cannot handle
             g = torch.Generator().manual_seed(0)
             op.apply_batch(probe, None, params=op.sample_params(probe, None, generator=g))

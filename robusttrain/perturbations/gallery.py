@@ -28,6 +28,8 @@ def render_gallery(images: list[np.ndarray], out_path: str | Path, names: Sequen
     >>> p = render_gallery([img], pathlib.Path(tempfile.mkdtemp()) / "g.png", names=["blur"], severities=(1, 5))
     >>> p.exists()
     True
+    >>> render_gallery([img], p, names=["gibbs"], severities=(5,)).exists()   # grey-only family on RGB tiles
+    True
     """
     from . import get
 
@@ -52,7 +54,12 @@ def render_gallery(images: list[np.ndarray], out_path: str | Path, names: Sequen
         for name in names:
             tiles = [label(small, f"original #{i}")]
             for sev in severities:
-                out = get(name, severity=sev).apply_numpy(img, mask, rng=rng)[0]
+                op = get(name, severity=sev)
+                if getattr(op, "grey_only", False):  # MRI / X-ray families: on the grey image, shown as RGB
+                    out = op.apply_numpy(cv2.cvtColor(img, cv2.COLOR_RGB2GRAY), mask, rng=rng)[0]
+                    out = np.repeat(out.reshape(out.shape[0], out.shape[1], 1), 3, axis=2)
+                else:
+                    out = op.apply_numpy(img, mask, rng=rng)[0]
                 tiles.append(label(cv2.resize(out, (tile, tile), interpolation=cv2.INTER_AREA), f"{name}@{sev}"))
             rows.append(np.concatenate(tiles, 1))
     grid = np.concatenate(rows, 0)
