@@ -20,7 +20,13 @@ from robusttrain.perturbations.gallery import render_gallery
 EAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "ead2019_artefacts"
 
 
-def _img(h=96, w=96, seed=0):
+GREY_ONLY = set(P.available()) - set(P.available(channels=3))  # MRI / X-ray families
+
+
+def _img(h=96, w=96, seed=0, family=None):
+    """A textured RGB frame, or its first channel as (H,W,1) for the single-channel families."""
+    if family in GREY_ONLY:
+        return _img(h, w, seed)[:, :, :1].copy()
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[:h, :w]
     img = np.stack([170 + 40 * np.sin(xx / 8), 90 + 30 * np.cos(yy / 6), 70 + 0 * xx], -1) + rng.normal(0, 5, (h, w, 3))
@@ -99,7 +105,7 @@ def test_every_argument_round_trips_through_to_dict_from_dict(family, arg, tmp_p
     assert back.perturbation.init_args() == expected   # the argument reached the perturbation
     # existing perturbation objects keep every argument too
     assert albu.transform_for(get(family, **kw)).family_args == expected
-    img, m = _img(), _mask()
+    img, m = _img(family=family), _mask()
     out = A.Compose([cls(**kw)], seed=5)(image=img, mask=m)["image"]
     again = A.Compose([back], seed=5)(image=img, mask=m)["image"]
     assert np.array_equal(out, again)
@@ -131,7 +137,7 @@ def test_every_family_has_a_transform_except_those_needing_a_model():
 
 @pytest.mark.parametrize("family", sorted(albu.TRANSFORMS))
 def test_each_family_in_compose_uint8_and_float_replay_and_pickle(family):
-    img, m = _img(), _mask()
+    img, m = _img(family=family), _mask()
     t = A.Compose([albu.TRANSFORMS[family](severity=4, p=1.0)], seed=3)
     out = t(image=img, mask=m)
     assert out["image"].dtype == np.uint8 and out["image"].shape == img.shape

@@ -29,8 +29,12 @@ def _kwargs(family):
     return {"model": TinyNet()} if "model" in params else {}
 
 
-def _batch(b=6, s=128, seed=0):
-    """Textured frames with a few specular highlights (what ``melt`` removes) and a flat lesion in the centre."""
+GREY_ONLY = set(P.available()) - set(P.available(channels=3))  # MRI / X-ray families
+
+
+def _batch(b=6, s=128, seed=0, family=None):
+    """Textured frames with a few specular highlights (what ``melt`` removes) and a flat lesion in the centre;
+    one grey channel for the single-channel families."""
     g = torch.Generator().manual_seed(seed)
     yy, xx = torch.meshgrid(torch.arange(float(s)), torch.arange(float(s)), indexing="ij")
     x = torch.stack([0.6 + 0.2 * torch.sin(xx / 7), 0.35 + 0.15 * torch.cos(yy / 5), 0.25 + 0 * xx])
@@ -43,7 +47,7 @@ def _batch(b=6, s=128, seed=0):
     m = torch.zeros(b, s, s, dtype=torch.long)
     m[:, c - 8:c + 8, c - 8:c + 8] = 1
     x[:, :, c - 8:c + 8, c - 8:c + 8] = 0.5
-    return x, m
+    return (x.mean(1, keepdim=True) if family in GREY_ONLY else x), m
 
 
 FAMILIES = P.available()
@@ -51,7 +55,7 @@ FAMILIES = P.available()
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_p0_identity_and_p1_changes_every_sample(family):
-    x, m = _batch()
+    x, m = _batch(family=family)
     kept = x.clone()
     aug0 = BatchAugmentation(family, severity=(1, 5), p=0.0, **_kwargs(family))
     out = aug0(x, mask=m)
@@ -66,7 +70,7 @@ def test_p0_identity_and_p1_changes_every_sample(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_replay_is_bit_exact_and_only_selected_samples_change(family):
-    x, m = _batch(8)
+    x, m = _batch(8, family=family)
     aug = BatchAugmentation(family, severity=(2, 5), p=0.5, **_kwargs(family))
     out = aug(x, mask=m, generator=torch.Generator().manual_seed(3))
     params = aug._params
@@ -84,7 +88,7 @@ def test_replay_is_bit_exact_and_only_selected_samples_change(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_mixed_severities_match_the_family_applied_per_sample(family):
-    x, m = _batch(8)
+    x, m = _batch(8, family=family)
     aug = BatchAugmentation(family, severity=(1, 5), p=1.0, **_kwargs(family))
     out = aug(x, mask=m, generator=torch.Generator().manual_seed(0))
     sev = aug._params["severity"]
@@ -102,7 +106,7 @@ def test_mixed_severities_match_the_family_applied_per_sample(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_params_differ_between_samples(family):
-    x, m = _batch(8)
+    x, m = _batch(8, family=family)
     aug = BatchAugmentation(family, severity=3, p=1.0, **_kwargs(family))
     other = aug.generate_parameters(x, m, torch.Generator().manual_seed(1))
     aug(x, mask=m, generator=torch.Generator().manual_seed(0))
@@ -167,7 +171,7 @@ def test_bad_construction_and_bad_params_are_clear_errors():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_batch_matches_cpu_and_replays(family):
-    x, m = _batch(6)
+    x, m = _batch(6, family=family)
     kw = _kwargs(family)
     if "model" in kw:
         kw["model"] = kw["model"].cuda()
