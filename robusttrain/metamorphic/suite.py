@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PERTURBATIONS = ("saturation", "contrast", "white_balance", "specularity", "blur",
                          "instrument", "feces", "blood", "text")  # the "endoscopy" suite
 DEFAULT_SEVERITIES = (2, 4)
+# Version of the perturbations' param units in cached params: "relative" since spatial params became
+# fractions of the image (issue 11). Cached params of another version are re-sampled, never replayed.
+PARAM_UNITS = "relative-1"
 
 
 def stable_seed(*parts: Any) -> int:
@@ -195,11 +198,15 @@ class MRSuite:
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"names": self.names, "severities": self.severities, "seed": self.seed,
-                "cache": [[list(k), v] for k, v in self._cache.items()]}
+                "param_units": PARAM_UNITS, "cache": [[list(k), v] for k, v in self._cache.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names:
             log.warning("metamorphic suite: checkpoint suite differs from the configured one; "
                         "params will be re-sampled for the configured suite")
+            return
+        if state.get("cache") and state.get("param_units") != PARAM_UNITS:
+            log.warning("metamorphic suite: checkpoint holds params in older (pixel) units; "
+                        "params will be re-sampled in relative units")
             return
         self._cache = {tuple(k): v for k, v in state.get("cache", [])}

@@ -15,6 +15,14 @@ A perturbation has one parameter schema and two ways to apply it:
   metamorphic checker on CPU. For the same params both paths agree within 2/255.
 
 Masks are never modified. ``severity`` is an int in 1..5.
+
+**Units.** Every spatial param is stored relative to the image, never in pixels, so a recorded
+perturbation replays on an image of any size and means the same visible change at every resolution:
+positions as fractions of the height / width (pixel *centres*: ``y_rel = (y_px + 0.5) / H``), lengths
+(blur sigma, motion length, spot axes, object sizes, text height) as fractions of the shorter side
+``min(H, W)``. The ranges are calibrated so that an image whose shorter side is :data:`REF_SIDE` = 512 px
+gets the paper's pixel ranges. Such params carry a ``_rel`` suffix (``sigma_rel``, ``center_rel``, ...);
+params recorded by older versions in pixels have other keys and are refused with a clear error.
 """
 from __future__ import annotations
 
@@ -27,6 +35,32 @@ import numpy as np
 import torch
 
 Params = dict[str, torch.Tensor]
+
+REF_SIDE = 512  # shorter side (px) at which the relative ranges reproduce the paper's pixel ranges
+
+
+def short_side(h: int, w: int) -> int:
+    """The length (px) that relative sizes are fractions of: the image's shorter side."""
+    return min(int(h), int(w))
+
+
+def supersampling(h: int, w: int, cap: int = 4) -> int:
+    """Sub-pixel grid factor for drawn shapes on an HxW image: ``round(512 / shorter side)``, 1..cap.
+
+    Spots and objects are evaluated on an n x n grid per pixel and averaged (area sampling), so a small
+    image shows what the 512-px rendering shows once downsized, instead of aliased point samples.
+    """
+    return int(min(max(round(REF_SIDE / short_side(h, w)), 1), cap))
+
+
+def rel_to_px(v_rel, n: int):
+    """Relative position along an axis of ``n`` pixels -> pixel coordinate (pixel centres are integers)."""
+    return v_rel * n - 0.5
+
+
+def px_to_rel(v_px, n: int):
+    """Inverse of :func:`rel_to_px`."""
+    return (v_px + 0.5) / n
 
 
 def index_params(params: Params, i: int) -> dict[str, np.ndarray]:
@@ -243,6 +277,9 @@ class Perturbation:
 
     name: str = "perturbation"
     rgb: bool = True  # needs 3-channel RGB input
+    # The param keys of this family, when fixed: replaying params with other keys (e.g. pixel-unit
+    # params recorded by an older version) is refused with one clear error instead of misread.
+    PARAM_KEYS: tuple[str, ...] | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any):
         # Record the constructor arguments (defaults filled in) before __init__ runs, so any family can be
@@ -343,10 +380,21 @@ class Perturbation:
             params = self.sample_numpy(image, mask, rng)
         else:
             params = {k: np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+            self._check_keys(params)
         out = self._apply_np(image, mask, params)
         return (out[:, :, 0] if squeeze and out.ndim == 3 else out), params
 
+    def _check_keys(self, params: dict[str, Any]) -> None:
+        if self.PARAM_KEYS is None or set(params) == set(self.PARAM_KEYS):
+            return
+        missing = sorted(set(self.PARAM_KEYS) - set(params))
+        extra = sorted(set(params) - set(self.PARAM_KEYS))
+        raise ValueError(f"{self.name}: params must have the keys {list(self.PARAM_KEYS)}; missing {missing}, "
+                         f"unexpected {extra} (spatial params are relative to the image size, keys *_rel; "
+                         f"pixel-unit params recorded by an older version cannot be replayed, re-sample them)")
+
     def _check_params(self, params: Params, b: int) -> None:
+        self._check_keys(params)
         for k, v in params.items():
             if not isinstance(v, torch.Tensor) or v.ndim == 0 or v.shape[0] != b:
                 got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__

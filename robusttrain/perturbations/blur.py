@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Perturbation
+from .base import REF_SIDE, Perturbation, short_side
 
 FFT_ABOVE = 15  # kernel width from which the FFT (cost independent of sigma) beats grouped convolution on CPU
 
@@ -144,60 +144,112 @@ def separable_filter(images: torch.Tensor, k1d: torch.Tensor) -> torch.Tensor:
     return x.reshape(b, c, h, w)
 
 
-def gaussian_kernel_1d(sigma, ksize, kmax: int, xp=torch):
-    """(B,kmax) Gaussian weights of std ``sigma`` truncated to each sample's odd ``ksize``, normalised.
+PIXEL_VAR = 1 / 12  # variance (px^2) of a pixel's own footprint, a unit box
 
-    Same values as ``cv2.getGaussianKernel(ksize, sigma)`` zero-padded to ``kmax``.
+
+def gaussian_ksize(sigma_px):
+    """Odd support of :func:`gaussian_kernel_1d`: 3 standard deviations plus one pixel each side."""
+    if isinstance(sigma_px, torch.Tensor):
+        return 2 * torch.ceil(3 * torch.sqrt(sigma_px.double() ** 2 + PIXEL_VAR)).long() + 3
+    return 2 * int(math.ceil(3 * math.sqrt(float(sigma_px) ** 2 + PIXEL_VAR))) + 3
+
+
+def gaussian_kernel_1d(sigma, ksize, kmax: int, xp=torch):
+    """(B,kmax) discrete Gaussian weights of variance ``sigma**2 + 1/12`` px^2, truncated to each sample's
+    odd ``ksize`` and normalised.
+
+    The *discrete* Gaussian ``T(n, t) = exp(-t) I_n(t)`` (Lindeberg) has exactly the variance ``t`` even
+    for sub-pixel sigma, where a point-sampled Gaussian degenerates to the identity; the extra 1/12 is
+    the pixel's own footprint. Both make a blur of sigma at 512 px and of sigma/4 at 128 px look alike
+    once downsized (measured in ``tests/test_perturbations_calibration.py``). Computed from its
+    integral form ``(1/2pi) int exp(t (cos th - 1)) cos(n th) dth`` on ``M`` points (exact up to
+    ``T(n + M)``), the same float64 formula on both paths and on any device.
     """
     r = kmax // 2
+    m = max(64, 4 * kmax)
     if xp is torch:
-        x = torch.arange(-r, r + 1, device=sigma.device, dtype=torch.float32)
-        g = torch.exp(-(x[None] ** 2) / (2 * sigma.float()[:, None] ** 2))
-        g = g * (x[None].abs() <= (ksize[:, None] // 2)).float()
-        return g / g.sum(1, keepdim=True)
-    x = np.arange(-r, r + 1, dtype=np.float64)
-    g = np.exp(-(x[None] ** 2) / (2 * np.asarray(sigma, np.float64)[:, None] ** 2))
-    g = g * (np.abs(x[None]) <= (np.asarray(ksize)[:, None] // 2))
+        th = torch.arange(m, device=sigma.device, dtype=torch.float64) * (2 * math.pi / m)
+        n = torch.arange(-r, r + 1, device=sigma.device, dtype=torch.float64)
+        t = sigma.double()[:, None] ** 2 + PIXEL_VAR
+        spec = torch.exp(t * (torch.cos(th)[None] - 1))  # (B,M)
+        g = spec @ torch.cos(n[:, None] * th[None]).T / m  # (B,K)
+        g = g.clamp_min(0) * (n[None].abs() <= (ksize[:, None] // 2)).double()
+        return (g / g.sum(1, keepdim=True)).float()
+    th = np.arange(m, dtype=np.float64) * (2 * math.pi / m)
+    n = np.arange(-r, r + 1, dtype=np.float64)
+    t = np.asarray(sigma, np.float64)[:, None] ** 2 + PIXEL_VAR
+    g = np.exp(t * (np.cos(th)[None] - 1)) @ np.cos(n[:, None] * th[None]).T / m
+    g = np.maximum(g, 0) * (np.abs(n[None]) <= (np.asarray(ksize)[:, None] // 2))
     return g / g.sum(1, keepdims=True)
 
 
 @lru_cache(maxsize=1)
 def _noise_texture() -> np.ndarray:
-    # A fixed 256x256x3 standard-normal field; a sample's noise is this field tiled and shifted by
-    # ``noise_offset`` and scaled by ``noise`` grey levels, so both paths add the identical noise.
+    # A fixed 256x256x3 standard-normal field at the reference resolution (1 texel = 1/512 of the shorter
+    # side); a sample's noise is this field, tiled, shifted by ``noise_offset`` and scaled by ``noise``.
     return np.random.default_rng(20240517).standard_normal((256, 256, 3)).astype(np.float32)
+
+
+NOISE_PERIOD = 256  # texture period in reference pixels
+NOISE_STEPS = 64    # offsets are in 1/64 of the period: whole pixels at 128, 256 and 512 px
+
+
+def noise_period(h: int, w: int) -> int:
+    """Period (px) of the noise texture on an HxW image: 256 reference px scaled to the image."""
+    return max(1, int(round(NOISE_PERIOD * short_side(h, w) / REF_SIDE)))
+
+
+@lru_cache(maxsize=8)
+def texture_at(p: int) -> np.ndarray:
+    """The reference texture resampled to period ``p`` px: on a smaller image each pixel is the *mean*
+    of the reference texels it covers (area resampling), so the noise is what a 512-px noisy frame
+    shows once downsized — the visible grain, not the per-pixel std, is the same at every size."""
+    t = _noise_texture()
+    if p == NOISE_PERIOD:
+        return t
+    big = np.tile(t, (3, 3, 1))  # resample a 3x3 tiling and keep the centre: the result stays periodic
+    interp = cv2.INTER_AREA if p < NOISE_PERIOD else cv2.INTER_LINEAR
+    return np.ascontiguousarray(cv2.resize(big, (3 * p, 3 * p), interpolation=interp)[p:2 * p, p:2 * p])
+
+
+def _shift(offset, p: int):
+    """Texture shift (px) of a ``noise_offset`` in 1/64 periods, on a texture of period ``p``."""
+    return (offset * p + NOISE_STEPS // 2) // NOISE_STEPS % p
 
 
 @lru_cache(maxsize=16)
 def _noise_tiles_u8(level: int, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positive and negative parts of ``round(level * texture)`` tiled to (h+256, w+256, 3) uint8."""
-    t = np.rint(level * _noise_texture())
-    reps = (math.ceil(h / 256) + 1, math.ceil(w / 256) + 1, 1)
-    big = np.tile(t, reps)[: h + 256, : w + 256]
+    """Positive and negative parts of ``round(level * texture)`` tiled to (h+p, w+p, 3) uint8."""
+    p = noise_period(h, w)
+    t = np.rint(level * texture_at(p))
+    reps = (math.ceil(h / p) + 1, math.ceil(w / p) + 1, 1)
+    big = np.tile(t, reps)[: h + p, : w + p]
     return np.clip(big, 0, 255).astype(np.uint8), np.clip(-big, 0, 255).astype(np.uint8)
 
 
-_TEXTURE_ON: dict[torch.device, torch.Tensor] = {}
+_TEXTURE_ON: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
-def _texture_on(device: torch.device) -> torch.Tensor:
-    if device not in _TEXTURE_ON:
-        _TEXTURE_ON[device] = torch.from_numpy(_noise_texture()).permute(2, 0, 1).contiguous().to(device)
-    return _TEXTURE_ON[device]
+def _texture_on(device: torch.device, p: int) -> torch.Tensor:
+    if (device, p) not in _TEXTURE_ON:
+        _TEXTURE_ON[(device, p)] = torch.from_numpy(texture_at(p)).permute(2, 0, 1).contiguous().to(device)
+    return _TEXTURE_ON[(device, p)]
 
 
 @lru_cache(maxsize=8)
 def _noise_tile_torch(level: int, h: int, w: int) -> torch.Tensor:
-    """``round(level * texture) / 255`` tiled to (3, h+256, w+256) float32 on CPU: a sample's noise is a
+    """``round(level * texture) / 255`` tiled to (3, h+p, w+p) float32 on CPU: a sample's noise is a
     view of it at its offset, the very values the gather below produces."""
-    t = torch.round(level * torch.from_numpy(_noise_texture()).permute(2, 0, 1)) / 255.0
-    reps = (1, math.ceil(h / 256) + 1, math.ceil(w / 256) + 1)
-    return t.repeat(*reps)[:, : h + 256, : w + 256].contiguous()
+    p = noise_period(h, w)
+    t = torch.round(level * torch.from_numpy(texture_at(p)).permute(2, 0, 1)) / 255.0
+    reps = (1, math.ceil(h / p) + 1, math.ceil(w / p) + 1)
+    return t.repeat(*reps)[:, : h + p, : w + p].contiguous()
 
 
 def add_noise_torch(x: torch.Tensor, level: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """x + round(level * shifted texture)/255, clamped to [0,1], in place on ``x``."""
     b, c, h, w = x.shape
+    p = noise_period(h, w)
     if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.requires_grad:
         # On CPU reading the params costs nothing: add a view of a cached tile per sample instead of
         # gathering a full-size noise batch (several times faster, same values).
@@ -206,13 +258,14 @@ def add_noise_torch(x: torch.Tensor, level: torch.Tensor, offset: torch.Tensor) 
         xn = x.numpy()
         for i, (lv, (oy, ox)) in enumerate(zip(level.tolist(), offset.tolist())):
             if lv > 0:
-                oy, ox = int(oy) % 256, int(ox) % 256
+                oy, ox = _shift(int(oy), p), _shift(int(ox), p)
                 np.add(xn[i], _noise_tile_torch(int(lv), h, w).numpy()[:c, oy:oy + h, ox:ox + w], out=xn[i])
             np.clip(xn[i], 0.0, 1.0, out=xn[i])
         return x
-    tex = _texture_on(x.device)[:c]
-    iy = (torch.arange(h, device=x.device)[None] + offset[:, :1]) % 256  # (B,H)
-    ix = (torch.arange(w, device=x.device)[None] + offset[:, 1:]) % 256  # (B,W)
+    tex = _texture_on(x.device, p)[:c]
+    sh = _shift(offset.long(), p)
+    iy = (torch.arange(h, device=x.device)[None] + sh[:, :1]) % p  # (B,H)
+    ix = (torch.arange(w, device=x.device)[None] + sh[:, 1:]) % p  # (B,W)
     n = tex[:, iy[:, :, None], ix[:, None, :]].permute(1, 0, 2, 3)  # (B,C,H,W)
     n = torch.round(level.to(x.dtype)[:, None, None, None] * n) / 255.0
     return x.add_(n).clamp_(0.0, 1.0)
@@ -223,7 +276,8 @@ def add_noise_np(img: np.ndarray, level: int, offset: np.ndarray, inplace: bool 
     if level <= 0:
         return img
     h, w, c = img.shape
-    oy, ox = int(offset[0]) % 256, int(offset[1]) % 256
+    p = noise_period(h, w)
+    oy, ox = _shift(int(offset[0]), p), _shift(int(offset[1]), p)
     pos, neg = _noise_tiles_u8(int(level), h, w)
     pos, neg = pos[oy:oy + h, ox:ox + w, :c], neg[oy:oy + h, ox:ox + w, :c]
     if img.dtype == np.uint8:
@@ -239,44 +293,52 @@ def add_noise_np(img: np.ndarray, level: int, offset: np.ndarray, inplace: bool 
 class Blur(Perturbation):
     """Gaussian blur with sensor noise (MR2-1): ``x' = x * G(sigma) + n``.
 
-    Severity -> sigma (1: 0.5-1.5, 2: 1.5-3, 3: 3-5, 4: 5-8, 5: 8-15 px, the paper's (0, 15]) and noise up
-    to ``severity`` grey levels. The kernel is the exact Gaussian truncated at 3 sigma
-    (``ksize = 2*ceil(3*sigma)+1``, always odd). The paper draws odd kernel sizes between sigma/3 and
-    sigma/2, which truncates the Gaussian into a box; we keep the proper Gaussian for realism.
+    Params: ``sigma_rel`` (B,) the Gaussian's std as a fraction of the shorter side; ``noise`` (B,) the
+    noise std in grey levels *at the reference resolution* (0..severity); ``noise_offset`` (B,2) the
+    texture shift in 1/64 periods. Severity -> sigma (1: 0.5-1.5, 2: 1.5-3, 3: 3-5, 4: 5-8, 5: 8-15 px
+    on a 512-px image, the paper's (0, 15]; i.e. 1/1024-3/1024 .. 8/512-15/512 of the shorter side).
+    The noise is a fixed texture defined at the 512-px resolution and area-resampled to the image
+    (see :func:`texture_at`): on a 128-px image it is the grain a 512-px noisy frame has once downsized.
+    The kernel is the discrete Gaussian of variance sigma^2 + 1/12 px^2 (:func:`gaussian_kernel_1d`).
+    The paper draws odd kernel sizes between sigma/3 and sigma/2, which truncates the Gaussian into a
+    box; we keep the proper Gaussian for realism.
 
-    ``fast=True`` (numpy path only, for sigma > 3) blurs on a half/quarter-resolution pyramid level
+    ``fast=True`` (numpy path only, for sigma > 3 px) blurs on a half/quarter-resolution pyramid level
     (pyrDown -> Gaussian -> pyrUp): several times faster at large sigma with a mean error of a fraction of a
     grey level; parity with the torch path is only guaranteed with ``fast=False``.
-    Torch kernels are sized for the severity's largest sigma: replay params with this severity or lower.
+    Torch kernels on an accelerator are sized for the severity's largest sigma: replay params with this
+    severity or lower there.
 
     Example:
         >>> import numpy as np
         >>> img = np.zeros((32, 32, 3), np.uint8); img[:, 16:] = 255
-        >>> out, p = Blur(severity=3).apply_numpy(img, rng=np.random.default_rng(0))
-        >>> 0 < int(out[16, 16, 0]) < 255
-        True
+        >>> out, p = Blur(severity=5).apply_numpy(img, rng=np.random.default_rng(0))
+        >>> 0 < int(out[16, 16, 0]) < 255, sorted(p)
+        (True, ['noise', 'noise_offset', 'sigma_rel'])
     """
 
     name = "blur"
     rgb = False
-    SIGMA = {1: (0.5, 1.5), 2: (1.5, 3.0), 3: (3.0, 5.0), 4: (5.0, 8.0), 5: (8.0, 15.0)}
+    SIGMA = {1: (0.5, 1.5), 2: (1.5, 3.0), 3: (3.0, 5.0), 4: (5.0, 8.0), 5: (8.0, 15.0)}  # px at REF_SIDE
+    PARAM_KEYS = ("sigma_rel", "noise", "noise_offset")
 
     def __init__(self, severity: int = 3, fast: bool = False, noise: bool = True):
         super().__init__(severity)
         self.fast, self.noise = bool(fast), bool(noise)
-        self.kmax = 2 * math.ceil(3 * self.SIGMA[self.severity][1]) + 1
 
     def _draw(self, r, b):
         lo, hi = self.SIGMA[self.severity]
-        sigma = r.uniform(lo, hi, (b,))
-        xp = torch if isinstance(sigma, torch.Tensor) else np
-        ksize = (2 * np.ceil(3 * sigma).astype(np.int64) + 1) if xp is np else (2 * torch.ceil(3 * sigma).long() + 1)
+        sigma = r.uniform(lo / REF_SIDE, hi / REF_SIDE, (b,))
         level = r.integers(0, self.severity + 1, (b,)) * (1 if self.noise else 0)
-        return {"sigma": sigma, "ksize": ksize, "noise": level, "noise_offset": r.integers(0, 256, (b, 2))}
+        return {"sigma_rel": sigma, "noise": level, "noise_offset": r.integers(0, NOISE_STEPS, (b, 2))}
 
     def _apply_torch(self, images, masks, params):
-        k1 = gaussian_kernel_1d(params["sigma"], params["ksize"], self.kmax)
-        if self.kmax > FFT_ABOVE and not _cpu_planes(images):
+        s = short_side(*images.shape[-2:])
+        sigma = params["sigma_rel"].float() * s
+        hi = float(sigma.max()) if sigma.device.type == "cpu" else self.SIGMA[self.severity][1] / REF_SIDE * s
+        kmax = gaussian_ksize(hi)
+        k1 = gaussian_kernel_1d(sigma, gaussian_ksize(sigma), kmax)
+        if kmax > FFT_ABOVE and not _cpu_planes(images):
             out = fft_filter(images, k1[:, :, None] * k1[:, None, :])
         else:
             out = separable_filter(images, k1)
@@ -284,13 +346,14 @@ class Blur(Perturbation):
         return add_noise_torch(out, params["noise"], params["noise_offset"])
 
     def _apply_np(self, image, mask, params):
-        sigma, k = float(params["sigma"]), int(params["ksize"])
+        sigma = float(params["sigma_rel"]) * short_side(*image.shape[:2])
         if self.fast and sigma > 3.0:
             out = _pyramid_blur(image, sigma)
         else:
             # sepFilter2D with a float kernel: exact to 0.5 grey level (GaussianBlur's 8-bit fixed-point
             # path is off by up to ~1.6) and faster at large sigma.
-            g = cv2.getGaussianKernel(k, sigma)
+            k = gaussian_ksize(sigma)
+            g = _support(gaussian_kernel_1d(np.float64([sigma]), np.int64([k]), k, xp=np)[0])[:, None]
             out = cv2.sepFilter2D(image, -1, g, g, borderType=cv2.BORDER_REFLECT_101)
         if out.ndim == 2:
             out = out[:, :, None]
@@ -323,69 +386,83 @@ def _pyramid_blur(image: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def motion_kernel(length, angle, kmax: int, xp=torch):
-    """(B,kmax,kmax) anti-aliased line kernels: weight ``max(0, 1 - distance to the segment)``, normalised.
+    """(B,kmax,kmax) pixel-integrated line kernels, normalised.
 
-    The segment is centred, ``length`` px long, at ``angle`` radians; point-symmetric, so filtering
-    and convolution coincide.
+    The continuous scene (pixels as unit boxes) is smeared along a centred segment of ``length`` px at
+    ``angle`` radians and re-integrated over the pixels: the weight at offset (dy, dx) is the mean over
+    the segment of ``tri(dx - t cos a) * tri(dy - t sin a)`` (``tri(u) = max(0, 1 - |u|)``), taken at
+    ``max(64, 2 * kmax)`` midpoints. The identity for length -> 0, so a 1-px streak at 512 px stays a quarter-pixel
+    one at 128 px; point-symmetric, so filtering and convolution coincide.
     """
     r = kmax // 2
+    n = max(64, 2 * kmax)  # sub-pixel steps; the same for both paths up to 32-px kernels
     if xp is torch:
         ax = torch.arange(-r, r + 1, device=length.device, dtype=torch.float32)
-        y, x = torch.meshgrid(ax, ax, indexing="ij")
-        c, s = torch.cos(angle.float())[:, None, None], torch.sin(angle.float())[:, None, None]
-        t = (x[None] * c + y[None] * s).clamp(-length.float()[:, None, None] / 2, length.float()[:, None, None] / 2)
-        d = torch.sqrt((x[None] - t * c) ** 2 + (y[None] - t * s) ** 2)
-        k = (1 - d).clamp_min(0)
+        f = (torch.arange(n, device=length.device, dtype=torch.float32) + 0.5) / n - 0.5  # (N,)
+        t = length.float()[:, None] * f[None]  # (B,N)
+        c, s = torch.cos(angle.float())[:, None], torch.sin(angle.float())[:, None]
+        wx = (1 - (ax[None, None, :] - (t * c)[:, :, None]).abs()).clamp_min(0)  # (B,N,K)
+        wy = (1 - (ax[None, None, :] - (t * s)[:, :, None]).abs()).clamp_min(0)
+        k = torch.einsum("bny,bnx->byx", wy, wx)
         return k / k.sum((1, 2), keepdim=True)
     ax = np.arange(-r, r + 1, dtype=np.float32)
-    y, x = np.meshgrid(ax, ax, indexing="ij")
+    f = (np.arange(n, dtype=np.float32) + np.float32(0.5)) / np.float32(n) - np.float32(0.5)
     length, angle = np.asarray(length, np.float32), np.asarray(angle, np.float32)
-    c, s = np.cos(angle)[:, None, None], np.sin(angle)[:, None, None]
-    t = np.clip(x[None] * c + y[None] * s, -length[:, None, None] / 2, length[:, None, None] / 2)
-    d = np.sqrt((x[None] - t * c) ** 2 + (y[None] - t * s) ** 2)
-    k = np.clip(1 - d, 0, None)
+    t = length[:, None] * f[None]
+    c, s = np.cos(angle)[:, None], np.sin(angle)[:, None]
+    wx = np.clip(1 - np.abs(ax[None, None, :] - (t * c)[:, :, None]), 0, None)
+    wy = np.clip(1 - np.abs(ax[None, None, :] - (t * s)[:, :, None]), 0, None)
+    k = np.einsum("bny,bnx->byx", wy, wx)
     return k / k.sum((1, 2), keepdims=True)
 
 
 class MotionBlur(Perturbation):
-    """Directional motion blur (camera or tissue moving during exposure): a line kernel of ``length`` px.
+    """Directional motion blur (camera or tissue moving during exposure): a line kernel.
 
-    Severity -> length (1: 3-7, 2: 7-12, 3: 12-18, 4: 18-26, 5: 26-36 px), angle uniform in [0, pi).
+    Params: ``length_rel`` (B,) the line's length as a fraction of the shorter side, ``angle`` (B,)
+    radians. Severity -> length (1: 3-7, 2: 7-12, 3: 12-18, 4: 18-26, 5: 26-36 px on a 512-px image),
+    angle uniform in [0, pi).
 
     Example:
         >>> import numpy as np
-        >>> img = np.zeros((32, 32, 3), np.uint8); img[16, 16] = 255
-        >>> out, p = MotionBlur(severity=1).apply_numpy(img, rng=np.random.default_rng(0))
-        >>> int(out[16, 16, 0]) < 255 and int(out.sum()) > 0
+        >>> img = np.zeros((64, 64, 3), np.uint8); img[32, 32] = 255
+        >>> out, p = MotionBlur(severity=5).apply_numpy(img, rng=np.random.default_rng(0))
+        >>> int(out[32, 32, 0]) < 255 and int(out.sum()) > 0
         True
     """
 
     name = "motion_blur"
     rgb = False
-    LENGTH = {1: (3.0, 7.0), 2: (7.0, 12.0), 3: (12.0, 18.0), 4: (18.0, 26.0), 5: (26.0, 36.0)}
-
-    def __init__(self, severity: int = 3):
-        super().__init__(severity)
-        self.kmax = 2 * math.ceil(self.LENGTH[self.severity][1] / 2) + 3
+    LENGTH = {1: (3.0, 7.0), 2: (7.0, 12.0), 3: (12.0, 18.0), 4: (18.0, 26.0), 5: (26.0, 36.0)}  # px at REF_SIDE
+    PARAM_KEYS = ("length_rel", "angle")
 
     def _draw(self, r, b):
         lo, hi = self.LENGTH[self.severity]
-        return {"length": r.uniform(lo, hi, (b,)), "angle": r.uniform(0.0, math.pi, (b,))}
+        return {"length_rel": r.uniform(lo / REF_SIDE, hi / REF_SIDE, (b,)), "angle": r.uniform(0.0, math.pi, (b,))}
+
+    @staticmethod
+    def _kmax(length_px: float) -> int:
+        return 2 * math.ceil(length_px / 2) + 3
 
     def _apply_torch(self, images, masks, params):
-        k = motion_kernel(params["length"], params["angle"], self.kmax)
+        s = short_side(*images.shape[-2:])
+        length = params["length_rel"].float() * s
+        hi = float(length.max()) if length.device.type == "cpu" else self.LENGTH[self.severity][1] / REF_SIDE * s
+        kmax = self._kmax(hi)
+        k = motion_kernel(length, params["angle"], kmax)
         if _cpu_planes(images):
             return filter2d_cpu(images, k).clamp_(0.0, 1.0)
-        if self.kmax > FFT_ABOVE:
+        if kmax > FFT_ABOVE:
             return fft_filter(images, k).clamp_(0.0, 1.0).contiguous()
         b, c, h, w = images.shape
-        r = self.kmax // 2
+        r = kmax // 2
         x = reflect_pad(images.reshape(1, b * c, h, w), r, r, r, r)
         wgt = k.to(images.dtype).repeat_interleave(c, 0)[:, None]
         return F.conv2d(x, wgt, groups=b * c).reshape(b, c, h, w).clamp_(0.0, 1.0)
 
     def _apply_np(self, image, mask, params):
-        k = crop_kernel(motion_kernel(params["length"][None], params["angle"][None], self.kmax, xp=np)[0])
+        length = float(params["length_rel"]) * short_side(*image.shape[:2])
+        k = crop_kernel(motion_kernel(np.float32([length]), params["angle"][None], self._kmax(length), xp=np)[0])
         out = cv2.filter2D(image, -1, k, borderType=cv2.BORDER_REFLECT_101)
         if out.ndim == 2:
             out = out[:, :, None]

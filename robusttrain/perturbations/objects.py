@@ -1,13 +1,18 @@
 """Object families (paper 000, MR3-1..MR3-3): ``instrument``, ``feces``, ``blood`` pasted from cut-outs.
 
-One object per image, placed on a free cell (inside the field of view, its whole footprint away from
-the lesion), rotated, scaled and brightness-matched: ``gain = clip((local luma / cut-out luma)^0.6,
-0.4, 1.5)``, further dimmed by the gray mask in dark regions. Edges are soft (pre-blurred alpha plus
-bilinear resampling). At render time alpha is also zeroed on the lesion and on the black border, so
-neither is ever covered even when params are replayed on another image.
+One object per image, rotated, scaled and brightness-matched: ``gain = clip((local luma / cut-out
+luma)^0.6, 0.4, 1.5)``, further dimmed by the gray mask in dark regions. Feces and blood lie on a free
+cell (inside the field of view, their footprint away from the lesion); an instrument enters the field
+of view from its edge, pointing inwards, as a tool does from the working channel (its base lies beyond
+the edge and is cut there). Edges are soft (pre-blurred alpha plus bilinear resampling). At render
+time alpha is also zeroed on the lesion and on the black border, so neither is ever covered even when
+params are replayed on another image.
 
-Both paths resample the cut-out with the same bilinear formula (``grid_sample`` with
-``align_corners=True`` / its numpy twin) inside a window around the object only.
+Sizes and positions are relative (fractions of the shorter side / of H and W), and the cut-out is
+area-sampled on an n x n sub-pixel grid (:func:`~robusttrain.perturbations.base.supersampling`), so the
+same params draw the same object at any resolution. Both paths resample the cut-out with the same
+bilinear formula (``grid_sample`` with ``align_corners=True`` / its numpy twin) inside a window around
+the object only.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Perturbation
+from .base import Perturbation, rel_to_px, short_side, supersampling
 from .border import fov_mask, fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
@@ -30,13 +35,15 @@ class PastedObject(PlacedSampling, Perturbation):
     """Base of the cut-out families. ``cutouts``: a folder of user cut-outs (see
     :func:`~robusttrain.perturbations.cutouts.load_cutouts`), else ``n_procedural`` generated ones.
 
-    Params: ``index`` (B,) cut-out, ``center`` (B,2) y,x px, ``size`` (B,) px (the cut-out square's side on
-    the image), ``angle`` (B,), ``flip`` (B,) 0/1, ``gain`` (B,), ``visible`` (B,) 0/1.
-    Severity -> object size as a fraction of H (1: .12-.18, 2: .18-.25, 3: .25-.32, 4: .32-.40, 5: .40-.50).
+    Params: ``index`` (B,) cut-out, ``center_rel`` (B,2) y,x as fractions of H and W, ``size_rel`` (B,) the
+    cut-out square's side as a fraction of the shorter side, ``angle`` (B,), ``flip`` (B,) 0/1 (mirror
+    across the object's axis), ``gain`` (B,), ``visible`` (B,) 0/1.
+    Severity -> size (1: .12-.18, 2: .18-.25, 3: .25-.32, 4: .32-.40, 5: .40-.50 of the shorter side).
     """
 
     kind = "instrument"
     SIZE_FRAC = {1: (0.12, 0.18), 2: (0.18, 0.25), 3: (0.25, 0.32), 4: (0.32, 0.40), 5: (0.40, 0.50)}
+    PARAM_KEYS = ("index", "center_rel", "size_rel", "angle", "flip", "gain", "visible")
 
     def __init__(self, severity: int = 3, cutouts: str | Path | None = None, mask_channel: int = 0,
                  n_procedural: int = 8):
@@ -58,37 +65,38 @@ class PastedObject(PlacedSampling, Perturbation):
         return self._bank_on[device]
 
     # -- sampling -----------------------------------------------------------------------------
+    def _gain(self, near, idx, xp, device):
+        cl = torch.as_tensor(self._luma, device=device)[idx] if xp is torch else self._luma[idx]
+        return xp.clip((near / xp.clip(cl, 0.05, None)) ** 0.6, 0.4, 1.5) * xp.clip(near / 0.45, 0.5, 1.0)
+
     def _place(self, luma, free, k, h, w, r, device=None):
         th = isinstance(luma, torch.Tensor)
         xp = torch if th else np
         dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
-        b = luma.shape[0]
+        b, side = luma.shape[0], short_side(h, w)
         lo, hi = self.SIZE_FRAC[self.severity]
-        size = dev(r.uniform(lo, hi, (b,))) * h
+        size = dev(r.uniform(lo, hi, (b,))) * side
         # The centre keeps ~0.35*size from the lesion and the border: objects may run into the border
-        # (alpha is cut there at render time, like an instrument entering the view) and the render
-        # also zeroes alpha on the lesion, so this only keeps most of the object visible.
-        rc = math.ceil(0.35 * hi * h / k)
+        # (alpha is cut there at render time) and the render also zeroes alpha on the lesion, so this
+        # only keeps most of the object visible.
+        rc = math.ceil(0.35 * hi * side / k)
         ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
         cells = pick_cells(ok * (1.0 + 0 * luma), 1, r) if th else pick_cells_np(ok * (1.0 + 0 * luma), 1, r)
         wc = luma.shape[-1]
         jit = dev(r.uniform(0, 1, (b, 2)))
-        y = ((cells[:, 0] // wc) + jit[:, 0]) * k
+        y = ((cells[:, 0] // wc) + jit[:, 0]) * k  # continuous coordinates in [0, h)
         x = ((cells[:, 0] % wc) + jit[:, 1]) * k
         vis = (gather_cells(ok, y[:, None], x[:, None], k) if th else gather_cells_np(ok, y[:, None], x[:, None], k))[:, 0]
         near = (gather_cells(luma, y[:, None], x[:, None], k) if th else gather_cells_np(luma, y[:, None], x[:, None], k))[:, 0]
         idx = dev(r.integers(0, len(self.bank), (b,)))
-        cl = torch.as_tensor(self._luma, device=device)[idx] if th else self._luma[idx]
-        gain = xp.clip((near / xp.clip(cl, 0.05, None)) ** 0.6, 0.4, 1.5) * xp.clip(near / 0.45, 0.5, 1.0)
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
-        return {"index": idx, "center": f32(xp.stack([y, x], 1)), "size": f32(size),
+        return {"index": idx, "center_rel": f32(xp.stack([y / h, x / w], 1)), "size_rel": f32(size / side),
                 "angle": f32(dev(r.uniform(0, 2 * math.pi, (b,)))), "flip": dev(r.integers(0, 2, (b,))),
-                "gain": f32(gain), "visible": f32(vis)}
-
+                "gain": f32(self._gain(near, idx, xp, device)), "visible": f32(vis)}
 
     # -- rendering ----------------------------------------------------------------------------
-    def _half(self, h: int) -> int:
-        return math.ceil(0.5 * math.sqrt(2) * self.SIZE_FRAC[self.severity][1] * h) + 2
+    def _half(self, h: int, w: int) -> int:
+        return math.ceil(0.5 * math.sqrt(2) * self.SIZE_FRAC[self.severity][1] * short_side(h, w)) + 2
 
     @staticmethod
     def _source_coords(py, px, cy, cx, size, angle, flip, xp):
@@ -99,25 +107,35 @@ class PastedObject(PlacedSampling, Perturbation):
         scale = (SIZE - 1) / size
         u = rx * scale + (SIZE - 1) / 2
         v = ry * scale + (SIZE - 1) / 2
-        u = xp.where(flip > 0, (SIZE - 1) - u, u)
+        v = xp.where(flip > 0, (SIZE - 1) - v, v)
         return u, v
 
     def _apply_torch(self, images, masks, params):
         b, c, h, w = images.shape
-        half = self._half(h)
+        half, n = self._half(h, w), supersampling(h, w)
+        p = 2 * half + 1
         dev = images.device
-        off = torch.arange(-half, half + 1, device=dev, dtype=torch.float32)
-        cy, cx = params["center"][:, 0].float(), params["center"][:, 1].float()
-        py = torch.round(cy)[:, None, None] + off[None, :, None]  # (B,P,1)
-        px = torch.round(cx)[:, None, None] + off[None, None, :]  # (B,1,P)
+        cy = rel_to_px(params["center_rel"][:, 0].float(), h)
+        cx = rel_to_px(params["center_rel"][:, 1].float(), w)
+        ry, rx = torch.round(cy), torch.round(cx)
+        sub = (torch.arange(n, device=dev, dtype=torch.float32) + 0.5) / n - 0.5
+        off = (torch.arange(-half, half + 1, device=dev, dtype=torch.float32)[:, None] + sub).reshape(-1)
         e = lambda t: t.float()[:, None, None]  # noqa: E731
-        u, v = self._source_coords(py, px, e(cy), e(cx), e(params["size"]), e(params["angle"]), e(params["flip"]), torch)
-        grid = torch.stack([u / (SIZE - 1) * 2 - 1, v / (SIZE - 1) * 2 - 1], -1)  # (B,P,P,2)
+        u, v = self._source_coords(ry[:, None, None] + off[None, :, None], rx[:, None, None] + off[None, None, :],
+                                   e(cy), e(cx), e(params["size_rel"]) * short_side(h, w), e(params["angle"]),
+                                   e(params["flip"]), torch)
+        grid = torch.stack([u / (SIZE - 1) * 2 - 1, v / (SIZE - 1) * 2 - 1], -1)  # (B,P*n,P*n,2)
         src = self._bank(dev)[params["index"]]
         rgba = F.grid_sample(src, grid.to(src.dtype), mode="bilinear", padding_mode="zeros", align_corners=True)
+        alpha = rgba[:, 3:]
+        prem = (rgba[:, :3] * params["gain"].float()[:, None, None, None]).clamp(0, 1) * alpha
+        if n > 1:  # area-average the sub-pixel samples (colour premultiplied by alpha)
+            alpha, prem = F.avg_pool2d(alpha, n), F.avg_pool2d(prem, n)
+        colour = prem / alpha.clamp_min(1e-6)
+        win = torch.arange(-half, half + 1, device=dev, dtype=torch.float32)
+        py, px = ry[:, None, None] + win[None, :, None], rx[:, None, None] + win[None, None, :]  # (B,P,1), (B,1,P)
         inside = ((py >= 0) & (py < h) & (px >= 0) & (px < w))
-        alpha = rgba[:, 3] * inside * params["visible"].float()[:, None, None]
-        colour = (rgba[:, :3] * params["gain"].float()[:, None, None, None]).clamp(0, 1)
+        alpha = alpha[:, 0] * inside * params["visible"].float()[:, None, None]
         # Scatter the window into full-size canvases; out-of-image pixels go to a spare slot at index H*W.
         idx = torch.where(inside, py * w + px, torch.full_like(py * px, h * w)).long().reshape(b, -1)
         acan = images.new_zeros(b, h * w + 1).scatter_(1, idx, alpha.reshape(b, -1).to(images.dtype))
@@ -133,21 +151,29 @@ class PastedObject(PlacedSampling, Perturbation):
         out = image.copy()
         if float(params["visible"]) <= 0:
             return out
-        half = self._half(h)
-        cy, cx = np.float32(params["center"][0]), np.float32(params["center"][1])
+        half, n = self._half(h, w), supersampling(h, w)
+        cy = np.float32(rel_to_px(np.float32(params["center_rel"][0]), h))
+        cx = np.float32(rel_to_px(np.float32(params["center_rel"][1]), w))
         ry, rx = int(np.rint(cy)), int(np.rint(cx))
         y0, y1, x0, x1 = max(ry - half, 0), min(ry + half + 1, h), max(rx - half, 0), min(rx + half + 1, w)
         if y1 <= y0 or x1 <= x0:
             return out
-        py = np.arange(y0, y1, dtype=np.float32)[:, None]
-        px = np.arange(x0, x1, dtype=np.float32)[None, :]
-        u, v = self._source_coords(py, px, cy, cx, np.float32(params["size"]), np.float32(params["angle"]),
-                                   params["flip"], np)
+        sub = (np.arange(n, dtype=np.float32) + np.float32(0.5)) / np.float32(n) - np.float32(0.5)
+        py = (np.arange(y0, y1, dtype=np.float32)[:, None] + sub).reshape(-1)[:, None]
+        px = (np.arange(x0, x1, dtype=np.float32)[:, None] + sub).reshape(-1)[None, :]
+        size = np.float32(params["size_rel"]) * np.float32(short_side(h, w))
+        u, v = self._source_coords(py, px, cy, cx, size, np.float32(params["angle"]), params["flip"], np)
         rgba = _bilinear_zero(self.bank[int(params["index"])], u.astype(np.float32), v.astype(np.float32))
-        alpha = rgba[:, :, 3] * fov_mask_np(image)[y0:y1, x0:x1]
+        alpha = rgba[:, :, 3:]
+        prem = np.clip(rgba[:, :, :3] * np.float32(params["gain"]), 0, 1) * alpha
+        if n > 1:
+            hh, ww = y1 - y0, x1 - x0
+            alpha = alpha.reshape(hh, n, ww, n, 1).mean((1, 3))
+            prem = prem.reshape(hh, n, ww, n, 3).mean((1, 3))
+        colour = prem / np.maximum(alpha, np.float32(1e-6))
+        alpha = alpha[:, :, 0] * fov_mask_np(image)[y0:y1, x0:x1]
         if mask is not None:
             alpha = alpha * (mask[y0:y1, x0:x1] == 0)
-        colour = np.clip(rgba[:, :, :3] * np.float32(params["gain"]), 0, 1)
         reg = out[y0:y1, x0:x1].astype(np.float32)
         if image.dtype == np.uint8:
             colour = colour * 255

@@ -167,16 +167,22 @@ class PlacedSampling:
     """Sampling shared by perturbations placed on the free-space / brightness maps (spots, objects).
 
     A subclass provides ``_place(luma, free, k, h, w, random, device=None)`` returning batched
-    params; both paths then draw from the same maps with the same random stream.
+    params; both paths then draw from the same maps with the same random stream. With
+    ``needs_fov = True`` it also gets ``fov=`` the field-of-view cells (free space ignoring the lesion).
     """
+
+    needs_fov = False
 
     def _sample_torch(self, images, masks, generator):
         luma, free, k = maps_torch(images, masks)
-        return self._place(luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device)
+        extra = {"fov": maps_torch(images, None)[1] if masks is not None else free} if self.needs_fov else {}
+        return self._place(luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device,
+                           **extra)
 
     def sample_numpy(self, image, mask=None, rng=None):
         image = check_image(image, self.name, self.rgb)
         mask = check_mask_np(mask, image, self.name)
         luma, free, k = maps_np_arrays(image, mask)
-        p = self._place(luma, free, k, image.shape[0], image.shape[1], NumpyRandom(rng))
+        extra = {"fov": maps_np_arrays(image, None)[1] if mask is not None else free} if self.needs_fov else {}
+        p = self._place(luma, free, k, image.shape[0], image.shape[1], NumpyRandom(rng), **extra)
         return {key: np.asarray(v)[0] for key, v in p.items()}

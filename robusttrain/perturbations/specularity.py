@@ -4,10 +4,13 @@ A spot is the ellipse ``(u/a)^2 + (v/b)^2 = d^2`` (rotated by ``angle``): fully 
 then a Gaussian fall-off (the paper Gaussian-blurs hard ellipses; an analytic fall-off gives the same
 look without a full-image blur) that reaches exactly 0 at ``d = 1.45``. Its opacity ``strength`` is the
 "gray mask": the local brightness relative to 0.45, clipped to [0.35, 1], so spots in dark regions are
-dimmer. Semi-axes are at most ``lambda * H`` (severity 1..5: lambda = 0.02..0.06, 2-4 .. 8-14 spots).
+dimmer. Semi-axes are at most ``lambda * side`` (side = the shorter image side; severity 1..5:
+lambda = 0.02..0.06, 2-4 .. 8-14 spots).
 
 Spots sit on free cells (inside the field of view, away from the lesion) and only their windows are
-touched: the numpy path blends inside the spots' bounding box only.
+touched: the numpy path blends inside the spots' bounding box only. Opacity is area-sampled on an
+n x n sub-pixel grid (:func:`~robusttrain.perturbations.base.supersampling`), so a spot looks the same
+at 128 px as the 512-px spot does downsized.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-from .base import Perturbation
+from .base import Perturbation, rel_to_px, short_side, supersampling
 from .placement import (PlacedSampling, erode_cells, erode_cells_np, gather_cells, gather_cells_np,
                         pick_cells, pick_cells_np)
 
@@ -39,8 +42,9 @@ def _alpha(py, px, cy, cx, a, b, ang, strength, xp):
 class Specularity(PlacedSampling, Perturbation):
     """Specular reflections near cluster centres, dimmed in dark regions.
 
-    Params (pixel units, so replay on images of the same size): ``center`` (B,S,2) y,x; ``axes`` (B,S,2)
-    semi-axes; ``angle`` (B,S); ``strength`` (B,S) opacity (0 for unused/invalid spots).
+    Params (relative, so they replay on any image size): ``center_rel`` (B,S,2) y,x as fractions of H, W;
+    ``axes_rel`` (B,S,2) semi-axes as fractions of the shorter side; ``angle`` (B,S); ``strength`` (B,S)
+    opacity (0 for unused/invalid spots).
 
     Example:
         >>> import numpy as np
@@ -53,6 +57,7 @@ class Specularity(PlacedSampling, Perturbation):
     name = "specularity"
     SPOTS = {1: (2, 4), 2: (3, 6), 3: (4, 8), 4: (6, 10), 5: (8, 14)}
     LAMBDA = {1: 0.02, 2: 0.03, 3: 0.04, 4: 0.05, 5: 0.06}
+    PARAM_KEYS = ("center_rel", "axes_rel", "angle", "strength")
 
     def _place(self, luma, free, k, h, w, r, device=None) -> dict:
         """Spot params from the low-res maps; ``r`` is a TorchRandom (torch maps) or NumpyRandom (numpy)."""
@@ -62,7 +67,8 @@ class Specularity(PlacedSampling, Perturbation):
         xp = torch if th else np
         b = luma.shape[0]
         lo, hi = self.SPOTS[self.severity]
-        lam = self.LAMBDA[self.severity] * h
+        side = short_side(h, w)
+        lam = self.LAMBDA[self.severity] * side
         rc = math.ceil(REACH * lam / k)
         ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
         score = ok * (0.15 + luma)
@@ -72,7 +78,7 @@ class Specularity(PlacedSampling, Perturbation):
         n_cl = dev(r.integers(1, 4, (b,)))
         which = xp.clip(dev(r.uniform(0, 1, (b, hi))) * n_cl[:, None], 0, 2)
         which = which.long() if th else which.astype(np.int64)
-        spread = 0.06 * h
+        spread = 0.06 * side
         y = take(cy, which) + dev(r.normal((b, hi))) * spread
         x = take(cx, which) + dev(r.normal((b, hi))) * spread
         # Mostly small spots with a few larger ones, as in real frames.
@@ -88,23 +94,34 @@ class Specularity(PlacedSampling, Perturbation):
         gray = xp.clip(near / 0.45, 0.35, 1.0)
         strength = gray * dev(r.uniform(0.85, 1.0, (b, hi))) * valid
         f32 = (lambda t: t.float()) if th else (lambda t: t.astype(np.float32))  # noqa: E731
-        return {"center": f32(xp.stack([y, x], -1)), "axes": f32(xp.stack([a, bb], -1)),
-                "angle": f32(ang), "strength": f32(strength)}
+        # y, x are continuous coordinates (cells span [i*k, (i+1)*k)), so y / h is already relative
+        return {"center_rel": f32(xp.stack([y / h, x / w], -1)),
+                "axes_rel": f32(xp.stack([a, bb], -1) / side), "angle": f32(ang), "strength": f32(strength)}
 
 
-    def _window(self, h: int) -> int:
-        return math.ceil(REACH * self.LAMBDA[self.severity] * h) + 1
+    def _window(self, h: int, w: int) -> int:
+        return math.ceil(REACH * self.LAMBDA[self.severity] * short_side(h, w)) + 1
 
     def _apply_torch(self, images, masks, params):
         b, c, h, w = images.shape
-        half = self._window(h)
-        off = torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)
-        cy, cx = params["center"][..., 0].float(), params["center"][..., 1].float()
-        py = torch.round(cy)[..., None, None] + off[:, None]  # (B,S,P,1)
-        px = torch.round(cx)[..., None, None] + off[None, :]  # (B,S,1,P)
+        half, n, side = self._window(h, w), supersampling(h, w), short_side(h, w)
+        p = 2 * half + 1
+        # window offsets on the n x n sub-pixel grid: pixel j's samples sit at j + (i + 0.5)/n - 0.5
+        sub = (torch.arange(n, device=images.device, dtype=torch.float32) + 0.5) / n - 0.5
+        off = (torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)[:, None] + sub).reshape(-1)
+        cy = rel_to_px(params["center_rel"][..., 0].float(), h)
+        cx = rel_to_px(params["center_rel"][..., 1].float(), w)
+        ry, rx = torch.round(cy), torch.round(cx)
+        py = ry[..., None, None] + off[:, None]  # (B,S,P*n,1)
+        px = rx[..., None, None] + off[None, :]  # (B,S,1,P*n)
         e = lambda t: t.float()[..., None, None]  # noqa: E731
-        alpha = _alpha(py, px, e(cy), e(cx), e(params["axes"][..., 0]), e(params["axes"][..., 1]),
-                       e(params["angle"]), e(params["strength"]), torch)
+        ax = params["axes_rel"].float() * side
+        alpha = _alpha(py, px, e(cy), e(cx), e(ax[..., 0]), e(ax[..., 1]), e(params["angle"]),
+                       e(params["strength"]), torch)
+        if n > 1:
+            alpha = alpha.reshape(b, -1, p, n, p, n).mean((3, 5))
+        win = torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)
+        py, px = ry[..., None, None] + win[:, None], rx[..., None, None] + win[None, :]
         inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
         alpha = alpha * inside
         idx = (py.clamp(0, h - 1) * w + px.clamp(0, w - 1)).long().expand_as(alpha)
@@ -118,25 +135,33 @@ class Specularity(PlacedSampling, Perturbation):
 
     def _apply_np(self, image, mask, params):
         h, w = image.shape[:2]
-        half = self._window(h)
+        half, n, side = self._window(h, w), supersampling(h, w), short_side(h, w)
         strength = np.asarray(params["strength"], np.float32)
         idx = np.flatnonzero(strength > 0)
         if idx.size == 0:
             return image.copy()
-        center = np.asarray(params["center"], np.float32)[idx]
-        ry, rx = np.rint(center[:, 0]).astype(int), np.rint(center[:, 1]).astype(int)
+        center = np.asarray(params["center_rel"], np.float32)[idx]
+        cy, cx = rel_to_px(center[:, 0], h), rel_to_px(center[:, 1], w)
+        ry, rx = np.rint(cy).astype(int), np.rint(cx).astype(int)
         y0, y1 = max(int(ry.min()) - half, 0), min(int(ry.max()) + half + 1, h)
         x0, x1 = max(int(rx.min()) - half, 0), min(int(rx.max()) + half + 1, w)
+        if y1 <= y0 or x1 <= x0:
+            return image.copy()
         canvas = np.zeros((y1 - y0, x1 - x0), np.float32)
-        off = np.arange(-half, half + 1, dtype=np.float32)
-        axes, ang = np.asarray(params["axes"], np.float32)[idx], np.asarray(params["angle"], np.float32)[idx]
+        sub = (np.arange(n, dtype=np.float32) + np.float32(0.5)) / np.float32(n) - np.float32(0.5)
+        off = (np.arange(-half, half + 1, dtype=np.float32)[:, None] + sub).reshape(-1)
+        p = 2 * half + 1
+        axes = np.asarray(params["axes_rel"], np.float32)[idx] * np.float32(side)
+        ang = np.asarray(params["angle"], np.float32)[idx]
         for j in range(idx.size):  # a handful of spots, each vectorised over its window
             py = np.float32(ry[j]) + off[:, None]
             px = np.float32(rx[j]) + off[None, :]
-            a = _alpha(py, px, center[j, 0], center[j, 1], axes[j, 0], axes[j, 1], ang[j], strength[idx[j]], np)
+            a = _alpha(py, px, cy[j], cx[j], axes[j, 0], axes[j, 1], ang[j], strength[idx[j]], np)
+            if n > 1:
+                a = a.reshape(p, n, p, n).mean((1, 3))
             ys, xs = ry[j] - half, rx[j] - half
             sy0, sx0 = max(ys, y0), max(xs, x0)
-            sy1, sx1 = min(ys + 2 * half + 1, y1), min(xs + 2 * half + 1, x1)
+            sy1, sx1 = min(ys + p, y1), min(xs + p, x1)
             if sy1 <= sy0 or sx1 <= sx0:
                 continue
             win = a[sy0 - ys:sy1 - ys, sx0 - xs:sx1 - xs]

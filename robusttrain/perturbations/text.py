@@ -4,16 +4,22 @@ Glyphs are rendered once per font size with ``cv2.putText`` into a fixed-width a
 then a gather from the atlas (one small array op), which both paths do identically. Blocks sit in the
 image corners like the video processor's overlay on real frames — which in real frames is often on the
 black border, so this family deliberately ignores the border estimate — and never over the lesion.
+
+Resolution independence: the text height and margins are fractions of the shorter side (11..16 px and
+1.5 % on a 512-px image). On an image smaller than 512 px the block is rendered ``n = round(512 / side)``
+times larger (at the 512-px font size) and area-averaged down by ``n``, so a 128-px frame shows what a
+512-px frame with the same overlay looks like once downsized (a cv2 font cannot be drawn 3 px high).
 """
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import cv2
 import numpy as np
 import torch
 
-from .base import Perturbation, TorchRandom, check_image, check_mask_np
+from .base import REF_SIDE, Perturbation, TorchRandom, check_image, check_mask_np, short_side
 
 CHARS = " 0123456789/:<>%.-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _IDX = {c: i for i, c in enumerate(CHARS)}
@@ -21,7 +27,8 @@ _IDX = {c: i for i, c in enumerate(CHARS)}
 BLOCKS = (("td/od/20td", "<td:md:md>", "CVP:d", "EH:Ad  CM:d", "CT:d  EF:d"),
           ("ID:dddddd", "SN dddddd", "FR:dd%", "AGE:dd", "M"))
 LINES = {1: (2, 0), 2: (3, 0), 3: (4, 0), 4: (4, 2), 5: (5, 3)}
-FONT_PX = {1: 11, 2: 12, 3: 13, 4: 14, 5: 16}  # glyph cell height at H = 512
+FONT_PX = {1: 11, 2: 12, 3: 13, 4: 14, 5: 16}  # glyph cell height on a 512-px image (shorter side)
+MARGIN = 0.015  # block margin from the image edge, fraction of the shorter side
 L = 12  # characters per line
 _RANGES = {"d": (0, 9), "m": (0, 5), "t": (0, 2), "o": (0, 1)}
 
@@ -57,14 +64,54 @@ def glyph_atlas(font_px: int) -> np.ndarray:
     return atlas.astype(np.float32) / 255.0
 
 
+def line_gap(font_px: int) -> int:
+    """Blank rows under each text line (2 at the 512-px font sizes), scaled with the font."""
+    return max(1, int(round(0.15 * font_px)))
+
+
+@lru_cache(maxsize=32)
+def spaced_atlas(font_px: int) -> np.ndarray:
+    """Glyph atlas with the line gap under each glyph: (N, font_px + gap, glyph width)."""
+    return np.pad(glyph_atlas(font_px), ((0, 0), (0, line_gap(font_px)), (0, 0)))
+
+
 _ATLAS_ON: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
 def _atlas_on(font_px: int, device: torch.device) -> torch.Tensor:
     key = (font_px, device)
     if key not in _ATLAS_ON:
-        _ATLAS_ON[key] = torch.from_numpy(glyph_atlas(font_px)).to(device)
+        _ATLAS_ON[key] = torch.from_numpy(spaced_atlas(font_px)).to(device)
     return _ATLAS_ON[key]
+
+
+class Layout(NamedTuple):
+    """Where a severity's blocks go on an HxW image. ``n``: supersampling factor (the block is drawn on an
+    n-times finer grid and area-averaged); ``font``, ``gw``, ``pitch``: glyph height, width and line
+    pitch on that grid; ``rows``: (block 0, block 1) heights and ``bw`` the width on that grid (clipped
+    to the image); ``m``: margin in image px; ``h``, ``w``: the image size."""
+    n: int
+    font: int
+    gw: int
+    pitch: int
+    rows: tuple[int, int]
+    bw: int
+    m: int
+    h: int
+    w: int
+
+    def origin_ss(self, corner, k: int):
+        """Top-left of block ``k`` at ``corner`` (0..3: TL, TR, BL, BR) on the fine grid."""
+        n, m = self.n, self.m
+        y = (corner >= 2) * (n * (self.h - m) - self.rows[k]) + (corner < 2) * (n * m)
+        x = (corner % 2 == 1) * (n * (self.w - m) - self.bw) + (corner % 2 == 0) * (n * m)
+        return y, x
+
+    def region(self, corner: int, k: int) -> tuple[int, int, int, int]:
+        """Image-pixel box (y0, y1, x0, x1) that block ``k`` at ``corner`` touches."""
+        y, x = self.origin_ss(corner, k)
+        n = self.n
+        return int(y) // n, -(-(int(y) + self.rows[k]) // n), int(x) // n, -(-(int(x) + self.bw) // n)
 
 
 class Text(Perturbation):
@@ -72,9 +119,10 @@ class Text(Perturbation):
 
     Params: ``codes`` (B,2,5,12) character indices into :data:`CHARS` (0 = blank), ``corner`` (B,2) in
     0..3 (top-left, top-right, bottom-left, bottom-right), ``visible`` (B,2) 0/1, ``level`` (B,) text
-    brightness. Severity -> lines per block (1: 2, 2: 3, 3: 4, 4: 4+2, 5: 5+3) and font size
-    (11..16 px at H = 512, scaled with H). ``inplace=True`` draws into the given uint8/float32 array
-    instead of a copy (the fast path for the checker; Albumentations always gets a copy).
+    brightness — no pixel quantities: the layout follows from the image size (see the module doc).
+    Severity -> lines per block (1: 2, 2: 3, 3: 4, 4: 4+2, 5: 5+3) and glyph height (11..16 px on a
+    512-px image, i.e. 2.1-3.1 % of the shorter side). ``inplace=True`` draws into the given uint8/float32
+    array instead of a copy (the fast path for the checker; Albumentations always gets a copy).
 
     Example:
         >>> import numpy as np
@@ -85,24 +133,29 @@ class Text(Perturbation):
     """
 
     name = "text"
+    PARAM_KEYS = ("codes", "corner", "visible", "level")
 
     def __init__(self, severity: int = 3, inplace: bool = False):
         super().__init__(severity)
         self.inplace = bool(inplace)
+        self._layouts: dict[tuple[int, int], Layout] = {}
 
-    def font_px(self, h: int) -> int:
-        return max(int(round(FONT_PX[self.severity] * h / 512)), 6)
-
-    def _layout(self, h: int, w: int) -> tuple[int, int, int, int, int]:
-        """(font_px, glyph width, block height, block width, margin) for an HxW image."""
-        fp = self.font_px(h)
-        gw = glyph_atlas(fp).shape[2]
-        bh, bw = max(LINES[self.severity]) * (fp + 2), L * gw  # only the lines this severity shows
-        m = max(int(0.015 * min(h, w)), 1)
-        # Clip the block inside the margins: on small images an unclipped block would start at a
-        # negative corner origin (w - bw - m < 0) and slice nothing.
-        bh, bw = min(bh, h - 2 * m), min(bw, w - 2 * m)
-        return fp, gw, bh, bw, m
+    def layout(self, h: int, w: int) -> Layout:
+        """The :class:`Layout` of this severity on an HxW image (cached)."""
+        key = (h, w)
+        if key not in self._layouts:
+            s = short_side(h, w)
+            n = max(1, int(round(REF_SIDE / s)))
+            font = max(int(round(FONT_PX[self.severity] * s * n / REF_SIDE)), 4)
+            gw = spaced_atlas(font).shape[2]
+            pitch = spaced_atlas(font).shape[1]
+            m = max(int(round(MARGIN * s)), 1)
+            # Clip the blocks inside the margins: on small images an unclipped block would start at a
+            # negative corner origin and slice nothing.
+            lim_h, lim_w = max(n * (h - 2 * m), 1), max(n * (w - 2 * m), 1)
+            rows = tuple(min(nl * pitch, lim_h) for nl in LINES[self.severity])
+            self._layouts[key] = Layout(n, font, gw, pitch, rows, min(L * gw, lim_w), m, h, w)
+        return self._layouts[key]
 
     def _draw(self, r, b):
         th = isinstance(r, TorchRandom)
@@ -111,52 +164,39 @@ class Text(Perturbation):
         u = r.uniform(0, 1, (b, 2, 5, L))
         digit = (u * asx(_SPAN)).long() if th else (u * _SPAN).astype(np.int64)
         codes = xp.where(asx(_FIXED) >= 0, asx(_FIXED), digit + asx(_LO) + 1)  # '0' is index 1
-        n0, n1 = LINES[self.severity]
-        shown = asx(np.stack([np.arange(5) < n0, np.arange(5) < n1])[:, :, None])  # (2,5,1)
-        codes = codes * shown
+        codes = codes * asx(_SHOWN[self.severity])
         # Two distinct corners: a random permutation's first two entries.
         keys = r.uniform(0, 1, (b, 4))
         order = keys.argsort(1) if th else np.argsort(keys, 1)
         return {"codes": codes, "order": order, "level": r.uniform(0.75, 1.0, (b,))}
 
-    def _corners(self, order, free, xp):
+    def _corners(self, order, free):
         """First two corners of ``order`` that are free of lesion (else invisible)."""
-        th = xp is torch
-        fo = free.gather(1, order) if th else np.take_along_axis(free, order, 1)
-        rank = (fo.long() if th else fo.astype(np.int64)).cumsum(1)
+        fo = free.gather(1, order)
+        rank = fo.long().cumsum(1)
         # position of the first and second free corner (or 3 when missing)
-        first = ((rank < 1).sum(1)).clamp(max=3) if th else np.minimum((rank < 1).sum(1), 3)
-        second = ((rank < 2).sum(1)).clamp(max=3) if th else np.minimum((rank < 2).sum(1), 3)
-        take = (lambda i: order.gather(1, i[:, None])[:, 0]) if th else (lambda i: np.take_along_axis(order, i[:, None], 1)[:, 0])  # noqa: E731
-        corner = xp.stack([take(first), take(second)], 1)
-        n0, n1 = LINES[self.severity]
-        vis = xp.stack([rank[:, -1] >= 1, (rank[:, -1] >= 2) & (n1 > 0)], 1)
-        return corner, (vis.float() if th else vis.astype(np.float32))
+        first = ((rank < 1).sum(1)).clamp(max=3)
+        second = ((rank < 2).sum(1)).clamp(max=3)
+        corner = torch.stack([order.gather(1, first[:, None])[:, 0], order.gather(1, second[:, None])[:, 0]], 1)
+        n1 = LINES[self.severity][1]
+        vis = torch.stack([rank[:, -1] >= 1, (rank[:, -1] >= 2) & (n1 > 0)], 1)
+        return corner, vis.float()
 
-    def _origins(self, corner, h, w):
-        _, _, bh, bw, m = self._layout(h, w)
-        y0 = (corner >= 2) * (h - bh - m) + (corner < 2) * m
-        x0 = (corner % 2 == 1) * (w - bw - m) + (corner % 2 == 0) * m
-        return y0, x0
-
-    def _free_corners_torch(self, masks, h, w):
-        b = masks.shape[0]
-        _, _, bh, bw, m = self._layout(h, w)
-        c = torch.arange(4, device=masks.device)
-        y0, x0 = self._origins(c, h, w)
-        les = masks != 0
-        out = []
-        for i in range(4):  # four fixed corner regions, each a tensor reduction
-            y, x = int(y0[i]), int(x0[i])
-            out.append(~les[:, y:y + bh, x:x + bw].flatten(1).any(1))
-        return torch.stack(out, 1)
+    def _free_corner(self, lesion, lay: Layout, c: int):
+        """Whether corner ``c`` is free of lesion for both blocks (the taller block's box)."""
+        k = 0 if lay.rows[0] >= lay.rows[1] else 1
+        y0, y1, x0, x1 = lay.region(c, k)
+        return lesion[..., y0:y1, x0:x1]
 
     def _sample_torch(self, images, masks, generator):
         b, _, h, w = images.shape
         p = {k: v.to(images.device) for k, v in self._draw(TorchRandom(generator), b).items()}
-        free = (self._free_corners_torch(masks, h, w) if masks is not None
-                else torch.ones(b, 4, dtype=torch.bool, device=images.device))
-        p["corner"], p["visible"] = self._corners(p.pop("order"), free, torch)
+        if masks is not None:
+            lay, les = self.layout(h, w), masks != 0
+            free = torch.stack([~self._free_corner(les, lay, c).flatten(1).any(1) for c in range(4)], 1)
+        else:
+            free = torch.ones(b, 4, dtype=torch.bool, device=images.device)
+        p["corner"], p["visible"] = self._corners(p.pop("order"), free)
         return p
 
     def sample_numpy(self, image, mask=None, rng=None):
@@ -169,10 +209,8 @@ class Text(Perturbation):
         codes = np.where(_FIXED >= 0, _FIXED, (u * _SPAN).astype(np.int64) + _LO + 1) * _SHOWN[self.severity]
         order = rng.permutation(4)
         if mask is not None:
-            h, w = image.shape[:2]
-            _, _, bh, bw, _ = self._layout(h, w)
-            y0, x0 = self._origins(order, h, w)
-            order = [c for c, y, x in zip(order, y0, x0) if not mask[y:y + bh, x:x + bw].any()]
+            lay = self.layout(*image.shape[:2])
+            order = [c for c in order if not self._free_corner(mask, lay, int(c)).any()]
         n1 = LINES[self.severity][1]
         corner = np.array((list(order) + [3, 3])[:2], np.int64)
         visible = np.array([len(order) >= 1, len(order) >= 2 and n1 > 0], np.float32)
@@ -180,20 +218,27 @@ class Text(Perturbation):
 
     def _apply_torch(self, images, masks, params):
         b, c, h, w = images.shape
-        fp, gw, bh, bw, _ = self._layout(h, w)
-        atlas = _atlas_on(fp, images.device)  # (N, fp, gw)
-        cell = fp + 2
-        glyphs = atlas[params["codes"]]  # (B,2,5,L,fp,gw)
-        glyphs = torch.nn.functional.pad(glyphs, (0, 0, 0, 2))  # line spacing
-        blocks = glyphs.permute(0, 1, 2, 4, 3, 5).reshape(b, 2, 5 * cell, L * gw)[:, :, :bh, :bw]
-        blocks = blocks * params["visible"][:, :, None, None].to(blocks.dtype)
-        y0, x0 = self._origins(params["corner"], h, w)  # (B,2)
-        yy = y0[..., None, None] + torch.arange(bh, device=images.device)[:, None]
-        xx = x0[..., None, None] + torch.arange(bw, device=images.device)[None, :]
-        idx = (yy * w + xx).expand(b, 2, bh, bw).reshape(b, -1)
-        canvas = images.new_zeros(b, h * w)
-        canvas.scatter_reduce_(1, idx, blocks.reshape(b, -1).to(images.dtype), reduce="amax")
-        canvas = canvas.view(b, 1, h, w)
+        lay = self.layout(h, w)
+        n, dev = lay.n, images.device
+        atlas = _atlas_on(lay.font, dev)  # (N, pitch, gw)
+        hs, ws = n * h, n * w
+        canvas = images.new_zeros(b, hs * ws + 1)  # the last slot takes clipped-away pixels
+        for k in range(2):
+            nl, rows = LINES[self.severity][k], lay.rows[k]
+            if nl == 0:
+                continue
+            glyphs = atlas[params["codes"][:, k, :nl]]  # (B,nl,L,pitch,gw)
+            block = glyphs.permute(0, 1, 3, 2, 4).reshape(b, nl * lay.pitch, L * lay.gw)[:, :rows, :lay.bw]
+            block = block * params["visible"][:, k, None, None].to(block.dtype)
+            y0, x0 = lay.origin_ss(params["corner"][:, k], k)  # (B,)
+            yy = y0[:, None, None] + torch.arange(rows, device=dev)[:, None]
+            xx = x0[:, None, None] + torch.arange(lay.bw, device=dev)[None, :]
+            ok = (yy >= 0) & (yy < hs) & (xx >= 0) & (xx < ws)
+            idx = torch.where(ok, yy * ws + xx, hs * ws).reshape(b, -1)
+            canvas.scatter_reduce_(1, idx, block.reshape(b, -1).to(images.dtype), reduce="amax")
+        canvas = canvas[:, :hs * ws].view(b, 1, hs, ws)
+        if n > 1:
+            canvas = torch.nn.functional.avg_pool2d(canvas, n)
         if masks is not None:
             canvas = canvas * (masks[:, None] == 0)
         level = params["level"].to(images.dtype)[:, None, None, None]
@@ -201,32 +246,34 @@ class Text(Perturbation):
 
     def _apply_np(self, image, mask, params):
         h, w = image.shape[:2]
-        fp, gw, bh, bw, _ = self._layout(h, w)
-        atlas = _spaced_atlas(fp)  # (N, fp+2, gw)
+        lay = self.layout(h, w)
+        n = lay.n
+        atlas = spaced_atlas(lay.font)
         out = image if self.inplace else image.copy()
         level = float(params["level"]) * (255.0 if image.dtype == np.uint8 else 1.0)
-        codes, vis = params["codes"], params["visible"]
-        y0s, x0s = self._origins(np.asarray(params["corner"]), h, w)
+        codes, vis, corner = params["codes"], params["visible"], np.asarray(params["corner"])
         for k in range(2):  # at most two blocks
-            n = LINES[self.severity][k]
-            if vis[k] <= 0 or n == 0:
+            nl, rows = LINES[self.severity][k], lay.rows[k]
+            if vis[k] <= 0 or nl == 0:
                 continue
-            rows = min(n * (fp + 2), bh)  # only the lines this severity shows
-            a = atlas[codes[k, :n]].transpose(0, 2, 1, 3).reshape(n * (fp + 2), L * gw)[:rows, :bw]
-            y, x = int(y0s[k]), int(x0s[k])
+            a = atlas[codes[k, :nl]].transpose(0, 2, 1, 3).reshape(nl * lay.pitch, L * lay.gw)[:rows, :lay.bw]
+            ys, xs = (int(v) for v in lay.origin_ss(int(corner[k]), k))
+            y0, y1, x0, x1 = lay.region(int(corner[k]), k)
+            if n > 1:  # place the block on the fine grid of its pixel box, then area-average by n
+                fine = np.zeros(((y1 - y0) * n, (x1 - x0) * n), np.float32)
+                fine[ys - y0 * n: ys - y0 * n + rows, xs - x0 * n: xs - x0 * n + lay.bw] = a
+                a = fine.reshape(y1 - y0, n, x1 - x0, n).mean((1, 3))
+            y0c, x0c = max(y0, 0), max(x0, 0)
+            a = a[y0c - y0: y1 - y0, x0c - x0: x1 - x0]
+            y1c, x1c = y0c + a.shape[0], x0c + a.shape[1]
             if mask is not None:
-                a = a * (mask[y:y + rows, x:x + bw] == 0)
-            reg = out[y:y + rows, x:x + bw]
+                a = a * (mask[y0c:y1c, x0c:x1c] == 0)
+            reg = out[y0c:y1c, x0c:x1c]
+            a = a[: reg.shape[0], : reg.shape[1]]
+            reg = reg[: a.shape[0], : a.shape[1]]
             blended = reg + a[:, :, None] * (level - reg)
             reg[...] = np.rint(blended) if image.dtype == np.uint8 else blended
         return out
-
-
-@lru_cache(maxsize=32)
-def _spaced_atlas(font_px: int) -> np.ndarray:
-    """Glyph atlas with two blank rows under each glyph (the line spacing)."""
-    g = glyph_atlas(font_px)
-    return np.pad(g, ((0, 0), (0, 2), (0, 0)))
 
 
 _SHOWN = {s: np.stack([np.arange(5) < n0, np.arange(5) < n1])[:, :, None].astype(np.int64)
