@@ -27,24 +27,16 @@ import lightning.pytorch as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmarks/conditions.py
 
-from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback  # noqa: E402
 from robusttrain.datamodules.polyp import PolypDataModule # noqa: E402
-from robusttrain.mining import RandomPerturbationDataset # noqa: E402
 from robusttrain.models.segmentation import SegmentationModule # noqa: E402
+
+from conditions import mean_std, training_callbacks  # noqa: E402  (benchmarks/conditions.py)
 
 PERTS = ["contrast", "saturation", "white_balance", "blur", "specularity"]
 SEVS = (2, 4)
 KVASIR = "/work/shared/data/kvasir_seg"
-
-
-class _Module(SegmentationModule):
-    # binary case: torchmetrics returns a 0-d per-class Dice, which SegmentationModule's
-    # on_validation_epoch_end cannot iterate (reported to its owner); log it directly here
-    def on_validation_epoch_end(self) -> None:
-        d = self.val_dice.compute().reshape(-1)
-        self.val_dice.reset()
-        self.log("val/dice", d.mean())
 
 
 def datamodule(args) -> PolypDataModule:
@@ -65,19 +57,12 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
     dm = datamodule(args)
     dm.setup("fit")
     # MR suite seeded by the data seed: identical held-out follow-ups for every condition and seed
-    mr = MetamorphicCallback(perturbations=PERTS, severities=SEVS, every_n_epochs=args.epochs,
-                             seed=args.data_seed, dirpath=str(run_dir), verbose=False,
-                             train_probe_size=args.probe if cond == "mined" else 0)
-    cbs = [mr]
-    if cond == "mined":
-        cbs.append(FailureMiningCallback(replay_ratio=args.ratio, jitter=args.jitter,
-                                         clean_mix=args.clean_mix, fresh_image=args.fresh_image))
-    else:  # same slot layout as ReplayDataset; the datamodule's loader reads train_dataset
-        dm.train_dataset = RandomPerturbationDataset(dm.train_dataset, PERTS if cond == "random" else [],
-                                                     SEVS, ratio=args.ratio)
-        mr.datasets["train"] = dm.train_dataset.base
+    cbs, mr = training_callbacks(cond, dm, PERTS, SEVS, seed=args.data_seed, ratio=args.ratio, probe=args.probe,
+                                 val_every=args.epochs, run_dir=str(run_dir),
+                                 mining={"jitter": args.jitter, "clean_mix": args.clean_mix,
+                                         "fresh_image": args.fresh_image})
     feats = tuple(int(f) for f in args.features.split(",")) if args.features else None
-    model = _Module(in_channels=3, num_classes=2, class_names=["polyp"], lr=args.lr, features=feats)
+    model = SegmentationModule(in_channels=3, num_classes=2, class_names=["polyp"], lr=args.lr, features=feats)
     trainer = L.Trainer(max_epochs=args.epochs, callbacks=cbs, logger=False, default_root_dir=run_dir,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, accelerator="cpu", devices=1, deterministic=False)
@@ -112,14 +97,10 @@ COLS = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5", "clean_d
 
 def summarise(results: list[dict]) -> dict:
     """Mean and (sample) std over seeds per condition."""
-    import numpy as np
-
     out = {}
     for cond in dict.fromkeys(r["condition"] for r in results):
         rs = [r for r in results if r["condition"] == cond]
-        out[cond] = {c: {"mean": round(float(np.mean([r[c] for r in rs])), 2),
-                         "std": round(float(np.std([r[c] for r in rs], ddof=1)) if len(rs) > 1 else 0.0, 2)}
-                     for c in COLS}
+        out[cond] = {c: mean_std([r[c] for r in rs]) for c in COLS}
         out[cond]["seeds"] = [r["seed"] for r in rs]
     return out
 

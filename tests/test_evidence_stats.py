@@ -1,0 +1,41 @@
+"""benchmarks/paired_stats.py: paired case-bootstrap CIs used by benchmarks/evidence.py."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from paired_stats import (mean_difference, paired_bootstrap, relative_change,  # noqa: E402
+                          worst_fraction_difference)
+
+
+def test_a_real_paired_shift_is_detected_and_no_shift_is_not():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.3, 0.9, size=(3, 40))        # 3 seeds x 40 cases, large between-case spread
+    shifted = base + 0.05 + 0.01 * rng.standard_normal(base.shape)
+    r = paired_bootstrap(shifted, base, mean_difference, n_boot=500)
+    assert r["lo"] > 0.03 and r["hi"] < 0.07 and r["lo"] <= r["estimate"] <= r["hi"]
+    assert (r["n_seeds"], r["n_cases"]) == (3, 40)
+    noise = base + 0.01 * rng.standard_normal(base.shape)
+    r0 = paired_bootstrap(noise, base, mean_difference, n_boot=500)
+    assert r0["lo"] < 0 < r0["hi"]
+
+
+def test_relative_change_and_worst_fraction():
+    a, b = np.array([[1, 2, 1, 0]]), np.array([[2, 2, 2, 2]])
+    assert relative_change(a, b) == pytest.approx(-0.5)
+    assert np.isnan(relative_change(a, np.zeros_like(b)))
+    worse = np.array([[0.1, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])
+    better = worse.copy()
+    better[0, 0] = 0.5
+    assert worst_fraction_difference(0.1)(better, worse) == pytest.approx(0.4)
+    r = paired_bootstrap(np.array([[0.0, 1.0]]), np.array([[0.0, 1.0]]), relative_change, n_boot=50)
+    assert r["estimate"] == 0.0
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="same non-empty shape"):
+        paired_bootstrap(np.ones((2, 3)), np.ones((2, 4)), mean_difference)
+    with pytest.raises(ValueError, match="finite"):
+        paired_bootstrap(np.array([[0.5, np.nan]]), np.ones((1, 2)), mean_difference)
