@@ -182,3 +182,45 @@ def test_cuda_batch_matches_cpu_and_replays(family):
         cpu = BatchAugmentation(family, severity=(1, 5), p=0.7)
         ref = cpu(x, mask=m, params={k: v.cpu() for k, v in aug._params.items()})
         assert float((out.cpu() - ref).abs().max()) <= 1 / 255
+
+
+@pytest.mark.slow
+def test_runs_in_on_after_batch_transfer_of_a_real_trainer():
+    """The intended use: perturb training batches after they reach the device, inside Lightning."""
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader, Dataset
+
+    x, m = _batch(8, 32)
+
+    class Frames(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {"image": x[i], "mask": m[i]}
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net, self.aug, self.seen = TinyNet(), BatchAugmentation("specularity", severity=(1, 5), p=1.0), []
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            if self.trainer.training:
+                clean = batch["image"].clone()
+                batch["image"] = self.aug(batch["image"], mask=batch["mask"])
+                self.seen.append((clean, batch["mask"], batch["image"], self.aug._params))
+            return batch
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self.net(batch["image"]), batch["mask"])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    model = Module()
+    L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, accelerator="cpu").fit(model, DataLoader(Frames(), batch_size=4))
+    assert len(model.seen) == 2
+    for clean, mask, out, params in model.seen:
+        assert (out != clean).flatten(1).any(1).all()
+        assert torch.equal(model.aug(clean, mask=mask, params=params), out)
