@@ -92,10 +92,12 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
     assert hist.groupby("epoch").size().tolist() == [4, 4] and set(hist.case_id) == {"p0", "p1", "p2", "p3"}
     efr = pd.read_csv(run / "efr.csv")
     assert list(efr.columns) == ["epoch", "split", "perturbation", "severity", "metric", "threshold",
-                                 "errors", "cases", "efr"]
+                                 "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final"]
     assert set(efr.split) == {"val"} and set(efr.perturbation) == set(COLOUR) | {"all"}
     pooled = efr[(efr.perturbation == "all") & (efr.epoch == 1)]
     assert set(pooled.cases) == {4 * 6}  # one test case per (case, perturbation, severity)
+    assert set(pooled.suite_cases) == {4 * 6} and not efr.final.any()  # budget=None: every check is whole
+    assert ((efr.efr_low <= efr.efr) & (efr.efr <= efr.efr_high)).all()
     cases = pd.read_csv(run / "mr_cases.csv")
     assert len(cases) == 2 * 4 * 6 and {"case_id", "src_dice", "fol_dice", "consistency", "seed"} <= set(cases)
     # in-memory tables equal the files

@@ -56,9 +56,11 @@ def make_predict(trainer: Any, pl_module: Any, to_probabilities: Callable) -> Ca
         with ctx():
             out = pl_module(images)
         probs = to_probabilities(out)
-        if not torch.is_tensor(probs) or probs.ndim != 4 or probs.shape[0] != images.shape[0]:
-            raise HookError(f"to_probabilities must return (B,K,H,W), got "
-                            f"{getattr(probs, 'shape', type(probs).__name__)}; fix to_probabilities=")
+        if not torch.is_tensor(probs) or probs.ndim != images.ndim or probs.shape[0] != images.shape[0] \
+                or probs.shape[2:] != images.shape[2:]:
+            want = "(B,K,H,W,D)" if images.ndim == 5 else "(B,K,H,W)"
+            raise HookError(f"to_probabilities must return {want} matching the images {tuple(images.shape)}, "
+                            f"got {getattr(probs, 'shape', type(probs).__name__)}; fix to_probabilities=")
         return probs.float()
 
     return predict

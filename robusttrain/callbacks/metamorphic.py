@@ -14,10 +14,24 @@ Each check scores the probe clean (-> ``history``) and under every perturbation 
 ``history.csv``, ``efr.csv``, ``mr_cases.csv`` to ``dirpath`` (global rank 0). Every
 violation (Dice drop > ``failure_threshold``) is passed, on rank 0, to each ``on_failure``
 sink as ``sink(record: FailureRecord, images: dict | None)``.
+
+``budget`` (a fraction of training time in (0, 1], e.g. 0.25; None = the full suite every check):
+each check then scores the clean pass over the whole validation probe plus a seeded, stratified
+subset of the (case, perturbation x severity) pairs sized so that the check takes about ``budget``
+x the training time since the previous one (the train probe shares it), rotating through all
+pairs over the epochs (:mod:`robusttrain.metamorphic.budget`). The last epoch's check -- or, after
+an early stop, one at the end of training -- runs the whole suite: its ``efr.csv`` rows carry
+``final=True``. Every EFR row has a 95 % Wilson interval (``efr_low``, ``efr_high``) and
+``suite_cases`` (``cases / suite_cases`` = how much of the suite was scored).
+
+Volumes (B,C,H,W,D) work as images do: the suite perturbs them slice-wise (``MRSuite(slice_axis=)``),
+the model predicts whole volumes and Dice is per volume. Shapes the check cannot read are refused
+in ``setup`` with one line naming the shape and the hook to set.
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -28,12 +42,14 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from robusttrain.io import atomic_write_csv
 from robusttrain.metamorphic.batch import BatchHooks, case_ids_of, iter_probe
+from robusttrain.metamorphic.budget import CheckBudget, check_budget, final_reserve
 from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
 from robusttrain.metamorphic.failures import build_failures
 from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
 from robusttrain.metamorphic.suite import DEFAULT_SEVERITIES, MRSuite
 
-from ._dist import gather_objects
+from ._dist import broadcast_object, gather_objects
+from ._mr_budget import TrainClock, to_indices
 from ._mr_probe import checking_state, make_predict, make_to_probabilities, progress_bar, select_probe
 
 Sink = Callable[..., None]
@@ -54,10 +70,16 @@ class MetamorphicCallback(Callback):
                  get_images: Callable | None = None, get_masks: Callable | None = None,
                  get_case_ids: Callable | None = None, get_slice_indices: Callable | None = None,
                  to_probabilities: str | Callable | None = None,
-                 perturbation_kwargs: dict[str, dict] | None = None, verbose: bool = True):
+                 perturbation_kwargs: dict[str, dict] | None = None, verbose: bool = True,
+                 budget: float | None = None, slice_axis: int = -1):
         if path not in ("auto", "torch", "numpy"):
             raise ValueError(f"path must be 'auto', 'torch' or 'numpy', got {path!r}")
-        self.suite = MRSuite(perturbations, severities, seed, perturbation_kwargs)
+        self.budget = CheckBudget(check_budget(budget), seed)
+        self.clock = TrainClock()
+        self._last_check_epoch = -1  # epoch of the last val check (the final check re-runs it in full)
+        self._last_val_full = True
+        self._last_trained_epoch = -1
+        self.suite = MRSuite(perturbations, severities, seed, perturbation_kwargs, slice_axis)
         self.every_n_epochs, self.mine_every_n_epochs = int(every_n_epochs), int(mine_every_n_epochs)
         self.max_cases, self.train_probe_size, self.seed = max_cases, int(train_probe_size), int(seed)
         self.thresholds = tuple(float(t) for t in thresholds)
@@ -88,6 +110,25 @@ class MetamorphicCallback(Callback):
                                         severities=tuple(self.suite.severities))
 
     # -- Lightning hooks ---------------------------------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        ds = self._dataset(trainer, "val", quiet=True)
+        if ds is not None and len(ds):  # refuse shapes the check cannot read now, not after an epoch
+            next(iter_probe(ds, [0], 1, self.hooks))
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.clock.start()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        self.clock.step()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self.clock.pause()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.clock.resume()
+
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking or getattr(trainer.state.fn, "value", trainer.state.fn) != "fit":
             return
@@ -95,18 +136,38 @@ class MetamorphicCallback(Callback):
         splits = []
         if self.every_n_epochs > 0 and (epoch + 1) % self.every_n_epochs == 0:
             splits.append("val")
-        if self.train_probe_size > 0 and (epoch + 1) % self.mine_every_n_epochs == 0:
-            splits.append("train")
+        last = (self.budget.enabled and trainer.max_epochs is not None and trainer.max_epochs > 0
+                and epoch + 1 >= trainer.max_epochs)
+        if self.train_probe_size > 0 and (epoch + 1) % self.mine_every_n_epochs == 0 and not last:
+            splits.append("train")  # nothing trains on what the last epoch would mine
+        if last and "val" not in splits:
+            splits.append("val")
         if splits:
-            self.check(trainer, pl_module, epoch, splits)
+            self.check(trainer, pl_module, epoch, splits, full=last)
 
-    def check(self, trainer: Any, pl_module: Any, epoch: int, splits: Sequence[str] = ("val",)) -> None:
-        """Run the suite on ``splits`` now (all ranks must call it), update tables and files."""
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._last_trained_epoch = int(trainer.current_epoch)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        # stopped early (or by steps / time): the final EFR table still comes from the whole suite,
+        # on the weights training ended with
+        if self.budget.enabled and not self._last_val_full and self._last_check_epoch >= 0:
+            epoch = max(self._last_check_epoch, self._last_trained_epoch)
+            self.check(trainer, pl_module, epoch, ["val"], full=True, log=False)
+
+    def check(self, trainer: Any, pl_module: Any, epoch: int, splits: Sequence[str] = ("val",),
+              full: bool = False, log: bool = True) -> None:
+        """Run the suite on ``splits`` now (all ranks must call it), update tables and files.
+
+        With a ``budget``, a subset of the pairs unless ``full`` (the final check: ``final=True``).
+        """
         device = next((p.device for p in pl_module.parameters()), torch.device("cpu"))
         path = self.path if self.path != "auto" else ("torch" if device.type == "cuda" else "numpy")
         predict = make_predict(trainer, pl_module, self.to_probabilities)
         metrics: dict[str, float] = {}
+        train_s = self.clock.take()
         with checking_state(pl_module, self.seed):
+            probes = {}
             for split in splits:
                 ds = self._dataset(trainer, split)
                 if ds is None:
@@ -115,26 +176,69 @@ class MetamorphicCallback(Callback):
                 if self.suite.in_channels is None and idx:  # same suite on every rank, even empty shards
                     first = next(iter_probe(ds, idx[:1], 1, self.hooks))
                     self.suite.prepare(first.images.shape[1], probe=first.images)
+                probes[split] = (ds, idx, _case_ids(ds, idx))
+            plan = self._plan(trainer, predict, device, probes, train_s, epoch, full)
+            for split, (ds, idx, ids) in probes.items():
+                sel = to_indices(plan.get(split), idx, ids)
+                if sel is not None and split != "val":  # the train probe's clean pass: selected cases only
+                    keep = set().union(*sel.values())
+                    idx = [i for i in idx if i in keep]
                 shard = idx[trainer.global_rank::max(1, trainer.world_size)]
-                n_b = -(-len(shard) // self.batch_size)
-                bar = progress_bar(trainer, n_b * (1 + len(self.suite.tests) or 1), f"MR check ({split})")
+                n_fol = len(shard) * len(self.suite.tests) if sel is None else \
+                    sum(len(set(shard) & s) for s in sel.values())
+                bar = progress_bar(trainer, len(shard) + n_fol, f"MR check ({split})")
                 res = run_probe(predict, iter_probe(ds, shard, self.batch_size, self.hooks, self.num_workers),
-                                self.suite, split, path=path, device=device, progress=bar.update, epoch=epoch)
+                                self.suite, split, path=path, device=device, progress=bar.update, epoch=epoch,
+                                selection=sel)
                 bar.close()
                 parts = gather_objects(trainer, res.to_obj())
                 res = ProbeResult.merge([ProbeResult(**p) for p in parts])
-                metrics.update(self._record(trainer, pl_module, ds, res, epoch, split, predict, path))
-        if metrics:
+                self.budget.observe(res.extra.get("timing"))
+                n_cases = len(dict.fromkeys(probes[split][2]))
+                metrics.update(self._record(trainer, pl_module, ds, res, epoch, split, predict, path,
+                                            n_cases=n_cases, final=full and self.budget.enabled,
+                                            sinks=log))
+                if split == "val":
+                    self._last_check_epoch, self._last_val_full = epoch, sel is None
+        if metrics and log:
             pl_module.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False)
+        elif metrics and trainer.is_global_zero:  # on_train_end: self.log is not allowed there
+            for lg in trainer.loggers:
+                lg.log_metrics(metrics, step=trainer.global_step)
         if trainer.is_global_zero:
             self._write(trainer)
+        self.clock.resume()  # the check's own time is not training
+
+    def _plan(self, trainer, predict, device, probes, train_s, epoch, full) -> dict[str, Any]:
+        """Per split, the cases to test under each test (None: all); rank 0 decides, every rank follows."""
+        if not self.budget.enabled or full or not probes:
+            return {}
+        plan = None
+        if trainer.is_global_zero:
+            if self.budget.clean_cost is None:  # the first check: time one probe batch's forward
+                ds, idx, _ = probes.get("val", next(iter(probes.values())))
+                pb = next(iter_probe(ds, idx[: self.batch_size], self.batch_size, self.hooks))
+                x = pb.images.to(device)
+                predict(x)  # warm-up (first-call allocations are not what a check pays)
+                t0 = time.perf_counter()
+                predict(x)
+                self.budget.observe({"clean_s": time.perf_counter() - t0, "n_clean": len(pb.indices)})
+            clean, fol = self.budget.costs()
+            n_val = len(probes["val"][1]) if "val" in probes else 0
+            since = epoch - self._last_check_epoch if self._last_check_epoch >= 0 else epoch + 1
+            reserve = final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
+            plan = self.budget.plan(train_s, {s: p[2] for s, p in probes.items()}, len(self.suite.tests),
+                                    reserve_s=reserve)
+        return broadcast_object(trainer, plan)
 
     # -- internals ---------------------------------------------------------------------
-    def _dataset(self, trainer: Any, split: str) -> Any:
+    def _dataset(self, trainer: Any, split: str, quiet: bool = False) -> Any:
         if self.datasets[split] is not None:
             return self.datasets[split]
         dm = getattr(trainer, "datamodule", None)
         ds = getattr(dm, f"{split}_dataset", None)
+        if ds is None and quiet:  # at setup the trainer's loaders do not exist yet
+            return None
         if ds is None:
             loaders = trainer.val_dataloaders if split == "val" else trainer.train_dataloader
             if isinstance(loaders, (list, tuple)):
@@ -158,26 +262,32 @@ class MetamorphicCallback(Callback):
             return list(names)
         return ["fg"] if kf == 1 else [f"class{i + 1}" for i in range(kf)]
 
-    def _record(self, trainer, pl_module, ds, res, epoch, split, predict, path) -> dict[str, float]:
+    def _record(self, trainer, pl_module, ds, res, epoch, split, predict, path, n_cases=None,
+                final=False, sinks=True) -> dict[str, float]:
         hist, cases = aggregate(res, self._names(trainer, res), epoch, self.suite)
-        table = efr_table(cases, self.thresholds)
+        table = efr_table(cases, self.thresholds, suite_cases=n_cases)
         table.insert(0, "split", split)
         table.insert(0, "epoch", epoch)
+        table["final"] = bool(final)
         self.efr = _replace(self.efr, table, epoch, split)
         self.cases = _replace(self.cases, cases, epoch, split)
         if split == "val":  # history.csv is the clean validation history (corner-case input)
             keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
             self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and sinks:
             self.last_failures = build_failures(res, cases, self.suite, ds, self.hooks, predict, path,
                                                 self.failure_threshold, self.failure_images, epoch,
                                                 device=next(pl_module.parameters()).device)
             for rec, imgs in self.last_failures:
                 for sink in self.sinks:
                     sink(rec, imgs)
-            if self.verbose:
-                rank_zero_info(format_efr_console(table, f"MR check, epoch {epoch} ({split}): EFR % "
-                                                         f"over {len(hist)} cases"))
+        if trainer.is_global_zero and self.verbose:
+            n_all = table[(table.perturbation == "all")]
+            scored = (f"{int(n_all.cases.iloc[0])}/{int(n_all.suite_cases.iloc[0])} test cases"
+                      if len(n_all) else "no test cases")
+            kind = "final, whole suite" if final else split
+            rank_zero_info(format_efr_console(table, f"MR check, epoch {epoch} ({kind}): EFR % over "
+                                                     f"{len(hist)} cases, {scored}"))
         prefix = "mr/efr" if split == "val" else f"mr/{split}_efr"
         return efr_metrics(table, prefix)
 
@@ -190,13 +300,22 @@ class MetamorphicCallback(Callback):
     # -- checkpoint state --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"version": 1, "history": _to_state(self.history), "efr": _to_state(self.efr),
-                "cases": _to_state(self.cases), "suite": self.suite.state_dict()}
+                "cases": _to_state(self.cases), "suite": self.suite.state_dict(),
+                "budget": self.budget.state_dict(), "last_check": [self._last_check_epoch, self._last_val_full]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = _from_state(state["history"])
         self.efr = _from_state(state["efr"])
         self.cases = _from_state(state["cases"])
         self.suite.load_state_dict(state.get("suite", {}))
+        self.budget.load_state_dict(state.get("budget", {}))
+        self._last_check_epoch, self._last_val_full = state.get("last_check", [-1, True])
+
+
+def _case_ids(ds: Any, idx: Sequence[int]) -> list[str]:
+    """Case id of each probe index (as the probe names them: ``idx<i>`` without ``case_ids()``)."""
+    ids = case_ids_of(ds)
+    return [ids[i] if ids is not None else f"idx{i}" for i in idx]
 
 
 def _replace(frame: pd.DataFrame, new: pd.DataFrame, epoch: int, split: str) -> pd.DataFrame:

@@ -86,13 +86,15 @@ def default_get_slice_indices(batch: Any) -> Sequence[int] | None:
     return None
 
 
-def _normalise_mask(m: torch.Tensor, n: int) -> torch.Tensor:
+def _normalise_mask(m: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     if not torch.is_tensor(m):
         raise HookError(f"masks must be a tensor, got {type(m).__name__}; pass get_masks=")
-    if m.ndim == 4 and m.shape[1] == 1:  # (B,1,H,W) binary masks are common
+    if m.ndim == images.ndim and m.shape[1] == 1:  # (B,1,H,W[,D]) binary masks are common
         m = m[:, 0]
-    if m.ndim != 3 or m.shape[0] != n:
-        raise HookError(f"masks must be (B,H,W) class indices, got {tuple(m.shape)}; pass get_masks=")
+    want = "(B,H,W,D)" if images.ndim == 5 else "(B,H,W)"
+    if m.ndim != images.ndim - 1 or m.shape[0] != images.shape[0] or m.shape[1:] != images.shape[2:]:
+        raise HookError(f"masks must be {want} class indices matching images {tuple(images.shape)}, "
+                        f"got {tuple(m.shape)}; pass get_masks=")
     return m.round().long() if m.is_floating_point() else m.long()
 
 
@@ -109,8 +111,8 @@ class BatchHooks:
 @dataclass
 class ProbeBatch:
     indices: list[int]
-    images: torch.Tensor  # (B,C,H,W) float
-    masks: torch.Tensor  # (B,H,W) int64
+    images: torch.Tensor  # (B,C,H,W) float, or (B,C,H,W,D) volumes
+    masks: torch.Tensor  # (B,H,W) int64, or (B,H,W,D)
     case_ids: list[str]
     slice_indices: list[int]
 
@@ -133,10 +135,11 @@ def _collate(items):
 def read_batch(indices: list[int], batch: Any, hooks: BatchHooks) -> ProbeBatch:
     """Apply the hooks to one collated batch and check what they return."""
     images = hooks.get_images(batch)
-    if not torch.is_tensor(images) or images.ndim != 4:
-        raise HookError(f"images must be a (B,C,H,W) tensor, got "
-                        f"{getattr(images, 'shape', type(images).__name__)}; pass get_images=")
-    masks = _normalise_mask(hooks.get_masks(batch), images.shape[0])
+    if not torch.is_tensor(images) or images.ndim not in (4, 5):
+        shape = tuple(images.shape) if torch.is_tensor(images) else type(images).__name__
+        raise HookError(f"images must be (B,C,H,W) images or (B,C,H,W,D) volumes, got {shape}; "
+                        "pass get_images= returning one of those")
+    masks = _normalise_mask(hooks.get_masks(batch), images)
     cids = hooks.get_case_ids(batch)
     cids = [f"idx{i}" for i in indices] if cids is None else case_id_list(cids)
     sl = hooks.get_slice_indices(batch)

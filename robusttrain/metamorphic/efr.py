@@ -3,6 +3,9 @@
 EFR = errors / test cases, per perturbation x severity x metric x threshold. Rows with
 ``severity == 0`` pool all severities of a perturbation; ``perturbation == "all"`` pools
 every test case (these are the numbers logged as ``mr/efr/<perturbation>/<metric>@<t>``).
+Each row carries a 95 % Wilson interval (``efr_low``, ``efr_high``) so a check that scored
+only a budgeted subset of the suite is honest about its uncertainty, and ``suite_cases``:
+how many test cases the full suite has in that row (``cases / suite_cases`` = coverage).
 
 >>> import pandas as pd
 >>> cases = pd.DataFrame({"perturbation": ["blur", "blur"], "severity": [2, 4],
@@ -21,7 +24,30 @@ import pandas as pd
 
 THRESHOLDS = (0.25, 0.5)
 EFR_COLUMNS = ["epoch", "split", "perturbation", "severity", "metric", "threshold",
-               "errors", "cases", "efr"]
+               "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final"]
+TABLE_COLUMNS = EFR_COLUMNS[2:-1]  # what efr_table returns (the callback adds epoch, split, final)
+
+
+def wilson_interval(errors: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion ``errors / n`` (95 % for ``z=1.96``).
+
+    Unlike the normal approximation it stays inside [0, 1] and is not empty at 0 or n errors,
+    which matters for the small per-perturbation counts of a budgeted check. ``n == 0``: NaNs.
+
+    >>> [round(v, 3) for v in wilson_interval(2, 10)]
+    [0.057, 0.51]
+    >>> [round(v, 3) for v in wilson_interval(0, 20)]
+    [0.0, 0.161]
+    """
+    if n <= 0:
+        return float("nan"), float("nan")
+    if not 0 <= errors <= n:
+        raise ValueError(f"wilson_interval: errors must lie in 0..n={n}, got {errors}")
+    p, z2 = errors / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    # clip: floating error may put a bound a hair outside [0, 1] at 0 or n errors
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
 
 
 def relative_drops(src: np.ndarray, fol: np.ndarray) -> np.ndarray:
@@ -41,15 +67,17 @@ def is_error(src: np.ndarray, fol: np.ndarray, threshold: float) -> np.ndarray:
 
 
 def efr_table(cases: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS,
-              metrics: Iterable[str] = ("dice", "iou")) -> pd.DataFrame:
+              metrics: Iterable[str] = ("dice", "iou"), suite_cases: int | None = None) -> pd.DataFrame:
     """EFR rows from one row per test case (``perturbation, severity, src_<m>, fol_<m>``).
 
-    Returns columns ``perturbation, severity, metric, threshold, errors, cases, efr``;
-    row order is perturbation (first appearance), severity (0 = pooled last), metric, t.
+    Returns columns ``perturbation, severity, metric, threshold, errors, cases, efr, efr_low,
+    efr_high, suite_cases``; row order is perturbation (first appearance), severity (0 = pooled
+    last), metric, t. ``suite_cases``: the number of probe cases the full suite tests under each
+    (perturbation, severity); None = ``cases`` (the whole suite was scored).
     """
     rows = []
     if len(cases) == 0:
-        return pd.DataFrame(columns=EFR_COLUMNS[2:])
+        return pd.DataFrame(columns=TABLE_COLUMNS)
     perts = list(dict.fromkeys(cases["perturbation"]))
     groups: list[tuple[str, int, pd.DataFrame]] = []
     for p in perts:
@@ -58,14 +86,20 @@ def efr_table(cases: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS,
             groups.append((p, s, sub[sub["severity"] == s]))
         groups.append((p, 0, sub))
     groups.append(("all", 0, cases))
+    n_tests = {p: len(set(int(v) for v in cases.loc[cases["perturbation"] == p, "severity"])) for p in perts}
     for p, s, sub in groups:
+        n = int(len(sub))
+        # strata in the full suite behind this row: one (p, s), all severities of p, or every test
+        strata = 1 if s else n_tests[p] if p != "all" else sum(n_tests.values())
+        full = n if suite_cases is None else int(suite_cases) * strata
         for m in metrics:
             for t in thresholds:
                 err = int(is_error(sub[f"src_{m}"].to_numpy(), sub[f"fol_{m}"].to_numpy(), t).sum())
-                n = int(len(sub))
+                lo, hi = wilson_interval(err, n)
                 rows.append({"perturbation": p, "severity": s, "metric": m, "threshold": float(t),
-                             "errors": err, "cases": n, "efr": err / n if n else float("nan")})
-    return pd.DataFrame(rows)
+                             "errors": err, "cases": n, "efr": err / n if n else float("nan"),
+                             "efr_low": lo, "efr_high": hi, "suite_cases": max(full, n)})
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
 def efr_metrics(table: pd.DataFrame, prefix: str = "mr/efr") -> dict[str, float]:

@@ -19,7 +19,7 @@ from .batch import BatchHooks, iter_probe
 from .records import FailureRecord
 from .runner import ProbeResult, worst_slice
 from .scoring import probabilities_to_labels
-from .suite import MRSuite, _to_uint8_hwc
+from .suite import MRSuite, _to_uint8_hwc, volume_to_slices
 
 
 def _params_lists(p: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -77,6 +77,13 @@ def _images(pb, suite: MRSuite, k: int, split: str, predict: Callable, path: str
     params = suite.params_for(split, k, pb.case_ids, pb.slice_indices, pb.images, pb.masks)
     fol = suite.apply(k, images, masks, params, path=path)
     lab = probabilities_to_labels(predict(torch.cat([images, fol])))
+    src_img, fol_img, gt, lab0, lab1 = images[0], fol[0], masks[0], lab[0], lab[1]
+    if images.ndim == 5:  # a volume: show the slice (along the suite's axis) with the most foreground
+        ax = suite.slice_axis
+        sl = lambda t, ch: volume_to_slices(t[None], ax, channels=ch)
+        j = int((sl(gt, False) > 0).flatten(1).sum(1).argmax())
+        src_img, fol_img = sl(src_img, True)[j], sl(fol_img, True)[j]
+        gt, lab0, lab1 = sl(gt, False)[j], sl(lab0, False)[j], sl(lab1, False)[j]
     u8 = lambda t: t.cpu().numpy().astype(np.uint8)
-    return {"source": _to_uint8_hwc(images[0]), "followup": _to_uint8_hwc(fol[0]),
-            "gt": u8(masks[0]), "pred_source": u8(lab[0]), "pred_followup": u8(lab[1])}
+    return {"source": _to_uint8_hwc(src_img), "followup": _to_uint8_hwc(fol_img),
+            "gt": u8(gt), "pred_source": u8(lab0), "pred_followup": u8(lab1)}

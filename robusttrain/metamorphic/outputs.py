@@ -64,9 +64,9 @@ def main_output(outputs: Any) -> torch.Tensor:
         outputs = next((outputs[k] for k in ("logits", "out", "pred", "preds") if k in outputs), outputs)
     if isinstance(outputs, (list, tuple)) and outputs and torch.is_tensor(outputs[0]):
         outputs = outputs[0]
-    if not torch.is_tensor(outputs) or outputs.ndim != 4:
+    if not torch.is_tensor(outputs) or outputs.ndim not in (4, 5):
         raise ProbabilityOutputError(
-            "cannot turn the model's outputs into (B,K,H,W) probabilities (got "
+            "cannot turn the model's outputs into (B,K,H,W) or (B,K,H,W,D) probabilities (got "
             f"{getattr(outputs, 'shape', type(outputs).__name__)}); pass to_probabilities=")
     return outputs
 

@@ -1,8 +1,11 @@
 """Running the suite on probe batches (per-slice sums) and aggregating them per case.
 
-``run_probe`` needs only ``predict(images) -> (B,K,H,W) probabilities``. Its result holds
-integer sums per *slice*, keyed by dataset index, so results of several ranks merge by
-concatenation + de-duplication (:meth:`ProbeResult.merge`) before cases are aggregated.
+``run_probe`` needs only ``predict(images) -> (B,K,H,W) probabilities`` ((B,K,H,W,D) for
+volumes). Its result holds integer sums per *slice* (per volume for 3-D data), keyed by dataset
+index, so results of several ranks merge by concatenation + de-duplication
+(:meth:`ProbeResult.merge`) before cases are aggregated. ``selection`` restricts the follow-ups
+to some (sample, test) pairs (a budgeted check, :mod:`.budget`); the clean pass always covers
+every probe sample, and ``tested`` records which pairs were scored.
 
 >>> import torch
 >>> from robusttrain.metamorphic.batch import ProbeBatch
@@ -17,8 +20,9 @@ concatenation + de-duplication (:meth:`ProbeResult.merge`) before cases are aggr
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,14 +32,19 @@ from .batch import ProbeBatch
 from .efr import relative_drops
 from .outputs import NonFiniteOutputError, check_probabilities
 from .scoring import dice_from_sums, iou_from_sums, probabilities_to_labels, slice_sums
-from .suite import MRSuite, to_uint8_list
+from .suite import MRSuite, to_uint8_list, volume_to_slices
 
 Predict = Callable[[torch.Tensor], torch.Tensor]
+Selection = Mapping[int, Collection[int]]  # test index -> dataset indices scored under it
 
 
 @dataclass
 class ProbeResult:
-    """Per-slice integer sums: ``src`` (N,Kf,3), ``fol`` / ``cons`` (N,T,Kf,3)."""
+    """Per-slice integer sums: ``src`` (N,Kf,3), ``fol`` / ``cons`` (N,T,Kf,3).
+
+    ``tested`` (N,T) bool: which follow-ups were scored (None: all); ``extra["timing"]``: seconds
+    and sample counts of the clean and follow-up passes (what a budget plans the next check with).
+    """
 
     split: str
     index: np.ndarray
@@ -45,71 +54,151 @@ class ProbeResult:
     fol: np.ndarray
     cons: np.ndarray
     extra: dict = field(default_factory=dict)
+    tested: np.ndarray | None = None
 
     def to_obj(self) -> dict:
         return self.__dict__.copy()
 
+    @property
+    def tested_mask(self) -> np.ndarray:
+        return np.ones(self.fol.shape[:2], bool) if self.tested is None else np.asarray(self.tested, bool)
+
     @classmethod
     def merge(cls, parts: Sequence["ProbeResult"]) -> "ProbeResult":
         """Concatenate (e.g. gathered from ranks), drop duplicate indices, sort by index."""
+        timing = _sum_timing(p.extra.get("timing") for p in parts)
         parts = [p for p in parts if len(p.index)] or list(parts[:1])
         idx = np.concatenate([p.index for p in parts])
         _, first = np.unique(idx, return_index=True)  # sorted unique indices, first occurrence
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])[first]
         cids = sum((list(p.case_id) for p in parts), [])
+        tested = np.concatenate([p.tested_mask for p in parts])[first]
         return cls(parts[0].split, idx[first], [cids[i] for i in first], cat("slice_index"),
-                   cat("src"), cat("fol"), cat("cons"))
+                   cat("src"), cat("fol"), cat("cons"), {"timing": timing} if timing else {}, tested)
+
+
+def _sum_timing(items: Iterable[dict | None]) -> dict:
+    # ranks run in parallel: the slowest rank's seconds, the sum of samples (per-sample cost
+    # then reads as wall time per sample of the whole check)
+    items = [t for t in items if t]
+    if not items:
+        return {}
+    return {"clean_s": max(t["clean_s"] for t in items), "followup_s": max(t["followup_s"] for t in items),
+            "n_clean": sum(t["n_clean"] for t in items), "n_followup": sum(t["n_followup"] for t in items)}
+
+
+class _Followups:
+    """Follow-up images waiting for a forward pass, so sparse (budgeted) tests still run in full batches."""
+
+    def __init__(self, predict: Predict, size: int, progress: Callable[[int], None] | None, where: dict):
+        self.predict, self.size, self.progress, self.where = predict, max(1, int(size)), progress, where
+        self.items: list[tuple] = []
+        self.n = 0
+
+    def add(self, item: tuple) -> None:  # (block, rows, k, images, masks, source labels)
+        self.items.append(item)
+        self.n += item[3].shape[0]
+        if self.n >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.items:
+            return
+        # the cases of these follow-ups (they may come from earlier probe batches) name a NaN's origin
+        self.where["case_ids"] = list(dict.fromkeys(it[0]["pb"].case_ids[r] for it in self.items for r in it[1]))
+        labels = probabilities_to_labels(self.predict(torch.cat([it[3] for it in self.items])))
+        start = 0
+        for block, rows, k, imgs, masks, src_lab in self.items:
+            lab = labels[start:start + imgs.shape[0]]
+            start += imgs.shape[0]
+            kc = block["k_classes"]
+            block["fol"][rows, k] = slice_sums(lab, masks, kc).cpu().numpy()
+            block["cons"][rows, k] = slice_sums(lab, src_lab, kc).cpu().numpy()
+            block["tested"][rows, k] = True
+        if self.progress:
+            self.progress(self.n)
+        self.items, self.n = [], 0
 
 
 def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, split: str,
               path: str = "torch", device: torch.device | str | None = None,
-              progress: Callable[[int], None] | None = None, epoch: int | None = None) -> ProbeResult:
-    """Score every probe slice clean and under every test of ``suite``.
+              progress: Callable[[int], None] | None = None, epoch: int | None = None,
+              selection: Selection | None = None, forward_batch: int | None = None) -> ProbeResult:
+    """Score every probe slice clean, and under every test of ``suite`` (or the ``selection``).
 
-    NaN/inf outputs raise :class:`NonFiniteOutputError` naming ``epoch``, ``split`` and the cases.
+    ``progress(n)`` is called with the number of samples forwarded; ``forward_batch``: follow-ups
+    per forward pass (default: the probe batch size). NaN/inf outputs raise
+    :class:`NonFiniteOutputError` naming ``epoch``, ``split`` and the cases.
     """
-    idx, cids, sl, src, fol, cons = [], [], [], [], [], []
+    blocks: list[dict] = []
+    queue: _Followups | None = None
+    t_clean = t_fol = 0.0
+    n_clean = n_fol = 0
     where: dict = {}
     predict = _checked(predict, where, epoch, split)
     for pb in batches:
-        where["case_ids"] = pb.case_ids
+        t0 = time.perf_counter()
         images = pb.images if device is None else pb.images.to(device)
         masks = pb.masks.to(images.device)
         if suite.in_channels is None:
             suite.prepare(images.shape[1], probe=pb.images[:1].float().cpu())
+        n_tests = len(suite.tests)
+        if queue is None:
+            queue = _Followups(predict, forward_batch or len(pb.indices), progress, where)
+        where["case_ids"] = pb.case_ids
         probs = predict(images)
         src_lab = probabilities_to_labels(probs)
         # K from the probability channels (1 channel = binary): a batch's label range would
         # under-count classes that neither the model nor this batch's masks contain
         k_classes = max(2, int(probs.shape[1]))
-        src.append(slice_sums(src_lab, masks, k_classes).cpu())
-        f_rows, c_rows = [], []
-        u8 = to_uint8_list(pb.images) if path == "numpy" else None  # once per batch, not per test
-        for k in range(len(suite.tests)):
-            params = suite.params_for(split, k, pb.case_ids, pb.slice_indices, pb.images, pb.masks)
-            fimg = suite.apply(k, images, masks, params, path=path, uint8=u8)
-            flab = probabilities_to_labels(predict(fimg))
-            f_rows.append(slice_sums(flab, masks, k_classes).cpu())
-            c_rows.append(slice_sums(flab, src_lab, k_classes).cpu())
-            if progress:
-                progress(1)
+        n = len(pb.indices)
+        block = {"pb": pb, "k_classes": k_classes, "src": slice_sums(src_lab, masks, k_classes).cpu().numpy(),
+                 "fol": np.zeros((n, n_tests, k_classes - 1, 3), np.int64),
+                 "cons": np.zeros((n, n_tests, k_classes - 1, 3), np.int64),
+                 "tested": np.zeros((n, n_tests), bool)}
+        blocks.append(block)
         if progress:
-            progress(1)
-        fol.append(torch.stack(f_rows, 1) if f_rows else torch.zeros(len(pb.indices), 0, k_classes - 1, 3))
-        cons.append(torch.stack(c_rows, 1) if c_rows else torch.zeros(len(pb.indices), 0, k_classes - 1, 3))
-        idx += pb.indices
-        cids += pb.case_ids
-        sl += pb.slice_indices
-    if not idx:
+            progress(n)
+        t1 = time.perf_counter()
+        t_clean, n_clean = t_clean + t1 - t0, n_clean + n
+        u8 = None
+        for k in range(n_tests):
+            rows = list(range(n)) if selection is None else \
+                [i for i, j in enumerate(pb.indices) if j in selection.get(k, ())]
+            if not rows:
+                continue
+            if path == "numpy" and u8 is None:  # once per batch, not per test
+                u8 = to_uint8_list(volume_to_slices(pb.images, suite.slice_axis) if pb.images.ndim == 5
+                                   else pb.images)
+            sub = rows if len(rows) < n else slice(None)
+            params = suite.params_for(split, k, [pb.case_ids[i] for i in rows],
+                                      [pb.slice_indices[i] for i in rows], pb.images[sub], pb.masks[sub])
+            per = len(u8) // n if u8 is not None else 1  # uint8 slices per sample (volumes: S)
+            sub_u8 = None if u8 is None else [u8[i * per + j] for i in rows for j in range(per)]
+            fimg = suite.apply(k, images[sub], masks[sub], params, path=path, uint8=sub_u8)
+            queue.add((block, rows, k, fimg, masks[sub], src_lab[sub]))
+            n_fol += len(rows)
+        t_fol += time.perf_counter() - t1
+    if queue is not None:
+        t2 = time.perf_counter()
+        queue.flush()
+        t_fol += time.perf_counter() - t2
+    timing = {"clean_s": t_clean, "followup_s": t_fol, "n_clean": n_clean, "n_followup": n_fol}
+    n_tests = len(suite.tests)
+    if not blocks:
         z = np.zeros((0, 1, 3), np.int64)
         return ProbeResult(split, np.zeros(0, np.int64), [], np.zeros(0, np.int64), z,
-                           np.zeros((0, len(suite.tests), 1, 3), np.int64),
-                           np.zeros((0, len(suite.tests), 1, 3), np.int64))
-    kf = max(t.shape[1] for t in src)  # class count is fixed by the model's output channels
-    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, kf - t.shape[-2])) if t.shape[-2] < kf else t
-    return ProbeResult(split, np.asarray(idx, np.int64), cids, np.asarray(sl, np.int64),
-                       torch.cat([pad(t) for t in src]).numpy(), torch.cat([pad(t) for t in fol]).numpy(),
-                       torch.cat([pad(t) for t in cons]).numpy())
+                           np.zeros((0, n_tests, 1, 3), np.int64), np.zeros((0, n_tests, 1, 3), np.int64),
+                           {"timing": timing}, np.zeros((0, n_tests), bool))
+    kf = max(b["src"].shape[1] for b in blocks)  # class count is fixed by the model's output channels
+    pad = lambda a: np.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, kf - a.shape[-2]), (0, 0)])
+    cat = lambda name: np.concatenate([pad(b[name]) for b in blocks])
+    pbs = [b["pb"] for b in blocks]
+    return ProbeResult(split, np.asarray(sum((p.indices for p in pbs), []), np.int64),
+                       sum((list(p.case_ids) for p in pbs), []),
+                       np.asarray(sum((list(p.slice_indices) for p in pbs), []), np.int64),
+                       cat("src"), cat("fol"), cat("cons"), {"timing": timing},
+                       np.concatenate([b["tested"] for b in blocks]))
 
 
 def _checked(predict: Predict, where: dict, epoch: int | None, split: str) -> Predict:
@@ -138,18 +227,26 @@ def _case_sums(res: ProbeResult, arr: np.ndarray) -> dict[str, np.ndarray]:
 
 def aggregate(res: ProbeResult, class_names: Sequence[str], epoch: int,
               suite: MRSuite) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(history rows: clean per-class Dice/IoU per case; test-case rows for mr_cases.csv)."""
+    """(history rows: clean per-class Dice/IoU per case; test-case rows for mr_cases.csv).
+
+    Test-case rows only for the (case, test) pairs scored on every slice of the case.
+    """
     names = list(class_names)[: res.src.shape[1]]
     names += [f"class{i + 1}" for i in range(len(names), res.src.shape[1])]
     src = _case_sums(res, res.src)
     fol = _case_sums(res, res.fol)
     cons = _case_sums(res, res.cons)
+    tested: dict[str, np.ndarray] = {}
+    for cid, t in zip(res.case_id, res.tested_mask):
+        tested[cid] = tested[cid] & t if cid in tested else t.copy()
     hist, rows = [], []
     for cid in case_order(res):
         d, j = dice_from_sums(src[cid]), iou_from_sums(src[cid])
         hist.append({"case_id": cid, "epoch": int(epoch), **{f"dice_{n}": float(v) for n, v in zip(names, d)},
                      **{f"iou_{n}": float(v) for n, v in zip(names, j)}})
         for k, (pname, sev) in enumerate(suite.tests):
+            if not tested[cid][k]:
+                continue
             fd, fj = dice_from_sums(fol[cid][k]), iou_from_sums(fol[cid][k])
             rows.append({"epoch": int(epoch), "split": res.split, "case_id": cid,
                          "perturbation": pname, "severity": int(sev),
@@ -170,6 +267,6 @@ CASE_COLUMNS = ["epoch", "split", "case_id", "perturbation", "severity", "seed",
 
 def worst_slice(res: ProbeResult, case_id: str, k: int) -> int:
     """Row of ``res`` (a slice of ``case_id``) whose Dice dropped most under test ``k``."""
-    rows = [i for i, c in enumerate(res.case_id) if c == case_id]
+    rows = [i for i, c in enumerate(res.case_id) if c == case_id and res.tested_mask[i, k]]
     drop = [float(dice_from_sums(res.src[i]).mean() - dice_from_sums(res.fol[i, k]).mean()) for i in rows]
     return rows[int(np.argmax(drop))]

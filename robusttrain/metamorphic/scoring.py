@@ -25,14 +25,14 @@ from .outputs import (NonFiniteOutputError, ProbabilityOutputError, check_probab
 
 
 def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:
-    """(B,K,H,W) class probabilities -> (B,H,W) int64 labels.
+    """(B,K,H,W) class probabilities -> (B,H,W) int64 labels; volumes (B,K,H,W,D) -> (B,H,W,D).
 
     K == 1 is read as the foreground probability of a binary task (threshold 0.5). NaN/inf raise
     :class:`NonFiniteOutputError` (every consumer of labels gets the check), values outside [0,1]
     :class:`ProbabilityOutputError`.
     """
-    if probs.ndim != 4:
-        raise ValueError(f"expected probabilities of shape (B,K,H,W), got {tuple(probs.shape)}")
+    if probs.ndim not in (4, 5):
+        raise ValueError(f"expected probabilities of shape (B,K,H,W) or (B,K,H,W,D), got {tuple(probs.shape)}")
     check_probabilities(probs)
     if probs.shape[1] == 1:
         return (probs[:, 0] > 0.5).long()
@@ -46,7 +46,8 @@ def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:
 def slice_sums(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Per sample and foreground class: (intersection, pred sum, target sum), int64 (B,K-1,3).
 
-    ``pred`` / ``target`` are (B,H,W) label maps; class 0 is background and not scored.
+    ``pred`` / ``target`` are (B,H,W) label maps -- or (B,H,W,D) volumes, summed over all voxels,
+    so a volume's Dice is one score per case; class 0 is background and not scored.
     """
     if pred.shape != target.shape:
         raise ValueError(f"prediction {tuple(pred.shape)} and mask {tuple(target.shape)} differ")

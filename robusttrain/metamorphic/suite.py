@@ -15,6 +15,18 @@ epoch, device, rank and application path (batched torch / per-image numpy) repla
 >>> out = suite.apply(0, img, None, params, path="torch")
 >>> out.shape
 torch.Size([2, 3, 32, 32])
+
+Volumes (B,C,H,W,D) are perturbed slice-wise along ``slice_axis`` (default the last, D) with
+*one* set of params per volume, shared by all its slices: a contrast change, blur or overlay
+of a real acquisition affects the whole scan alike, and per-slice draws would add slice-to-slice
+flicker no scanner produces. The params are sampled on the volume's slice with the most
+foreground (the middle one without a mask), seeded by (case, test), so replay is exact.
+
+>>> vol = torch.rand(1, 1, 16, 16, 6)
+>>> s3 = MRSuite(["contrast"], severities=(4,), seed=0); s3.prepare(in_channels=1, probe=vol)
+>>> p3 = s3.params_for("val", 0, ["v0"], [0], vol)
+>>> s3.apply(0, vol, None, p3).shape
+torch.Size([1, 1, 16, 16, 6])
 """
 from __future__ import annotations
 
@@ -55,6 +67,23 @@ def to_uint8_list(images: torch.Tensor) -> list[np.ndarray]:
     return list(u8)
 
 
+def volume_to_slices(x: torch.Tensor, axis: int = -1, channels: bool = True) -> torch.Tensor:
+    """(B,C,H,W,D) -> (B*S, C, ., .): the 2-D slices along spatial ``axis`` (-1 = D), volume-major.
+
+    ``channels=False`` for label volumes (B,H,W,D) -> (B*S, ., .).
+
+    >>> volume_to_slices(torch.zeros(2, 1, 8, 9, 5)).shape, volume_to_slices(torch.zeros(2, 8, 9, 5), 0, False).shape
+    (torch.Size([10, 1, 8, 9]), torch.Size([16, 9, 5]))
+    """
+    x = x.movedim((2 if channels else 1) + axis % 3, 1)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def slices_to_volume(y: torch.Tensor, batch: int, axis: int = -1, channels: bool = True) -> torch.Tensor:
+    """Inverse of :func:`volume_to_slices` for a batch of ``batch`` volumes."""
+    return y.reshape(batch, -1, *y.shape[1:]).movedim(1, (2 if channels else 1) + axis % 3)
+
+
 def _from_hwc(arr: np.ndarray) -> torch.Tensor:
     arr = np.asarray(arr)
     if arr.ndim == 2:
@@ -71,7 +100,8 @@ class MRSuite:
     endoscopy suite; an unknown name is a ValueError listing the valid ones.
     ``tests`` is the ordered list of ``(name, severity)``; a test index ``k`` refers to it.
     Families that cannot run on the data (RGB-only on 1-channel images, grey-only on RGB) are
-    dropped by :meth:`prepare` and listed in ``skipped``.
+    dropped by :meth:`prepare` and listed in ``skipped``. ``slice_axis``: the spatial axis of
+    (B,C,H,W,D) volumes the 2-D perturbations run along (-1 = D, -2 = W, -3 = H; see the module doc).
 
     >>> MRSuite("mri").names[:2]
     ['bias_field', 'ghosting']
@@ -79,9 +109,13 @@ class MRSuite:
 
     def __init__(self, perturbations: str | Sequence[str] | None = None,
                  severities: Sequence[int] = DEFAULT_SEVERITIES, seed: int = 0,
-                 perturbation_kwargs: dict[str, dict] | None = None):
+                 perturbation_kwargs: dict[str, dict] | None = None, slice_axis: int = -1):
         from robusttrain.perturbations.suites import resolve
 
+        if isinstance(slice_axis, bool) or slice_axis not in (-3, -2, -1, 2, 3, 4):
+            raise ValueError(f"slice_axis must be a spatial axis of (B,C,H,W,D) volumes: -1 (D), -2 (W), "
+                             f"-3 (H) or 4, 3, 2, got {slice_axis!r}")
+        self.slice_axis = int(slice_axis) - 5 if slice_axis > 0 else int(slice_axis)
         self.names = resolve(perturbations) if perturbations is not None else list(DEFAULT_PERTURBATIONS)
         self.severities = [int(s) for s in severities]
         self.seed = int(seed)
@@ -99,6 +133,8 @@ class MRSuite:
             return
         from robusttrain import perturbations as P
 
+        if probe is not None and probe.ndim == 5:  # a volume: its 2-D slices are what gets perturbed
+            probe = volume_to_slices(probe[:1].float().cpu(), self.slice_axis)[:1]
         self.in_channels, self.tests, self._ops, self.skipped = in_channels, [], {}, {}
         known = set(P.available())
         probe = probe if probe is not None else torch.full((1, in_channels, 64, 64), 0.5)
@@ -153,10 +189,23 @@ class MRSuite:
                 g = torch.Generator().manual_seed(self.slice_seed(cid, k, si))
                 img = images[i:i + 1].detach().float().cpu()
                 m = None if masks is None else masks[i:i + 1].detach().cpu()
+                if img.ndim == 5:  # one draw per volume, on its representative slice
+                    img, m = self._representative_slice(img, m)
                 p = self.op(k).sample_params(img, m, generator=g)
                 self._cache[key] = {n: v.detach().cpu() for n, v in p.items()}
             out.append(self._cache[key])
         return out
+
+    def _representative_slice(self, vol: torch.Tensor, mask: torch.Tensor | None
+                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        slices = volume_to_slices(vol, self.slice_axis)
+        j = slices.shape[0] // 2
+        if mask is not None:
+            mslices = volume_to_slices(mask, self.slice_axis, channels=False)
+            fg = (mslices > 0).flatten(1).sum(1)
+            j = int(fg.argmax()) if int(fg.max()) > 0 else j
+            return slices[j:j + 1], mslices[j:j + 1]
+        return slices[j:j + 1], None
 
     def cached(self, split: str, k: int, case_id: str, slice_index: int) -> dict | None:
         """Cached params of one slice for test ``k`` (None when not sampled yet)."""
@@ -169,8 +218,15 @@ class MRSuite:
               ) -> torch.Tensor:
         """Follow-up images for test ``k`` on ``path`` ("torch": batched; "numpy": uint8 per image).
 
-        ``uint8``: the batch already converted by :func:`to_uint8_list` (saves one conversion per test).
+        ``uint8``: the batch already converted by :func:`to_uint8_list` (saves one conversion per test;
+        for volumes: their slices, as :func:`volume_to_slices` orders them).
         """
+        if images.ndim == 5:  # slice-wise, every slice with its volume's params
+            n_sl = images.shape[2 + self.slice_axis % 3]
+            flat = volume_to_slices(images, self.slice_axis)
+            fm = None if masks is None else volume_to_slices(masks, self.slice_axis, channels=False)
+            out = self.apply(k, flat, fm, [p for p in params for _ in range(n_sl)], path, uint8)
+            return slices_to_volume(out, images.shape[0], self.slice_axis)
         op = self.op(k)
         if path == "numpy":
             src = uint8 if uint8 is not None else to_uint8_list(images)
@@ -198,10 +254,12 @@ class MRSuite:
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"names": self.names, "severities": self.severities, "seed": self.seed,
-                "param_units": PARAM_UNITS, "cache": [[list(k), v] for k, v in self._cache.items()]}
+                "param_units": PARAM_UNITS, "slice_axis": self.slice_axis,
+                "cache": [[list(k), v] for k, v in self._cache.items()]}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names:
+        if (state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names
+                or state.get("slice_axis", self.slice_axis) != self.slice_axis):
             log.warning("metamorphic suite: checkpoint suite differs from the configured one; "
                         "params will be re-sampled for the configured suite")
             return

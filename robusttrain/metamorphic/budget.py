@@ -1,0 +1,142 @@
+"""A robustness budget: which (case, test) pairs an epoch's check scores, so that it costs about
+``budget`` x the training time since the previous check.
+
+The full suite scores every probe case under every (perturbation, severity) test; at the recipes'
+sizes that costs 1-3x the training it checks. A budgeted check keeps the clean pass over the whole
+validation probe (the per-case history that corner cases need is cheap and stays complete) and
+scores a *stratified* subset of the follow-ups: every test (stratum) gets an equal share of the
+pairs the budget affords (at least ``min_per_test``), and within a test the cases come from a
+seeded permutation walked by a cursor, so successive checks rotate through all pairs. Costs per
+sample are the ones measured on the previous check (or a timed forward before the first one).
+
+Training-set probes (failure mining) share the budget, in proportion to their pair counts; their
+clean pass runs only on the selected cases. ``reserve_s`` lets the caller set aside the cost of the
+full-suite check at the end of training (:func:`final_reserve`), so the whole run stays in budget.
+
+>>> b = CheckBudget(0.25, seed=0)
+>>> b.observe({"clean_s": 1.0, "n_clean": 100, "followup_s": 2.4, "n_followup": 200})
+>>> ids = [f"c{i}" for i in range(10)]
+>>> plan = b.plan(train_seconds=20.0, probes={"val": ids}, n_tests=4)
+>>> plan["val"] is None   # (0.25 x 20 s - 10 x 0.01 s) / 0.012 s = 408 pairs >= 40: the whole suite
+True
+>>> plan = b.plan(train_seconds=1.0, probes={"val": ids}, n_tests=4)   # 0.15 s: 12 pairs, 3 per test
+>>> sorted(len(v) for v in plan["val"].values())
+[3, 3, 3, 3]
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .suite import stable_seed
+
+# before any follow-up was timed: a follow-up costs its forward plus the perturbation, scoring
+# and bookkeeping (benchmarks/mr_overhead.py: 8-20 % of the forward; rounded up)
+FOLLOWUP_FACTOR = 1.25
+
+
+def check_budget(budget: Any) -> float | None:
+    """``None`` (the full suite every check) or a fraction of training time in (0, 1].
+
+    >>> check_budget(0.25), check_budget(None)
+    (0.25, None)
+    """
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < float(budget) <= 1:
+        raise ValueError(f"budget must be a fraction of training time in (0, 1] (e.g. 0.25) or None "
+                         f"for the full suite every check, got {budget!r}")
+    return float(budget)
+
+
+def final_reserve(n_samples: int, n_tests: int, clean_cost: float, followup_cost: float,
+                  epochs_covered: float, total_epochs: int | None) -> float:
+    """Share of the end-of-training full-suite check charged to a check covering ``epochs_covered``.
+
+    >>> final_reserve(40, 18, 0.01, 0.012, 1, 8)   # (40 x 0.01 + 40 x 18 x 0.012) / 8
+    1.13
+    """
+    if not total_epochs or total_epochs <= 0:
+        return 0.0
+    full = n_samples * (clean_cost + n_tests * followup_cost)
+    return round(full * min(1.0, epochs_covered / total_epochs), 6)
+
+
+class CheckBudget:
+    """Plans budgeted checks (module doc); ``budget=None`` plans the full suite every time."""
+
+    def __init__(self, budget: float | None, seed: int = 0, min_per_test: int = 1):
+        self.budget = check_budget(budget)
+        self.seed, self.min_per_test = int(seed), max(0, int(min_per_test))
+        self.clean_cost: float | None = None  # seconds per sample, clean forward + scoring
+        self.followup_cost: float | None = None  # seconds per sample, perturb + forward + scoring
+        self.cursors: dict[str, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget is not None
+
+    def observe(self, timing: Mapping[str, float] | None) -> None:
+        """Per-sample costs from a check's ``ProbeResult.extra["timing"]`` (the next plan uses them)."""
+        if not timing:
+            return
+        if timing.get("n_clean", 0) > 0:
+            self.clean_cost = float(timing["clean_s"]) / timing["n_clean"]
+        if timing.get("n_followup", 0) > 0:
+            self.followup_cost = float(timing["followup_s"]) / timing["n_followup"]
+
+    def costs(self) -> tuple[float, float]:
+        """(clean, follow-up) seconds per sample; needs a prior :meth:`observe`."""
+        if self.clean_cost is None:
+            raise RuntimeError("CheckBudget: no cost measured yet; call observe() with a timed forward")
+        return self.clean_cost, self.followup_cost or self.clean_cost * FOLLOWUP_FACTOR
+
+    def plan(self, train_seconds: float, probes: Mapping[str, Sequence[str]], n_tests: int,
+             reserve_s: float = 0.0) -> dict[str, dict[int, set[str]] | None]:
+        """Per split: ``{test index: case ids}`` to score, or None for the whole suite.
+
+        ``probes``: per split, the case id of every probe sample (several per case for slices).
+        The ``"val"`` split's clean pass is paid first (it always runs over the whole probe).
+        Advances the rotation cursors: call once per check, on one rank, and share the plan.
+        """
+        if not self.enabled or n_tests <= 0:
+            return {s: None for s in probes}
+        c_clean, c_fol = self.costs()
+        cases = {s: list(dict.fromkeys(ids)) for s, ids in probes.items()}
+        per_case = {s: len(ids) / max(1, len(cases[s])) for s, ids in probes.items()}
+        avail = self.budget * max(0.0, train_seconds) - reserve_s - len(probes.get("val", ())) * c_clean
+        full = {s: len(c) * n_tests for s, c in cases.items()}
+        total = sum(full.values()) or 1
+        out: dict[str, dict[int, set[str]] | None] = {}
+        for s in probes:
+            # a train probe's pair also pays its case's clean forward (an upper bound: cases repeat)
+            pair_cost = per_case[s] * (c_fol + (0.0 if s == "val" else c_clean))
+            afford = int(max(0.0, avail) * full[s] / total / max(pair_cost, 1e-9))
+            n_pairs = max(afford, min(self.min_per_test, len(cases[s])) * n_tests)
+            out[s] = None if n_pairs >= full[s] else self._select(s, cases[s], n_tests, n_pairs)
+        return out
+
+    def _select(self, split: str, cases: list[str], n_tests: int, n_pairs: int) -> dict[int, set[str]]:
+        n = len(cases)
+        base, extra = divmod(n_pairs, n_tests)
+        off = self.cursors.get(f"{split}/extra", 0)  # which tests get the remainder rotates too
+        out = {}
+        for k in range(n_tests):
+            m = min(n, base + (1 if (k - off) % n_tests < extra else 0))
+            perm = np.random.default_rng(stable_seed(self.seed, split, k, n, "budget")).permutation(n)
+            c = self.cursors.get(f"{split}/{k}", 0)
+            out[k] = {cases[int(perm[(c + j) % n])] for j in range(m)}
+            self.cursors[f"{split}/{k}"] = (c + m) % n
+        self.cursors[f"{split}/extra"] = (off + extra) % n_tests
+        return out
+
+    # -- checkpoint state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"budget": self.budget, "clean_cost": self.clean_cost, "followup_cost": self.followup_cost,
+                "cursors": dict(self.cursors)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.clean_cost = state.get("clean_cost")
+        self.followup_cost = state.get("followup_cost")
+        self.cursors = {str(k): int(v) for k, v in state.get("cursors", {}).items()}
