@@ -107,6 +107,14 @@ class FailureMiningCallback(Callback):
             log.warning("FailureMiningCallback: no datamodule.train_dataset; replay disabled — wrap "
                         "your training set in robusttrain.mining.ReplayDataset yourself")
             return
+        if len(base):  # replay re-creates 2-D images; refuse volumes now, not mid-training
+            from robusttrain.metamorphic.batch import iter_probe
+
+            shape = tuple(next(iter_probe(base, [0], 1, mc.hooks)).images.shape)
+            if len(shape) == 5:
+                raise ValueError(f"FailureMiningCallback: replaying failures of 3-D volumes is not supported "
+                                 f"(train images {shape} are (B,C,H,W,D)); remove it or set "
+                                 f"callbacks.mining.enabled=false -- MetamorphicCallback checks volumes alone")
         if self.clean_train_probe and mc.datasets.get("train") is None:
             mc.datasets["train"] = CleanDataset(base)
         if self.replay_ratio > 0:

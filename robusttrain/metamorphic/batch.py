@@ -92,6 +92,9 @@ def _normalise_mask(m: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     if m.ndim == images.ndim and m.shape[1] == 1:  # (B,1,H,W[,D]) binary masks are common
         m = m[:, 0]
     want = "(B,H,W,D)" if images.ndim == 5 else "(B,H,W)"
+    if m.shape == images.shape and images.ndim == 4:  # e.g. (B,H,W,D) volumes read without a channel dim
+        raise HookError(f"images {tuple(images.shape)} have the masks' shape: images need a channel dim, "
+                        "(B,C,H,W) or (B,C,H,W,D); pass get_images=")
     if m.ndim != images.ndim - 1 or m.shape[0] != images.shape[0] or m.shape[1:] != images.shape[2:]:
         raise HookError(f"masks must be {want} class indices matching images {tuple(images.shape)}, "
                         f"got {tuple(m.shape)}; pass get_masks=")
