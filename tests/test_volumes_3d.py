@@ -209,8 +209,8 @@ def test_acdc_volumes_stacked_as_3d(shared_data, tmp_path):
         pytest.skip("fewer than 3 ACDC volumes in the shared data")
     ds = ACDCVolumes(files)
     assert all(set(m.unique().tolist()) == {0, 1, 2, 3} for m in ds.m)  # RV, MYO, LV survive the crop
-    mc = MetamorphicCallback(["contrast", "blur"], severities=(4,), dirpath=tmp_path, batch_size=1,
-                             class_names=["rv", "myo", "lv"])
+    mc = MetamorphicCallback("mri", severities=(4,), dirpath=tmp_path, batch_size=1,
+                             class_names=["rv", "myo", "lv"])  # the MRI families, slice-wise
     _trainer(tmp_path, [mc, BalancedCheckpoint(dirpath=tmp_path)], epochs=1).fit(
         UNet3D(classes=4), datamodule=VolumeData(ds, ds, batch_size=1))
     hist = pd.read_csv(tmp_path / "history.csv")
@@ -218,4 +218,6 @@ def test_acdc_volumes_stacked_as_3d(shared_data, tmp_path):
     assert {"dice_rv", "dice_myo", "dice_lv"} <= set(hist.columns)
     assert hist[["dice_rv", "dice_myo", "dice_lv"]].apply(lambda v: v.between(0, 1)).all().all()
     efr = pd.read_csv(tmp_path / "efr.csv")
-    assert efr[efr.perturbation == "all"].cases.unique().tolist() == [3 * 2]
+    n_tests = len(mc.suite.tests)
+    assert not mc.suite.skipped and n_tests == 8  # every MRI family runs on 1-channel volumes
+    assert efr[efr.perturbation == "all"].cases.unique().tolist() == [3 * n_tests]
