@@ -199,6 +199,14 @@ def _bilinear_zero(img: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
 class Instrument(PastedObject):
     """Surgical instrument (MR3-1). Procedural: a shaded metallic shaft with a jaw tip.
 
+    It enters the field of view from its edge, as a tool does from the working channel: an entry
+    direction is drawn around the image centre, the entry point is where that ray leaves the field of
+    view (the black border's edge, or the image edge), and the shaft points inwards (within ±17° of the
+    centre) with its base 15 % of the cut-out beyond the edge (cut there at render time). Of 8 entry
+    directions, the first whose shaft stays off the lesion is used. Severity -> the cut-out square's side
+    (1: .30-.38 .. 5: .62-.72 of the shorter side): the shaft is 4-16 % of the side wide and reaches
+    17-40 % of it into the view, as forceps and snares do when close to the lens.
+
     Example:
         >>> import numpy as np
         >>> img = np.full((128, 128, 3), 140, np.uint8)
@@ -208,6 +216,52 @@ class Instrument(PastedObject):
     """
 
     name = kind = "instrument"
+    SIZE_FRAC = {1: (0.30, 0.38), 2: (0.38, 0.46), 3: (0.46, 0.54), 4: (0.54, 0.62), 5: (0.62, 0.72)}
+    needs_fov = True
+    CANDIDATES, STEPS, OVERHANG, JITTER = 8, 48, 0.15, 0.3
+
+    def _place(self, luma, free, k, h, w, r, device=None, fov=None):
+        th = isinstance(luma, torch.Tensor)
+        xp = torch if th else np
+        dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
+        gather = gather_cells if th else gather_cells_np
+        b, side, nc = luma.shape[0], short_side(h, w), self.CANDIDATES
+        lo, hi = self.SIZE_FRAC[self.severity]
+        size = dev(r.uniform(lo, hi, (b,))) * side
+        j = torch.arange(nc, device=device, dtype=torch.float32) if th else np.arange(nc, dtype=np.float32)
+        theta = dev(r.uniform(0, 2 * math.pi, (b, 1))) + j[None] * (2 * math.pi / nc)  # (B,C) entry directions
+        inward = theta + math.pi + dev(r.uniform(-self.JITTER, self.JITTER, (b, nc)))
+        idx = dev(r.integers(0, len(self.bank), (b,)))
+        flip = dev(r.integers(0, 2, (b,)))
+        # March each ray from the centre; the entry point is the farthest ray point inside the view.
+        cy0, cx0 = h / 2, w / 2
+        steps = (torch.arange(1, self.STEPS + 1, device=device).float() if th
+                 else np.arange(1, self.STEPS + 1, dtype=np.float32)) * (0.5 * math.hypot(h, w) / self.STEPS)
+        sy, sx = xp.sin(theta)[..., None], xp.cos(theta)[..., None]
+        py, px = cy0 + steps * sy, cx0 + steps * sx  # (B,C,T)
+        inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
+        in_view = gather(fov, py.reshape(b, -1), px.reshape(b, -1), k).reshape(py.shape) & inside
+        t_edge = (steps * in_view).amax(-1) if th else (steps * in_view).max(-1)  # (B,C)
+        ey, ex = cy0 + t_edge * sy[..., 0], cx0 + t_edge * sx[..., 0]
+        dy, dx = xp.sin(inward), xp.cos(inward)
+        # The shaft (entry point to ~60 % of the cut-out inwards) must stay off the lesion.
+        fr = (torch.linspace(0.05, 0.6, 8, device=device) if th else np.linspace(0.05, 0.6, 8).astype(np.float32))
+        along = size[:, None, None] * fr  # (B,1,8)
+        qy, qx = ey[..., None] + dy[..., None] * along, ex[..., None] + dx[..., None] * along
+        okf = gather(free, qy.reshape(b, -1), qx.reshape(b, -1), k).reshape(qy.shape)
+        okf = okf.float().mean(-1) if th else okf.astype(np.float32).mean(-1)  # (B,C)
+        score = (okf >= 1) * (2.0 * nc) + okf * nc - j[None]  # first fully free candidate, else the freest
+        pick = score.argmax(1)
+        take = (lambda a: a.gather(1, pick[:, None])[:, 0]) if th else (lambda a: np.take_along_axis(a, pick[:, None], 1)[:, 0])  # noqa: E731
+        ey, ex, dy, dx, ang, ok = take(ey), take(ex), take(dy), take(dx), take(inward), take(okf)
+        base = self.OVERHANG * size
+        cy, cx = ey - dy * base + dy * size / 2, ex - dx * base + dx * size / 2
+        my, mx = ey + dy * 0.35 * size, ex + dx * 0.35 * size  # mid-shaft: brightness reference
+        near = gather(luma, my[:, None], mx[:, None], k)[:, 0]
+        f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
+        return {"index": idx, "center_rel": f32(xp.stack([cy / h, cx / w], 1)), "size_rel": f32(size / side),
+                "angle": f32(ang), "flip": flip, "gain": f32(self._gain(near, idx, xp, device)),
+                "visible": f32(ok >= 0.5)}
 
 
 class Feces(PastedObject):
