@@ -82,8 +82,11 @@ def test_replay_is_bit_exact_and_only_selected_samples_change(family):
     again = aug(x, mask=m, params=params)
     assert torch.equal(again, out)
     assert aug._params is params
-    # the same generator seed draws the same params
+    # the same generator seed draws the same params; sampling and applying are separate steps
     assert torch.equal(aug(x, mask=m, generator=torch.Generator().manual_seed(3)), out)
+    drawn = aug.generate_parameters(x, m, torch.Generator().manual_seed(3))
+    assert drawn.keys() == params.keys() and all(torch.equal(drawn[k], params[k]) for k in params)
+    assert torch.equal(aug.apply(x, drawn, m), out)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

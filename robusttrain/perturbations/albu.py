@@ -94,7 +94,7 @@ def _taken() -> frozenset[str]:
 
 
 _TAKEN: frozenset[str] | None = None
-_CLASSES: dict[str, type[PerturbationTransform]] = {}
+TRANSFORMS: dict[str, type[PerturbationTransform]] = {}  # family -> its transform class
 
 
 def _class_name(family: str) -> str:
@@ -109,8 +109,8 @@ def transform_class(family: str) -> type[PerturbationTransform]:
     >>> transform_class("white_balance").__name__, transform_class("white_balance")(cast="green").cast
     ('WhiteBalanceTransform', 'green')
     """
-    if family in _CLASSES:
-        return _CLASSES[family]
+    if family in TRANSFORMS:
+        return TRANSFORMS[family]
     fam = family_class(family)
     params = list(inspect.signature(fam.__init__).parameters.values())[1:]
     if any(q.name == "model" for q in params):
@@ -151,14 +151,14 @@ def transform_class(family: str) -> type[PerturbationTransform]:
 
     strict_init.__signature__ = sig
     cls.__init__ = strict_init
-    _CLASSES[family] = cls
+    # a module-level name: importable (``_target_`` configs), picklable (spawned data-loader workers)
+    TRANSFORMS[family] = globals()[name] = cls
     return cls
 
 
-TRANSFORMS: dict[str, type[PerturbationTransform]] = {}
-for _family in available():  # module-level classes: importable by name, picklable, found by A.from_dict
+for _family in available():  # made at import, so A.from_dict finds every family's class by its full name
     try:
-        TRANSFORMS[_family] = globals()[_class_name(_family)] = transform_class(_family)
+        transform_class(_family)
     except ValueError:
         pass  # needs a model
 __all__ = ["PerturbationTransform", "TRANSFORMS", "transform_class", "transform_for",

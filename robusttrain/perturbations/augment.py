@@ -121,8 +121,9 @@ class BatchAugmentation(torch.nn.Module):
             params.update({f"s{s}.{k}": v for k, v in sub.items()})
         return params
 
-    def apply(self, images: torch.Tensor, mask: torch.Tensor | None, params: Params) -> torch.Tensor:
-        """Apply ``params`` (from :meth:`generate_parameters`); unselected samples are returned unchanged."""
+    def apply(self, images: torch.Tensor, params: Params, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply ``params`` (from :meth:`generate_parameters`); unselected samples are returned unchanged
+        (when none is selected, ``images`` itself is returned: no copy)."""
         images = check_batch(images, f"BatchAugmentation({self.family})", rgb=False, check_range=False)
         mask = check_masks(mask, images, self.family)
         groups = self._groups(params, images.shape[0])
@@ -143,7 +144,7 @@ class BatchAugmentation(torch.nn.Module):
         """Perturb a (B,C,H,W) batch; with ``params`` replay them exactly. The params used go to ``_params``."""
         if params is None:
             params = self.generate_parameters(images, mask, generator)
-        out = self.apply(images, mask, params)
+        out = self.apply(images, params, mask)
         self._params = params
         return out
 
