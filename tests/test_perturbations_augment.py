@@ -205,7 +205,7 @@ def test_runs_in_on_after_batch_transfer_of_a_real_trainer():
     class Module(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net, self.aug, self.seen = TinyNet(), BatchAugmentation("specularity", severity=(1, 5), p=1.0), []
+            self.net, self.aug, self.seen = TinyNet(), BatchAugmentation("blur", severity=(1, 5), p=1.0), []
 
         def on_after_batch_transfer(self, batch, dataloader_idx):
             if self.trainer.training:
