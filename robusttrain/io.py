@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +22,7 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        kill_point(f"write:{path.name}")
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
@@ -30,6 +32,25 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
             pass
         raise
     return path
+
+
+KILL_ENV = "ROBUSTTRAIN_TEST_KILL_AT"
+_kill_counts: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """Fault injection for the kill tests: ``ROBUSTTRAIN_TEST_KILL_AT=NAME:N`` SIGKILLs this process
+    the N-th time it reaches ``kill_point(NAME)`` (no-op otherwise). Every atomic write passes
+    ``write:<file name>`` after its temp file is complete and before it replaces the file.
+
+    >>> kill_point("write:history.csv")   # not armed: nothing happens
+    """
+    spec = os.environ.get(KILL_ENV)
+    if not spec or spec.rpartition(":")[0] != name:
+        return
+    _kill_counts[name] = _kill_counts.get(name, 0) + 1
+    if str(_kill_counts[name]) == spec.rpartition(":")[2]:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

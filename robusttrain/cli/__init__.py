@@ -5,6 +5,7 @@ fix (bad recipe, key, value, path) are printed as one line with exit code 2.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -85,11 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest):
         print(usage())
         return 0
+    # W&B never reaches for the network unless the user asks for it (WANDB_MODE=online).
+    os.environ.setdefault("WANDB_MODE", "offline")
+    from robusttrain.checkpoints import CheckpointError
     from robusttrain.datamodules.errors import DataError
+
+    from robusttrain.cli.rundir import release_all
 
     try:
         return COMMANDS[command](rest)
-    except (UsageError, DataError) as e:
+    except (UsageError, DataError, CheckpointError) as e:
         # Bad input the user can fix: one line, no traceback from deep inside torch.
         print(f"robusttrain {command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        release_all()

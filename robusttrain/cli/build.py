@@ -6,6 +6,7 @@ beyond the run directory and mapping construction errors to one clear line.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from robusttrain.cli import rundir
 from robusttrain.cli.errors import UsageError
 from robusttrain.io import atomic_write_text
 
@@ -33,8 +35,9 @@ class Run:
     callbacks: list = field(default_factory=list)
 
 
-def resolve_run_dir(cfg: DictConfig) -> Path:
-    """Fill ``cfg.run_dir`` (default ``runs/<recipe>/<timestamp>/``), create it, and resolve the config."""
+def resolve_run_dir(cfg: DictConfig, command: str) -> Path:
+    """Fill ``cfg.run_dir`` (default ``runs/<recipe>/<timestamp>/``), create and lock it for ``command``
+    (see :mod:`robusttrain.cli.rundir`), and resolve the config."""
     with open_dict(cfg):
         if not cfg.get("run_dir"):
             # Lightning's DDP launcher re-runs this command for the other ranks seconds later; they
@@ -50,6 +53,9 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create run_dir '{run_dir}': {e.strerror}") from None
+    if not os.access(run_dir, os.W_OK):
+        raise UsageError(f"run_dir '{run_dir}' is not writable")
+    rundir.claim(run_dir, command)  # before anything is written into it
     try:
         OmegaConf.resolve(cfg)
     except Exception as e:  # an interpolation typo in a user recipe
@@ -57,23 +63,46 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
     return run_dir
 
 
-def write_config(cfg: DictConfig, run_dir: Path) -> Path:
-    return atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+def write_config(cfg: DictConfig, run_dir: Path, command: str = "fit") -> Path:
+    """``config.yaml`` for fit; other commands write ``config.<command>.yaml`` beside it."""
+    return atomic_write_text(run_dir / rundir.config_name(command), OmegaConf.to_yaml(cfg))
 
 
 def build(section: str, node: Any) -> Any:
-    """Instantiate one ``_target_`` node; any failure becomes one line naming the section."""
+    """Instantiate one ``_target_`` node; any failure becomes one line naming the config key.
+
+    Objects validate their own arguments when constructed (ValueError/TypeError naming the
+    argument); the argument named in the message is mapped back to its recipe key here, so
+    ``callbacks.metamorphic.severities=[6]`` fails before training with
+    ``bad value for 'callbacks.metamorphic.severities' ([6]): ...``.
+    """
     try:
         return instantiate(node, _convert_="all")
     except InstantiationException as e:
         cause = e.__cause__ or e
-        raise UsageError(f"cannot build '{section}': {_one_line(cause)}") from None
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"cannot build '{section}': {_one_line(e)}") from None
+    except (TypeError, ValueError, KeyError) as e:
+        cause = e
+    raise UsageError(construction_error(section, node, cause)) from None
+
+
+def construction_error(section: str, node: Any, err: BaseException) -> str:
+    """One line for an object that refused its arguments, naming ``<section>.<key>`` when the
+    message names one of the node's keys (the first one it mentions)."""
+    msg = _one_line(err)
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=False)
+    keys = [str(k) for k in node if not str(k).startswith("_")] if isinstance(node, dict) else []
+    hits = {k: m.start() for k in keys
+            if (m := re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", msg))}
+    if hits:
+        key = min(hits, key=lambda k: (hits[k], -len(k)))
+        return f"bad value for '{section}.{key}' ({node[key]!r}): {msg}"
+    return f"cannot build '{section}': {msg}"
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
+    text = (e.args[0] if isinstance(e, KeyError) and e.args else str(e))
+    text = str(text).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
 
@@ -89,17 +118,40 @@ def build_callbacks(cfg: DictConfig) -> list:
     return out
 
 
-def build_loggers(cfg: DictConfig) -> list | bool:
-    loggers = [build(f"logger.{name}", node) for name, node in (cfg.get("logger") or {}).items()
-               if node is not None]
+def build_loggers(cfg: DictConfig, command: str = "fit") -> list | bool:
+    """The recipe's loggers; for commands other than fit each one with a ``version`` (sub-folder)
+    logs to ``<command>`` instead, so a run's ``logs/metrics.csv`` is never touched by them."""
+    loggers = []
+    for name, node in (cfg.get("logger") or {}).items():
+        if node is None:
+            continue
+        node = OmegaConf.to_container(node, resolve=True)
+        if command != "fit" and "version" in node:
+            node["version"] = rundir.logger_version(command)
+        loggers.append(build(f"logger.{name}", node))
     return loggers or False
 
 
-def build_run(cfg: DictConfig, with_trainer: bool = True) -> Run:
+def check_trainer(trainer_cfg: dict) -> None:
+    """Refuse trainer settings that never end or do nothing (Lightning accepts them silently)."""
+    epochs, steps, time = (trainer_cfg.get(k) for k in ("max_epochs", "max_steps", "max_time"))
+    bounded = (isinstance(steps, int) and steps > 0) or bool(time)
+    if epochs in (None, -1) and not bounded:
+        raise UsageError(f"trainer.max_epochs={'null' if epochs is None else epochs} would train without an "
+                         "end (Lightning: -1 forever, null 1000 epochs); set a positive number of epochs, or "
+                         "bound the run with trainer.max_steps=N or trainer.max_time=DD:HH:MM:SS")
+    if epochs is not None and epochs != -1 and (not isinstance(epochs, int) or epochs < 1):
+        raise UsageError(f"bad value for 'trainer.max_epochs': {epochs!r} (expected a positive integer, "
+                         "or -1 together with trainer.max_steps=N or trainer.max_time)")
+
+
+def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit") -> Run:
     """Seed, create the run directory and instantiate datamodule, model, callbacks and trainer."""
-    # W&B never reaches for the network unless the user asks for it.
-    os.environ.setdefault("WANDB_MODE", "offline")
-    run_dir = resolve_run_dir(cfg)
+    from robusttrain.checkpoints import checkpoint_io
+
+    if with_trainer:
+        check_trainer({k: cfg.trainer.get(k) for k in ("max_epochs", "max_steps", "max_time")})
+    run_dir = resolve_run_dir(cfg, command)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build("data", cfg.data)
     model = build("model", cfg.model)
@@ -109,9 +161,11 @@ def build_run(cfg: DictConfig, with_trainer: bool = True) -> Run:
         run.callbacks = build_callbacks(cfg)
         trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
         trainer_cfg["callbacks"] = run.callbacks
-        trainer_cfg["logger"] = build_loggers(cfg)
+        trainer_cfg["logger"] = build_loggers(cfg, command)
+        # checkpoints are written atomically in place and read back weights-only
+        trainer_cfg.setdefault("plugins", [checkpoint_io()])
         run.trainer = build("trainer", trainer_cfg)
-    write_config(cfg, run_dir)
+    write_config(cfg, run_dir, command)
     return run
 
 

@@ -55,6 +55,7 @@ def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
     for o in overrides:
         if "=" not in o:
             raise UsageError(f"expected key=value, got '{o}'")
+    _check_group_choices(overrides)
     overrides = _allow_new_keys_in_open_mappings(recipe, overrides)
     try:
         cfg = _compose_raw(recipe, overrides)
@@ -69,6 +70,38 @@ def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
         raise UsageError(f"cannot parse override: {_first_line(e)}") from None
     _check_value_types(recipe, cfg, overrides)
     return cfg
+
+
+def group_options(group: str) -> list[str]:
+    """Config names of a group folder (``data`` -> ``acdc, cxr, polyp``) in ./recipes and the package."""
+    names: set[str] = set()
+    for d in filter(None, (user_recipes_dir(), PACKAGE_RECIPES)):
+        if (d / group).is_dir():
+            names.update(p.stem for p in (d / group).glob("*.yaml"))
+    return sorted(names)
+
+
+def _is_group(key: str) -> bool:
+    return any((d / key).is_dir() for d in filter(None, (user_recipes_dir(), PACKAGE_RECIPES)))
+
+
+def _check_group_choices(overrides: list[str]) -> None:
+    """A group choice must name a config of that group: ``data=../../x`` would make Hydra load a
+    YAML from outside the recipe folders. Hydra's own settings (``hydra.*``, e.g. the search path)
+    are the CLI's, not the command line's."""
+    for o in overrides:
+        key, value = o.split("=", 1)
+        name = key.lstrip("+~").split("@")[0]
+        if name == "hydra" or name.startswith(("hydra.", "hydra/")):
+            raise UsageError(f"'{key}' cannot be set on the command line (robusttrain composes the recipe "
+                             "itself; put extra recipes in ./recipes)")
+        if "/" in name or _is_group(name):
+            group = name if re.fullmatch(r"\w+(/\w+)*", name) and _is_group(name) else None
+            valid = group_options(group) if group else []
+            if group is None or value not in valid:
+                what = f"{group} '{value}'" if group else f"config group '{name}'"
+                raise UsageError(f"unknown {what}; valid choices: {', '.join(valid)}" if group else
+                                 f"unknown {what}; valid groups: {', '.join(GROUPS)}")
 
 
 def _allow_new_keys_in_open_mappings(recipe: str, overrides: list[str]) -> list[str]:

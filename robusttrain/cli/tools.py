@@ -1,6 +1,7 @@
 """``check``, ``corners``, ``gallery``, ``report``: thin glue from the command line to library code."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +45,9 @@ def gallery(recipe: str | None, overrides: list[str], positional: list[str]) -> 
     n = extra.get("n", "2")
     if not n.isdigit() or int(n) < 1:
         raise UsageError(f"bad value for 'n': {n!r} (expected a positive integer: images per gallery)")
+    out = output_file(extra.get("out", "gallery.png"), "out", ".png")
     images = _sample_images(build("data", cfg.data), int(n))
-    out = render_gallery(images, extra.get("out", "gallery.png"))
+    out = render_gallery(images, out)
     print(f"[robusttrain] gallery written to {Path(out).resolve()}")
     return 0
 
@@ -59,7 +61,8 @@ def report(recipe: str | None, overrides: list[str], positional: list[str]) -> i
     run_dir = Path(positional[0])
     if not run_dir.is_dir():
         raise UsageError(f"run directory not found: '{run_dir}'")
-    out = write_report(run_dir, opts.get("out"))
+    out = output_file(opts["out"], "out", ".html") if "out" in opts else None
+    out = write_report(run_dir, out)
     print(f"[robusttrain] report written to {Path(out).resolve()}")
     return 0
 
@@ -89,50 +92,64 @@ def corners(recipe: str | None, overrides: list[str], positional: list[str]) -> 
 
 
 def _load_model(cfg, ckpt: str):
-    """The recipe's model class with the checkpoint's weights (LightningModule or plain nn.Module)."""
-    import lightning as L
-    import torch
-    from hydra.utils import get_class
+    """The recipe's model (LightningModule or plain nn.Module) with the checkpoint's weights.
 
+    The model is built from the recipe, never from the file: the checkpoint is read weights-only
+    (robusttrain.checkpoints), so a checkpoint cannot run code, and it must fit the recipe's model.
+    """
+    from robusttrain.checkpoints import load_checkpoint
     from robusttrain.cli.build import build
 
-    cls = get_class(cfg.model._target_)
-    try:
-        if issubclass(cls, L.LightningModule):
-            return cls.load_from_checkpoint(ckpt, map_location="cpu")
-        model = build("model", cfg.model)
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        model.load_state_dict(state.get("state_dict", state))
-        return model
-    except (RuntimeError, KeyError, OSError) as e:
-        raise UsageError(f"cannot load ckpt '{ckpt}' into {cfg.model._target_}: "
-                         f"{str(e).strip().splitlines()[0]}") from None
+    model = build("model", cfg.model)
+    model.load_state_dict(load_checkpoint(ckpt, model)["state_dict"])
+    return model
+
+
+def output_file(value: str, key: str, suffix: str) -> Path:
+    """An output path the command can write: not a folder, the right suffix, a creatable parent."""
+    path = Path(value).expanduser()
+    if path.is_dir() or value.endswith(("/", os.sep)):
+        raise UsageError(f"bad value for '{key}': '{value}' is a directory (expected a file path ending in {suffix})")
+    if path.suffix.lower() != suffix:
+        raise UsageError(f"bad value for '{key}': '{value}' (expected a file path ending in {suffix})")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"bad value for '{key}': '{value}' -- '{parent}' is a file, not a folder")
+    if parent is not None and not os.access(parent, os.W_OK):
+        raise UsageError(f"bad value for '{key}': '{value}' -- folder '{parent}' is not writable")
+    return path
 
 
 def check(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
     import torch
 
-    from robusttrain.cli.build import build, resolve_run_dir, write_config
+    from robusttrain.cli.build import build, construction_error, resolve_run_dir, write_config
     from robusttrain.cli.compose import compose_recipe
     from robusttrain.metamorphic.audit import audit
     from robusttrain.metamorphic.suite import MRSuite
 
     if positional:
         raise UsageError(f"unexpected argument '{positional[0]}' (expected key=value)")
+    from robusttrain.checkpoints import check_file
+
     cfg = compose_recipe(recipe, overrides)
     ckpt = cfg.get("ckpt")
-    if not ckpt or not Path(str(ckpt)).expanduser().is_file():
+    if not ckpt or not Path(str(ckpt)).expanduser().exists():
         raise UsageError(f"check needs ckpt=PATH to an existing checkpoint, got ckpt={ckpt}")
-    run_dir = resolve_run_dir(cfg)
-    write_config(cfg, run_dir)
+    check_file(str(ckpt))
+    mr = (cfg.get("callbacks") or {}).get("metamorphic") or {}
+    try:  # the suite validates its own arguments; a bad one is named before anything is written
+        suite = MRSuite(mr.get("perturbations"), mr.get("severities", (2, 4)), int(mr.get("seed", cfg.seed)))
+    except (ValueError, TypeError, KeyError) as e:
+        raise UsageError(construction_error("callbacks.metamorphic", mr, e)) from None
+    run_dir = resolve_run_dir(cfg, "check")
+    write_config(cfg, run_dir, "check")
     print(f"[robusttrain] check recipe={cfg.recipe} ckpt={ckpt} run_dir={run_dir}", flush=True)
+    model = _load_model(cfg, str(ckpt))  # a bad checkpoint fails before the data is read
     dm = build("data", cfg.data)
     dm.setup("fit")
     datasets = {"val": dm.val_dataset}
     datasets.update({name: loader.dataset for name, loader in dm.extra_val_dataloaders().items()})
-    mr = (cfg.get("callbacks") or {}).get("metamorphic") or {}
-    suite = MRSuite(mr.get("perturbations"), mr.get("severities", (2, 4)), int(mr.get("seed", cfg.seed)))
-    model = _load_model(cfg, str(ckpt))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = audit(model, datasets, suite, out_dir=run_dir, device=device,
                 batch_size=int(mr.get("batch_size", 8)), max_cases=mr.get("max_cases"),

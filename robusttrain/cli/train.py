@@ -6,16 +6,22 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from robusttrain.checkpoints import check_file, check_fits, load_checkpoint
 from robusttrain.cli.build import build_run
 from robusttrain.cli.errors import UsageError
 
 
-def _resolve_ckpt(ckpt: str, run_dir: Path | None) -> str:
-    """``ckpt=PATH`` or ``ckpt=last`` (``<run_dir>/checkpoints/last.ckpt``) -> an existing file."""
-    path = run_dir / "checkpoints" / "last.ckpt" if ckpt == "last" else Path(ckpt).expanduser()
-    if not path.is_file():
-        raise UsageError(f"checkpoint not found: ckpt={ckpt} -> '{path}'")
-    return str(path)
+def _resolve_ckpt(ckpt: str, run_dir: Path | None) -> Path:
+    """``ckpt=PATH`` or ``ckpt=last`` (``<run_dir>/checkpoints/last.ckpt``) -> an existing, non-empty file."""
+    if ckpt == "last":
+        path = run_dir / "checkpoints" / "last.ckpt"
+        if not path.is_file():
+            raise UsageError(f"checkpoint not found: ckpt=last -> '{path}' (no fit has saved a checkpoint "
+                             "in this run_dir yet)")
+        return check_file(path)
+    if not Path(ckpt).expanduser().exists():
+        raise UsageError(f"checkpoint not found: ckpt={ckpt} -> '{Path(ckpt).expanduser()}'")
+    return check_file(ckpt)
 
 
 def _dice_line(metrics: dict, prefix: str) -> str:
@@ -35,22 +41,39 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
     ckpt = str(cfg.get("ckpt")) if cfg.get("ckpt") not in (None, "") else None
     if stage != "fit" and ckpt is None:
         raise UsageError(f"{stage} needs ckpt=PATH (a .ckpt file written by fit)")
+    state = None
     if ckpt is not None and ckpt != "last":
         ckpt = _resolve_ckpt(ckpt, None)  # before anything is built or written
-    run = build_run(cfg)
+        state = load_checkpoint(ckpt)
+    run = build_run(cfg, command=stage)
     _say(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}")
     if ckpt == "last":
         ckpt = _resolve_ckpt(ckpt, run.run_dir)
+        state = load_checkpoint(ckpt)
+    if ckpt is not None:
+        # Weights only, and they must fit this recipe's model -- checked before Lightning starts
+        # (Lightning then reads the file through the same loader: robusttrain.checkpoints.checkpoint_io).
+        check_fits(ckpt, state["state_dict"], run.model)
+        if stage == "fit":
+            _forget_logged_epochs_after(run.trainer, int(state.get("epoch", -1)))
+        ckpt = str(ckpt)
     trainer = run.trainer
     if stage == "fit":
-        trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
+        trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
         metrics = dict(trainer.callback_metrics)
         _say(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
     elif stage == "validate":
-        trainer.validate(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
+        trainer.validate(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
         _say(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')}")
     else:
-        trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt)
+        trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
         _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
     _say(f"[robusttrain] run_dir={run.run_dir}")
     return 0
+
+
+def _forget_logged_epochs_after(trainer, epoch: int) -> None:
+    """A resumed fit logs the epochs after its checkpoint again: loggers that can drop them do."""
+    for logger in trainer.loggers:
+        if hasattr(logger, "resume_after"):
+            logger.resume_after(epoch)

@@ -156,12 +156,8 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
 
 
 def _thumb(run_dir: Path, rec: dict[str, Any]) -> Path | None:
-    name = rec.get("thumb") or (rec.get("extra") or {}).get("thumb")
-    if name:
-        for base in (Path(), run_dir / "failures", run_dir):
-            if (base / name).is_file():
-                return base / name
-    return None
+    # only files inside the run directory are ever embedded (rundir.inside)
+    return rundir.inside(run_dir, rec.get("thumb"))
 
 
 def _failures(run_dir, history, efr, ctx) -> str:
@@ -184,15 +180,16 @@ def _failures(run_dir, history, efr, ctx) -> str:
                   "prediction on follow-up.</p>")
 
 
-def _source_tiles(records: list[dict[str, Any]], n: int) -> list:
+def _source_tiles(run_dir: Path, records: list[dict[str, Any]], n: int) -> list:
     """Source images cut from the worst failures' thumbnail strips (first of five equal tiles)."""
     import matplotlib.image
     import numpy as np
 
     out = []
     for rec in sorted(records, key=lambda r: -r.get("drop", 0.0)):
-        if rec.get("thumb") and len(out) < n:
-            strip = matplotlib.image.imread(rec["thumb"])
+        thumb = _thumb(run_dir, rec)
+        if thumb is not None and len(out) < n:
+            strip = matplotlib.image.imread(thumb)
             w = strip.shape[1] // 5
             if w > 8 and strip.shape[1] % 5 == 0:
                 tile = strip[:, :w, :3]
@@ -201,15 +198,15 @@ def _source_tiles(records: list[dict[str, Any]], n: int) -> list:
 
 
 def _gallery(run_dir, history, efr, ctx) -> str:
-    for cand in (run_dir / "gallery.png", run_dir / "plots" / "gallery.png"):
-        if cand.is_file():
-            return _img(cand, "perturbation gallery")
+    for cand in ("gallery.png", "plots/gallery.png"):
+        if (found := rundir.inside(run_dir, cand)) is not None:
+            return _img(found, "perturbation gallery")
     hint = " (write one with `python -m robusttrain gallery recipe=NAME out=RUN_DIR/gallery.png`)"
     try:
         from robusttrain.perturbations.gallery import render_gallery
     except ImportError:
         return _na("gallery.png missing and the perturbation gallery is not installed" + hint)
-    images = _source_tiles(rundir.load_failures(run_dir) or [], 2)
+    images = _source_tiles(run_dir, rundir.load_failures(run_dir) or [], 2)
     if not images:
         return _na("gallery.png missing and no failure thumbnails to draw one from" + hint)
     from robusttrain.perturbations import available

@@ -83,8 +83,29 @@ def load_efr_table(run_dir: str | Path) -> pd.DataFrame | None:
 
 
 def load_config_text(run_dir: str | Path) -> str | None:
-    path = Path(run_dir) / CONFIG
-    return path.read_text() if path.is_file() else None
+    path = inside(run_dir, CONFIG)
+    return path.read_text() if path is not None else None
+
+
+def inside(run_dir: str | Path, path: str | Path | None) -> Path | None:
+    """``path`` (relative to ``run_dir`` or absolute) as an existing file inside ``run_dir``, else None.
+
+    The report embeds files; which ones must not be up to the contents of a run's files (a path in
+    ``failures.jsonl`` could name any file on the machine). Symlinks are resolved first.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "a.png").write_bytes(b"x")
+    >>> inside(d, "a.png") is not None, inside(d, "/etc/passwd"), inside(d, "../a.png")
+    (True, None, None)
+    """
+    if not path:
+        return None
+    root = Path(run_dir).resolve()
+    try:
+        p = (root / path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return p if p.is_relative_to(root) and p.is_file() else None
 
 
 def load_failures(run_dir: str | Path) -> list[dict[str, Any]] | None:
@@ -93,7 +114,8 @@ def load_failures(run_dir: str | Path) -> list[dict[str, Any]] | None:
     The FailureBank's log is append-only batches: ``{"kind": "failure", "id": ...}`` lines, each
     batch closed by a ``{"kind": "batch"}`` marker; a later line for the same id replaces the
     earlier one. Lines without ``kind`` are taken as plain records. A torn last line is skipped.
-    ``thumb`` is the strip ``failures/thumbs/<id>.png`` when it exists (only the worst have one).
+    ``thumb`` is the strip ``failures/thumbs/<id>.png`` when it exists (only the worst have one);
+    a ``thumb`` written in the file itself is ignored (see :func:`inside`).
     """
     path = Path(run_dir) / FAILURES
     if not path.is_file():
@@ -108,8 +130,11 @@ def load_failures(run_dir: str | Path) -> list[dict[str, Any]] | None:
             continue
         rid = str(rec.get("id", n))
         rec.setdefault("drop", _drop(rec))
-        thumb = path.parent / "thumbs" / f"{rid}.png"
-        if thumb.is_file():
+        rec.pop("thumb", None)
+        if isinstance(rec.get("extra"), dict):
+            rec["extra"].pop("thumb", None)
+        thumb = inside(run_dir, Path("failures") / "thumbs" / f"{rid}.png")
+        if thumb is not None:
             rec["thumb"] = str(thumb)
         by_id[rid] = rec
     return list(by_id.values())
