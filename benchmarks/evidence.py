@@ -166,7 +166,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     dm, held, _ = build_data(args)
     names = dm.class_names
     n_train_cases, n_val_cases = len(dm.train_dataset.case_ids()), len(dm.val_dataset.case_ids())
-    perts = usable_families(args.perturbations.split(",") if args.perturbations else None, dm.in_channels)
+    perts = usable_families(args.perturbations.split(","), dm.in_channels)
     sevs = tuple(int(s) for s in args.severities.split(","))
     cbs, _ = training_callbacks(cond, dm, perts, sevs, seed=args.data_seed, ratio=args.ratio, probe=args.probe,
                                 mine_every=args.mine_every, run_dir=str(run_dir))
@@ -269,7 +269,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--test-fraction", type=float, default=None, help="held-out share (polyp 0.25, acdc 0.3)")
     ap.add_argument("--val-fraction", type=float, default=None, help="validation share (polyp 0.15, acdc 0.3)")
-    ap.add_argument("--perturbations", default="", help="comma list; '' = the nine default families")
+    ap.add_argument("--perturbations", default="",
+                    help="suite name or comma list of families; '' = endoscopy (polyp) / mri (acdc)")
     ap.add_argument("--severities", default="2,4")
     ap.add_argument("--ratio", type=float, default=0.2, help="extra slots per epoch (all conditions)")
     ap.add_argument("--probe", type=int, default=32, help="training cases probed for failures (mined)")
@@ -286,6 +287,7 @@ def main(argv=None) -> dict:
     defaults = {"polyp": (0.25, 0.15), "acdc": (0.3, 0.3)}[args.dataset]
     args.test_fraction = defaults[0] if args.test_fraction is None else args.test_fraction
     args.val_fraction = defaults[1] if args.val_fraction is None else args.val_fraction
+    args.perturbations = args.perturbations or {"polyp": "endoscopy", "acdc": "mri"}[args.dataset]
 
     jobs = [(c, int(s), vars(args)) for s in args.seeds.split(",") for c in args.conditions.split(",")]
     t0 = time.time()

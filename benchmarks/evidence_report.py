@@ -151,6 +151,8 @@ def _ms(d: dict, digits: int = 2) -> str:
 
 
 def _ci(d: dict) -> str:
+    if not np.isfinite(d["estimate"]):
+        return "n/a (no errors in the reference)"
     return f"{d['estimate']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
 
 
