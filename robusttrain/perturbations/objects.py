@@ -81,12 +81,15 @@ class PastedObject(PlacedSampling, Perturbation):
         # only keeps most of the object visible.
         rc = math.ceil(0.35 * hi * side / k)
         ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
-        cells = pick_cells(ok * (1.0 + 0 * luma), 1, r) if th else pick_cells_np(ok * (1.0 + 0 * luma), 1, r)
+        # Cells with room for the whole object first; when a large object finds none (a big lesion, a
+        # small field of view), any free cell (it is then partly cut at the border / lesion).
+        score = ok * 1.0 + free * 1e-6
+        cells = pick_cells(score, 1, r) if th else pick_cells_np(score, 1, r)
         wc = luma.shape[-1]
         jit = dev(r.uniform(0, 1, (b, 2)))
         y = ((cells[:, 0] // wc) + jit[:, 0]) * k  # continuous coordinates in [0, h)
         x = ((cells[:, 0] % wc) + jit[:, 1]) * k
-        vis = (gather_cells(ok, y[:, None], x[:, None], k) if th else gather_cells_np(ok, y[:, None], x[:, None], k))[:, 0]
+        vis = (gather_cells(free, y[:, None], x[:, None], k) if th else gather_cells_np(free, y[:, None], x[:, None], k))[:, 0]
         near = (gather_cells(luma, y[:, None], x[:, None], k) if th else gather_cells_np(luma, y[:, None], x[:, None], k))[:, 0]
         idx = dev(r.integers(0, len(self.bank), (b,)))
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731

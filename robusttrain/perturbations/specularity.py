@@ -5,7 +5,8 @@ then a Gaussian fall-off (the paper Gaussian-blurs hard ellipses; an analytic fa
 look without a full-image blur) that reaches exactly 0 at ``d = 1.45``. Its opacity ``strength`` is the
 "gray mask": the local brightness relative to 0.45, clipped to [0.35, 1], so spots in dark regions are
 dimmer. Semi-axes are at most ``lambda * side`` (side = the shorter image side; severity 1..5:
-lambda = 0.02..0.06, 2-4 .. 8-14 spots).
+lambda = 0.03, 0.035, 0.04, 0.05, 0.06; 3-5 .. 8-14 spots; severity 1 was raised from 0.02 / 2-4
+spots, which changed under 0.1 % of the pixels, see docs/perturbations.md).
 
 Spots sit on free cells (inside the field of view, away from the lesion) and only their windows are
 touched: the numpy path blends inside the spots' bounding box only. Opacity is area-sampled on an
@@ -55,8 +56,8 @@ class Specularity(PlacedSampling, Perturbation):
     """
 
     name = "specularity"
-    SPOTS = {1: (2, 4), 2: (3, 6), 3: (4, 8), 4: (6, 10), 5: (8, 14)}
-    LAMBDA = {1: 0.02, 2: 0.03, 3: 0.04, 4: 0.05, 5: 0.06}
+    SPOTS = {1: (3, 5), 2: (4, 7), 3: (5, 9), 4: (6, 11), 5: (8, 14)}
+    LAMBDA = {1: 0.03, 2: 0.035, 3: 0.04, 4: 0.05, 5: 0.06}
     PARAM_KEYS = ("center_rel", "axes_rel", "angle", "strength")
 
     def _place(self, luma, free, k, h, w, r, device=None) -> dict:
