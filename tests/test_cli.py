@@ -125,12 +125,22 @@ def test_tool_error_paths(capsys, tmp_path):
     assert code == 2 and "unknown key 'bogus'" in err
     code, _, err = _run(capsys, "gallery", "recipe=smoke", "n=abc")
     assert code == 2 and "bad value for 'n': 'abc'" in err
+    code, _, err = _run(capsys, "gallery", "recipe=smoke", "colors=300")
+    assert code == 2 and "bad value for 'colors': '300'" in err
+    code, _, err = _run(capsys, "gallery", "recipe=smoke", "tile=8")
+    assert code == 2 and "bad value for 'tile': '8'" in err
 
 
 def test_gallery_renders_a_png(tmp_path):
     out = tmp_path / "g.png"
     assert main(["gallery", "recipe=smoke", f"out={out}", "n=1"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    small = tmp_path / "p.png"  # palette PNG at a smaller tile: what docs/ keeps
+    assert main(["gallery", "recipe=smoke", f"out={small}", "n=1", "tile=96", "colors=64"]) == 0
+    from PIL import Image
+
+    with Image.open(small) as im:
+        assert im.mode == "P" and im.width == 4 * 96
 
 
 def test_named_extra_validation_sets_can_be_added_on_the_command_line():

@@ -19,7 +19,7 @@ commands:
   test       test a checkpoint                     test recipe=polyp ckpt=PATH
   check      metamorphic robustness audit          check recipe=polyp ckpt=PATH [data.root=PATH]
   corners    corner-case report of a run           corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto|cvar]
-  gallery    render the perturbation gallery       gallery [recipe=polyp] [out=gallery.png]
+  gallery    render the perturbation gallery       gallery [recipe=polyp] [out=gallery.png] [n=2] [tile=192] [colors=256]
   report     self-contained HTML report of a run   report RUN_DIR
 
 recipes: {recipes}

@@ -32,6 +32,19 @@ def _sample_images(datamodule, n: int) -> list[np.ndarray]:
     return images
 
 
+def _suite_names(cfg) -> list[str] | None:
+    """The recipe's metamorphic suite (e.g. ``mri`` for acdc) with ``motion_blur``/``melt`` kept for
+    endoscopy; None (the gallery's default, the endoscopy families) when the recipe names none."""
+    from omegaconf import OmegaConf
+
+    from robusttrain.perturbations.suites import resolve
+
+    spec = OmegaConf.select(cfg, "callbacks.metamorphic.perturbations", default=None)
+    if spec is None or spec == "endoscopy":
+        return None
+    return resolve(spec if isinstance(spec, str) else list(spec))
+
+
 def gallery(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
     from robusttrain.cli.build import build
     from robusttrain.cli.compose import compose_recipe
@@ -39,15 +52,21 @@ def gallery(recipe: str | None, overrides: list[str], positional: list[str]) -> 
 
     if positional:
         raise UsageError(f"unexpected argument '{positional[0]}' (expected key=value)")
-    opts = [o for o in overrides if not o.startswith(("out=", "n="))]
-    extra = _only([o for o in overrides if o.startswith(("out=", "n="))], {"out", "n"}, "gallery")
-    cfg = compose_recipe(recipe or "polyp", opts)
-    n = extra.get("n", "2")
+    own = ("out=", "n=", "tile=", "colors=")
+    opts = [o for o in overrides if not o.startswith(own)]
+    extra = _only([o for o in overrides if o.startswith(own)], {"out", "n", "tile", "colors"}, "gallery")
+    n, tile, colors = extra.get("n", "2"), extra.get("tile", "192"), extra.get("colors")
     if not n.isdigit() or int(n) < 1:
         raise UsageError(f"bad value for 'n': {n!r} (expected a positive integer: images per gallery)")
+    if not tile.isdigit() or int(tile) < 32:
+        raise UsageError(f"bad value for 'tile': {tile!r} (expected an integer >= 32: pixels per tile)")
+    if colors is not None and (not colors.isdigit() or not 2 <= int(colors) <= 256):
+        raise UsageError(f"bad value for 'colors': {colors!r} (expected an integer in 2..256: palette PNG)")
+    cfg = compose_recipe(recipe or "polyp", opts)
     out = output_file(extra.get("out", "gallery.png"), "out", ".png")
     images = _sample_images(build("data", cfg.data), int(n))
-    out = render_gallery(images, out)
+    out = render_gallery(images, out, names=_suite_names(cfg), tile=int(tile),
+                         colors=None if colors is None else int(colors))
     print(f"[robusttrain] gallery written to {Path(out).resolve()}")
     return 0
 

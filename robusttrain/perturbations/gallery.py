@@ -20,8 +20,11 @@ DEFAULT_NAMES = ("saturation", "contrast", "white_balance", "specularity", "blur
 
 def render_gallery(images: list[np.ndarray], out_path: str | Path, names: Sequence[str] | None = None,
                    severities: Sequence[int] = (1, 3, 5), masks: list[np.ndarray] | None = None,
-                   tile: int = 192, seed: int = 0) -> Path:
+                   tile: int = 192, seed: int = 0, colors: int | None = None) -> Path:
     """Render the grid for HWC uint8 RGB ``images`` and write it to ``out_path`` (PNG); returns the path.
+
+    ``colors``: write a palette PNG of that many colours (2..256, octree + dithering; a third of the size,
+    for galleries kept in a repository) instead of full colour.
 
     >>> import numpy as np, tempfile, pathlib
     >>> img = np.full((64, 64, 3), 140, np.uint8)
@@ -35,6 +38,10 @@ def render_gallery(images: list[np.ndarray], out_path: str | Path, names: Sequen
 
     if not images:
         raise ValueError("render_gallery: no images given; expected a list of HWC uint8 RGB arrays")
+    if colors is not None and not (isinstance(colors, int) and 2 <= colors <= 256):
+        raise ValueError(f"render_gallery: colors must be an int in 2..256 (palette PNG) or None, got {colors!r}")
+    if not (isinstance(tile, int) and tile >= 32):
+        raise ValueError(f"render_gallery: tile must be an int >= 32 (pixels per tile), got {tile!r}")
     names = list(names) if names is not None else list(DEFAULT_NAMES)
     rng = np.random.default_rng(seed)
     rows = []
@@ -63,7 +70,16 @@ def render_gallery(images: list[np.ndarray], out_path: str | Path, names: Sequen
                 tiles.append(label(cv2.resize(out, (tile, tile), interpolation=cv2.INTER_AREA), f"{name}@{sev}"))
             rows.append(np.concatenate(tiles, 1))
     grid = np.concatenate(rows, 0)
-    ok, buf = cv2.imencode(".png", grid)
+    if colors is not None:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        pal = Image.fromarray(np.ascontiguousarray(grid[:, :, ::-1])).quantize(colors, method=Image.Quantize.FASTOCTREE)
+        pal.save(buf, format="PNG", optimize=True)
+        return atomic_write_bytes(out_path, buf.getvalue())
+    ok, enc = cv2.imencode(".png", grid)
     if not ok:
         raise RuntimeError("render_gallery: PNG encoding failed")
-    return atomic_write_bytes(out_path, buf.tobytes())
+    return atomic_write_bytes(out_path, enc.tobytes())
