@@ -8,12 +8,13 @@ Protocol (one command per dataset):
 - **Conditions** (same optimiser steps; ``benchmarks/conditions.py``): ``plain``, ``random``
   (standard random augmentation with the same perturbation families), ``mined`` (failure replay
   with the recipe's family settings).
-- **Choices on validation only**: after every epoch the recorder scores the validation cases and
-  every held-out case (clean per-case Dice) and keeps the weights in memory. Checkpoints are
+- **Choices on validation only**: after every epoch the recorder scores the validation cases
+  (clean per-case Dice) and keeps the weights in memory. Checkpoints are
   picked from the *validation* history: least validation loss (``least_loss``, the checkpoint the
   conditions are compared at), best validation Dice, the last epoch, and every balanced policy
   (``last_inlier``, ``maximin``, ``pareto``, ``cvar``). Each pick is then *reported* on the held-out
-  cases, which no choice ever saw.
+  cases, which no choice ever saw (evaluated after training from the kept weights; with
+  ``--heldout-curve`` every epoch is, for the held-out trade-off curve).
 - **EFR** on the held-out sets at the least-loss checkpoint, with one fixed MR suite (seeded by the
   data seed, so every condition and seed meets the same follow-ups).
 - **Statistics**: mean ± std over training seeds; paired differences (per held-out case, same
@@ -114,12 +115,12 @@ def per_case_dice(model, dataset, class_names, batch_size: int = 16) -> list[dic
             for cid, s in sums.items()]
 
 
-def make_recorder(held: dict, class_names: list[str]):
+def make_recorder(class_names: list[str]):
     from lightning.pytorch import Callback
 
     class EpochRecorder(Callback):
-        """After every fitting validation: validation loss, clean per-case Dice on the validation
-        and every held-out set, and a CPU copy of the weights (any picked epoch can be audited)."""
+        """After every fitting validation: validation loss, clean per-case validation Dice and a CPU
+        copy of the weights (so any epoch picked at the end can be evaluated on held-out data)."""
 
         def __init__(self):
             self.rows: list[dict] = []
@@ -134,9 +135,8 @@ def make_recorder(held: dict, class_names: list[str]):
             was = pl_module.training
             pl_module.eval()
             try:
-                for split, ds in {"val": trainer.datamodule.val_dataset, **held}.items():
-                    self.rows += [{"split": split, "epoch": epoch, **r}
-                                  for r in per_case_dice(pl_module, ds, class_names)]
+                self.rows += [{"split": "val", "epoch": epoch, **r}
+                              for r in per_case_dice(pl_module, trainer.datamodule.val_dataset, class_names)]
             finally:
                 pl_module.train(was)
             self.weights[epoch] = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
@@ -170,7 +170,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     sevs = tuple(int(s) for s in args.severities.split(","))
     cbs, _ = training_callbacks(cond, dm, perts, sevs, seed=args.data_seed, ratio=args.ratio, probe=args.probe,
                                 mine_every=args.mine_every, run_dir=str(run_dir))
-    rec = make_recorder(held, names)
+    rec = make_recorder(names)
     feats = tuple(int(f) for f in args.features.split(","))
     model = SegmentationModule(in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names,
                                lr=args.lr, features=feats)
@@ -184,7 +184,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     rows = pd.DataFrame(rec.rows)
     cols = [f"dice_{c}" for c in names]
     rows["dice"] = rows[cols].mean(axis=1)
-    val = rows[rows["split"] == "val"]
+    val = rows
     losses = {e: v for e, v in rec.val_loss.items() if np.isfinite(v)}
     least = min(losses, key=lambda e: (losses[e], e))  # ties → earliest, like ModelCheckpoint
     trade = policy_tradeoff(val[["case_id", "epoch", *cols]], reference_epoch=least, min_epoch=args.min_epoch,
@@ -193,8 +193,17 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     cohort = val.groupby("epoch")["dice"].mean()
     choices["best_val_dice"] = int(max(cohort.index, key=lambda e: (round(float(cohort[e]), 12), e)))
 
-    # held-out per-case Dice at every pick (recorded during training: no weights reloaded)
-    held_rows = rows[rows["split"] != "val"]
+    # held-out per-case Dice at every pick, from the weights kept for that epoch
+    t1 = time.time()
+    need = sorted(rec.weights) if args.heldout_curve else sorted(set(choices.values()))
+    held_rows = []
+    model.eval()
+    for e in need:
+        model.load_state_dict(rec.weights[e])
+        for split, ds in held.items():
+            held_rows += [{"split": split, "epoch": e, **r} for r in per_case_dice(model, ds, names)]
+    held_rows = pd.DataFrame(held_rows)
+    held_rows["dice"] = held_rows[cols].mean(axis=1)
     picks = {}
     for pol, e in choices.items():
         at = held_rows[held_rows["epoch"] == e]
@@ -203,7 +212,6 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
                       "dice": {s: dict(zip(g["case_id"], g["dice"].round(6))) for s, g in at.groupby("split")}}
 
     # EFR on the held-out sets at the least-loss checkpoint, one fixed suite for every run
-    t1 = time.time()
     model.load_state_dict(rec.weights[least])
     suite = MRSuite(perts, sevs, seed=args.data_seed)
     res = audit(model, held, suite, out_dir=None, device="cpu", batch_size=16, path="numpy", class_names=names)
@@ -225,18 +233,18 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     consistency = float((src - rec_at.reindex(src.index)).abs().max())
 
     # trade-off plots: the validation picks drawn on validation and on the pooled held-out cases
+    from robusttrain.cornercases import epoch_table
     from robusttrain.cornercases.tradeoff import Tradeoff
     from robusttrain.reporting.plots import plot_tradeoff, save_png
 
     save_png(plot_tradeoff(trade), run_dir / "tradeoff_val.png")
     hist_h = held_rows.assign(case_id=held_rows["split"] + "/" + held_rows["case_id"])
-    h_tab = policy_tradeoff(hist_h[["case_id", "epoch", *cols]], worst_fraction=args.worst_fraction,
-                            min_epoch=args.min_epoch).table
+    h_tab = epoch_table(hist_h, cols, [], args.worst_fraction)
     save_png(plot_tradeoff(Tradeoff(h_tab, choices, {}, args.worst_fraction)), run_dir / "tradeoff_heldout.png")
     h_tab.to_csv(run_dir / "tradeoff_heldout.csv")
     trade.table.to_csv(run_dir / "tradeoff_val.csv")
     out = {"condition": cond, "seed": seed, "train_seconds": round(train_s, 1),
-           "audit_seconds": round(time.time() - t1, 1), "optimizer_steps": int(trainer.global_step),
+           "heldout_seconds": round(time.time() - t1, 1), "heldout_epochs": need, "optimizer_steps": int(trainer.global_step),
            "train_samples_per_epoch": len(dm.train_dataset) + (cbs[-1].replay.n_slots if cond == "mined" else 0),
            "n_train_cases": n_train_cases, "n_val_cases": n_val_cases,
            "n_held_out_cases": {s: len(v) for s, v in mr.items()}, "least_loss_epoch": least, "val_loss": losses,
@@ -247,7 +255,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         bank = cbs[-1].bank
         out.update(bank_size=len(bank), trainable=len(bank.trainable()),
                    distinct_cases=len({r.case_id for r in bank.trainable()}))
-    print(json.dumps({k: out[k] for k in ("condition", "seed", "train_seconds", "audit_seconds",
+    print(json.dumps({k: out[k] for k in ("condition", "seed", "train_seconds", "heldout_seconds",
                                           "least_loss_epoch", "choices", "audit_clean_max_abs_diff")}), flush=True)
     return out
 
@@ -280,6 +288,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--worst-fraction", type=float, default=0.1, help="k of the worst-k / cvar numbers")
     ap.add_argument("--data-seed", type=int, default=0, help="split + MR-suite seed (fixed)")
     ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--heldout-curve", action="store_true",
+                    help="evaluate every epoch on the held-out sets (trade-off curve), not only the picks")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--out", default="runs/evidence")
