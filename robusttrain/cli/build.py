@@ -92,12 +92,16 @@ def construction_error(section: str, node: Any, err: BaseException) -> str:
     if isinstance(node, DictConfig):
         node = OmegaConf.to_container(node, resolve=False)
     keys = [str(k) for k in node if not str(k).startswith("_")] if isinstance(node, dict) else []
-    hits = {k: m.start() for k in keys
-            if (m := re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", msg))}
+    hits = {k: m.start() for k in keys  # the key, or its singular ("unknown perturbation 'x'")
+            if (m := re.search(rf"(?<![\w.])({re.escape(k)}|{re.escape(_singular(k))})(?![\w])", msg))}
     if hits:
         key = min(hits, key=lambda k: (hits[k], -len(k)))
         return f"bad value for '{section}.{key}' ({node[key]!r}): {msg}"
     return f"cannot build '{section}': {msg}"
+
+
+def _singular(word: str) -> str:
+    return word[:-3] + "y" if word.endswith("ies") else word[:-1] if word.endswith("s") else word
 
 
 def _one_line(e: BaseException) -> str:
