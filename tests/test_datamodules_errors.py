@@ -61,8 +61,8 @@ def test_size_mismatch(tmp_path):
 
 def test_mask_value_out_of_range_index_mode(tmp_path):
     _pair(tmp_path, "multi", mask_value=7)
-    with pytest.raises(DataError, match=r"multi\.png.*outside the class range"):
-        FolderSource(tmp_path, mask_mode="index", num_classes=4).load(0)
+    with pytest.raises(DataError, match=r"multi\.png: values \[0, 7\] fit neither mask encoding"):
+        FolderSource(tmp_path, mask_mode="class_index", num_classes=4).load(0)
 
 
 def _h5(path, label_max=3, label_shape=None):

@@ -8,6 +8,10 @@ of ``docs/design.md``.
 """
 from __future__ import annotations
 
+import math
+import os
+import random
+from pathlib import Path
 from typing import Any, Sequence
 
 import lightning as L
@@ -16,7 +20,47 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .errors import DataError
-from .transforms import apply_pipeline, build_pipeline
+from .transforms import RESIZE_MODES, apply_pipeline, build_pipeline, seed_pipeline
+
+
+def check_int(owner: str, key: str, value: Any, lo: int | None, why: str = "") -> int:
+    """``value`` as an int ``>= lo``; ValueError naming ``owner``, ``key`` and the value otherwise."""
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    if not ok or (lo is not None and value < lo):
+        want = "an int" if lo is None else f"an int >= {lo}"
+        raise ValueError(f"{owner}: {key}={value!r}: expected {want}" + (f" ({why})" if why else ""))
+    return int(value)
+
+
+def check_fraction(owner: str, key: str, value: Any, upper_open: bool = False, why: str = "") -> float:
+    """``value`` as a float in [0, 1] (or [0, 1) with ``upper_open``)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if isinstance(value, bool) or not (0.0 <= v < 1.0 if upper_open else 0.0 <= v <= 1.0):
+        rng = "0 <= x < 1" if upper_open else "0 <= x <= 1"
+        raise ValueError(f"{owner}: {key}={value!r}: expected a number with {rng}" + (f" ({why})" if why else ""))
+    return v
+
+
+def check_number(owner: str, key: str, value: Any, lo: float = 0.0) -> float:
+    """``value`` as a finite float ``>= lo``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if isinstance(value, bool) or not (math.isfinite(v) and v >= lo):
+        raise ValueError(f"{owner}: {key}={value!r}: expected a number >= {lo:g}")
+    return v
+
+
+def _folder(owner: str, key: str, value: Any) -> str:
+    if not Path(str(value)).expanduser().is_dir():
+        raise DataError(f"{owner}: {key}={str(value)!r}: folder does not exist")
+    return str(Path(str(value)).expanduser())
 
 
 class SegmentationDataset(Dataset):
@@ -31,11 +75,12 @@ class SegmentationDataset(Dataset):
     """
 
     def __init__(self, source: Any, indices: Sequence[int] | None = None, transforms: Sequence | None = None,
-                 image_size: int | None = None, resize: str = "stretch"):
+                 image_size: int | None = None, resize: str = "stretch", seed: int | None = 0):
         self.source = source
         self.indices = list(range(len(source))) if indices is None else [int(i) for i in indices]
         self.image_size = image_size
-        self.pipeline = build_pipeline(transforms, image_size, resize)
+        # seeded: an unseeded Compose draws a fresh random state, so two runs would differ
+        self.pipeline = build_pipeline(transforms, image_size, resize, seed=seed)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -61,6 +106,24 @@ class SegmentationDataset(Dataset):
         planted = getattr(self.source, "hard_cases", {}) or {}
         mine = set(self.case_ids())
         return {c: k for c, k in planted.items() if c in mine}
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: seed numpy, ``random`` and the dataset's Albumentations pipeline.
+
+    Each worker holds a copy of the pipeline with the parent's random state; without reseeding
+    every worker would replay the same augmentations. The seed is torch's per-worker seed (drawn
+    from the loader's seeded generator, + worker id) mixed with the process rank, so it is the
+    same in every run with the same seed and differs between workers and ranks.
+    """
+    info = torch.utils.data.get_worker_info()
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
+    s = (info.seed + 1_000_003 * rank) % 2**32
+    np.random.seed(s)
+    random.seed(s)
+    pipeline = getattr(info.dataset, "pipeline", None)
+    if hasattr(pipeline, "set_random_state"):
+        seed_pipeline(pipeline, s)
 
 
 def split_by_case(case_ids: Sequence[str], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -104,15 +167,36 @@ class BaseSegDataModule(L.LightningDataModule):
                  train_transforms: Sequence | None = None, val_transforms: Sequence | None = None,
                  resize: str | None = None, pin_memory: bool = False):
         super().__init__()
-        self.root = None if root in (None, "", "null", "None") else str(root)
-        self.image_size, self.batch_size, self.num_workers = int(image_size), int(batch_size), int(num_workers)
-        self.val_fraction, self.seed = float(val_fraction), int(seed)
-        self.extra_val = {str(k): str(v) for k, v in dict(extra_val or {}).items()}
-        self.n_train, self.n_val, self.hard_fraction = int(n_train), int(n_val), float(hard_fraction)
+        # every value is checked here, so a bad recipe fails before any data is read
+        name = type(self).__name__
+        self.root = None if root in (None, "", "null", "None") else _folder(name, "root", root)
+        self.image_size = check_int(name, "image_size", image_size, 1, "the square training size in pixels")
+        self.batch_size = check_int(name, "batch_size", batch_size, 1)
+        self.num_workers = check_int(name, "num_workers", num_workers, 0, "0 = load in the main process")
+        self.val_fraction = check_fraction(name, "val_fraction", val_fraction, upper_open=True,
+                                           why="0 = validate on the training data")
+        self.seed = check_int(name, "seed", seed, None)
+        if extra_val is not None and not hasattr(extra_val, "items"):
+            raise ValueError(f"{name}: extra_val={extra_val!r}: expected a mapping name -> folder")
+        self.extra_val = {str(k): _folder(name, f"extra_val[{k!r}]", v) for k, v in dict(extra_val or {}).items()}
+        self.n_train = check_int(name, "n_train", n_train, 1, "synthetic training items")
+        self.n_val = check_int(name, "n_val", n_val, 1, "synthetic validation items")
+        self.hard_fraction = check_fraction(name, "hard_fraction", hard_fraction)
         self.train_transforms = self.default_train_transforms if train_transforms is None else train_transforms
         self.val_transforms = val_transforms or []
         self.resize = resize or self.default_resize
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"{name}: resize={self.resize!r}: expected one of {RESIZE_MODES}")
+        if not isinstance(pin_memory, bool):
+            raise ValueError(f"{name}: pin_memory={pin_memory!r}: expected true or false")
         self.pin_memory = pin_memory
+        for key in ("train_transforms", "val_transforms"):  # a typo in a transform name fails now
+            try:
+                build_pipeline(getattr(self, key), self.image_size, self.resize)
+            except DataError as e:
+                raise DataError(f"{name}: {key}: {e}") from None
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{name}: {key}: {str(e).splitlines()[0]}") from None
         self.train_dataset: SegmentationDataset | None = None
         self.val_dataset: SegmentationDataset | None = None
         self._extra: dict[str, SegmentationDataset] | None = None
@@ -135,7 +219,7 @@ class BaseSegDataModule(L.LightningDataModule):
     # --- datasets ----------------------------------------------------------------------------
     def _view(self, source: Any, indices: Sequence[int] | None, train: bool) -> SegmentationDataset:
         tf = self.train_transforms if train else self.val_transforms
-        return SegmentationDataset(source, indices, tf, self.image_size, self.resize)
+        return SegmentationDataset(source, indices, tf, self.image_size, self.resize, seed=self.seed + (not train))
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_dataset is not None:
@@ -153,6 +237,13 @@ class BaseSegDataModule(L.LightningDataModule):
         self.val_dataset = self._view(source, va_idx or tr_idx, False)
 
     @property
+    def mask_encoding(self) -> str | None:
+        """The mask encoding in use after ``setup`` (``binary255``/``class_index``, detected when
+        ``mask_mode="auto"``); None for synthetic data, volumes, or before setup."""
+        src = getattr(self.train_dataset, "source", None)
+        return getattr(src, "mask_mode", None)
+
+    @property
     def planted_hard_cases(self) -> list[str]:
         """Case ids of planted corner cases (train and val); ``[]`` for real data."""
         return sorted(self.planted_hard_kinds)
@@ -167,12 +258,13 @@ class BaseSegDataModule(L.LightningDataModule):
 
     # --- loaders -----------------------------------------------------------------------------
     def _loader(self, ds: Dataset, shuffle: bool) -> DataLoader:
-        g = torch.Generator().manual_seed(self.seed) if shuffle else None
+        # seeded for every loader: it also draws the workers' base seed (see seed_worker)
+        g = torch.Generator().manual_seed(self.seed)
         # drop a lone trailing sample: BatchNorm models fail on a batch of one
         drop_last = shuffle and len(ds) > self.batch_size and len(ds) % self.batch_size == 1
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=g, drop_last=drop_last,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          pin_memory=self.pin_memory)
+                          pin_memory=self.pin_memory, worker_init_fn=seed_worker if self.num_workers else None)
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")

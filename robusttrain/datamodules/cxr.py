@@ -1,13 +1,16 @@
 """Binary lung segmentation on chest X-ray (``images/`` + ``masks/`` folders or synthetic)."""
 from __future__ import annotations
 
-from .base import BaseSegDataModule
+from .base import BaseSegDataModule, check_number
+from .masks import check_mask_mode
 from .readers import FolderSource
 from .synthetic_cxr import SyntheticCXRSource
 
 
 class CXRDataModule(BaseSegDataModule):
     """Chest X-ray lungs: ``class_names=["lung"]``, one grey channel (RGB files are converted).
+
+    ``mask_mode``: ``auto`` | ``binary255`` | ``class_index`` (as :class:`PolypDataModule`).
 
     Example::
 
@@ -25,14 +28,15 @@ class CXRDataModule(BaseSegDataModule):
 
     def __init__(self, root=None, image_size=128, batch_size=8, num_workers=0, val_fraction=0.2, seed=0,
                  extra_val=None, n_train=120, n_val=40, hard_fraction=0.1, train_transforms=None,
-                 val_transforms=None, resize=None, pin_memory=False, cache_mb=1024.0):
+                 val_transforms=None, resize=None, pin_memory=False, cache_mb=1024.0, mask_mode="auto"):
         super().__init__(root, image_size, batch_size, num_workers, val_fraction, seed, extra_val, n_train, n_val,
                          hard_fraction, train_transforms, val_transforms, resize, pin_memory)
-        self.cache_mb = cache_mb
+        self.cache_mb = check_number(type(self).__name__, "cache_mb", cache_mb)
+        self.mask_mode = check_mask_mode(mask_mode)
 
     def _synthetic_sources(self):
         mk = lambda n, start: SyntheticCXRSource(n, self.seed, self.image_size, self.hard_fraction, start)
         return mk(self.n_train, 0), mk(self.n_val, self.n_train)
 
     def _read(self, folder):
-        return FolderSource(folder, grey=True, cache_mb=self.cache_mb)
+        return FolderSource(folder, grey=True, cache_mb=self.cache_mb, mask_mode=self.mask_mode)

@@ -1,7 +1,8 @@
 """Binary polyp segmentation datamodule (real folders or the procedural synthetic set)."""
 from __future__ import annotations
 
-from .base import BaseSegDataModule
+from .base import BaseSegDataModule, check_number
+from .masks import check_mask_mode
 from .readers import FolderSource
 from .synthetic_polyp import SyntheticPolypSource
 
@@ -12,7 +13,9 @@ class PolypDataModule(BaseSegDataModule):
     ``root=None`` → synthetic frames (``n_train`` + ``n_val``, ``hard_fraction`` planted hard cases,
     ids ``synpolyp_0000``…); otherwise a Kvasir-SEG/CVC/PolypGen/PraNet folder, split by case
     (file stem) with ``val_fraction``/``seed``. ``extra_val={"etis": "/data/ETIS"}`` adds named
-    out-of-domain validation loaders. See :class:`BaseSegDataModule` for all arguments.
+    out-of-domain validation loaders. ``mask_mode``: ``auto`` (default: detected per folder from a
+    sample of its masks, see :mod:`robusttrain.datamodules.masks`), ``binary255`` or ``class_index``;
+    ``mask_encoding`` is the one in use. See :class:`BaseSegDataModule` for all arguments.
 
     Example (the ``smoke`` configuration)::
 
@@ -32,10 +35,11 @@ class PolypDataModule(BaseSegDataModule):
 
     def __init__(self, root=None, image_size=128, batch_size=8, num_workers=0, val_fraction=0.2, seed=0,
                  extra_val=None, n_train=320, n_val=80, hard_fraction=0.1, train_transforms=None,
-                 val_transforms=None, resize=None, pin_memory=False, cache_mb=1024.0):
+                 val_transforms=None, resize=None, pin_memory=False, cache_mb=1024.0, mask_mode="auto"):
         super().__init__(root, image_size, batch_size, num_workers, val_fraction, seed, extra_val, n_train, n_val,
                          hard_fraction, train_transforms, val_transforms, resize, pin_memory)
-        self.cache_mb = cache_mb
+        self.cache_mb = check_number(type(self).__name__, "cache_mb", cache_mb)
+        self.mask_mode = check_mask_mode(mask_mode)
 
     def _synthetic_sources(self):
         # generate at the training size: resizing afterwards would only cost time
@@ -43,4 +47,4 @@ class PolypDataModule(BaseSegDataModule):
         return mk(self.n_train, 0), mk(self.n_val, self.n_train)
 
     def _read(self, folder):
-        return FolderSource(folder, grey=False, cache_mb=self.cache_mb)
+        return FolderSource(folder, grey=False, cache_mb=self.cache_mb, mask_mode=self.mask_mode)

@@ -5,8 +5,10 @@ Layouts found under ``root``:
     a mask is ``<stem>.<ext>`` or ``<stem>_mask.<ext>`` (PolypGen), any of jpg/jpeg/png/tif/tiff/bmp;
   * ``TrainDataset/`` holding such a pair of folders (PraNet training layout);
   * ``TestDataset/<name>/images|masks`` (PraNet test layout): all sets, case ids ``<name>/<stem>``.
-Masks are read as grey (RGB masks: channel maximum) and thresholded at >127 (``mask_mode="threshold"``)
-or taken as class indices (``mask_mode="index"``, checked against ``num_classes``).
+Masks are read as grey (RGB masks: channel maximum) and decoded by their encoding, ``mask_mode``:
+``binary255`` (0/255, JPEG noise tolerated), ``class_index`` (0..K-1, 8 or 16 bit) or ``auto``
+(detected from a sample of the folder's masks; see :mod:`robusttrain.datamodules.masks`).
+Truncated JPEGs (libjpeg would only warn and return a part-grey image) raise DataError.
 
 Example::
 
@@ -21,6 +23,7 @@ import cv2
 import numpy as np
 
 from .errors import DataError
+from .masks import check_mask_mode, decode_mask, detect_mask_mode
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 IMAGE_DIRS = ("images", "image", "Original", "imgs")
@@ -85,36 +88,71 @@ def read_image(path: Path, grey: bool = False) -> np.ndarray:
     img = cv2.imread(str(path), flag)
     if img is None or img.size == 0:
         raise DataError(f"cannot read image file {path} (corrupt or not an image)")
+    check_not_truncated(path)
     return img[..., None] if grey else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
-def read_mask(path: Path, mode: str = "threshold", num_classes: int = 2) -> np.ndarray:
-    """(H,W) uint8 class indices; ``threshold``: >127 → 1, ``index``: values checked < num_classes."""
+def check_not_truncated(path: Path) -> None:
+    """DataError if ``path`` is a JPEG cut short (OpenCV decodes those part-grey with a warning only).
+
+    A JPEG ends with the EOI marker FF D9; only files without it at the end are decoded again with
+    Pillow, which tells a truncated file from one with bytes appended after EOI.
+    """
+    with open(path, "rb") as f:
+        if f.read(2) != b"\xff\xd8":  # not a JPEG (a .jpg may hold a PNG): decoders notice truncation
+            return
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 64))
+        tail = f.read().rstrip(b"\x00\r\n \t")
+    if tail.endswith(b"\xff\xd9"):
+        return
+    from PIL import Image, ImageFile
+
+    allow, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
+    try:
+        with Image.open(path) as im:
+            im.load()
+    except OSError as e:
+        raise DataError(f"image file {path} is a truncated or corrupt JPEG ({e}); re-export or remove it") from None
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = allow
+
+
+def read_raw_mask(path: Path) -> np.ndarray:
+    """(H,W) mask values as stored (RGB(A): channel maximum); DataError if it cannot be decoded."""
     m = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if m is None or m.size == 0:
         raise DataError(f"cannot read mask file {path} (corrupt or not an image)")
+    check_not_truncated(path)
     if m.ndim == 3:
         m = m[..., :3].max(axis=2)  # RGB(A) masks: any bright channel marks foreground
-    if m.dtype == np.uint16:
-        m = (m // 257).astype(np.uint8) if mode == "threshold" else m
-    if mode == "threshold":
-        return (m > 127).astype(np.uint8)
-    if int(m.max()) >= num_classes:
-        raise DataError(f"mask file {path}: value {int(m.max())} outside the class range 0..{num_classes - 1}")
-    return m.astype(np.uint8)
+    return m
+
+
+def read_mask(path: Path, mode: str = "binary255", num_classes: int = 2) -> np.ndarray:
+    """(H,W) uint8 class indices from a mask file in encoding ``mode`` (``binary255``/``class_index``)."""
+    return decode_mask(read_raw_mask(path), mode, num_classes, path)
 
 
 class FolderSource:
     """Image/mask pairs from a folder (see module doc), decoded lazily and cached in memory.
 
     ``cache_mb`` bounds the decoded bytes kept (whole dataset of small images; big ones are re-read).
+    ``mask_mode``: ``auto`` | ``binary255`` | ``class_index``; the encoding in use is ``mask_mode``
+    after construction (``mask_mode_reason`` says how it was chosen).
     """
 
-    def __init__(self, root: str | Path, grey: bool = False, mask_mode: str = "threshold",
+    def __init__(self, root: str | Path, grey: bool = False, mask_mode: str = "auto",
                  num_classes: int = 2, cache_mb: float = 1024):
         self.root = Path(root)
+        check_mask_mode(mask_mode)
         self.pairs = find_pairs(self.root)
-        self.grey, self.mask_mode, self.num_classes = grey, mask_mode, num_classes
+        self.grey, self.num_classes = grey, num_classes
+        if mask_mode == "auto":
+            self.mask_mode, self.mask_mode_reason = detect_mask_mode(
+                [p[1] for p in self.pairs], read_raw_mask, num_classes)
+        else:
+            self.mask_mode, self.mask_mode_reason = mask_mode, f"{mask_mode} (configured)"
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._budget = int(cache_mb * 2 ** 20)
 

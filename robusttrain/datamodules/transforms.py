@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import random
 from typing import Any, Sequence
 
 import albumentations as A
@@ -63,11 +64,13 @@ def build_transform(item: Any) -> A.BasicTransform:
     return _resolve(target)(**kw)
 
 
-def build_pipeline(items: Sequence[Any] | None, image_size: int | None, resize: str = "stretch") -> A.Compose:
+def build_pipeline(items: Sequence[Any] | None, image_size: int | None, resize: str = "stretch",
+                   seed: int | None = 0) -> A.Compose:
     """Compose ``resize`` (to ``image_size`` square) followed by the configured transforms.
 
     ``resize``: ``stretch`` (A.Resize), ``letterbox`` (keep aspect: LongestMaxSize + zero pad) or ``none``.
-    The resize comes first so the augmentations run on small images (cheap).
+    The resize comes first so the augmentations run on small images (cheap). ``seed`` seeds the
+    Compose's own random state (Albumentations 2 ignores the global seeds; ``None`` = unseeded).
     """
     if resize not in RESIZE_MODES:
         raise DataError(f"resize={resize!r}: expected one of {RESIZE_MODES}")
@@ -78,7 +81,19 @@ def build_pipeline(items: Sequence[Any] | None, image_size: int | None, resize: 
         steps += [A.LongestMaxSize(max_size=image_size),
                   A.PadIfNeeded(image_size, image_size, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=0)]
     steps += [build_transform(t) for t in (_plain(items) or [])]
-    return A.Compose(steps)
+    pipeline = A.Compose(steps)
+    if seed is not None:
+        seed_pipeline(pipeline, seed)
+    return pipeline
+
+
+def seed_pipeline(pipeline: A.BaseCompose, seed: int) -> None:
+    """Seed a pipeline with one random stream shared by all its transforms.
+
+    Not ``A.Compose(seed=)``: albumentations 2.0 seeds every transform's own generator with that
+    same seed, so e.g. HorizontalFlip and VerticalFlip (both p=0.5) would always flip together.
+    """
+    pipeline.set_random_state(np.random.default_rng(seed), random.Random(seed))
 
 
 def apply_pipeline(pipeline: A.Compose, image: np.ndarray, mask: np.ndarray,
