@@ -34,11 +34,18 @@ class EcodFit:
     labels: np.ndarray         # (n,) bool, True = outlier
 
 
-def check_args(contamination: float, tail: str) -> None:
+def check_args(contamination: float, tail: str) -> float:
+    """Validate the ECOD arguments; returns ``contamination`` as a float."""
     if tail not in TAILS:
         raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
-    if not (0.0 < float(contamination) <= 0.5):
-        raise ValueError(f"contamination must be in (0, 0.5], got {contamination}")
+    try:
+        c = float(contamination)
+    except (TypeError, ValueError):
+        c = float("nan")
+    if isinstance(contamination, bool) or not (0.0 < c <= 0.5):  # NaN fails too
+        raise ValueError(f"contamination={contamination!r}: expected a number in (0, 0.5] "
+                         "(the share of outliers; PyOD's ECOD accepts at most 0.5)")
+    return c
 
 
 def ecod_fit(X: np.ndarray, contamination: float = 0.1, tail: str = "low") -> EcodFit:

@@ -17,6 +17,7 @@ HistoryLike = Union[pd.DataFrame, str, os.PathLike]
 REQUIRED = ("case_id", "epoch")
 # Written by BalancedCheckpoint when it computes Dice itself (no MetamorphicCallback in the run).
 FALLBACK_NAME = "balanced_history.csv"
+SCORE_PREFIXES = ("dice_", "iou_")
 
 
 def resolve_history_path(path: str | os.PathLike) -> Path:
@@ -45,9 +46,38 @@ def load_history(source: HistoryLike) -> pd.DataFrame:
     if missing:
         raise ValueError(f"history is missing column(s) {missing}; it has {list(df.columns)}")
     df["case_id"] = df["case_id"].astype(str)
-    df["epoch"] = pd.to_numeric(df["epoch"], errors="raise").astype(int)
+    epoch = pd.to_numeric(df["epoch"], errors="coerce")
+    bad = epoch.isna() | (epoch != epoch.round()) | (epoch < 0)
+    if bad.any():
+        i = bad.idxmax()
+        raise ValueError(f"history column 'epoch' has value {_plain(df['epoch'][i])!r} for case {df['case_id'][i]!r}; "
+                         "expected a whole number >= 0")
+    df["epoch"] = epoch.astype(int)
+    for col in score_columns(df):
+        df[col] = _checked_scores(df, col)
     df = df.drop_duplicates(["case_id", "epoch"], keep="last")
     return df.sort_values(["epoch", "case_id"], kind="mergesort").reset_index(drop=True)
+
+
+def score_columns(history: pd.DataFrame) -> list[str]:
+    """The ``dice_<class>`` / ``iou_<class>`` columns (scores in [0,1])."""
+    return [c for c in history.columns if str(c).startswith(SCORE_PREFIXES)]
+
+
+def _checked_scores(df: pd.DataFrame, col: str) -> pd.Series:
+    # A Dice of inf or -5 would rank as a "best" or "worst" case and steer the checkpoint choice;
+    # such a value is a bug upstream, so it is refused by name. Empty (NaN) means "not measured".
+    v = pd.to_numeric(df[col], errors="coerce")
+    bad = (v.isna() & df[col].notna()) | ~(v.isna() | ((v >= 0) & (v <= 1)))
+    if bad.any():
+        i = bad.idxmax()
+        raise ValueError(f"history column {col!r} has value {_plain(df[col][i])!r} for case {df['case_id'][i]!r} at "
+                         f"epoch {df['epoch'][i]}; expected a score in [0, 1] (empty = not measured)")
+    return v.astype(float)
+
+
+def _plain(v):
+    return v.item() if hasattr(v, "item") and not isinstance(v, str) else v
 
 
 def metric_columns(history: pd.DataFrame, metric: str = "dice") -> list[str]:

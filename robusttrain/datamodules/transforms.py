@@ -61,7 +61,22 @@ def build_transform(item: Any) -> A.BasicTransform:
         raise DataError(f"transform config {item!r}: expected a '_target_' key naming the class")
     if "transforms" in kw:
         kw["transforms"] = [build_transform(t) for t in kw["transforms"]]
-    return _resolve(target)(**kw)
+    cls = _resolve(target)
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        raise DataError(f"transform config {target}: {_summary(e)}") from None
+
+
+def _summary(e: Exception) -> str:
+    """One line from a (possibly multi-line pydantic) construction error."""
+    errors = getattr(e, "errors", None) or getattr(e.__cause__, "errors", None)  # albumentations wraps it
+    if callable(errors):
+        try:
+            return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg', '')}" for d in errors())
+        except Exception:  # not pydantic after all
+            pass
+    return " ".join(str(e).split())
 
 
 def build_pipeline(items: Sequence[Any] | None, image_size: int | None, resize: str = "stretch",

@@ -91,6 +91,11 @@ class CleanView:
                 k += 1
             self.pre = A.Compose(steps[:k])
             self.post = A.Compose(steps[k:]) if k < len(steps) else None
+            # a new Compose reseeds its transforms from OS entropy; give them (shared with the
+            # dataset's pipeline) the pipeline's seeded stream back, or runs stop being reproducible
+            for c in (pipe, self.pre, self.post):
+                if c is not None and hasattr(pipe, "random_generator"):
+                    c.set_random_state(pipe.random_generator, pipe.py_random)
 
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """(image HWC uint8, mask HW int64, meta with case_id/slice_index) of sample ``i``."""

@@ -178,3 +178,220 @@ def test_nan_pixels_are_refused_by_every_perturbation_path(name):
     img[1, 1, 1] = np.inf
     with pytest.raises(ValueError, match=rf"{name}: image contains NaN or inf"):
         op.apply_numpy(img)
+
+
+# ----------------------------------------------------------------------------- mask encodings
+from robusttrain.cornercases import corners_report, find_corner_cases, select_balanced_epoch  # noqa: E402
+from robusttrain.datamodules import ACDCDataModule, CXRDataModule, DataError, PolypDataModule  # noqa: E402
+from robusttrain.datamodules.readers import FolderSource  # noqa: E402
+
+SQUARE = (slice(4, 12), slice(6, 14))  # 8 x 8 = 64 foreground pixels
+
+
+def _write_pair(root, stem, mask, ext=".png", size=(20, 24)):
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "masks").mkdir(parents=True, exist_ok=True)
+    img = np.full((*size, 3), 40, np.uint8)
+    img[SQUARE] = 220
+    cv2.imwrite(str(root / "images" / f"{stem}.png"), img)
+    if ext in (".jpg", ".jpeg"):
+        cv2.imwrite(str(root / "masks" / f"{stem}{ext}"), mask, [cv2.IMWRITE_JPEG_QUALITY, 75])
+    else:
+        cv2.imwrite(str(root / "masks" / f"{stem}{ext}"), mask)
+
+
+def _mask(value, dtype=np.uint8, size=(20, 24)):
+    m = np.zeros(size, dtype)
+    m[SQUARE] = value
+    return m
+
+
+def _expected():
+    m = np.zeros((20, 24), np.uint8)
+    m[SQUARE] = 1
+    return m
+
+
+@pytest.mark.parametrize("value,dtype,ext,mode", [
+    (1, np.uint8, ".png", "class_index"),       # 0/1 PNG: was thresholded at >127 -> empty
+    (1, np.uint16, ".png", "class_index"),      # 16-bit class ids
+    (255, np.uint8, ".png", "binary255"),
+    (65535, np.uint16, ".png", "binary255"),    # 16-bit 0/65535
+    (255, np.uint8, ".jpg", "binary255"),       # JPEG compression noise around 0/255 (Kvasir)
+])
+def test_mask_encodings_are_detected_and_decode_to_the_right_mask(tmp_path, value, dtype, ext, mode):
+    for i in range(3):
+        _write_pair(tmp_path, f"c{i}", _mask(value, dtype), ext)
+    src = FolderSource(tmp_path)
+    assert src.mask_mode == mode and "auto" in src.mask_mode_reason
+    assert np.array_equal(src.load(0)[1], _expected())
+
+
+def test_all_empty_masks_are_accepted_as_empty(tmp_path):
+    _write_pair(tmp_path, "neg", _mask(0))
+    src = FolderSource(tmp_path)
+    assert src.load(0)[1].sum() == 0
+
+
+@pytest.mark.parametrize("stray,found", [(7, r"\[0, 1, 7\]"), (255, r"\[0, 1, 255\]")])
+def test_class_index_mask_with_a_stray_value_is_refused_naming_file_and_values(tmp_path, stray, found):
+    m = _mask(1)
+    m[0, 0] = stray
+    _write_pair(tmp_path, "stray", m)
+    with pytest.raises(DataError, match=rf"mask file .*stray\.png: values {found} fit neither mask encoding: "
+                                        r"expected class indices 0\.\.1 \(mask_mode='class_index'\) or 0/255"):
+        FolderSource(tmp_path)
+
+
+def test_mask_values_0_100_are_refused(tmp_path):
+    _write_pair(tmp_path, "pct", _mask(100))
+    with pytest.raises(DataError, match=r"pct\.png: values \[0, 100\] fit neither"):
+        PolypDataModule(root=str(tmp_path), val_fraction=0.0).setup("fit")
+
+
+def test_mixed_encodings_in_one_folder_are_refused_naming_both_files(tmp_path):
+    _write_pair(tmp_path, "a_index", _mask(1))
+    _write_pair(tmp_path, "b_binary", _mask(255))
+    with pytest.raises(DataError, match=r"masks mix encodings: .*a_index\.png holds class indices but "
+                                        r".*b_binary\.png is 0/255"):
+        FolderSource(tmp_path)
+
+
+def test_file_disagreeing_with_the_configured_mode_names_the_fix(tmp_path):
+    _write_pair(tmp_path, "ids", _mask(1))
+    src = FolderSource(tmp_path, mask_mode="binary255")
+    with pytest.raises(DataError, match=r"ids\.png: values \[0, 1\] look like class indices 0\.\.1, but this "
+                                        r"dataset's masks are binary255 .*pass mask_mode='class_index'"):
+        src.load(0)
+
+
+def test_class_index_masks_train_to_a_correct_dice(tmp_path):
+    """0/1 PNG masks end to end: datamodule -> real trainer -> MR check: the exact detector scores Dice 1."""
+    for i in range(6):
+        _write_pair(tmp_path / "data", f"case{i}", _mask(1, size=(24, 24)), size=(24, 24))
+    dm = PolypDataModule(root=str(tmp_path / "data"), image_size=24, batch_size=3, val_fraction=0.0,
+                         train_transforms=[])
+    trainer = L.Trainer(max_epochs=1, callbacks=[_mr(tmp_path)], logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, enable_progress_bar=False, accelerator="cpu",
+                        num_sanity_val_steps=0)
+    trainer.fit(Net("logits"), datamodule=dm)
+    assert dm.mask_encoding == "class_index"
+    h = pd.read_csv(tmp_path / "history.csv")
+    assert len(h) == 6 and (h["dice_polyp"] == 1.0).all()
+
+
+# ----------------------------------------------------------------------------- truncated files
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+def test_truncated_jpeg_image_is_refused_naming_the_file(tmp_path):
+    _write_pair(tmp_path, "ok", _mask(255))
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(tmp_path / "images" / "cut.jpg"), rng.integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    cv2.imwrite(str(tmp_path / "masks" / "cut.png"), _mask(255, size=(64, 64)))
+    _truncate(tmp_path / "images" / "cut.jpg")
+    src = FolderSource(tmp_path)
+    with pytest.raises(DataError, match=r"image file .*cut\.jpg is a truncated or corrupt JPEG"):
+        src.load([src.case_id(i) for i in range(len(src))].index("cut"))
+
+
+def test_truncated_jpeg_mask_is_refused_naming_the_file(tmp_path):
+    rng = np.random.default_rng(0)
+    m = (rng.random((64, 64)) > 0.5).astype(np.uint8) * 255
+    _write_pair(tmp_path, "cutmask", m, ".jpg", size=(64, 64))
+    _truncate(tmp_path / "masks" / "cutmask.jpg", 0.6)
+    with pytest.raises(DataError, match=r"cutmask\.jpg is a truncated or corrupt JPEG"):
+        FolderSource(tmp_path)
+
+
+def test_jpeg_with_bytes_after_the_end_marker_still_loads(tmp_path):
+    _write_pair(tmp_path, "tail", _mask(255), ".jpg")
+    cv2.imwrite(str(tmp_path / "images" / "tail.jpg"), np.full((20, 24, 3), 90, np.uint8))
+    (tmp_path / "images" / "tail.png").unlink()
+    with open(tmp_path / "images" / "tail.jpg", "ab") as f:
+        f.write(b"trailer written by a camera")
+    img, mask = FolderSource(tmp_path).load(0)
+    assert img.shape == (20, 24, 3) and int(img.mean()) in (89, 90, 91) and mask.sum() == 64
+
+
+# ----------------------------------------------------------------------------- config at construction
+@pytest.mark.parametrize("kw,message", [
+    ({"image_size": 0}, r"PolypDataModule: image_size=0: expected an int >= 1"),
+    ({"image_size": "big"}, r"image_size='big': expected an int >= 1"),
+    ({"batch_size": 0}, r"PolypDataModule: batch_size=0: expected an int >= 1"),
+    ({"num_workers": -1}, r"num_workers=-1: expected an int >= 0"),
+    ({"val_fraction": 1.5}, r"val_fraction=1.5: expected a number with 0 <= x < 1"),
+    ({"val_fraction": -0.1}, r"val_fraction=-0.1: expected a number with 0 <= x < 1"),
+    ({"hard_fraction": 2}, r"hard_fraction=2: expected a number with 0 <= x <= 1"),
+    ({"n_train": 0}, r"n_train=0: expected an int >= 1"),
+    ({"resize": "crop"}, r"resize='crop': expected one of \('stretch', 'letterbox', 'none'\)"),
+    ({"mask_mode": "threshold"}, r"mask_mode='threshold': expected one of \('auto', 'binary255', 'class_index'\)"),
+    ({"cache_mb": -1}, r"cache_mb=-1: expected a number >= 0"),
+    ({"pin_memory": "yes"}, r"pin_memory='yes': expected true or false"),
+    ({"train_transforms": [{"_target_": "albumentations.NoSuchFlip"}]},
+     r"PolypDataModule: train_transforms: transform config: cannot import 'albumentations.NoSuchFlip'"),
+    ({"train_transforms": [{"_target_": "albumentations.Resize"}]},
+     r"PolypDataModule: train_transforms: transform config albumentations.Resize: height: Field required; "
+     r"width: Field required"),
+])
+def test_bad_datamodule_values_fail_at_construction(kw, message):
+    with pytest.raises(ValueError, match=message):
+        PolypDataModule(**kw)
+
+
+def test_missing_root_and_extra_val_fail_at_construction_naming_the_key(tmp_path):
+    with pytest.raises(DataError, match=rf"CXRDataModule: root='{re.escape(str(tmp_path))}/nope': folder does not exist"):
+        CXRDataModule(root=str(tmp_path / "nope"))
+    with pytest.raises(DataError, match=r"ACDCDataModule: extra_val\['etis'\]='/no/such/etis': folder does not exist"):
+        ACDCDataModule(extra_val={"etis": "/no/such/etis"})
+
+
+# ----------------------------------------------------------------------------- corner-case analysis
+def _history(value=None, col="dice_lv", case="p3", epoch=1):
+    rows = [{"case_id": f"p{c}", "epoch": e, "dice_lv": 0.8 + 0.01 * c, "dice_rv": 0.7}
+            for c in range(6) for e in range(3)]
+    h = pd.DataFrame(rows)
+    if value is not None:
+        h[col] = h[col].astype(object)
+        h.loc[(h["case_id"] == case) & (h["epoch"] == epoch), col] = value
+    return h
+
+
+@pytest.mark.parametrize("value", [float("inf"), -5.0, 1.2, "n/a"])
+def test_impossible_dice_values_are_refused_naming_column_case_epoch(value):
+    h = _history(value)
+    msg = rf"history column 'dice_lv' has value {re.escape(repr(value))} for case 'p3' at epoch 1; expected a score in \[0, 1\]"
+    with pytest.raises(ValueError, match=msg):
+        find_corner_cases(h)
+    with pytest.raises(ValueError, match=msg):
+        select_balanced_epoch(h)
+
+
+def test_impossible_iou_in_a_history_csv_is_refused_by_the_report(tmp_path):
+    h = _history()
+    h["iou_lv"] = 0.5
+    h.loc[4, "iou_lv"] = -0.25
+    h.to_csv(tmp_path / "history.csv", index=False)
+    with pytest.raises(ValueError, match=r"history column 'iou_lv' has value -0.25 for case 'p1' at epoch 1"):
+        corners_report(tmp_path)
+
+
+def test_missing_dice_is_skipped_not_refused():
+    res = find_corner_cases(_history(float("nan"), epoch=2))
+    assert res.ok and res.skipped == ["p3"]
+
+
+@pytest.mark.parametrize("contamination", [0.7, 0.0, -0.1, "abc", float("nan")])
+def test_contamination_outside_pyod_range_is_refused(contamination):
+    with pytest.raises(ValueError, match=rf"contamination={re.escape(repr(contamination))}: expected a number in "
+                                         r"\(0, 0\.5\]"):
+        select_balanced_epoch(_history(), contamination=contamination)
+
+
+def test_unknown_policy_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"policy must be one of \('last_inlier', 'maximin', 'pareto', 'cvar'\), got 'best'"):
+        select_balanced_epoch(_history(), policy="best")
+    with pytest.raises(ValueError, match=r"policy must be one of .* got 'best'"):
+        BalancedCheckpoint(policy="best")
