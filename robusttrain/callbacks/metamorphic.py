@@ -165,7 +165,7 @@ class MetamorphicCallback(Callback):
         path = self.path if self.path != "auto" else ("torch" if device.type == "cuda" else "numpy")
         predict = make_predict(trainer, pl_module, self.to_probabilities)
         metrics: dict[str, float] = {}
-        train_s = self.clock.take()
+        t_start, train_s = time.perf_counter(), self.clock.take()
         with checking_state(pl_module, self.seed):
             probes = {}
             for split in splits:
@@ -177,7 +177,7 @@ class MetamorphicCallback(Callback):
                     first = next(iter_probe(ds, idx[:1], 1, self.hooks))
                     self.suite.prepare(first.images.shape[1], probe=first.images)
                 probes[split] = (ds, idx, _case_ids(ds, idx))
-            plan = self._plan(trainer, predict, device, probes, train_s, epoch, full)
+            plan = self._plan(trainer, predict, device, path, probes, train_s, epoch, full)
             for split, (ds, idx, ids) in probes.items():
                 sel = to_indices(plan.get(split), idx, ids)
                 if sel is not None and split != "val":  # the train probe's clean pass: selected cases only
@@ -200,6 +200,8 @@ class MetamorphicCallback(Callback):
                                             sinks=log))
                 if split == "val":
                     self._last_check_epoch, self._last_val_full = epoch, sel is None
+        if metrics:  # what the budget compares: this check's wall time and the training it follows
+            metrics.update({"mr/check_s": time.perf_counter() - t_start, "mr/train_s": train_s})
         if metrics and log:
             pl_module.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False)
         elif metrics and trainer.is_global_zero:  # on_train_end: self.log is not allowed there
@@ -209,20 +211,14 @@ class MetamorphicCallback(Callback):
             self._write(trainer)
         self.clock.resume()  # the check's own time is not training
 
-    def _plan(self, trainer, predict, device, probes, train_s, epoch, full) -> dict[str, Any]:
+    def _plan(self, trainer, predict, device, path, probes, train_s, epoch, full) -> dict[str, Any]:
         """Per split, the cases to test under each test (None: all); rank 0 decides, every rank follows."""
         if not self.budget.enabled or full or not probes:
             return {}
         plan = None
         if trainer.is_global_zero:
-            if self.budget.clean_cost is None:  # the first check: time one probe batch's forward
-                ds, idx, _ = probes.get("val", next(iter(probes.values())))
-                pb = next(iter_probe(ds, idx[: self.batch_size], self.batch_size, self.hooks))
-                x = pb.images.to(device)
-                predict(x)  # warm-up (first-call allocations are not what a check pays)
-                t0 = time.perf_counter()
-                predict(x)
-                self.budget.observe({"clean_s": time.perf_counter() - t0, "n_clean": len(pb.indices)})
+            if self.budget.clean_cost is None:
+                self.budget.observe(self._calibrate(predict, device, path, probes))
             clean, fol = self.budget.costs()
             n_val = len(probes["val"][1]) if "val" in probes else 0
             since = epoch - self._last_check_epoch if self._last_check_epoch >= 0 else epoch + 1
@@ -232,6 +228,24 @@ class MetamorphicCallback(Callback):
         return broadcast_object(trainer, plan)
 
     # -- internals ---------------------------------------------------------------------
+    def _calibrate(self, predict, device, path, probes) -> dict[str, float]:
+        """Costs for the first check: a probe batch's forward, and every test applied to one sample."""
+        ds, idx, _ = probes.get("val", next(iter(probes.values())))
+        pb = next(iter_probe(ds, idx[: self.batch_size], self.batch_size, self.hooks))
+        x, m = pb.images.to(device), pb.masks.to(device)
+        predict(x)  # warm-up (first-call allocations are not what a check pays)
+        t0 = time.perf_counter()
+        predict(x)
+        t1 = time.perf_counter()
+        for k in range(len(self.suite.tests)):  # perturbing can cost more than a small model's forward
+            p = self.suite.params_for("calibration", k, pb.case_ids[:1], pb.slice_indices[:1], pb.images[:1],
+                                      pb.masks[:1])
+            self.suite.apply(k, x[:1], m[:1], p, path=path)
+        t2 = time.perf_counter()
+        n, t = len(pb.indices), max(1, len(self.suite.tests))
+        # one follow-up = a forward + one perturbation (the mean over tests) + scoring (~ the clean pass)
+        return {"clean_s": t1 - t0, "n_clean": n, "followup_s": (t1 - t0) + n * (t2 - t1) / t, "n_followup": n}
+
     def _dataset(self, trainer: Any, split: str, quiet: bool = False) -> Any:
         if self.datasets[split] is not None:
             return self.datasets[split]

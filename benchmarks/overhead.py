@@ -1,0 +1,82 @@
+"""Wall time of the polyp recipe with and without the robustness callbacks, side by side (one run).
+
+Runs ``python -m robusttrain fit recipe=polyp`` (synthetic polyp set, recipe defaults: 8 epochs,
+MetamorphicCallback with ``budget: 0.25``, BalancedCheckpoint, FailureMiningCallback,
+RobustnessReporter) and the same command with ``callbacks.{metamorphic,balanced,mining,reporting}
+.enabled=false``, same seed, same epochs, alternating off/on ``--repeats`` times so both see the
+same machine load. Reports the wall time of each run (process start to exit), the ratio on/off
+(target <= 1.3 at the defaults), and from the "on" run's logs: the training seconds each check was
+sized for, the check's own seconds, and how many test cases of the suite it scored.
+
+    OMP_NUM_THREADS=1 python benchmarks/overhead.py [--epochs 8] [--repeats 1] [--budget 0.25] [-- key=value ...]
+
+Extra ``key=value`` overrides after ``--`` go to both runs (e.g. ``data.n_train=80``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROBUST = ("metamorphic", "balanced", "mining", "reporting")
+
+
+def run(run_dir: Path, on: bool, epochs: int, budget: str, extra: list[str]) -> float:
+    cmd = [sys.executable, "-m", "robusttrain", "fit", "recipe=polyp", "seed=0", f"run_dir={run_dir}",
+           f"trainer.max_epochs={epochs}", "trainer.enable_progress_bar=false", *extra]
+    cmd += [f"callbacks.metamorphic.budget={budget}"] if on else [f"callbacks.{c}.enabled=false" for c in ROBUST]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def check_log(run_dir: Path) -> pd.DataFrame:
+    """Per epoch: training seconds the check was sized for, check seconds, test cases scored / suite."""
+    metrics = pd.read_csv(run_dir / "logs" / "metrics.csv")
+    cols = [c for c in ("epoch", "mr/train_s", "mr/check_s") if c in metrics]
+    per = metrics[cols].dropna(subset=[c for c in cols if c != "epoch"]).groupby("epoch").last()
+    efr = pd.read_csv(run_dir / "efr.csv")
+    pooled = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == efr.threshold.min())]
+    for split, g in pooled.groupby("split"):
+        g = g.set_index("epoch")
+        per[f"{split} scored"] = g["cases"].astype(int).astype(str) + "/" + g["suite_cases"].astype(int).astype(str)
+    if "final" in pooled:
+        per["final"] = pooled[pooled.split == "val"].set_index("epoch")["final"]
+    return per
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=8, help="the polyp recipe's default")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--budget", default="0.25", help="the recipe default; 'null' = full suite every epoch")
+    ap.add_argument("--out", default=None, help="keep the run directories here (default: a temp dir)")
+    ap.add_argument("extra", nargs="*", help="overrides for both runs (after --)")
+    args = ap.parse_args()
+    root = Path(args.out or tempfile.mkdtemp(prefix="rt_overhead_"))
+    print(f"polyp recipe, {args.epochs} epochs, seed 0, budget {args.budget}; OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; runs in {root}", flush=True)
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(args.repeats):
+        for on in (False, True):
+            w = run(root / f"{'on' if on else 'off'}{r}", on, args.epochs, args.budget, args.extra)
+            walls[on].append(w)
+            print(f"  repeat {r}: callbacks {'on ' if on else 'off'} {w:7.1f} s", flush=True)
+    off, on = min(walls[False]), min(walls[True])
+    print(f"\nwall time (best of {args.repeats}): off {off:.1f} s | on {on:.1f} s | ratio {on / off:.2f}x "
+          f"(target <= 1.3x)")
+    print("\nper check, callbacks on (last repeat):")
+    print(check_log(root / f"on{args.repeats - 1}").to_string())
+
+
+if __name__ == "__main__":
+    main()
