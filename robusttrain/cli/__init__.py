@@ -89,13 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     # W&B never reaches for the network unless the user asks for it (WANDB_MODE=online).
     os.environ.setdefault("WANDB_MODE", "offline")
     from robusttrain.checkpoints import CheckpointError
-    from robusttrain.datamodules.errors import DataError
+    from robusttrain.errors import InputError  # DataError, HookError, NonFiniteOutputError, ...
 
     from robusttrain.cli.rundir import release_all
 
     try:
         return COMMANDS[command](rest)
-    except (UsageError, DataError, CheckpointError) as e:
+    except (UsageError, InputError, CheckpointError) as e:
         # Bad input the user can fix: one line, no traceback from deep inside torch.
         print(f"robusttrain {command}: error: {e}", file=sys.stderr)
         return 2

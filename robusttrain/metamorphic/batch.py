@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from robusttrain.errors import InputError
 
-class HookError(ValueError):
+
+class HookError(InputError):
     """A batch could not be read by the default hooks; the message names the hook to set."""
 
 
@@ -160,7 +162,7 @@ def check_finite_images(images: torch.Tensor, case_ids: Sequence[str]) -> None:
     finite = torch.isfinite(images).flatten(1).all(1)
     if not bool(finite.all()):
         bad = [case_ids[i] for i in (~finite).nonzero().flatten().tolist()]
-        raise ValueError(f"probe images of case(s) {bad} contain NaN or inf; expected finite values "
+        raise InputError(f"probe images of case(s) {bad} contain NaN or inf; expected finite values "
                          f"in [0,1] (check the dataset / transforms)")
 
 

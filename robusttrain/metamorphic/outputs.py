@@ -26,13 +26,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from robusttrain.errors import InputError
+
 from .batch import HookError
 
 TO_PROBABILITIES = ("auto", "logits", "identity")
 _SUM_TOL = 1e-3  # softmax outputs in float16 sum to 1 within ~1e-3
 
 
-class NonFiniteOutputError(ValueError):
+class NonFiniteOutputError(InputError):
     """Model outputs or probabilities hold NaN/inf. ``epoch``/``split`` say where, when known."""
 
     def __init__(self, what: str, epoch: int | None = None, split: str | None = None,
@@ -40,7 +42,7 @@ class NonFiniteOutputError(ValueError):
         self.what, self.epoch, self.split, self.case_ids = what, epoch, split, list(case_ids)
         where = "".join([f" at epoch {epoch}" if epoch is not None else "",
                          f" on the '{split}' probe" if split is not None else "",
-                         f" (cases {self.case_ids})" if self.case_ids else ""])
+                         f" (cases {_some(self.case_ids)})" if self.case_ids else ""])
         super().__init__(f"{what} contain NaN or inf{where}: the robustness check stops here "
                          f"(no EFR, corner cases or checkpoint choice from them)")
 
@@ -50,6 +52,10 @@ class NonFiniteOutputError(ValueError):
         return NonFiniteOutputError(self.what, self.epoch if self.epoch is not None else epoch,
                                     self.split if self.split is not None else split,
                                     self.case_ids or case_ids)
+
+
+def _some(ids: list[str], n: int = 4) -> str:
+    return str(ids) if len(ids) <= n else f"{ids[:n]} and {len(ids) - n} more"
 
 
 class ProbabilityOutputError(HookError):

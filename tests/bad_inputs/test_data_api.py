@@ -395,3 +395,17 @@ def test_unknown_policy_is_refused_with_the_choices():
         select_balanced_epoch(_history(), policy="best")
     with pytest.raises(ValueError, match=r"policy must be one of .* got 'best'"):
         BalancedCheckpoint(policy="best")
+
+
+@pytest.mark.slow
+def test_cli_fit_with_diverging_weights_stops_with_one_line_and_no_checkpoint_choice(tmp_path, capsys):
+    from robusttrain.cli import main
+
+    rc = main(["fit", "recipe=smoke", f"run_dir={tmp_path}", "model.lr=1e30", "trainer.max_epochs=1",
+               "callbacks.reporting.enabled=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert re.fullmatch(r"robusttrain fit: error: model outputs \(logits\) contain NaN or inf at epoch 0 on the "
+                        r"'val' probe \(cases \['synpolyp_00\d\d', .*\] and \d+ more\): the robustness check "
+                        r"stops here \(no EFR, corner cases or checkpoint choice from them\)", err[-1])
+    assert not (tmp_path / "balanced.ckpt").exists() and not (tmp_path / "efr.csv").exists()
