@@ -14,6 +14,14 @@ colour families are also reported as a fraction of the device's copy bandwidth (
 of the batch, measured with ``Tensor.copy_``).
 
 Run: ``python benchmarks/perturbations.py [--quick] [--size 512] [--batch 32] [--repeats 5]``
+
+``--modality mri`` / ``xray`` measures the single-channel families instead (real ACDC slices / Shenzhen
+radiographs from ``../shared/data`` when present, else a phantom), against the closest MONAI and TorchIO
+transforms applied per sample (their usual use, in a Dataset's transform chain):
+``numpy`` (ours, one uint8 image per call), ``monai`` / ``tio`` (one (1,H,W) / (1,H,W,1) float tensor per
+call), ``torch`` (ours, B images per call on CPU) and the ratios ``t/monai``, ``t/tio``. Target: the
+batched torch path at least 3x MONAI's per-sample transform on CPU. TorchIO is a benchmark-only
+dependency (``pip install -e .[bench]``). Default size 256 (ACDC's grid; radiographs 512 with ``--size``).
 """
 from __future__ import annotations
 
@@ -120,11 +128,15 @@ class _blur_fixed(P.Blur):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run: 2 repeats, 0.3 s per figure, B=8")
-    ap.add_argument("--size", type=int, default=512)
+    ap.add_argument("--size", type=int, default=None, help="image side (default 512; 256 for --modality mri/xray)")
+    ap.add_argument("--modality", choices=("endoscopy", "mri", "xray"), default="endoscopy")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
     args = ap.parse_args()
+    if args.modality != "endoscopy":
+        return main_grey(args)
+    args.size = args.size or 512
     repeats = args.repeats or (2 if args.quick else 5)
     min_time = 0.3 if args.quick else 1.0
     b = args.batch or (8 if args.quick else 32)
@@ -188,6 +200,129 @@ def main() -> None:
                    ("saturation", "contrast", "white_balance") else f"{'-':>7}")
             line += f"{f('cuda', 10)}{f('k-cuda', 10)}{r('cuda', 'k-cuda', 7)}{pct}"
         print(line, flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# single-channel families vs MONAI / TorchIO
+# --------------------------------------------------------------------------------------
+def grey_frames(modality: str, size: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B,size,size) uint8 slices / radiographs and int64 masks: real shared data when present."""
+    root = Path(__file__).resolve().parents[2] / "shared" / "data"
+    imgs, masks = [], []
+    if modality == "mri" and (root / "acdc" / "volumes").is_dir():
+        import h5py
+        for f in sorted((root / "acdc" / "volumes").glob("*.h5")):
+            with h5py.File(f) as h:
+                for k in range(h["image"].shape[0]):
+                    imgs.append(cv2.resize((np.clip(h["image"][k], 0, 1) * 255 + 0.5).astype(np.uint8), (size, size),
+                                           interpolation=cv2.INTER_AREA))
+                    masks.append(cv2.resize(h["label"][k], (size, size), interpolation=cv2.INTER_NEAREST))
+            if len(imgs) >= b:
+                break
+    elif modality == "xray" and (root / "shenzhen_cxr" / "images").is_dir():
+        for f in sorted((root / "shenzhen_cxr" / "images").glob("*.jpg"))[:b]:
+            imgs.append(cv2.resize(cv2.imread(str(f), cv2.IMREAD_GRAYSCALE), (size, size), interpolation=cv2.INTER_AREA))
+            mk = cv2.imread(str(root / "shenzhen_cxr" / "masks" / f.name), cv2.IMREAD_GRAYSCALE)
+            masks.append((cv2.resize(mk, (size, size), interpolation=cv2.INTER_NEAREST) > 127).astype(np.uint8))
+    if not imgs:  # phantom: a bright ellipse with a ring on a dark background
+        yy, xx = np.mgrid[:size, :size] / size - 0.5
+        r = (yy / 0.38) ** 2 + (xx / 0.42) ** 2
+        imgs = [np.clip(30 + 150 * (r < 1) + 50 * ((r > 0.2) & (r < 0.35)), 0, 255).astype(np.uint8)]
+        masks = [((r > 0.2) & (r < 0.35)).astype(np.uint8)]
+    idx = [i % len(imgs) for i in range(b)]
+    return np.stack([imgs[i] for i in idx]), np.stack([masks[i] for i in idx]).astype(np.int64)
+
+
+def grey_cases(modality: str):
+    """(label, perturbation, MONAI factory, TorchIO factory): the closest per-sample references."""
+    import monai.transforms as M
+    try:
+        import torchio as tio
+    except ImportError:  # benchmark-only dependency
+        tio = None
+
+    def t(f):
+        return (lambda: f()) if tio is not None else None
+
+    if modality == "mri":
+        return [
+            ("bias_field", P.get("bias_field", 3), lambda: M.RandBiasField(degree=3, coeff_range=(0.2, 0.3), prob=1.0),
+             t(lambda: tio.RandomBiasField(coefficients=0.5, order=3))),
+            ("ghosting", P.get("ghosting", 3), None,  # MONAI has no ghosting transform
+             t(lambda: tio.RandomGhosting(num_ghosts=(2, 5), axes=(0, 1), intensity=(0.3, 0.6)))),
+            ("gibbs", P.get("gibbs", 3), lambda: M.RandGibbsNoise(prob=1.0, alpha=(0.4, 0.6)), None),  # none in TorchIO
+            ("spike", P.get("spike", 3), lambda: M.RandKSpaceSpikeNoise(prob=1.0, intensity_range=(10.0, 12.0)),
+             t(lambda: tio.RandomSpike(num_spikes=1, intensity=(0.3, 0.5)))),
+            ("rician_noise", P.get("rician_noise", 3), lambda: M.RandRicianNoise(prob=1.0, std=0.04),
+             t(lambda: tio.RandomNoise(std=0.04))),  # TorchIO: Gaussian, the closest
+            ("gamma", P.get("gamma", 3), lambda: M.RandAdjustContrast(prob=1.0, gamma=(0.7, 1.5)),
+             t(lambda: tio.RandomGamma(log_gamma=0.3))),
+            ("blur", P.get("blur", 3), lambda: M.RandGaussianSmooth(sigma_x=(3.0, 5.0), sigma_y=(3.0, 5.0), prob=1.0),
+             t(lambda: tio.RandomBlur(std=(3.0, 5.0)))),
+            ("contrast", P.get("contrast", 3), lambda: M.RandScaleIntensityFixedMean(prob=1.0, factors=0.3), None),
+        ]
+    return [
+        ("quantum_noise", P.get("quantum_noise", 3), lambda: M.RandGaussianNoise(prob=1.0, std=0.03),
+         t(lambda: tio.RandomNoise(std=0.03))),
+        ("exposure", P.get("exposure", 3), lambda: M.RandAdjustContrast(prob=1.0, gamma=(0.7, 1.5)),
+         t(lambda: tio.RandomGamma(log_gamma=0.3))),
+        ("blur", P.get("blur", 3), lambda: M.RandGaussianSmooth(sigma_x=(3.0, 5.0), sigma_y=(3.0, 5.0), prob=1.0),
+         t(lambda: tio.RandomBlur(std=(3.0, 5.0)))),
+        ("xray_markers", P.get("xray_markers", 3), None, None),
+        ("collimation", P.get("collimation", 3), None, None),
+        ("contrast", P.get("contrast", 3), lambda: M.RandScaleIntensityFixedMean(prob=1.0, factors=0.3), None),
+    ]
+
+
+def main_grey(args: argparse.Namespace) -> None:
+    size = args.size or 256
+    repeats = args.repeats or (2 if args.quick else 5)
+    min_time = 0.3 if args.quick else 1.0
+    b = args.batch or (8 if args.quick else 32)
+    cuda = torch.cuda.is_available()
+    imgs, masks = grey_frames(args.modality, size, b)
+    x = torch.from_numpy(imgs)[:, None].float().div(255).contiguous()
+    m = torch.from_numpy(masks)
+    one = x[0].clone()            # MONAI: channel-first (1,H,W)
+    one4 = x[0, :, :, :, None].clone()  # TorchIO: (1,H,W,1), a 2-D slice as a one-voxel-deep volume
+    xc, mc = (x.cuda(), m.cuda()) if cuda else (None, None)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    print(f"# {args.modality}: {size}x{size} grey, torch batch B={b}, {torch.get_num_threads()} torch threads, "
+          f"medians of {repeats} rounds; MONAI / TorchIO per sample; {'CUDA' if cuda else 'no CUDA'}")
+    head = f"{'perturbation':<15}{'numpy':>9}{'monai':>9}{'tio':>9}{'torch':>9}{'t/monai':>9}{'t/tio':>9}"
+    print(head + (f"{'cuda':>10}" if cuda else ""))
+    for label, pert, monai_f, tio_f in grey_cases(args.modality):
+        if args.only and label not in args.only:
+            continue
+        rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
+        work = imgs[0].copy()
+        fns: dict[str, tuple[Callable[[], object], int, Callable[[], None]]] = {
+            "numpy": (lambda: pert.apply_numpy(work, masks[0], rng=rng), 1, lambda: None),
+            "torch": (lambda: pert.apply_batch(x, m, generator=gen), b, lambda: None),
+        }
+        if monai_f is not None:
+            mt = monai_f()
+            fns["monai"] = (lambda: mt(one), 1, lambda: None)
+        if tio_f is not None:
+            tt = tio_f()
+            fns["tio"] = (lambda: tt(one4), 1, lambda: None)
+        if cuda:
+            fns["cuda"] = (lambda: pert.apply_batch(xc, mc, generator=gen), b, sync)
+        res: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(repeats):
+            for k, (fn, n, s) in fns.items():
+                res[k].append(rate(fn, n, min_time, s))
+        med = {k: statistics.median(v) for k, v in res.items()}
+
+        def f(k: str, w: int = 9) -> str:
+            return f"{med[k]:>{w},.0f}" if k in med else f"{'-':>{w}}"
+
+        def r(a: str, c: str, w: int = 9) -> str:
+            return f"{med[a] / med[c]:>{w - 1}.2f}x" if a in med and c in med else f"{'-':>{w}}"
+
+        line = f"{label:<15}{f('numpy')}{f('monai')}{f('tio')}{f('torch')}{r('torch', 'monai')}{r('torch', 'tio')}"
+        print(line + (f(
+            "cuda", 10) if cuda else ""), flush=True)
 
 
 if __name__ == "__main__":

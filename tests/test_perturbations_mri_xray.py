@@ -72,10 +72,13 @@ def test_grey_suites_skip_on_rgb_with_a_reason():
 
 @pytest.mark.parametrize("name", NEW)
 @pytest.mark.parametrize("severity", [1, 2, 3, 4, 5])
-def test_parity_numpy_uint8_float_and_torch(name, severity):
+@pytest.mark.parametrize("planes", [True, False], ids=["cpu-planes", "torch-kernels"])
+def test_parity_numpy_uint8_float_and_torch(name, severity, planes):
+    # planes=False runs the torch kernels (what accelerators use) on CPU instead of the per-plane path
     imgs, masks = _phantoms()
     x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
     p = get(name, severity=severity)
+    p.cpu_planes = planes and p.cpu_planes
     out, params = p.apply_batch(x, m, generator=torch.Generator().manual_seed(severity))
     assert out.shape == x.shape and out.dtype == x.dtype
     assert float(out.min()) >= 0 and float(out.max()) <= 1
@@ -110,10 +113,12 @@ def test_replay_is_exact_and_numpy_sampling_deterministic(name):
 
 
 @pytest.mark.parametrize("name", NEW)
-def test_batch_uses_per_sample_params(name):
+@pytest.mark.parametrize("planes", [True, False], ids=["cpu-planes", "torch-kernels"])
+def test_batch_uses_per_sample_params(name, planes):
     imgs, masks = _phantoms(b=3, seed=2)
     x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
     p = get(name, severity=3)
+    p.cpu_planes = planes and p.cpu_planes
     out, params = p.apply_batch(x, m, generator=torch.Generator().manual_seed(1))
     varying = [k for k, v in params.items() if v.is_floating_point() and not torch.equal(v[0], v[1])]
     assert varying, f"{name}: every sample got the same params"
@@ -136,12 +141,14 @@ def test_masks_untouched(name):
 
 
 @pytest.mark.parametrize("name", ["xray_markers", "collimation"])
-def test_overlays_keep_off_the_labelled_anatomy(name):
+@pytest.mark.parametrize("planes", [True, False], ids=["cpu-planes", "torch-kernels"])
+def test_overlays_keep_off_the_labelled_anatomy(name, planes):
     imgs, masks = _phantoms(b=2, h=128, w=128, seed=4)
     for mk in masks:  # a large lung-like mask reaching near the borders
         mk[10:118, 14:114] = 1
     x, m = _batch(imgs), torch.from_numpy(np.stack(masks))
     p = get(name, severity=5)
+    p.cpu_planes = planes
     for seed in range(4):
         out, _ = p.apply_batch(x, m, generator=torch.Generator().manual_seed(seed))
         les = (m != 0)[:, None]

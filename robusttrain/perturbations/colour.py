@@ -38,6 +38,15 @@ class _AffineColour(Perturbation):
     def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
         b, c, h, w = images.shape
         m, off = self._affine(params, c)
+        if c == 1 and images.device.type == "cpu" and images.dtype == torch.float32 and not images.requires_grad:
+            # grey (MRI / X-ray) on CPU: one fused OpenCV pass per cache-resident plane beats a (1x1) bmm
+            x, out = images.detach().contiguous().numpy(), torch.empty_like(images)
+            o = out.numpy()
+            for i, (mi, oi) in enumerate(zip(m[:, 0, 0].tolist(), off[:, 0].tolist())):
+                cv2.addWeighted(x[i, 0], mi, x[i, 0], 0.0, oi, dst=o[i, 0])
+                if oi < 1e-3 or mi + oi > 0.999:  # x in [0,1] (±1e-4) maps into [oi, mi + oi]: clip if it may leave
+                    np.clip(o[i, 0], 0.0, 1.0, out=o[i, 0])
+            return out
         out = torch.empty_like(images)
         # One read + one write of the batch: out = offset + M @ x, then an in-place clamp.
         torch.baddbmm(off.to(images.dtype)[:, :, None], m.to(images.dtype), images.reshape(b, c, h * w),

@@ -1,14 +1,15 @@
-"""k-space helpers shared by the MRI families (ghosting, Gibbs ringing): a real, point-symmetric
-per-sample mask applied to the half spectrum of a real image, then the magnitude image.
+"""k-space helpers shared by the MRI families (ghosting, Gibbs ringing): real, point-symmetric,
+separable per-sample masks applied to the spectrum of a real image, then the magnitude image.
 
 Masks here depend on |frequency| only, so the filtered image stays real and ``rfft2`` / ``irfft2``
 (half the work of a complex FFT) are exact. Frequencies are integer cycles per image (``k``) or
 fractions of the Nyquist band (``k / (n/2)``), so a mask defined in those units means the same at any
-image size. Both paths compute in float32 on the torch side and float64 in numpy (pocketfft); their
-difference is far below one grey level.
+image size. A separable mask is applied as 1-D passes along x and y (OpenCV row DFTs per plane on
+the numpy / CPU path, ``torch.fft`` on the batch elsewhere); the paths agree far below one grey level.
 """
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import torch
 
@@ -22,17 +23,38 @@ def freqs(n: int, half: bool = False, xp=torch, device: torch.device | None = No
     return np.round(f)
 
 
-def filter_magnitude_torch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``|irfft2(rfft2(x) * mask)|`` clamped to [0,1]; x (B,H,W), mask broadcastable to (B,H,W//2+1)."""
-    h, w = x.shape[-2:]
-    spec = torch.fft.rfft2(x.float())
-    spec.mul_(mask.to(spec.real.dtype))
-    return torch.fft.irfft2(spec, s=(h, w)).abs_().clamp_(max=1.0).to(x.dtype)
+def filter_axis_torch(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """Filter real (B,H,W) images along ``dim`` (-1: x, -2: y) with per-sample real multipliers ``mask``
+    (B, N//2+1) on the rfft bins (a 1-D real filter: half the work of ``rfft2`` / ``irfft2``)."""
+    n = x.shape[dim]
+    spec = torch.fft.rfft(x.float(), dim=dim)
+    m = mask.to(spec.real.dtype)
+    spec.mul_(m[:, :, None] if dim == -2 else m[:, None, :])
+    return torch.fft.irfft(spec, n=n, dim=dim)
 
 
-def filter_magnitude_np(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """The numpy twin of :func:`filter_magnitude_torch` for one (H,W) float32 image."""
-    h, w = x.shape
-    spec = np.fft.rfft2(x) * mask
-    out = np.abs(np.fft.irfft2(spec, s=(h, w))).astype(np.float32)
-    return np.minimum(out, 1.0, out=out)
+def _ccs(mask_half: np.ndarray, n: int) -> np.ndarray:
+    """A (N//2+1,) rfft-bin mask laid out like OpenCV's packed (CCS) row spectrum: Re0, Re1, Im1, Re2, ..."""
+    return np.asarray(mask_half, np.float32)[(np.arange(n) + 1) // 2]
+
+
+def filter_rows_np(x: np.ndarray, mask_half: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Filter each row of a float32 (H,W) image with the real rfft-bin mask ``mask_half`` (W//2+1,).
+
+    ``cv2.dft`` on rows in its packed real format: on one cache-resident plane it is several times faster
+    than a batched ``torch.fft`` pair on CPU (and than numpy's FFT).
+    """
+    spec = cv2.dft(x, flags=cv2.DFT_ROWS)
+    spec *= _ccs(mask_half, x.shape[1])
+    return cv2.idft(spec, dst=out, flags=cv2.DFT_ROWS | cv2.DFT_SCALE | cv2.DFT_REAL_OUTPUT)
+
+
+def filter_cols_np(x: np.ndarray, mask_half: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """:func:`filter_rows_np` along the columns (mask over the H//2+1 bins of the y axis)."""
+    return cv2.transpose(filter_rows_np(cv2.transpose(x), mask_half), dst=out)
+
+
+def magnitude_np(y: np.ndarray) -> np.ndarray:
+    """|y| clamped to [0,1], in place."""
+    np.abs(y, out=y)
+    return np.minimum(y, 1.0, out=y)

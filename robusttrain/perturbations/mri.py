@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 
 from .grey import (GreyPerturbation, apply_tone_image, noise_window_np, noise_windows, pixel_centres,
-                   tone_torch)
-from .kspace import filter_magnitude_np, filter_magnitude_torch, freqs
+                   tone_np, tone_torch)
+from .kspace import filter_axis_torch, filter_cols_np, filter_rows_np, freqs, magnitude_np
 
 
 def _xp(v: Any):
@@ -100,10 +101,11 @@ class BiasField(GreyPerturbation):
         f = bias_log_field(params["coeffs"], params["strength"], h, w, x.device)
         return f.exp_().mul_(x).clamp_(0.0, 1.0).to(x.dtype)
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
         f = bias_log_field(params["coeffs"][None], params["strength"][None], h, w)[0]
-        return np.clip(x * np.exp(f), 0.0, 1.0)
+        cv2.multiply(x, cv2.exp(f, dst=f), dst=out)
+        return np.clip(out, 0.0, 1.0, out=out)
 
 
 # --------------------------------------------------------------------------------------
@@ -112,21 +114,12 @@ class BiasField(GreyPerturbation):
 RESTORE = 0.02  # central fraction of k-space left untouched by ghosting (keeps the contrast), as TorchIO
 
 
-def _ghost_mask(ghosts, axis, intensity, h: int, w: int, xp, device=None):
-    """(B,H,W//2+1) multipliers: every ``ghosts``-th phase-encode line (outside the centre band) scaled
-    by ``1 - intensity`` along ``axis`` (0: rows / y, 1: columns / x)."""
-    ky, kx = freqs(h, False, xp, device), freqs(w, True, xp, device)
-    if xp is torch:
-        n, i = ghosts.to(ky.dtype)[:, None], intensity.float()[:, None]
-        cy = (torch.remainder(ky[None], n) == 0) & (ky.abs() > RESTORE * h / 2)[None]
-        cx = (torch.remainder(kx[None], n) == 0) & (kx.abs() > RESTORE * w / 2)[None]
-        my, mx = (1 - i * cy)[:, :, None], (1 - i * cx)[:, None, :]
-        return torch.where((axis == 0)[:, None, None], my, mx)
-    n, i = np.asarray(ghosts, np.float64)[:, None], np.asarray(intensity, np.float64)[:, None]
-    cy = (np.remainder(ky[None], n) == 0) & (np.abs(ky) > RESTORE * h / 2)[None]
-    cx = (np.remainder(kx[None], n) == 0) & (np.abs(kx) > RESTORE * w / 2)[None]
-    my, mx = (1 - i * cy)[:, :, None], (1 - i * cx)[:, None, :]
-    return np.where((np.asarray(axis) == 0)[:, None, None], my, mx)
+def ghost_mask_1d(ghosts: float, intensity: float, n: int) -> np.ndarray:
+    """(n//2+1,) multipliers on the rfft bins of the phase-encoding axis: every ``ghosts``-th line
+    (outside the central band) scaled by ``1 - intensity``."""
+    k = freqs(n, True, np)
+    comb = (np.remainder(k, ghosts) == 0) & (np.abs(k) > RESTORE * n / 2)
+    return (1 - intensity * comb).astype(np.float32)
 
 
 class Ghosting(GreyPerturbation):
@@ -157,14 +150,26 @@ class Ghosting(GreyPerturbation):
         return {"ghosts": ghosts, "axis": r.integers(0, 2, (b,)), "intensity": amp * ghosts}
 
     def _grey_torch(self, x, masks, params):
+        # a 1-D filter along each sample's phase-encoding axis; samples are grouped by axis
         h, w = x.shape[-2:]
-        m = _ghost_mask(params["ghosts"], params["axis"], params["intensity"], h, w, torch, x.device)
-        return filter_magnitude_torch(x, m)
+        g, ax, it = params["ghosts"], params["axis"], params["intensity"]
+        out = torch.empty_like(x, dtype=torch.float32)
+        for a, (n, dim) in enumerate(((h, -2), (w, -1))):
+            idx = (ax == a).nonzero().flatten()
+            if idx.numel():
+                k = freqs(n, True, torch, x.device)
+                comb = (torch.remainder(k[None], g[idx].to(k.dtype)[:, None]) == 0) & (k.abs() > RESTORE * n / 2)[None]
+                out[idx] = filter_axis_torch(x[idx], 1 - it[idx].float()[:, None] * comb, dim)
+        return out.abs_().clamp_(max=1.0).to(x.dtype)
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
-        m = _ghost_mask(params["ghosts"][None], params["axis"][None], params["intensity"][None], h, w, np)[0]
-        return filter_magnitude_np(x, m)
+        g, i = float(params["ghosts"]), float(params["intensity"])
+        if int(params["axis"]) == 0:
+            filter_cols_np(x, ghost_mask_1d(g, i, h), out)
+        else:
+            filter_rows_np(x, ghost_mask_1d(g, i, w), out)
+        return magnitude_np(out)
 
 
 class Gibbs(GreyPerturbation):
@@ -189,22 +194,23 @@ class Gibbs(GreyPerturbation):
         lo, hi = self.KEEP[self.severity]
         return {"keep": r.uniform(lo, hi, (b, 2))}
 
-    @staticmethod
-    def _mask(keep, h, w, xp, device=None):
-        ky, kx = freqs(h, False, xp, device), freqs(w, True, xp, device)
-        if xp is torch:
-            k = keep.float()
-            return (((ky.abs()[None] <= k[:, :1] * h / 2)[:, :, None]) & ((kx.abs()[None] <= k[:, 1:] * w / 2)[:, None, :]))
-        k = np.asarray(keep, np.float64)
-        return (np.abs(ky)[None] <= k[:, :1] * h / 2)[:, :, None] & (np.abs(kx)[None] <= k[:, 1:] * w / 2)[:, None, :]
-
     def _grey_torch(self, x, masks, params):
+        # the box is separable: low-pass along x, then along y, each on the kept bins only
         h, w = x.shape[-2:]
-        return filter_magnitude_torch(x, self._mask(params["keep"], h, w, torch, x.device))
+        keep = params["keep"].float()
+        out = x
+        for n, dim, col in ((w, -1, 1), (h, -2, 0)):
+            k = freqs(n, True, torch, x.device)
+            out = filter_axis_torch(out, (k[None] <= keep[:, col:col + 1] * n / 2).float(), dim)
+        return out.abs().clamp_(max=1.0).to(x.dtype)
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
-        return filter_magnitude_np(x, self._mask(params["keep"][None], h, w, np)[0])
+        ky, kx = freqs(h, True, np), freqs(w, True, np)
+        keep = np.asarray(params["keep"], np.float64)
+        tmp = filter_rows_np(x, (kx <= keep[1] * w / 2).astype(np.float32))
+        filter_cols_np(tmp, (ky <= keep[0] * h / 2).astype(np.float32), out)
+        return magnitude_np(out)
 
 
 # --------------------------------------------------------------------------------------
@@ -286,11 +292,13 @@ class Spike(GreyPerturbation):
         left, right = _spike_factors(params["freq"], params["phase"], amp, h, w, torch, x.device)
         return torch.baddbmm(x.float(), left, right).clamp_(0.0, 1.0).to(x.dtype)
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
         amp = (params["amplitude"] * params["white"])[None]
         left, right = _spike_factors(params["freq"][None], params["phase"][None], amp, h, w, np)
-        return np.clip(x + left[0] @ right[0], 0.0, 1.0)
+        np.matmul(left[0], right[0], out=out)
+        np.add(out, x, out=out)
+        return np.clip(out, 0.0, 1.0, out=out)
 
 
 # --------------------------------------------------------------------------------------
@@ -326,12 +334,13 @@ class RicianNoise(GreyPerturbation):
         im = noise_windows(params["offset"], h, w, 1).to(x.dtype).mul_(s)
         return torch.hypot(re, im).clamp_(max=1.0)
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
-        s = np.float32(params["sigma"])
-        re = x + s * noise_window_np(params["offset"], h, w, 0)
-        im = s * noise_window_np(params["offset"], h, w, 1)
-        return np.minimum(np.hypot(re, im), 1.0)
+        s = float(params["sigma"])
+        re = cv2.scaleAdd(noise_window_np(params["offset"], h, w, 0), s, x)
+        im = cv2.multiply(noise_window_np(params["offset"], h, w, 1), s)
+        cv2.magnitude(re, im, magnitude=out)
+        return np.minimum(out, 1.0, out=out)
 
 
 class _Tone(GreyPerturbation):
@@ -340,7 +349,10 @@ class _Tone(GreyPerturbation):
     def _grey_torch(self, x, masks, params):
         return tone_torch(x, params["gamma"], params["gain"], params["offset"])
 
-    def _apply_np(self, image, mask, params):
+    def _grey_np(self, x, mask, params, out):
+        return tone_np(x, float(params["gamma"]), float(params["gain"]), float(params["offset"]), out=out)
+
+    def _apply_np(self, image, mask, params):  # uint8: one lookup table pass
         return apply_tone_image(image, float(params["gamma"]), float(params["gain"]), float(params["offset"]))
 
 

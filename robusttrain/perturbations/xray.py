@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import cv2
 import numpy as np
 import torch
 
@@ -48,10 +49,14 @@ class QuantumNoise(GreyPerturbation):
         std = (x - 0.5).mul_(DENSITY).exp_().mul_(params["sigma"].to(x.dtype)[:, None, None])
         return noise_windows(params["offset"], h, w, 0).to(x.dtype).mul_(std).add_(x).clamp_(0.0, 1.0)
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
-        std = np.exp((x - np.float32(0.5)) * np.float32(DENSITY)) * np.float32(params["sigma"])
-        return np.clip(x + std * noise_window_np(params["offset"], h, w, 0), 0.0, 1.0)
+        # std = sigma * exp(DENSITY (x - 0.5)) = exp(DENSITY x + log sigma - DENSITY / 2), one pass each
+        cv2.addWeighted(x, DENSITY, x, 0.0, math.log(float(params["sigma"])) - DENSITY / 2, dst=out)
+        cv2.exp(out, dst=out)
+        cv2.multiply(out, noise_window_np(params["offset"], h, w, 0), dst=out)
+        cv2.add(out, x, dst=out)
+        return np.clip(out, 0.0, 1.0, out=out)
 
 
 class Exposure(_Tone):
@@ -115,6 +120,39 @@ def collimation_alpha(depth, angle, soft, h: int, w: int, xp=torch, device=None)
     return alpha
 
 
+def collimation_alpha_np(depth: np.ndarray, angle: float, soft: float, h: int, w: int) -> np.ndarray:
+    """:func:`collimation_alpha` of one image, computed only inside each blade's band (the ramp is 0
+    beyond ``depth + soft / 2`` plus the tilt), so a narrow collimator costs a narrow strip."""
+    s = min(h, w)
+    alpha = np.zeros((h, w), np.float32)
+    t = np.float32(np.tan(np.float32(angle)))
+    sf = np.float32(soft)
+    v = (np.arange(h, dtype=np.float32) + np.float32(0.5)) / np.float32(s)
+    u = (np.arange(w, dtype=np.float32) + np.float32(0.5)) / np.float32(s)
+    cu, cv = np.float32(w / (2 * s)), np.float32(h / (2 * s))
+    for k, dk in enumerate(np.asarray(depth, np.float32)):
+        if dk <= 0:
+            continue
+        horizontal = k < 2  # top / bottom blades span the width
+        reach = float(dk) + float(sf) / 2 + abs(float(t)) * (w if horizontal else h) / (2 * s)
+        n = min(int(math.ceil(reach * s)) + 1, h if horizontal else w)
+        if k == 0:
+            rows, cols = slice(0, n), slice(None)
+            d = v[:n, None] - t * (u[None, :] - cu)
+        elif k == 1:
+            rows, cols = slice(h - n, h), slice(None)
+            d = (np.float32(h / s) - v[h - n:, None]) + t * (u[None, :] - cu)
+        elif k == 2:
+            rows, cols = slice(None), slice(0, n)
+            d = u[None, :n] + t * (v[:, None] - cv)
+        else:
+            rows, cols = slice(None), slice(w - n, w)
+            d = (np.float32(w / s) - u[None, w - n:]) - t * (v[:, None] - cv)
+        a = np.clip((dk - d) / sf + np.float32(0.5), 0.0, 1.0)
+        np.maximum(alpha[rows, cols], a, out=alpha[rows, cols])
+    return alpha
+
+
 class Collimation(GreyPerturbation):
     """Collimation edges: the collimator blades shade straight bands along the image sides, slightly
     rotated, filled bright (unexposed film look, 70 %) or dark (electronic shutter, 30 %).
@@ -172,7 +210,10 @@ class Collimation(GreyPerturbation):
         a = collimation_alpha(params["depth"], params["angle"], params["soft"], h, w, torch, x.device)
         return torch.lerp(x, params["level"].to(x.dtype)[:, None, None].expand_as(x), a.to(x.dtype))
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
-        a = collimation_alpha(params["depth"][None], params["angle"][None], params["soft"][None], h, w, np)[0]
-        return x + a * (np.float32(params["level"]) - x)
+        a = collimation_alpha_np(params["depth"], float(params["angle"]), float(params["soft"]), h, w)
+        # out = x + a (level - x)
+        np.subtract(np.float32(params["level"]), x, out=out)
+        np.multiply(out, a, out=out)
+        return np.add(out, x, out=out)

@@ -144,7 +144,7 @@ class XrayMarkers(GreyPerturbation):
             canvas = canvas * (masks == 0)
         return torch.lerp(x, params["level"].to(x.dtype)[:, None, None].expand_as(x), canvas)
 
-    def _grey_np(self, x, mask, params):
+    def _grey_np(self, x, mask, params, out):
         h, w = x.shape
         fp, gw, bw, mp = self.sizes(h, w)
         atlas = stamp_atlas(fp)
@@ -164,4 +164,6 @@ class XrayMarkers(GreyPerturbation):
         np.maximum(reg, marker_stamps(mp)[int(params["marker"])], out=reg)
         if mask is not None:
             canvas *= (mask == 0)
-        return x + canvas * (np.float32(params["level"]) - x)
+        np.subtract(np.float32(params["level"]), x, out=out)
+        np.multiply(out, canvas, out=out)
+        return np.add(out, x, out=out)
