@@ -58,3 +58,21 @@ def magnitude_np(y: np.ndarray) -> np.ndarray:
     """|y| clamped to [0,1], in place."""
     np.abs(y, out=y)
     return np.minimum(y, 1.0, out=y)
+
+
+def lowpass_np(x: np.ndarray, keep_y: float, keep_x: float, out: np.ndarray) -> np.ndarray:
+    """Keep only the bins with |ky| <= keep_y H/2 and |kx| <= keep_x W/2 of a float32 (H,W) image.
+
+    Row DFTs first; the y pass then runs on the kept columns of the row spectrum only (its real and
+    imaginary parts are filtered separately, which a real filter allows), so a strong truncation also
+    costs less: about 40 % less work than two full separable passes at keep 0.4.
+    """
+    h, w = x.shape
+    kx = int(np.floor(keep_x * w / 2 + 1e-9))
+    cols = w if 2 * kx + 1 >= w else 2 * kx + 1  # CCS columns of bins 0..kx: Re0, (Re, Im) pairs
+    spec = cv2.dft(x, flags=cv2.DFT_ROWS)
+    ky = freqs(h, True, np)
+    block = filter_rows_np(cv2.transpose(spec[:, :cols]), (ky <= keep_y * h / 2).astype(np.float32))
+    spec[:, :cols] = cv2.transpose(block)
+    spec[:, cols:] = 0
+    return cv2.idft(spec, dst=out, flags=cv2.DFT_ROWS | cv2.DFT_SCALE | cv2.DFT_REAL_OUTPUT)

@@ -18,7 +18,7 @@ import torch
 
 from .grey import (GreyPerturbation, apply_tone_image, noise_window_np, noise_windows, pixel_centres,
                    tone_np, tone_torch)
-from .kspace import filter_axis_torch, filter_cols_np, filter_rows_np, freqs, magnitude_np
+from .kspace import filter_axis_torch, filter_cols_np, filter_rows_np, freqs, lowpass_np, magnitude_np
 
 
 def _xp(v: Any):
@@ -205,12 +205,8 @@ class Gibbs(GreyPerturbation):
         return out.abs().clamp_(max=1.0).to(x.dtype)
 
     def _grey_np(self, x, mask, params, out):
-        h, w = x.shape
-        ky, kx = freqs(h, True, np), freqs(w, True, np)
         keep = np.asarray(params["keep"], np.float64)
-        tmp = filter_rows_np(x, (kx <= keep[1] * w / 2).astype(np.float32))
-        filter_cols_np(tmp, (ky <= keep[0] * h / 2).astype(np.float32), out)
-        return magnitude_np(out)
+        return magnitude_np(lowpass_np(x, float(keep[0]), float(keep[1]), out))
 
 
 # --------------------------------------------------------------------------------------
