@@ -308,3 +308,17 @@ def test_recipes_use_the_modality_suites():
         s = MRSuite(cfg.callbacks.metamorphic.perturbations, severities=(2,))
         s.prepare(in_channels=int(cfg.model.in_channels))
         assert len(s.tests) >= 6 and not s.skipped
+
+
+@pytest.mark.parametrize("name", NEW + ["contrast"])
+def test_non_contiguous_batches_match_contiguous(name):
+    # e.g. volume slices as a permuted view (B,1,H,W,D) -> (B*D,1,H,W): the per-plane path must not
+    # inherit the input's strides
+    imgs, _ = _phantoms(b=4)
+    x = _batch(imgs)
+    view = x.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)  # same values, column-major planes
+    assert not view.is_contiguous()
+    p = get(name, severity=3)
+    out, params = p.apply_batch(x, generator=torch.Generator().manual_seed(0))
+    again, _ = p.apply_batch(view, params=params)
+    assert torch.equal(out, again)

@@ -40,7 +40,7 @@ class _AffineColour(Perturbation):
         m, off = self._affine(params, c)
         if c == 1 and images.device.type == "cpu" and images.dtype == torch.float32 and not images.requires_grad:
             # grey (MRI / X-ray) on CPU: one fused OpenCV pass per cache-resident plane beats a (1x1) bmm
-            x, out = images.detach().contiguous().numpy(), torch.empty_like(images)
+            x, out = images.detach().contiguous().numpy(), torch.empty(images.shape, dtype=images.dtype)  # contiguous planes
             o = out.numpy()
             for i, (mi, oi) in enumerate(zip(m[:, 0, 0].tolist(), off[:, 0].tolist())):
                 cv2.addWeighted(x[i, 0], mi, x[i, 0], 0.0, oi, dst=o[i, 0])

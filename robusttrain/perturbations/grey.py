@@ -69,7 +69,7 @@ class GreyPerturbation(Perturbation):
         if (self.cpu_planes and images.device.type == "cpu" and images.dtype == torch.float32
                 and not images.requires_grad):
             x = images.detach().contiguous().numpy()
-            out = torch.empty_like(images)
+            out = torch.empty(images.shape, dtype=images.dtype)  # contiguous planes, whatever the input strides
             o = out.numpy()
             mk = None if masks is None else masks.detach().cpu().numpy()
             pn = {k: v.detach().cpu().numpy() for k, v in params.items()}
