@@ -139,6 +139,7 @@ class Text(Perturbation):
         super().__init__(severity)
         self.inplace = bool(inplace)
         self._layouts: dict[tuple[int, int], Layout] = {}
+        self._boxes: dict[tuple[int, int], dict] = {}
 
     def layout(self, h: int, w: int) -> Layout:
         """The :class:`Layout` of this severity on an HxW image (cached)."""
@@ -154,7 +155,10 @@ class Text(Perturbation):
             # negative corner origin and slice nothing.
             lim_h, lim_w = max(n * (h - 2 * m), 1), max(n * (w - 2 * m), 1)
             rows = tuple(min(nl * pitch, lim_h) for nl in LINES[self.severity])
-            self._layouts[key] = Layout(n, font, gw, pitch, rows, min(L * gw, lim_w), m, h, w)
+            lay = self._layouts[key] = Layout(n, font, gw, pitch, rows, min(L * gw, lim_w), m, h, w)
+            # per (corner, block): fine-grid origin and pixel box, so the numpy path does no layout maths
+            self._boxes[key] = {(c, k): tuple(int(v) for v in lay.origin_ss(c, k)) + lay.region(c, k)
+                                for c in range(4) for k in range(2)}
         return self._layouts[key]
 
     def _draw(self, r, b):
@@ -205,16 +209,26 @@ class Text(Perturbation):
         image = check_image(image, self.name, self.rgb)
         mask = check_mask_np(mask, image, self.name)
         rng = rng if rng is not None else np.random.default_rng()
-        u = rng.random((2, 5, L))
-        codes = np.where(_FIXED >= 0, _FIXED, (u * _SPAN).astype(np.int64) + _LO + 1) * _SHOWN[self.severity]
-        order = rng.permutation(4)
+        u = rng.random(2 * 5 * L + 5)  # one draw: characters, corner order keys, level (as _draw)
+        codes = (np.where(_FIXED >= 0, _FIXED, (u[:-5].reshape(2, 5, L) * _SPAN).astype(np.int64) + _LO + 1)
+                 * _SHOWN[self.severity])
+        order = np.argsort(u[-5:-1])
         if mask is not None:
-            lay = self.layout(*image.shape[:2])
-            order = [c for c in order if not self._free_corner(mask, lay, int(c)).any()]
+            h, w = image.shape[:2]
+            self.layout(h, w)
+            boxes, k = self._boxes[(h, w)], (0 if LINES[self.severity][0] >= LINES[self.severity][1] else 1)
+            free = []
+            for c in order:  # the first two corners whose box holds no lesion pixel
+                _, _, y0, y1, x0, x1 = boxes[(int(c), k)]
+                if not np.count_nonzero(mask[y0:y1, x0:x1]):
+                    free.append(c)
+                    if len(free) == 2:
+                        break
+            order = free
         n1 = LINES[self.severity][1]
         corner = np.array((list(order) + [3, 3])[:2], np.int64)
         visible = np.array([len(order) >= 1, len(order) >= 2 and n1 > 0], np.float32)
-        return {"codes": codes, "level": np.float32(0.75 + 0.25 * rng.random()), "corner": corner, "visible": visible}
+        return {"codes": codes, "level": np.float32(0.75 + 0.25 * u[-1]), "corner": corner, "visible": visible}
 
     def _apply_torch(self, images, masks, params):
         b, c, h, w = images.shape
@@ -222,7 +236,7 @@ class Text(Perturbation):
         n, dev = lay.n, images.device
         atlas = _atlas_on(lay.font, dev)  # (N, pitch, gw)
         hs, ws = n * h, n * w
-        canvas = images.new_zeros(b, hs * ws + 1)  # the last slot takes clipped-away pixels
+        canvas = images.new_zeros(b, hs * ws)
         for k in range(2):
             nl, rows = LINES[self.severity][k], lay.rows[k]
             if nl == 0:
@@ -231,12 +245,11 @@ class Text(Perturbation):
             block = glyphs.permute(0, 1, 3, 2, 4).reshape(b, nl * lay.pitch, L * lay.gw)[:, :rows, :lay.bw]
             block = block * params["visible"][:, k, None, None].to(block.dtype)
             y0, x0 = lay.origin_ss(params["corner"][:, k], k)  # (B,)
-            yy = y0[:, None, None] + torch.arange(rows, device=dev)[:, None]
-            xx = x0[:, None, None] + torch.arange(lay.bw, device=dev)[None, :]
-            ok = (yy >= 0) & (yy < hs) & (xx >= 0) & (xx < ws)
-            idx = torch.where(ok, yy * ws + xx, hs * ws).reshape(b, -1)
+            # blocks are clipped inside the margins (see layout), so every index lies in the image
+            idx = ((y0[:, None, None] + torch.arange(rows, device=dev)[:, None]) * ws
+                   + x0[:, None, None] + torch.arange(lay.bw, device=dev)[None, :]).reshape(b, -1)
             canvas.scatter_reduce_(1, idx, block.reshape(b, -1).to(images.dtype), reduce="amax")
-        canvas = canvas[:, :hs * ws].view(b, 1, hs, ws)
+        canvas = canvas.view(b, 1, hs, ws)
         if n > 1:
             canvas = torch.nn.functional.avg_pool2d(canvas, n)
         if masks is not None:
@@ -252,27 +265,26 @@ class Text(Perturbation):
         out = image if self.inplace else image.copy()
         level = float(params["level"]) * (255.0 if image.dtype == np.uint8 else 1.0)
         codes, vis, corner = params["codes"], params["visible"], np.asarray(params["corner"])
+        boxes = self._boxes[(h, w)]
         for k in range(2):  # at most two blocks
             nl, rows = LINES[self.severity][k], lay.rows[k]
             if vis[k] <= 0 or nl == 0:
                 continue
             a = atlas[codes[k, :nl]].transpose(0, 2, 1, 3).reshape(nl * lay.pitch, L * lay.gw)[:rows, :lay.bw]
-            ys, xs = (int(v) for v in lay.origin_ss(int(corner[k]), k))
-            y0, y1, x0, x1 = lay.region(int(corner[k]), k)
+            ys, xs, y0, y1, x0, x1 = boxes[(int(corner[k]), k)]
             if n > 1:  # place the block on the fine grid of its pixel box, then area-average by n
                 fine = np.zeros(((y1 - y0) * n, (x1 - x0) * n), np.float32)
                 fine[ys - y0 * n: ys - y0 * n + rows, xs - x0 * n: xs - x0 * n + lay.bw] = a
                 a = fine.reshape(y1 - y0, n, x1 - x0, n).mean((1, 3))
-            y0c, x0c = max(y0, 0), max(x0, 0)
-            a = a[y0c - y0: y1 - y0, x0c - x0: x1 - x0]
-            y1c, x1c = y0c + a.shape[0], x0c + a.shape[1]
-            if mask is not None:
-                a = a * (mask[y0c:y1c, x0c:x1c] == 0)
-            reg = out[y0c:y1c, x0c:x1c]
-            a = a[: reg.shape[0], : reg.shape[1]]
-            reg = reg[: a.shape[0], : a.shape[1]]
-            blended = reg + a[:, :, None] * (level - reg)
-            reg[...] = np.rint(blended) if image.dtype == np.uint8 else blended
+            if mask is not None and np.count_nonzero(mask[y0:y1, x0:x1]):  # (sampled corners hold none)
+                a = a * (mask[y0:y1, x0:x1] == 0)
+            reg = out[y0:y1, x0:x1]
+            if image.dtype == np.uint8:  # one fused OpenCV pass: (1 - a) * reg + a * level, rounded
+                a = np.ascontiguousarray(a, np.float32)
+                top = np.full_like(reg, int(round(level)))
+                reg[...] = cv2.blendLinear(np.ascontiguousarray(reg), top, 1 - a, a).reshape(reg.shape)
+            else:
+                reg += a[:, :, None] * (level - reg)
         return out
 
 
