@@ -52,7 +52,8 @@ class Blobs(Dataset):
 
 
 class Net(L.LightningModule):
-    """``mode``: "logits" (2-channel logits), "probs" (softmax already applied), "nan" (NaN logits)."""
+    """``mode``: "logits" (2-channel logits), "probs" (softmax already applied), "sigmoid" (1-channel
+    probability), "nan" (NaN logits)."""
 
     def __init__(self, mode="logits"):
         super().__init__()
@@ -68,6 +69,8 @@ class Net(L.LightningModule):
         z = self.conv(x)
         if self.mode == "nan":
             return z * float("nan")
+        if self.mode == "sigmoid":  # one-channel foreground probability (sigmoid applied in the model)
+            return torch.sigmoid(z[:, 1:] - z[:, :1])
         return torch.softmax(z, 1) if self.mode == "probs" else z
 
     def training_step(self, b, i):
@@ -133,6 +136,14 @@ def test_identity_opt_out_gives_the_same_scores_as_logits(tmp_path):
     ha, hb = pd.read_csv(a / "history.csv"), pd.read_csv(b / "history.csv")
     assert ha["dice_fg"].min() == 1.0  # the detector is exact: Dice 1 for every case
     pd.testing.assert_frame_equal(ha, hb)
+
+
+def test_one_channel_probabilities_are_refused_in_training_and_identity_scores_them_right(tmp_path):
+    # sigmoid(probability) > 0.5 everywhere: before, every pixel became foreground
+    with pytest.raises(ProbabilityOutputError, match=r"1 channel, values in .*sigmoid would be applied twice"):
+        _fit(tmp_path, Net("sigmoid"), Blobs(), [_mr(tmp_path)])
+    _fit(tmp_path / "ok", Net("sigmoid"), Blobs(), [_mr(tmp_path / "ok", to_probabilities="identity")])
+    assert (pd.read_csv(tmp_path / "ok" / "history.csv")["dice_fg"] == 1.0).all()
 
 
 def test_bad_to_probabilities_value_fails_at_construction():
