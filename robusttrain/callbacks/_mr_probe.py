@@ -1,7 +1,7 @@
 """Helpers of MetamorphicCallback: probe selection, prediction, state save/restore, progress.
 
 >>> select_probe(["a", "a", "b", "c"], max_cases=2, seed=0, split="val", always=["c"])
-[0, 1, 3]
+[2, 3]
 """
 from __future__ import annotations
 
