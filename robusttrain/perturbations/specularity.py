@@ -8,8 +8,8 @@ dimmer. Semi-axes are at most ``lambda * side`` (side = the shorter image side; 
 lambda = 0.03, 0.035, 0.04, 0.05, 0.06; 3-5 .. 8-14 spots; severity 1 was raised from 0.02 / 2-4
 spots, which changed under 0.1 % of the pixels, see docs/perturbations.md).
 
-Spots sit on free cells (inside the field of view, away from the lesion) and only their windows are
-touched: the numpy path blends inside the spots' bounding box only. Opacity is area-sampled on an
+Spots sit on free cells (inside the field of view, away from the lesion: a spot's centre and the corners
+of its bounding box must be free; the field of view is convex) and only their windows are touched: the numpy path blends inside the spots' bounding box only. Opacity is area-sampled on an
 n x n sub-pixel grid (:func:`~robusttrain.perturbations.base.supersampling`), so a spot looks the same
 at 128 px as the 512-px spot does downsized.
 """
@@ -70,7 +70,9 @@ class Specularity(PlacedSampling, Perturbation):
         lo, hi = self.SPOTS[self.severity]
         side = short_side(h, w)
         lam = self.LAMBDA[self.severity] * side
-        rc = math.ceil(REACH * lam / k)
+        # Cluster centres keep half the largest spot's reach from non-free cells; each spot is then
+        # checked with its own reach (below), so large severities do not lose most spots to the margin.
+        rc = math.ceil(0.5 * REACH * lam / k)
         ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
         score = ok * (0.15 + luma)
         cells = pick_cells(score, 3, r) if th else pick_cells_np(score, 3, r)
@@ -88,7 +90,13 @@ class Specularity(PlacedSampling, Perturbation):
         ang = dev(r.uniform(0, math.pi, (b, hi)))
         n = dev(r.integers(lo, hi + 1, (b,)))
         inside = (y >= 0) & (y <= h - 1) & (x >= 0) & (x <= w - 1)
-        on_free = gather_cells(ok, y, x, k) if th else gather_cells_np(ok, y, x, k)
+        gather = gather_cells if th else gather_cells_np
+        reach = REACH * a + k  # the spot's bounding box (plus a cell): its corners and centre must be free
+        on_free = gather(free, y, x, k) > 0
+        for sy, sx in ((-1, -1), (-1, 1), (1, -1), (1, 1)):
+            on_free = on_free & (gather(free, y + sy * reach, x + sx * reach, k) > 0)
+            on_free = on_free & (y + sy * reach >= 0) & (y + sy * reach <= h - 1)
+            on_free = on_free & (x + sx * reach >= 0) & (x + sx * reach <= w - 1)
         valid = (xp.arange(hi)[None] < n[:, None]) if not th else (torch.arange(hi, device=device)[None] < n[:, None])
         valid = valid & inside & on_free
         near = gather_cells(luma, y, x, k) if th else gather_cells_np(luma, y, x, k)
