@@ -19,7 +19,7 @@ Run: ``python benchmarks/perturbations.py [--quick] [--size 512] [--batch 32] [-
 radiographs from ``../shared/data`` when present, else a phantom), against the closest MONAI and TorchIO
 transforms applied per sample (their usual use, in a Dataset's transform chain):
 ``numpy`` (ours, one uint8 image per call), ``monai`` / ``tio`` (one (1,H,W) / (1,H,W,1) float tensor per
-call), ``torch`` (ours, B images per call on CPU) and the ratios ``t/monai``, ``t/tio``. Target: the
+call; per-sample callers take the batch's images in turn, so no image stays cache-hot), ``torch`` (ours, B images per call on CPU) and the ratios ``t/monai``, ``t/tio``. Target: the
 batched torch path at least 3x MONAI's per-sample transform on CPU. TorchIO is a benchmark-only
 dependency (``pip install -e .[bench]``). Default size 256 (ACDC's grid; radiographs 512 with ``--size``).
 """
@@ -283,8 +283,11 @@ def main_grey(args: argparse.Namespace) -> None:
     imgs, masks = grey_frames(args.modality, size, b)
     x = torch.from_numpy(imgs)[:, None].float().div(255).contiguous()
     m = torch.from_numpy(masks)
-    one = x[0].clone()            # MONAI: channel-first (1,H,W)
-    one4 = x[0, :, :, :, None].clone()  # TorchIO: (1,H,W,1), a 2-D slice as a one-voxel-deep volume
+    # Per-sample callers take the B images in turn (not one cache-hot image), as a Dataset would.
+    ones = [x[i].clone() for i in range(b)]                 # MONAI: channel-first (1,H,W)
+    ones4 = [x[i, :, :, :, None].clone() for i in range(b)]  # TorchIO: (1,H,W,1), a one-voxel-deep volume
+    works = [imgs[i].copy() for i in range(b)]
+    turn = iter(range(1 << 62))
     xc, mc = (x.cuda(), m.cuda()) if cuda else (None, None)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     print(f"# {args.modality}: {size}x{size} grey, torch batch B={b}, {torch.get_num_threads()} torch threads, "
@@ -295,17 +298,19 @@ def main_grey(args: argparse.Namespace) -> None:
         if args.only and label not in args.only:
             continue
         rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
-        work = imgs[0].copy()
+        def nxt() -> int:
+            return next(turn) % b
+
         fns: dict[str, tuple[Callable[[], object], int, Callable[[], None]]] = {
-            "numpy": (lambda: pert.apply_numpy(work, masks[0], rng=rng), 1, lambda: None),
+            "numpy": (lambda: pert.apply_numpy(works[(i := nxt())], masks[i], rng=rng), 1, lambda: None),
             "torch": (lambda: pert.apply_batch(x, m, generator=gen), b, lambda: None),
         }
         if monai_f is not None:
             mt = monai_f()
-            fns["monai"] = (lambda: mt(one), 1, lambda: None)
+            fns["monai"] = (lambda: mt(ones[nxt()]), 1, lambda: None)
         if tio_f is not None:
             tt = tio_f()
-            fns["tio"] = (lambda: tt(one4), 1, lambda: None)
+            fns["tio"] = (lambda: tt(ones4[nxt()]), 1, lambda: None)
         if cuda:
             fns["cuda"] = (lambda: pert.apply_batch(xc, mc, generator=gen), b, sync)
         res: dict[str, list[float]] = {k: [] for k in fns}

@@ -322,3 +322,18 @@ def test_non_contiguous_batches_match_contiguous(name):
     out, params = p.apply_batch(x, generator=torch.Generator().manual_seed(0))
     again, _ = p.apply_batch(view, params=params)
     assert torch.equal(out, again)
+
+
+def test_mri_suite_on_a_volume_slice_by_slice():
+    # a (B,1,H,W,D) cine stack: every family runs on each slice with its volume's params, both paths agree
+    imgs, _ = _phantoms(b=4, h=48, w=40)
+    vol = _batch(imgs)[:, 0].permute(1, 2, 0)[None, None].contiguous()  # (1,1,H,W,D=4)
+    s = MRSuite("mri", severities=(3,), seed=0)
+    s.prepare(in_channels=1, probe=vol)
+    assert len(s.tests) == len(SUITES["mri"])
+    for k, (name, _) in enumerate(s.tests):
+        params = s.params_for("val", k, ["v0"], [0], vol)
+        t = s.apply(k, vol, None, params, path="torch")
+        n = s.apply(k, vol, None, params, path="numpy")
+        assert t.shape == vol.shape and float((t - n).abs().max()) <= TOL, name
+        assert not torch.equal(t, vol), name
