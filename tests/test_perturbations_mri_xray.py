@@ -337,3 +337,22 @@ def test_mri_suite_on_a_volume_slice_by_slice():
         n = s.apply(k, vol, None, params, path="numpy")
         assert t.shape == vol.shape and float((t - n).abs().max()) <= TOL, name
         assert not torch.equal(t, vol), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe,suite", [("acdc", "mri"), ("cxr", "xray")])
+def test_recipe_fit_checks_its_modality_suite(tmp_path, recipe, suite):
+    # a real (tiny) Lightning fit through the CLI: every family of the suite is checked, none skipped
+    import csv
+
+    from robusttrain.cli import main
+
+    run_dir = tmp_path / recipe
+    code = main(["fit", f"recipe={recipe}", f"run_dir={run_dir}", "trainer.max_epochs=1", "data.n_train=8",
+                 "data.n_val=4", "data.image_size=64", "callbacks.metamorphic.max_cases=4",
+                 "callbacks.metamorphic.train_probe_size=4", "callbacks.metamorphic.severities=[3]",
+                 "trainer.enable_progress_bar=false", "logger=none"])
+    assert code == 0
+    with open(run_dir / "efr.csv") as f:
+        checked = {row["perturbation"] for row in csv.DictReader(f)}
+    assert set(SUITES[suite]) <= checked and len(SUITES[suite]) >= 6
