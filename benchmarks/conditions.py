@@ -1,9 +1,9 @@
 """The training conditions the evidence benchmarks compare, at one step budget (shared code).
 
-Every condition trains on ``N + n_slots`` samples per epoch (``n_slots`` = ``N·ratio/(1-ratio)``,
-the ReplayDataset layout), so only what fills the slots differs:
+Every condition trains on ``N`` samples per epoch, a fraction ``ratio`` of which are replaced by
+*slot* samples (the ReplayDataset layout), so only what fills the slots differs:
 
-- ``plain``  — clean duplicates of random training samples;
+- ``plain``  — clean random training samples;
 - ``random`` — a random perturbation x severity with random params (standard augmentation with
   the same perturbation families: ``RandomPerturbationDataset``);
 - ``mined``  — failures found by a MetamorphicCallback train probe, replayed by
@@ -38,7 +38,8 @@ def training_callbacks(cond: str, dm: Any, perturbations: Sequence[str], severit
                        seed: int, ratio: float = 0.2, probe: int = 64, mine_every: int = 1,
                        val_every: int = 0, run_dir: str | None = None, mining: dict | None = None,
                        batch_size: int = 8) -> tuple[list, MetamorphicCallback]:
-    """Callbacks of one condition; for ``plain``/``random`` it wraps ``dm.train_dataset`` in place.
+    """Callbacks of one condition; the train loader of ``dm`` is built over the condition's wrapper
+    (``dm.wrap_train``: FailureMiningCallback.wrap or a RandomPerturbationDataset).
 
     ``dm`` must be set up. The MetamorphicCallback's suite (seeded by ``seed``, the data seed, so
     follow-ups do not depend on the training seed) checks the validation set every ``val_every``
@@ -46,16 +47,16 @@ def training_callbacks(cond: str, dm: Any, perturbations: Sequence[str], severit
     """
     if cond not in CONDITIONS:
         raise ValueError(f"condition must be one of {CONDITIONS}, got {cond!r}")
-    mr = MetamorphicCallback(perturbations=list(perturbations), severities=tuple(severities),
-                             every_n_epochs=val_every, seed=seed, dirpath=run_dir, verbose=False,
-                             train_probe_size=probe if cond == "mined" else 0, mine_every_n_epochs=mine_every,
-                             batch_size=batch_size)
+    mr = MetamorphicCallback(suite=MRSuite(list(perturbations), tuple(severities), seed=seed),
+                             every_n_epochs=val_every, dirpath=run_dir, verbose=False, batch_size=batch_size)
     if cond == "mined":
-        return [mr, FailureMiningCallback(replay_ratio=ratio, **{**MINING_DEFAULTS, **(mining or {})})], mr
-    # same slot layout as ReplayDataset; the datamodule's loader reads train_dataset
-    dm.train_dataset = RandomPerturbationDataset(dm.train_dataset, list(perturbations) if cond == "random" else [],
-                                                 tuple(severities), ratio=ratio)
-    mr.datasets["train"] = dm.train_dataset.base
+        mining_cb = FailureMiningCallback(replay_ratio=ratio, train_probe_size=probe, every_n_epochs=mine_every,
+                                          **{**MINING_DEFAULTS, **(mining or {})})
+        dm.wrap_train(mining_cb.wrap)
+        return [mr, mining_cb], mr
+    # same slot layout as ReplayDataset
+    names = list(perturbations) if cond == "random" else []
+    dm.wrap_train(lambda ds: RandomPerturbationDataset(ds, names, tuple(severities), ratio=ratio))
     return [mr], mr
 
 

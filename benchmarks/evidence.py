@@ -245,7 +245,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     trade.table.to_csv(run_dir / "tradeoff_val.csv")
     out = {"condition": cond, "seed": seed, "train_seconds": round(train_s, 1),
            "heldout_seconds": round(time.time() - t1, 1), "heldout_epochs": need, "optimizer_steps": int(trainer.global_step),
-           "train_samples_per_epoch": len(dm.train_dataset) + (cbs[-1].replay.n_slots if cond == "mined" else 0),
+           "train_samples_per_epoch": len(dm.train_dataset),
            "n_train_cases": n_train_cases, "n_val_cases": n_val_cases,
            "n_held_out_cases": {s: len(v) for s, v in mr.items()}, "least_loss_epoch": least, "val_loss": losses,
            "choices": choices, "picks": picks, "mr": mr, "tests": [list(t) for t in suite.tests],

@@ -1,10 +1,10 @@
 """Does retraining on mined metamorphic failures help? (a)/(b)/(c) with the same budget, several seeds.
 
-(a) plain      — training set + ``n_slots`` clean duplicate samples per epoch
+(a) plain      — training set with ``ratio`` of each epoch's samples replaced by clean random ones
 (b) random     — the slots hold a random perturbation x severity with random params
 (c) mined      — the slots hold failures mined on a train probe (FailureMiningCallback)
 
-All three see ``N + n_slots`` samples per epoch (same optimiser steps), so only what fills the
+All three see ``N`` samples per epoch (same optimiser steps), so only what fills the
 slots differs. The data split and the MR suite's params are fixed by ``--data-seed`` (so the
 held-out follow-ups are identical across conditions and training seeds); ``--seeds`` vary only
 the training (weights init, shuffling, augmentation, slot draws). After the last epoch the seeded
@@ -73,7 +73,7 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
                  & (mr.efr["severity"].astype(int) != 0)]  # severity-0 rows pool each perturbation
     res = {"condition": cond, "seed": seed, "seconds": round(time.time() - t0, 1),
            "optimizer_steps": int(trainer.global_step),
-           "train_samples_per_epoch": len(dm.train_dataset) + (cbs[-1].replay.n_slots if cond == "mined" else 0),
+           "train_samples_per_epoch": len(dm.train_dataset),
            "held_out_cases": int(mr.history["case_id"].nunique()),
            "test_cases": int(efr[(efr["metric"] == "dice") & (efr["threshold"] == 0.25)]["cases"].sum())}
     for (metric, t), g in efr.groupby(["metric", "threshold"]):

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import lightning.pytorch as pl
 from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint, batch_sums, dice_from_sums
+from robusttrain.callbacks.context import context_for
 
 pytestmark = pytest.mark.slow
 
@@ -65,11 +66,16 @@ class Snapshots(pl.Callback):
 
 
 class PlantedHistory(pl.Callback):
-    """A stand-in MetamorphicCallback: exposes ``history`` with a planted collapse of ``bad``."""
+    """A stand-in MetamorphicCallback: provides ``history`` with a planted collapse of ``bad`` through the
+    shared context (the documented way for any history provider)."""
 
     def __init__(self, collapse_epoch):
         self.history = pd.DataFrame(columns=["case_id", "epoch"])
         self.collapse_epoch = collapse_epoch
+
+    def setup(self, trainer, pl_module, stage):
+        self.ctx = context_for(trainer)
+        self.ctx.join("PlantedHistory", provides=("mr",))
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
@@ -80,6 +86,7 @@ class PlantedHistory(pl.Callback):
         low = 0.02 if e == self.collapse_epoch else 0.3
         rows.append({"case_id": "bad", "epoch": e, "dice_lv": low, "dice_rv": low})
         self.history = pd.concat([self.history, pd.DataFrame(rows)], ignore_index=True) if len(self.history) else pd.DataFrame(rows)
+        self.ctx.history = self.history
 
 
 def fit(tmp_path, callbacks, max_epochs, ckpt_path=None, n_cases=6):
@@ -128,7 +135,7 @@ def test_standalone_writes_files_and_chosen_weights(tmp_path):
 
 
 def test_history_provider_planted_collapse_and_pruning(tmp_path):
-    cb = BalancedCheckpoint(dirpath=tmp_path)  # retention auto: 10 cases, 8 epochs → keep the last 2
+    cb = BalancedCheckpoint(dirpath=tmp_path, keep_candidates=True)  # retention auto: 10 cases, 8 epochs → last 2
     fit(tmp_path, [PlantedHistory(collapse_epoch=7), cb], max_epochs=8)
     report = json.loads((tmp_path / "corner_cases.json").read_text())
     assert [c["case_id"] for c in report["corner_cases"]] == ["bad"]
@@ -141,8 +148,13 @@ def test_history_provider_planted_collapse_and_pruning(tmp_path):
     assert torch.load(tmp_path / "balanced.ckpt", weights_only=False)["epoch"] == 6
 
 
+def test_candidates_removed_after_the_fit_by_default(tmp_path):
+    fit(tmp_path, [BalancedCheckpoint(dirpath=tmp_path)], max_epochs=2)
+    assert (tmp_path / "balanced.ckpt").is_file() and not (tmp_path / "balanced_candidates").exists()
+
+
 def test_resume_restores_state(tmp_path):
-    cb = BalancedCheckpoint(dirpath=tmp_path, retention="all")
+    cb = BalancedCheckpoint(dirpath=tmp_path, retention="all", keep_candidates=True)
     fit(tmp_path, [cb], max_epochs=3)
     resume_from = tmp_path / "balanced_candidates" / "epoch=0002.ckpt"
     state = torch.load(resume_from, weights_only=False)["callbacks"][cb.state_key]

@@ -8,9 +8,11 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
-from robusttrain.callbacks import MetamorphicCallback
-from robusttrain.metamorphic.batch import HookError
+from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
+from robusttrain.callbacks.context import TrainProbe
+from robusttrain.metamorphic.batch import BatchHooks, HookError
 from robusttrain.metamorphic.records import FailureRecord
+from robusttrain.metamorphic.suite import MRSuite
 
 COLOUR = ["saturation", "contrast", "white_balance"]
 
@@ -81,10 +83,16 @@ def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
     return trainer
 
 
+def mr(perturbations, severities, **kw):
+    return MetamorphicCallback(suite=MRSuite(perturbations, severities), **kw)
+
+
 def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
     got = []
-    cb = MetamorphicCallback(COLOUR, severities=(2, 4), dirpath=tmp_path / "run", class_names=["polyp"],
-                             on_failure=[lambda r, im: got.append((r, im)), lambda r, im: None])
+    ctx = RobustnessContext()  # violations reach whoever subscribes to the shared context
+    ctx.subscribe(lambda r, im: got.append((r, im)))
+    ctx.subscribe(lambda r, im: None)
+    cb = mr(COLOUR, (2, 4), dirpath=tmp_path / "run", class_names=["polyp"], context=ctx)
     trainer = fit(tmp_path, cb, epochs=2)
     run = tmp_path / "run"
     hist = pd.read_csv(run / "history.csv")
@@ -117,7 +125,7 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
 
 
 def test_same_follow_ups_every_epoch(tmp_path):
-    cb = MetamorphicCallback(COLOUR, severities=(2,), dirpath=tmp_path)
+    cb = mr(COLOUR, (2,), dirpath=tmp_path)
     # lr=0: identical model every epoch, so identical follow-ups must give identical scores
     fit(tmp_path, cb, epochs=2, model=Tiny(lr=0.0))
     c = cb.cases
@@ -138,7 +146,7 @@ def test_rng_and_train_mode_restored(tmp_path):
         def on_validation_epoch_end(self, trainer, pl_module):
             states["after"] = (torch.rand(1).item(), pl_module.training)
 
-    cb = MetamorphicCallback(["contrast"], severities=(2,), dirpath=tmp_path)
+    cb = mr(["contrast"], (2,), dirpath=tmp_path)
     trainer = L.Trainer(max_epochs=1, callbacks=[Before(), cb, After()], logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     ds = Blobs()
@@ -150,13 +158,13 @@ def test_rng_and_train_mode_restored(tmp_path):
 def test_tuple_batches_sigmoid_model_and_derived_case_ids(tmp_path):
     ds = Blobs(n=6, tuples=True)
     ds.case_ids = None  # no cheap case ids either: every index is its own case
-    cb = MetamorphicCallback(["contrast"], severities=(4,), dirpath=tmp_path, max_cases=4)
+    cb = mr(["contrast"], (4,), dirpath=tmp_path, max_cases=4)
     fit(tmp_path, cb, epochs=1, model=Tiny(out=1), ds=ds)
     hist = pd.read_csv(tmp_path / "history.csv")
     assert list(hist.columns) == ["case_id", "epoch", "dice_fg", "iou_fg"]
     assert len(hist) == 4 and all(c.startswith("idx") for c in hist.case_id)
     # the seeded probe subset is the same in a fresh callback
-    cb2 = MetamorphicCallback(["contrast"], severities=(4,), dirpath=tmp_path / "b", max_cases=4)
+    cb2 = mr(["contrast"], (4,), dirpath=tmp_path / "b", max_cases=4)
     fit(tmp_path, cb2, epochs=1, model=Tiny(out=1), ds=ds)
     assert list(pd.read_csv(tmp_path / "b" / "history.csv").case_id) == list(hist.case_id)
 
@@ -171,18 +179,20 @@ def test_unreadable_batches_name_the_hook(tmp_path):
             return b["x"], b["y"]
 
     with pytest.raises(HookError, match="get_images="):
-        fit(tmp_path, MetamorphicCallback(["contrast"], severities=(2,), dirpath=tmp_path), 1, OddTiny(), Odd())
-    cb = MetamorphicCallback(["contrast"], severities=(2,), dirpath=tmp_path,
-                             get_images=lambda b: b["x"], get_masks=lambda b: b["y"])
+        fit(tmp_path, mr(["contrast"], (2,), dirpath=tmp_path), 1, OddTiny(), Odd())
+    cb = mr(["contrast"], (2,), dirpath=tmp_path,
+            hooks=BatchHooks(get_images=lambda b: b["x"], get_masks=lambda b: b["y"]))
     fit(tmp_path, cb, 1, OddTiny(), Odd())
     assert len(cb.history) == 8  # no case ids: one case per index
 
 
 def test_train_probe_goes_to_sink_as_train_and_stays_out_of_val_rows(tmp_path):
     got = []
-    cb = MetamorphicCallback(COLOUR, severities=(4,), dirpath=tmp_path, train_probe_size=2,
-                             mine_every_n_epochs=2, every_n_epochs=1, on_failure=lambda r, im: got.append(r))
-    fit(tmp_path, cb, epochs=2, ds=Blobs(n=8, slices=1))
+    ds = Blobs(n=8, slices=1)
+    ctx = RobustnessContext(train_probe=TrainProbe(ds, size=2, every_n_epochs=2))
+    ctx.subscribe(lambda r, im: got.append(r))
+    cb = mr(COLOUR, (4,), dirpath=tmp_path, every_n_epochs=1, context=ctx)
+    fit(tmp_path, cb, epochs=2, ds=ds)
     efr = pd.read_csv(tmp_path / "efr.csv")
     assert set(efr[efr.split == "train"].epoch) == {1}  # mine_every_n_epochs=2
     assert set(efr[(efr.split == "train") & (efr.perturbation == "all")].cases) == {2 * 3}

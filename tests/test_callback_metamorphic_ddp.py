@@ -14,7 +14,9 @@ SCRIPT = textwrap.dedent('''
     import lightning.pytorch as L
     import torch
     from torch.utils.data import DataLoader
-    from robusttrain.callbacks import MetamorphicCallback
+    from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
+    from robusttrain.callbacks.context import TrainProbe
+    from robusttrain.metamorphic.suite import MRSuite
     from test_callback_metamorphic import COLOUR, Blobs, Tiny
 
     class Shifting(Tiny):
@@ -25,12 +27,13 @@ SCRIPT = textwrap.dedent('''
             return out + torch.tensor([0.0, 2.0 - 1.5 * self.current_epoch]).view(1, 2, 1, 1)
 
     out, devices = sys.argv[1], int(sys.argv[2])
-    cb = MetamorphicCallback(COLOUR, severities=(2, 4), dirpath=out, seed=1, batch_size=2,
-                             train_probe_size=3, verbose=False)
+    ds = Blobs(n=7, slices=2)  # 4 cases, the last one with a single slice: shards split cases
+    ctx = RobustnessContext(train_probe=TrainProbe(ds, size=3))  # what FailureMiningCallback requests
+    cb = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4), seed=1), dirpath=out, batch_size=2, verbose=False,
+                             context=ctx)
     trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=devices, callbacks=[cb],
                         strategy="ddp" if devices > 1 else "auto", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    ds = Blobs(n=7, slices=2)  # 4 cases, the last one with a single slice: shards split cases
     trainer.fit(Shifting(lr=0.0), DataLoader(ds, batch_size=2), DataLoader(ds, batch_size=2))
 ''')
 

@@ -4,18 +4,23 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from robusttrain.callbacks import MetamorphicCallback
+import pytest
+
+from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
+from robusttrain.callbacks.context import TrainProbe
+from robusttrain.metamorphic.suite import MRSuite
 from test_callback_metamorphic import COLOUR, Blobs, Tiny
 
 FILES = ("history.csv", "efr.csv", "mr_cases.csv")
 
 
-def _run(root, epochs, ckpt=None):
-    cb = MetamorphicCallback(COLOUR, severities=(2, 4), dirpath=root, seed=5, train_probe_size=2, verbose=False)
+def _run(root, epochs, ckpt=None, severities=(2, 4)):
+    ds = Blobs(n=8)
+    ctx = RobustnessContext(train_probe=TrainProbe(ds, size=2))
+    cb = MetamorphicCallback(suite=MRSuite(COLOUR, severities, seed=5), dirpath=root, verbose=False, context=ctx)
     trainer = L.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)],
                         accelerator="cpu", devices=1, deterministic=True)
-    ds = Blobs(n=8)
     trainer.fit(Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
     return cb
 
@@ -33,3 +38,11 @@ def test_resume_from_last_ckpt_gives_identical_files(tmp_path):
     for frame in (resumed.history, resumed.efr, resumed.cases):
         assert sorted(set(frame.epoch)) == [0, 1, 2]
     assert set(resumed.efr.split) == {"val", "train"}
+
+
+def test_resume_with_a_changed_suite_is_refused_and_keeps_the_files(tmp_path):
+    _run(tmp_path, 1)
+    before = (tmp_path / "history.csv").read_text()
+    with pytest.raises(ValueError, match=r"cannot resume: the checkpoint's metamorphic suite .*severities=\[2, 4\]"):
+        _run(tmp_path, 2, ckpt=tmp_path / "checkpoints" / "last.ckpt", severities=(4,))
+    assert (tmp_path / "history.csv").read_text() == before  # earlier epochs not dropped

@@ -34,7 +34,7 @@ def _seconds_for(pairs, n_val=10):  # train seconds that buy ``pairs`` follow-up
 @pytest.mark.parametrize("bad", [0, -0.1, 1.5, "0.25", True, float("nan")])
 def test_budget_is_validated_at_construction(bad):
     with pytest.raises(ValueError, match=r"budget must be a fraction of training time in \(0, 1\]"):
-        MetamorphicCallback(["blur"], budget=bad)
+        MetamorphicCallback(suite=MRSuite(["blur"]), budget=bad)
 
 
 def test_plan_is_stratified_and_rotates_through_every_pair():
@@ -149,7 +149,7 @@ def test_budgeted_checks_scale_with_training_time_and_an_early_stop_still_ends_w
     runs = {}
     for sleep in (0.0, 0.5):
         d = tmp_path / f"s{sleep}"
-        cb = MetamorphicCallback(COLOUR, severities=(2, 4), dirpath=d, budget=0.5, class_names=["polyp"])
+        cb = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, class_names=["polyp"])
         _fit(d, cb, sleep, epochs=5, extra=[StopAfter(1)])
         efr = pd.read_csv(d / "efr.csv")
         runs[sleep] = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)]

@@ -23,10 +23,13 @@ SCRIPT = textwrap.dedent('''
     from mining_models import BrightnessModel, n_perturbed
 
     run_dir = sys.argv[1]
+    L.seed_everything(0, workers=True)
     dm = PolypDataModule(image_size=48, n_train=16, n_val=4, batch_size=4, num_workers=2)
-    mr = MetamorphicCallback(perturbations=["contrast"], severities=(5,), max_cases=4, train_probe_size=8,
+    from robusttrain.metamorphic.suite import MRSuite
+    mr = MetamorphicCallback(suite=MRSuite(["contrast"], severities=(5,)), max_cases=4,
                              dirpath=run_dir, verbose=False)
-    mine = FailureMiningCallback(dirpath=run_dir)
+    mine = FailureMiningCallback(dirpath=run_dir, train_probe_size=8, replay_ratio=0.5)
+    dm.wrap_train(mine.wrap)
     model = BrightnessModel()
     trainer = L.Trainer(max_epochs=2, callbacks=[mr, mine], logger=False, default_root_dir=run_dir,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

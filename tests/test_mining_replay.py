@@ -61,10 +61,15 @@ def test_replay_reproduces_exact_followup(train_ds, tmp_path):
         assert np.abs(jit.astype(int) - expected.astype(int)).mean() < 40  # near the failure
 
 
+def slot(ds, seed=0):
+    """One slot sample (what a replaced index returns), drawn with a fixed generator."""
+    return ds._slot(np.random.default_rng(seed))
+
+
 def test_slots_layout_and_refresh(train_ds, tmp_path):
     ds = ReplayDataset(train_ds, tmp_path, replay_ratio=0.2)
     n = len(train_ds)
-    assert len(ds) == n + ds.n_slots and ds.n_slots == round(n * 0.25)
+    assert len(ds) == n and ds.n_slots == round(n * 0.2)  # same length; ~20 % replaced per epoch
     assert ds[0]["case_id"] == train_ds[0]["case_id"]
     assert ds.n_trainable == 0
     suite = MRSuite(["contrast"], severities=(4,), seed=0)
@@ -75,7 +80,7 @@ def test_slots_layout_and_refresh(train_ds, tmp_path):
     bank.add(probe_record(train_ds, 3, 0, suite, split="val")[0])  # never replayed
     bank.flush(0)
     assert ds.n_trainable == 1  # picked up from the files, no restart
-    s = ds[n]
+    s = slot(ds)
     assert s["case_id"] == rec.case_id and s["image"].shape == (3, 64, 64)
     assert s["mask"].dtype == torch.int64
 
@@ -102,18 +107,17 @@ def test_weights_file_steers_sampling(train_ds, tmp_path):
         json.dumps({"weights": {"contrast": 0.9, "saturation": 0.1}}))
     ds = ReplayDataset(train_ds, tmp_path)
     assert ds.weights() == pytest.approx({"contrast": 0.9, "saturation": 0.1})
-    torch.manual_seed(0)
-    cases = [ds[len(train_ds)]["case_id"] for _ in range(40)]
+    cases = [slot(ds, i)["case_id"] for i in range(40)]
     assert cases.count(train_ds[0]["case_id"]) > 25
 
 
 def test_random_perturbation_baseline(train_ds):
     ds = RandomPerturbationDataset(train_ds, PERTS, ratio=0.2)
-    assert len(ds) == len(train_ds) + ds.n_slots
-    s = ds[len(train_ds)]
+    assert len(ds) == len(train_ds)
+    s = slot(ds)
     assert s["image"].shape == (3, 64, 64) and 0 <= float(s["image"].min())
     plain = RandomPerturbationDataset(train_ds, [], ratio=0.2)
-    assert plain[len(train_ds)]["image"].shape == (3, 64, 64)
+    assert slot(plain)["image"].shape == (3, 64, 64)
 
 
 def test_clean_mix_and_fresh_image(train_ds, tmp_path):
@@ -123,18 +127,15 @@ def test_clean_mix_and_fresh_image(train_ds, tmp_path):
     rec, _ = probe_record(train_ds, 2, 0, suite)
     bank.add(rec)
     bank.flush(0)
-    n = len(train_ds)
     # clean_mix=1: every slot is the failing case's clean image (augmentations only: flips/rot90)
     ds = ReplayDataset(train_ds, tmp_path, clean_mix=1.0)
     img, _ = clean(train_ds, 2)
-    torch.manual_seed(0)
-    s = ds[n]
+    s = slot(ds)
     assert s["case_id"] == rec.case_id
     assert torch.allclose(s["image"].sum(), img[0].sum(), atol=1e-3)  # same pixels, maybe flipped
     # fresh_image=1: the failing perturbation on random training images
     ds = ReplayDataset(train_ds, tmp_path, fresh_image=1.0)
-    torch.manual_seed(0)
-    cases = {ds[n]["case_id"] for _ in range(20)}
+    cases = {slot(ds, i)["case_id"] for i in range(20)}
     assert len(cases) > 3
     with pytest.raises(ValueError):
         ReplayDataset(train_ds, tmp_path, clean_mix=0.6, fresh_image=0.6)

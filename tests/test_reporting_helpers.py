@@ -63,8 +63,9 @@ def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = Tr
 
     if corners:
         (root / "corner_cases.json").write_text(json.dumps({
-            "corner_cases": [{"case_id": CORNER, "score": 12.5,
-                              "outlier_epochs": [epochs - 2, epochs - 1]}],
+            # BalancedCheckpoint's schema (robusttrain.rundir.corner_cases)
+            "corner_cases": [{"case_id": CORNER, "score": 12.5}],
+            "outlier_epochs": {CORNER: [epochs - 2, epochs - 1]},
             "balanced_epoch": epochs - 3, "least_loss_epoch": epochs - 1,
             "policy": "last_inlier", "reason": "last epoch with no corner-case outlier"}))
     if failures:  # the FailureBank's log: failure lines by id, batches closed by a marker

@@ -143,10 +143,15 @@ def fitted(tmp_path_factory):
     pl.seed_everything(0)
     ds = Cases()
     sink = Sink()
-    mr = MetamorphicCallback(perturbations=["blur"], severities=(4,), dirpath=str(run_dir),
-                             failure_threshold=0.0, class_names=["rv", "myo", "lv"], on_failure=sink,
+    from robusttrain.callbacks import RobustnessContext
+    from robusttrain.metamorphic.suite import MRSuite
+
+    ctx = RobustnessContext()
+    ctx.subscribe(sink)
+    mr = MetamorphicCallback(suite=MRSuite(["blur"], severities=(4,)), dirpath=str(run_dir),
+                             violation_threshold=0.0, class_names=["rv", "myo", "lv"], context=ctx,
                              verbose=False)
-    reporter = RobustnessReporter(max_failures_per_epoch=3)
+    reporter = RobustnessReporter(max_failures_per_epoch=3)  # joins the same context (the trainer's)
     logger = WandbLogger(offline=True, save_dir=str(tmp), project="robusttrain-test")
     trainer = pl.Trainer(max_epochs=2, logger=logger, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,

@@ -126,7 +126,7 @@ def test_volume_dice_sums_every_voxel_of_a_case():
 @pytest.mark.slow
 def test_fit_3d_unet_with_budgeted_metamorphic_check_and_balanced_checkpoint(tmp_path):
     train, val = Volumes(6, seed=1), Volumes(4, seed=2)
-    mc = MetamorphicCallback(["contrast", "blur", "saturation"], severities=(2, 4), dirpath=tmp_path,
+    mc = MetamorphicCallback(suite=MRSuite(["contrast", "blur", "saturation"], (2, 4)), dirpath=tmp_path,
                              batch_size=2, budget=0.05, class_names=["blob"])
     bc = BalancedCheckpoint(dirpath=tmp_path)
     model = UNet3D()
@@ -159,16 +159,16 @@ def test_unreadable_volume_shapes_are_refused_at_setup_in_one_line(tmp_path):
     model = UNet3D()
     dm = VolumeData(Volumes(2, channel=False), Volumes(2, channel=False))
     with pytest.raises(HookError, match=r"images \(1, 32, 32, 16\) have the masks' shape.*get_images=") as err:
-        _trainer(tmp_path, [MetamorphicCallback(["contrast"], dirpath=tmp_path)]).fit(model, datamodule=dm)
+        _trainer(tmp_path, [MetamorphicCallback(suite=MRSuite(["contrast"]), dirpath=tmp_path)]).fit(model, datamodule=dm)
     assert "\n" not in str(err.value) and model.steps == 0  # before any training step
 
 
 @pytest.mark.slow
 def test_failure_mining_refuses_volumes_at_setup(tmp_path):
     model = UNet3D()
-    mc = MetamorphicCallback(["contrast"], dirpath=tmp_path, train_probe_size=2)
+    mc = MetamorphicCallback(suite=MRSuite(["contrast"]), dirpath=tmp_path)
     with pytest.raises(ValueError, match=r"3-D volumes.*\(1, 1, 32, 32, 16\)") as err:
-        _trainer(tmp_path, [mc, FailureMiningCallback()]).fit(model, datamodule=VolumeData(Volumes(2), Volumes(2)))
+        _trainer(tmp_path, [mc, FailureMiningCallback(train_probe_size=2)]).fit(model, datamodule=VolumeData(Volumes(2), Volumes(2)))
     assert "\n" not in str(err.value) and model.steps == 0
 
 
@@ -209,7 +209,7 @@ def test_acdc_volumes_stacked_as_3d(shared_data, tmp_path):
         pytest.skip("fewer than 3 ACDC volumes in the shared data")
     ds = ACDCVolumes(files)
     assert all(set(m.unique().tolist()) == {0, 1, 2, 3} for m in ds.m)  # RV, MYO, LV survive the crop
-    mc = MetamorphicCallback("mri", severities=(4,), dirpath=tmp_path, batch_size=1,
+    mc = MetamorphicCallback(suite=MRSuite("mri", (4,)), dirpath=tmp_path, batch_size=1,
                              class_names=["rv", "myo", "lv"])  # the MRI families, slice-wise
     _trainer(tmp_path, [mc, BalancedCheckpoint(dirpath=tmp_path)], epochs=1).fit(
         UNet3D(classes=4), datamodule=VolumeData(ds, ds, batch_size=1))

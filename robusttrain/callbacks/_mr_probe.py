@@ -1,6 +1,6 @@
 """Helpers of MetamorphicCallback: probe selection, prediction, state save/restore, progress.
 
->>> select_probe(["a", "a", "b", "c"], max_cases=2, seed=0, split="val", always=["c"])
+>>> select_probe(["a", "a", "b", "c"], max_cases=2, seed=0, split="val", always=["c"])  # c + one seeded draw
 [2, 3]
 """
 from __future__ import annotations
@@ -94,10 +94,11 @@ def progress_bar(trainer: Any, total: int, desc: str):
     """A tqdm bar consistent with Lightning's (same class/position; off when Lightning's is off)."""
     bar_cb = getattr(trainer, "progress_bar_callback", None)
     disabled = bar_cb is None or getattr(bar_cb, "is_disabled", False) or not trainer.is_global_zero
-    try:
-        from lightning.pytorch.callbacks import TQDMProgressBar
-        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm as tqdm_cls
-    except ImportError:  # pragma: no cover - lightning always ships both
+    try:  # the trainer's own namespace (lightning.pytorch or pytorch_lightning)
+        from .compat import tqdm_bar_class
+
+        TQDMProgressBar, tqdm_cls = tqdm_bar_class(trainer)
+    except (ImportError, AttributeError):  # pragma: no cover - lightning always ships both
         from tqdm import tqdm as tqdm_cls
         TQDMProgressBar = ()
     pos = 2 * getattr(bar_cb, "process_position", 0) + 1 if isinstance(bar_cb, TQDMProgressBar) else 0

@@ -1,20 +1,18 @@
 """BalancedCheckpoint: keep the weights of recent validation epochs, then save the balanced one.
 
-At every validation it saves a candidate checkpoint (``<dirpath>/balanced_candidates/``), prunes
-the ones selection can no longer choose, and records the monitored value (least-loss epoch). The
-per-case history comes from a MetamorphicCallback in ``trainer.callbacks`` (any other callback with
-a pandas ``history`` attribute in the long format), else from ``<dirpath>/history.csv``, else the
-callback computes volume-level per-case Dice itself. At the end of fitting it runs
-:func:`robusttrain.cornercases.select_balanced_epoch` (reference = least-loss epoch) and writes
-``<dirpath>/balanced.ckpt`` and ``<dirpath>/corner_cases.json``.
-
->>> import lightning.pytorch as pl
->>> cb = BalancedCheckpoint(dirpath="runs/x", policy="last_inlier", monitor="val/loss")
->>> isinstance(cb, pl.Callback), cb.state_key
-(True, "BalancedCheckpoint{'policy': 'last_inlier', 'monitor': 'val/loss'}")
+At every validation of a fit it saves a candidate checkpoint (``<run_dir>/balanced_candidates/``),
+prunes the ones selection can no longer choose, records the monitored value (least-loss epoch) and
+runs the corner-case analysis once on the history so far (provisional corner cases, shared with the
+reporter through the context). The per-case history is the MetamorphicCallback's when one is in the
+trainer (through the shared :class:`~robusttrain.callbacks.context.RobustnessContext`), else the
+callback computes volume-level per-case Dice itself from the validation batches (read with the
+same :class:`~robusttrain.metamorphic.batch.BatchHooks`). At the end of fitting it runs
+:func:`robusttrain.cornercases.select_balanced_epoch` (reference = least-loss epoch), writes
+``balanced.ckpt`` and ``corner_cases.json`` and removes ``balanced_candidates/``.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -26,16 +24,22 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback
-from lightning.pytorch.trainer.states import TrainerFn
 
 from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
-from robusttrain.cornercases.history import FALLBACK_NAME
-from robusttrain.io import atomic_write_csv, atomic_write_json
-from robusttrain.metamorphic.batch import case_id_list
+from robusttrain.metamorphic.batch import BatchHooks, _normalise_mask, case_id_list
 from robusttrain.metamorphic.outputs import NonFiniteOutputError
+from robusttrain.rundir import corner_cases as corners_file
+from robusttrain.rundir import history as history_file
+
+from .compat import fitting
+from .context import RobustnessContext, context_for
+from .validate import check_choice, check_fraction, check_int
+
+log = logging.getLogger(__name__)
 
 CANDIDATES = "balanced_candidates"
+MAX_CONTAMINATION = 0.5
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -83,13 +87,15 @@ class BalancedCheckpoint(Callback):
     """Save the balanced checkpoint of paper 004 (see module docstring).
 
     Args:
-        dirpath: run directory for the outputs; None → the history provider's ``dirpath`` if it
-            has one, else ``trainer.log_dir``, else ``trainer.default_root_dir``.
+        dirpath: run directory for the outputs (default: the shared context's, i.e. the other
+            robustness callbacks' ``dirpath``, else ``trainer.log_dir`` / ``default_root_dir``).
         policy: ``last_inlier`` | ``maximin`` | ``pareto`` | ``cvar``.
         worst_fraction: share of cases whose mean Dice the ``cvar`` policy maximises, in (0, 1].
-        contamination, tail, metric: passed to the ECOD analysis (metric = column prefix;
+        contamination: expected share of corner cases / outlier epochs, in (0, 0.5].
+        tail, metric: passed to the ECOD analysis (metric = column prefix;
             self-computed histories have ``dice_<class>`` and ``iou_<class>``).
-        monitor, mode: the logged value that defines the least-loss (reference) epoch.
+        monitor, mode: the logged value that defines the least-loss (reference) epoch; when it is
+            never logged, a warning lists the keys that were.
         min_epoch: epochs before it are warm-up: neither analysed nor candidates.
         retention: ``"auto"`` keeps only what the policy can still choose (for ``last_inlier``
             the last ``flags(cases)·flags(epochs)+1`` epochs, a bound on how many epochs ECOD can
@@ -97,6 +103,20 @@ class BalancedCheckpoint(Callback):
         compute_dice: None → compute per-case Dice only when no history provider is found.
         class_names: names for self-computed columns (default: the datamodule's ``class_names``).
         threshold: sigmoid threshold for 1-channel outputs.
+        hooks: how to read validation batches when computing Dice itself (default: the
+            MetamorphicCallback's hooks when there is one, else dict / ``(image, mask)`` batches).
+        keep_candidates: keep ``balanced_candidates/`` after the fit (default: removed).
+        context: the shared :class:`~robusttrain.callbacks.context.RobustnessContext`.
+
+    Raises:
+        ValueError: a bad argument (named in the message), when the callback is built.
+
+    Example::
+
+        >>> import lightning.pytorch as pl
+        >>> cb = BalancedCheckpoint(dirpath="runs/x", policy="last_inlier", monitor="val_loss")
+        >>> isinstance(cb, pl.Callback), cb.state_key
+        (True, "BalancedCheckpoint{'policy': 'last_inlier', 'monitor': 'val_loss'}")
     """
 
     def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, policy: str = "last_inlier",
@@ -104,25 +124,30 @@ class BalancedCheckpoint(Callback):
                  monitor: str = "val/loss", mode: str = "min", min_epoch: int = 0,
                  retention: Union[str, int] = "auto", compute_dice: Optional[bool] = None,
                  class_names: Optional[list[str]] = None, threshold: float = 0.5,
-                 worst_fraction: float = 0.1) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+                 worst_fraction: float = 0.1, hooks: BatchHooks | None = None, keep_candidates: bool = False,
+                 context: RobustnessContext | None = None) -> None:
+        self.policy = check_choice("policy", policy, POLICIES)
         self.worst_fraction = check_worst_fraction(worst_fraction)
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if not (retention in ("auto", "all") or (isinstance(retention, int) and retention >= 1)):
-            raise ValueError(f"retention must be 'auto', 'all' or an int >= 1, got {retention!r}")
+        self.mode = check_choice("mode", mode, ("min", "max"))
+        self.tail = check_choice("tail", tail, ("low", "high", "both"))
+        self.contamination = check_fraction("contamination", contamination, 0.0, MAX_CONTAMINATION, lo_open=True)
+        if not (retention in ("auto", "all") or (isinstance(retention, int) and not isinstance(retention, bool)
+                                                 and retention >= 1)):
+            raise ValueError(f"retention={retention!r}: expected 'auto', 'all' or an int >= 1")
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.policy, self.contamination, self.tail, self.metric = policy, contamination, tail, metric
-        self.monitor, self.mode, self.min_epoch, self.retention = monitor, mode, int(min_epoch), retention
-        self.compute_dice, self.class_names, self.threshold = compute_dice, class_names, threshold
+        self.metric, self.monitor, self.retention = metric, monitor, retention
+        self.min_epoch = check_int("min_epoch", min_epoch, 0)
+        self.threshold = check_fraction("threshold", threshold)
+        self.compute_dice, self.class_names, self.hooks = compute_dice, class_names, hooks
+        self.keep_candidates, self.context = bool(keep_candidates), context
         self._rows: list[dict] = []            # self-computed history (standalone mode)
         self._monitor_values: dict[int, float] = {}
         self._saved: list[int] = []            # epochs with a candidate checkpoint on disk
         self._sums: dict[tuple[str, int], np.ndarray] = {}
-        self._provider: Any = None
+        self._ctx: RobustnessContext | None = context
         self._dir: Optional[Path] = self.dirpath
         self._computing = False
+        self._warned_monitor = False
         self.selection = None                  # the last Selection, for programmatic use
 
     @property
@@ -131,15 +156,17 @@ class BalancedCheckpoint(Callback):
 
     # ------------------------------------------------------------------ setup / paths
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self._provider = next((cb for cb in trainer.callbacks
-                               if cb is not self and hasattr(cb, "history")), None)
-        self._computing = self.compute_dice if self.compute_dice is not None else self._provider is None
-        self._dir = self.dirpath
-        if self._dir is None:
-            # same rule as the MetamorphicCallback, so corner_cases.json lands next to history.csv
-            d = (getattr(self._provider, "dirpath", None) or getattr(trainer, "log_dir", None)
-                 or trainer.default_root_dir)
-            self._dir = Path(d)
+        if stage != "fit":
+            return
+        self._ctx = context_for(trainer, self.context)
+        self._ctx.join(type(self).__name__, self.dirpath, provides=("corners",))
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # every setup has run: whether an MR callback provides the history is known now
+        self._dir = self._ctx.finalize(trainer)
+        has_mr = self._ctx.provides("mr")
+        self._computing = self.compute_dice if self.compute_dice is not None else not has_mr
+        self._read = self.hooks or self._ctx.hooks or BatchHooks()
 
     def _candidate(self, epoch: int) -> Path:
         return self._dir / CANDIDATES / f"epoch={epoch:04d}.ckpt"
@@ -150,19 +177,17 @@ class BalancedCheckpoint(Callback):
         return pd.DataFrame(self._rows)
 
     def _history(self) -> Optional[pd.DataFrame]:
-        h = getattr(self._provider, "history", None)
+        h = self._ctx.history if self._ctx is not None else None
         if isinstance(h, pd.DataFrame) and not h.empty:
             return h
         if self._rows:
             return self.case_history
-        if (self._dir / "history.csv").is_file():
-            return pd.read_csv(self._dir / "history.csv")
-        return None
+        return history_file.read(self._dir)
 
     # ------------------------------------------------------------------ standalone per-case Dice
     def _active(self, trainer) -> bool:
         # only fitting validations are candidates; trainer.validate() and the sanity check are not
-        return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        return fitting(trainer) and self._ctx is not None
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._sums = {}
@@ -170,20 +195,27 @@ class BalancedCheckpoint(Callback):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if not self._computing or not self._active(trainer) or dataloader_idx != 0:
             return
-        out = pl_module(batch["image"])
+        hooks = self._read
+        images = hooks.get_images(batch)
+        with torch.no_grad():
+            out = pl_module(images)
         if isinstance(out, dict):
             out = out.get("logits", next(iter(out.values())))
         elif isinstance(out, (tuple, list)):
             out = out[0]
         if not bool(torch.isfinite(out).all()):  # NaN logits would score as "predicts background"
             raise NonFiniteOutputError("model outputs (logits)", trainer.current_epoch, "val")
-        sums = batch_sums(out, batch["mask"], self.threshold)
-        slices = batch.get("slice_index")
-        for i, (cid, s) in enumerate(zip(case_id_list(batch["case_id"]), sums)):
-            # keyed by slice so DistributedSampler's padded duplicates are counted once;
-            # without slice indices every sample is its own key
-            sl = int(slices[i]) if slices is not None else f"{trainer.global_rank}:{batch_idx}:{i}"
-            self._sums[(str(cid), sl)] = s
+        sums = batch_sums(out, _normalise_mask(hooks.get_masks(batch), images).to(out.device), self.threshold)
+        cids = hooks.get_case_ids(batch)
+        cids = case_id_list(cids) if cids is not None else None
+        slices = hooks.get_slice_indices(batch)
+        for i, s in enumerate(sums):
+            # keyed by slice so DistributedSampler's padded duplicates are counted once; without
+            # case ids every sample is its own case (stable across epochs: validation isn't shuffled)
+            key = f"val/r{trainer.global_rank}b{batch_idx}i{i}"
+            cid = str(cids[i]) if cids is not None else key
+            sl = int(slices[i]) if slices is not None else key
+            self._sums[(cid, sl)] = s
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not self._computing or not self._active(trainer):
@@ -216,6 +248,12 @@ class BalancedCheckpoint(Callback):
         value = trainer.callback_metrics.get(self.monitor)
         if value is not None:
             self._monitor_values[epoch] = float(value)
+        elif not self._warned_monitor and trainer.is_global_zero:
+            self._warned_monitor = True
+            keys = sorted(k for k in trainer.callback_metrics if not k.startswith(("mr/", "mining/")))
+            log.warning("BalancedCheckpoint: monitor=%r was not logged, so the least-loss epoch is "
+                        "unknown; logged keys: %s -- set monitor= to one of them", self.monitor, keys)
+        self._provisional(trainer)
         if epoch < self.min_epoch:
             return
         path = self._candidate(epoch)
@@ -224,7 +262,7 @@ class BalancedCheckpoint(Callback):
             path.parent.mkdir(parents=True, exist_ok=True)
         if epoch not in self._saved:
             self._saved.append(epoch)
-        trainer.save_checkpoint(tmp)  # collective: every rank calls it, rank 0 writes
+        trainer.save_checkpoint(tmp, weights_only=False)  # collective: every rank calls it, rank 0 writes
         if trainer.is_global_zero:
             os.replace(tmp, path)
         keep = set(self._keep(trainer))
@@ -233,6 +271,23 @@ class BalancedCheckpoint(Callback):
             if trainer.is_global_zero:
                 self._candidate(e).unlink(missing_ok=True)
         trainer.strategy.barrier("BalancedCheckpoint.candidates")
+
+    def _provisional(self, trainer) -> None:
+        """The corner-case analysis of the history so far (once per validation), for the reporter."""
+        self._ctx.least_loss_epoch = self.best_epoch()
+        h = self._history() if trainer.is_global_zero else None
+        if h is None or h.empty or "case_id" not in h:
+            return
+        h = load_history(h)
+        least = self.best_epoch()
+        try:
+            sel = select_balanced_epoch(h, self.policy, reference_epoch=least if least in set(h["epoch"]) else None,
+                                        contamination=self.contamination, tail=self.tail, metric=self.metric,
+                                        min_epoch=self.min_epoch, worst_fraction=self.worst_fraction)
+        except ValueError as err:  # too little history yet: the provisional view is optional
+            log.info("BalancedCheckpoint: provisional corner cases unavailable: %s", err)
+            return
+        self._ctx.corners = corners_file.from_selection(sel, least, f"provisional ({sel.status}): {sel.reason}")
 
     def _keep(self, trainer) -> list[int]:
         eps = sorted(self._saved)
@@ -275,13 +330,18 @@ class BalancedCheckpoint(Callback):
                 os.replace(tmp, dst)
                 report["checkpoint"] = dst.name
             if self._rows:
-                atomic_write_csv(self._dir / FALLBACK_NAME, self.case_history)
-            atomic_write_json(self._dir / "corner_cases.json", report)
+                history_file.write(self._dir, self.case_history, history_file.FALLBACK_NAME)
+            corners_file.write(self._dir, report)
+            if self.selection is not None:
+                self._ctx.corners = corners_file.from_selection(self.selection, report["least_loss_epoch"])
+            if not self.keep_candidates:
+                # the fit is over: its candidates (one checkpoint per kept epoch) are no longer needed
+                shutil.rmtree(self._dir / CANDIDATES, ignore_errors=True)
         trainer.strategy.barrier("BalancedCheckpoint.end")
 
     def _decide(self) -> dict:
         best = self.best_epoch()
-        base = {"schema": 1, "policy": self.policy, "monitor": self.monitor, "mode": self.mode,
+        base = {"policy": self.policy, "monitor": self.monitor, "mode": self.mode,
                 "least_loss_epoch": best, "contamination": self.contamination, "tail": self.tail,
                 "metric": self.metric, "min_epoch": self.min_epoch, "worst_fraction": self.worst_fraction,
                 "checkpoint": None}

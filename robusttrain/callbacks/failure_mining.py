@@ -1,45 +1,29 @@
-"""FailureMiningCallback: store the MetamorphicCallback's failures and replay them in training.
+"""FailureMiningCallback: check training cases, store the failures, replay them in training.
 
-Add it next to a :class:`~robusttrain.callbacks.MetamorphicCallback` whose train probe is on
-(``train_probe_size > 0``); the trainer needs a datamodule with ``train_dataset``:
+Explicit wiring, no patching of the user's objects:
 
-    >>> import lightning.pytorch as L
-    >>> from robusttrain.callbacks import MetamorphicCallback
-    >>> from robusttrain.callbacks.failure_mining import FailureMiningCallback
-    >>> mr = MetamorphicCallback(perturbations=["contrast"], severities=(4,), train_probe_size=16)
-    >>> trainer = L.Trainer(max_epochs=2, callbacks=[mr, FailureMiningCallback()], logger=False)
+* it asks the MetamorphicCallback, through the shared
+  :class:`~robusttrain.callbacks.context.RobustnessContext`, to check ``train_probe_size``
+  training cases every ``every_n_epochs`` epochs, and receives every violation there (a
+  MetamorphicCallback is required: without one ``trainer.fit`` stops before training, saying so);
+* replay: the *user* (or robusttrain's datamodules, via ``datamodule.wrap_train(mining.wrap)``)
+  passes the training dataset through :meth:`FailureMiningCallback.wrap` when building the train
+  loader. The returned :class:`~robusttrain.mining.ReplayDataset` has the same length and sample
+  format; once failures exist, ``replay_ratio`` of each epoch's samples are replayed failures.
+  It reads the bank from the run directory's files, so every DataLoader worker (persistent or not)
+  and every DDP rank replays failures from the epoch after they were mined, with no
+  ``reload_dataloaders_every_n_epochs``. One sample is read and rebuilt before training starts, so
+  a sample format the hooks cannot read fails then, with one line naming the fix.
 
-What it does (``enabled=False`` turns all of it off):
-
-* ``setup("fit")``: owns a :class:`~robusttrain.mining.FailureBank` in ``<dirpath>/failures/``
-  (default: the MetamorphicCallback's directory, else the trainer's ``log_dir`` /
-  ``default_root_dir``), subscribes it with ``add_sink``, gives the MetamorphicCallback an
-  un-augmented, index-aligned view of the training set for its train probe (only when none was
-  passed as ``train_dataset=``; so the recorded index + params re-create the failing image), and
-  makes ``datamodule.train_dataloader()`` build its loader over a
-  :class:`~robusttrain.mining.ReplayDataset` (the datamodule's ``train_dataset`` attribute is
-  swapped only during that call, so everything else still sees the original dataset). This is
-  done before Lightning builds the train loader (``setup`` precedes ``strategy.setup`` and the fit
-  loop). The replay dataset has a fixed length and reads the bank from files, so **no**
-  ``reload_dataloaders_every_n_epochs`` is needed and persistent workers are fine.
-* after validation (and at the epoch's end): rank 0 appends the epoch's new failures to the
-  log, updates the failure-driven weights from the train-probe EFR (``failures/sampling.json``),
-  writes ``failures/mining.csv``; then all ranks meet at a barrier, so the next epoch's loader
-  (every worker, every rank) replays them.
-* ``replay_ratio``, ``jitter``, ``clean_mix``, ``fresh_image``: see
-  :class:`~robusttrain.mining.ReplayDataset`.
-* logs per epoch ``mining/bank_size``, ``mining/trainable``, ``mining/new``, ``mining/replayed``
-  (replay slots used this epoch) and ``mining/weight/<perturbation>``.
-* checkpoint state: bank, weights and the per-epoch log; on resume the log file is rewritten to
-  match the checkpoint.
+After each validation (and at the epoch's end) rank 0 appends the epoch's new failures to
+``failures/failures.jsonl``, updates the failure-driven weights from the train-probe EFR
+(``failures/sampling.json``) and writes ``failures/mining.csv``; all ranks then meet at a barrier.
+Logged per epoch: ``mining/bank_size``, ``mining/trainable``, ``mining/new``, ``mining/replayed``
+(expected replayed samples this epoch) and ``mining/weight/<perturbation>``.
 """
 from __future__ import annotations
 
-import functools
-import logging
-import os
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -47,122 +31,176 @@ from lightning.pytorch import Callback
 
 from robusttrain.io import atomic_write_csv, atomic_write_json
 from robusttrain.mining.bank import FailureBank
-from robusttrain.mining.replay import SAMPLING_NAME, CleanDataset, ReplayDataset
+from robusttrain.mining.replay import CleanDataset, ReplayDataset
 from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
+from robusttrain.rundir import failures as failures_files
 
-from ._dist import broadcast_object, is_global_zero
+from ._dist import is_global_zero
+from .context import RobustnessConfigError, RobustnessContext, TrainProbe, context_for
+from .validate import check_fraction, check_int
 
-log = logging.getLogger(__name__)
+MAX_REPLAY_RATIO = 0.9
 
 
 class FailureMiningCallback(Callback):
-    """Failure bank + replay + failure-driven sampling for a MetamorphicCallback (module doc)."""
+    """Failure bank + replay + failure-driven sampling (see module doc).
 
-    def __init__(self, dirpath: str | None = None, replay_ratio: float = 0.2,
-                 allow_val_mining: bool = False, enabled: bool = True, max_size: int = 2000,
-                 n_thumbs: int = 32, jitter: float = 0.1, momentum: float = 0.5, floor: float = 0.05,
-                 threshold: float = 0.25, clean_train_probe: bool = True,
-                 perturbation_kwargs: dict[str, dict] | None = None,
-                 clean_mix: float = 0.0, fresh_image: float = 0.0):
-        self.clean_mix, self.fresh_image = float(clean_mix), float(fresh_image)
-        self.dirpath, self.replay_ratio, self.enabled = dirpath, float(replay_ratio), bool(enabled)
-        self.allow_val_mining, self.max_size, self.n_thumbs = allow_val_mining, max_size, n_thumbs
-        self.jitter, self.threshold, self.clean_train_probe = jitter, float(threshold), clean_train_probe
-        self.perturbation_kwargs = perturbation_kwargs
+    Args:
+        replay_ratio: fraction of each epoch's training samples replaced by replayed failures once
+            there are some, in [0, 0.9] (0: record failures, replay nothing).
+        train_probe_size: training cases the MR callback checks (a seeded, fixed subset), >= 1.
+        every_n_epochs: check the training probe after every N-th epoch.
+        jitter, clean_mix, fresh_image: how a slot re-creates a failure
+            (:class:`~robusttrain.mining.ReplayDataset`); each in [0, 1], clean_mix + fresh_image <= 1.
+        allow_val_mining: also replay validation failures (leaks validation data; warned).
+        max_size, n_thumbs: bound of the bank and number of thumbnail strips kept.
+        momentum, floor: the failure-driven weights (:class:`~robusttrain.mining.FailureDrivenWeights`).
+        train_dataset: the dataset the train probe checks (default: the wrapped dataset, else
+            ``datamodule.train_dataset``).
+        dirpath: run directory (default: the shared context's).
+        context: the shared :class:`~robusttrain.callbacks.context.RobustnessContext`.
+        enabled: False turns everything off.
+
+    Raises:
+        ValueError: a bad argument, when built (e.g. ``replay_ratio=1.0``).
+        RobustnessConfigError: at ``trainer.fit`` before training: no MetamorphicCallback, or
+            ``replay_ratio > 0`` but the training data was never passed through :meth:`wrap`.
+
+    Example::
+
+        >>> import lightning.pytorch as L
+        >>> from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
+        >>> mining = FailureMiningCallback(replay_ratio=0.2, train_probe_size=16)
+        >>> trainer = L.Trainer(max_epochs=2, callbacks=[MetamorphicCallback(), mining], logger=False)
+        >>> # in your datamodule: DataLoader(mining.wrap(self.train_set), batch_size=8, shuffle=True)
+    """
+
+    def __init__(self, replay_ratio: float = 0.2, train_probe_size: int = 32, every_n_epochs: int = 1,
+                 jitter: float = 0.1, clean_mix: float = 0.0, fresh_image: float = 0.0,
+                 allow_val_mining: bool = False, max_size: int = 2000, n_thumbs: int = 32,
+                 momentum: float = 0.5, floor: float = 0.05, train_dataset: Any = None,
+                 dirpath: str | None = None, context: RobustnessContext | None = None, enabled: bool = True):
+        self.replay_ratio = check_fraction("replay_ratio", replay_ratio, 0.0, MAX_REPLAY_RATIO)
+        self.train_probe_size = check_int("train_probe_size", train_probe_size, 1)
+        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 1)
+        self.jitter = check_fraction("jitter", jitter)
+        self.clean_mix = check_fraction("clean_mix", clean_mix)
+        self.fresh_image = check_fraction("fresh_image", fresh_image)
+        if self.clean_mix + self.fresh_image > 1.0:
+            raise ValueError(f"clean_mix={clean_mix} + fresh_image={fresh_image}: expected a sum <= 1")
+        self.max_size = check_int("max_size", max_size, 2)
+        self.n_thumbs = check_int("n_thumbs", n_thumbs, 0)
         self.weights = FailureDrivenWeights(momentum, floor)
+        self.allow_val_mining, self.enabled = bool(allow_val_mining), bool(enabled)
+        self.train_dataset, self.dirpath, self.context = train_dataset, dirpath, context
         self.bank: FailureBank | None = None
-        self.replay: ReplayDataset | None = None
-        self.run_dir: Path | None = None
+        self.replay: ReplayDataset | None = None   # the dataset last returned by wrap()
         self.rows: list[dict[str, Any]] = []
-        self._mc: Any = None
-        self._dm: Any = None
+        self._ctx: RobustnessContext | None = context
+        self._probe: TrainProbe | None = None
+        self._val: Any = None
+        self._volumes_checked = False
         self._counts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._epoch_stats: dict[str, Any] = {}
         self._new_this_epoch = 0
         self._weights_epoch = -1
         self._restored: dict[str, Any] | None = None
 
+    # ---- the replay mechanism ---------------------------------------------------------------
+    def wrap(self, dataset: Any) -> Any:
+        """``dataset`` with mined failures replayed in it (same length, same sample format).
+
+        Call it where the training loader is built (e.g. in ``train_dataloader``); with
+        ``replay_ratio=0`` or ``enabled=False`` it returns ``dataset`` itself.
+        """
+        if not self.enabled or self.replay_ratio == 0:
+            return dataset
+        if isinstance(dataset, ReplayDataset):
+            dataset = dataset.base
+        self.replay = ReplayDataset(dataset, None, self.replay_ratio, self.jitter, self.allow_val_mining,
+                                    clean_mix=self.clean_mix, fresh_image=self.fresh_image)
+        if self._ctx is not None and self._ctx.run_dir is not None:  # wrapped during fit: bind now
+            self._bind(self.replay)
+        return self.replay
+
+    def _bind(self, replay: ReplayDataset) -> None:
+        ctx = self._ctx
+        replay.perturbation_kwargs = dict(getattr(ctx.suite, "perturbation_kwargs", {}) or {})
+        replay.bind(ctx.run_dir, ctx.hooks)
+        if self.allow_val_mining and self._val is not None:
+            from robusttrain.mining.replay import CleanView
+
+            replay.views["val"] = CleanView(self._val, ctx.hooks)
+        if self._probe is not None and self._probe.dataset is None:
+            self._probe.dataset = CleanDataset(replay.base)
+
     # ---- wiring -----------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if not self.enabled or stage != "fit" or self.bank is not None:
+        if not self.enabled or stage != "fit":
             return
-        from .metamorphic import MetamorphicCallback
-
-        mcs = [c for c in trainer.callbacks if isinstance(c, MetamorphicCallback)]
-        if not mcs:
-            log.warning("FailureMiningCallback: no MetamorphicCallback in trainer.callbacks; "
-                        "nothing to mine, replay disabled")
-            return
-        self._mc = mc = mcs[0]
-        d = self.dirpath or mc.dirpath or getattr(trainer, "log_dir", None) or trainer.default_root_dir
-        self.run_dir = Path(broadcast_object(trainer, str(d)))  # one run dir for every rank
-        self.bank = FailureBank(self.run_dir, self.max_size, self.n_thumbs, self.allow_val_mining)
-        mc.add_sink(self._sink)  # sinks are called on rank 0 with the gathered failures
-        if mc.train_probe_size <= 0:
-            log.warning("FailureMiningCallback: MetamorphicCallback(train_probe_size=0) checks no "
-                        "training cases, so nothing will be replayed (set train_probe_size > 0)")
+        ctx = self._ctx = context_for(trainer, self.context)
+        ctx.join(type(self).__name__, self.dirpath, requires=("mr",))
+        ctx.subscribe(self._sink)  # called on rank 0 with the gathered failures
         dm = getattr(trainer, "datamodule", None)
-        base = getattr(dm, "train_dataset", None)
-        if base is None:
-            log.warning("FailureMiningCallback: no datamodule.train_dataset; replay disabled — wrap "
-                        "your training set in robusttrain.mining.ReplayDataset yourself")
+        self._val = getattr(dm, "val_dataset", None)
+        base = self.train_dataset if self.train_dataset is not None else getattr(dm, "train_dataset", None)
+        self._probe = ctx.train_probe = TrainProbe(None if base is None else CleanDataset(base),
+                                                   self.train_probe_size, self.every_n_epochs)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if not self.enabled:
             return
-        if len(base):  # replay re-creates 2-D images; refuse volumes now, not mid-training
-            from robusttrain.metamorphic.batch import iter_probe
+        run_dir = self._ctx.finalize(trainer)
+        if self.bank is None:
+            self.bank = FailureBank(run_dir, self.max_size, self.n_thumbs, self.allow_val_mining)
+        if self._restored is not None:
+            self.bank.load_state_dict(self._restored["bank"], rewrite_files=False)
+            if is_global_zero(trainer):
+                self.bank.compact()  # files may be ahead of the checkpoint we resume from
+                self._write_weights()
+            self._restored = None
+        if self.replay is not None:  # wrapped before fit (datamodule.setup / __init__)
+            self._bind(self.replay)
+        self._refuse_volumes()
+        trainer.strategy.barrier("failure_mining_resume")
 
-            shape = tuple(next(iter_probe(base, [0], 1, mc.hooks)).images.shape)
-            if len(shape) == 5:
-                raise ValueError(f"FailureMiningCallback: replaying failures of 3-D volumes is not supported "
-                                 f"(train images {shape} are (B,C,H,W,D)); remove it or set "
-                                 f"callbacks.mining.enabled=false -- MetamorphicCallback checks volumes alone")
-        if self.clean_train_probe and mc.datasets.get("train") is None:
-            mc.datasets["train"] = CleanDataset(base)
-        if self.replay_ratio > 0:
-            sources = {"val": dm.val_dataset} if self.allow_val_mining and getattr(dm, "val_dataset", None) else None
-            self.replay = ReplayDataset(base, self.run_dir, self.replay_ratio, self.jitter,
-                                        self.allow_val_mining, sources, self.perturbation_kwargs,
-                                        clean_mix=self.clean_mix, fresh_image=self.fresh_image)
-            self._patch_loader(dm)
+    def _refuse_volumes(self) -> None:
+        # replay re-creates 2-D images; refuse volumes before any data is loaded for training
+        ds = self._probe.dataset
+        if ds is None or not len(ds) or self._volumes_checked:
+            return
+        self._volumes_checked = True
+        from robusttrain.metamorphic.batch import iter_probe
 
-    def _patch_loader(self, dm: Any) -> None:
-        orig = dm.train_dataloader
-        replay = self.replay
+        shape = tuple(next(iter_probe(ds, [0], 1, self._ctx.hooks)).images.shape)
+        if len(shape) == 5:
+            raise ValueError(f"FailureMiningCallback: replaying failures of 3-D volumes is not supported "
+                             f"(train images {shape} are (B,C,H,W,D)); remove it or set "
+                             f"callbacks.mining.enabled=false -- MetamorphicCallback checks volumes alone")
 
-        @functools.wraps(orig)  # keeps Lightning's is_overridden check pointing at the real method
-        def train_dataloader():
-            base = dm.train_dataset
-            dm.train_dataset = replay
-            try:
-                loader = orig()
-            finally:
-                dm.train_dataset = base
-            if getattr(loader, "dataset", None) is not replay:
-                log.warning("FailureMiningCallback: datamodule.train_dataloader() does not read "
-                            "self.train_dataset; mined failures are not replayed")
-            return loader
-
-        dm.train_dataloader = train_dataloader
-        self._dm = dm
-
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if self._dm is not None and "train_dataloader" in vars(self._dm):
-            del self._dm.train_dataloader  # back to the class method
-            self._dm = None
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # the train loader exists now: the wrap must have happened, and its samples must round-trip
+        if not self.enabled:
+            return
+        if self.replay_ratio > 0 and self.replay is None:
+            raise RobustnessConfigError(
+                f"FailureMiningCallback(replay_ratio={self.replay_ratio}): the training data was not passed "
+                "through mining.wrap(dataset), so nothing would be replayed; build the train loader over "
+                "mining.wrap(train_dataset) (robusttrain datamodules: datamodule.wrap_train(mining.wrap)) "
+                "or set replay_ratio=0")
+        self._refuse_volumes()  # the probe dataset may only be known now (wrapped in train_dataloader)
+        if self._probe.dataset is None:
+            raise RobustnessConfigError(
+                "FailureMiningCallback: no training dataset to check; pass train_dataset= (a map-style "
+                "dataset) or build the train loader over mining.wrap(train_dataset)")
+        if self.replay is not None and self.replay.view.pre is None:
+            self.replay.view.codec.check(self.replay.base)
 
     def _sink(self, record: Any, images: Any = None) -> None:
         self.bank.add(record, images)
         self._counts[record.epoch][record.perturbation] += 1
 
     # ---- per-epoch sync ---------------------------------------------------------------------
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.bank is None:
-            return
-        if self._restored is not None and is_global_zero(trainer):
-            self.bank.compact()  # files may be ahead of the checkpoint we resume from
-            self._write_weights()
-        self._restored = None
-        trainer.strategy.barrier("failure_mining_resume")
-
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if self.bank is None:
             return
@@ -191,7 +229,8 @@ class FailureMiningCallback(Callback):
         pl_module.log_dict({f"mining/{k}": float(v) for k, v in row.items() if k != "epoch"},
                            on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         if is_global_zero(trainer):
-            atomic_write_csv(self.run_dir / "failures" / "mining.csv", pd.DataFrame(self.rows))
+            atomic_write_csv(self._ctx.run_dir / failures_files.DIR / failures_files.MINING_NAME,
+                             pd.DataFrame(self.rows))
 
     def _sync(self, trainer: Any) -> None:
         # all ranks call this at the same hooks; only rank 0 has records (sinks run there)
@@ -204,8 +243,9 @@ class FailureMiningCallback(Callback):
         trainer.strategy.barrier("failure_mining_sync")
 
     def _update_weights(self, epoch: int, force_write: bool) -> None:
-        efr = getattr(self._mc, "efr", None)
-        rates = rates_from_efr(efr, "train", "dice", self.threshold, epoch) if efr is not None else {}
+        ctx = self._ctx
+        rates = rates_from_efr(ctx.efr, "train", "dice", ctx.violation_threshold, epoch) \
+            if ctx.efr is not None else {}
         if not rates and self._counts.get(epoch):  # no EFR table: relative failure counts
             c = self._counts[epoch]
             rates = {p: n / max(c.values()) for p, n in c.items()}
@@ -217,13 +257,13 @@ class FailureMiningCallback(Callback):
             self._write_weights()
 
     def _write_weights(self) -> None:
-        atomic_write_json(self.run_dir / "failures" / SAMPLING_NAME,
+        atomic_write_json(self._ctx.run_dir / failures_files.DIR / failures_files.SAMPLING_NAME,
                           {"epoch": self._weights_epoch, "weights": self.weights.weights(),
                            "smoothed": self.weights.smoothed})
 
     # ---- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, "bank": self.bank.state_dict() if self.bank is not None else None,
+        return {"version": 2, "bank": self.bank.state_dict() if self.bank is not None else None,
                 "weights": self.weights.state_dict(), "weights_epoch": self._weights_epoch,
                 "rows": list(self.rows)}
 
@@ -231,7 +271,5 @@ class FailureMiningCallback(Callback):
         self.weights.load_state_dict(state.get("weights", {}))
         self._weights_epoch = int(state.get("weights_epoch", -1))
         self.rows = list(state.get("rows", []))
-        if self.bank is not None and state.get("bank") is not None:
-            # files are rewritten in on_fit_start, on rank 0 only
-            self.bank.load_state_dict(state["bank"], rewrite_files=False)
+        if state.get("bank") is not None:  # applied in on_fit_start, once the run dir is known
             self._restored = state

@@ -1,19 +1,11 @@
 """MetamorphicCallback: a fixed, seeded metamorphic test suite after validation, every N epochs.
 
-Add it to any trainer; the model's forward must return (B,1,H,W) (sigmoid) or (B,K,H,W)
-(softmax) logits, and batches be dicts (``image``, ``mask``, optional ``case_id``,
-``slice_index``) or ``(image, mask)`` tuples -- otherwise set the hooks.
-
-    >>> import lightning.pytorch as L
-    >>> from robusttrain.callbacks import MetamorphicCallback
-    >>> cb = MetamorphicCallback(perturbations=["blur", "contrast"], severities=(2,), max_cases=8)
-    >>> trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False)   # then trainer.fit(...)
-
 Each check scores the probe clean (-> ``history``) and under every perturbation x severity
-(-> ``cases``, ``efr``), logs ``mr/efr/<perturbation>/<metric>@<t>`` and writes
-``history.csv``, ``efr.csv``, ``mr_cases.csv`` to ``dirpath`` (global rank 0). Every
-violation (Dice drop > ``failure_threshold``) is passed, on rank 0, to each ``on_failure``
-sink as ``sink(record: FailureRecord, images: dict | None)``.
+(-> ``cases``, ``efr``), logs ``mr/efr/<perturbation>/<metric>@<t>`` and writes ``history.csv``,
+``efr.csv``, ``mr_cases.csv`` to the run directory (global rank 0). Its tables, hooks, suite and
+violations are shared with the other robustness callbacks through the
+:class:`~robusttrain.callbacks.context.RobustnessContext`; a FailureMiningCallback asks it (there)
+to check training cases too.
 
 ``budget`` (a fraction of training time in (0, 1], e.g. 0.25; None = the full suite every check):
 each check then scores the clean pass over the whole validation probe plus a seeded, stratified
@@ -30,7 +22,6 @@ in ``setup`` with one line naming the shape and the hook to set.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -40,82 +31,129 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from robusttrain.io import atomic_write_csv
 from robusttrain.metamorphic.batch import BatchHooks, case_ids_of, iter_probe
 from robusttrain.metamorphic.budget import CheckBudget, check_budget, final_reserve
 from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
 from robusttrain.metamorphic.failures import build_failures
 from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
-from robusttrain.metamorphic.suite import DEFAULT_SEVERITIES, MRSuite
+from robusttrain.metamorphic.suite import MRSuite
+from robusttrain.rundir import efr as efr_file
+from robusttrain.rundir import history as history_file
+from robusttrain.rundir import mr_cases as cases_file
 
 from ._dist import broadcast_object, gather_objects
 from ._mr_budget import TrainClock, to_indices
 from ._mr_probe import checking_state, make_predict, make_to_probabilities, progress_bar, select_probe
+from .compat import fitting
+from .context import RobustnessContext, context_for
+from .validate import check_choice, check_fraction, check_int
 
 Sink = Callable[..., None]
 
 
 class MetamorphicCallback(Callback):
-    """Metamorphic checks of the validation set (and a train probe for failure mining)."""
+    """Metamorphic checks of the validation set (and, on request, of a training probe).
 
-    def __init__(self, perturbations: str | Sequence[str] | None = None,
-                 severities: Sequence[int] = DEFAULT_SEVERITIES, every_n_epochs: int = 1,
-                 max_cases: int | None = None, seed: int = 0,
-                 thresholds: Sequence[float] = THRESHOLDS, batch_size: int = 8,
-                 num_workers: int = 0, dirpath: str | None = None, path: str = "auto",
-                 on_failure: Sink | Sequence[Sink] | None = None, failure_threshold: float = 0.25,
-                 failure_images: int = 16, train_probe_size: int = 0, mine_every_n_epochs: int = 1,
-                 val_dataset: Any = None, train_dataset: Any = None,
-                 class_names: Sequence[str] | None = None,
-                 get_images: Callable | None = None, get_masks: Callable | None = None,
-                 get_case_ids: Callable | None = None, get_slice_indices: Callable | None = None,
-                 to_probabilities: str | Callable | None = None,
-                 perturbation_kwargs: dict[str, dict] | None = None, verbose: bool = True,
-                 budget: float | None = None, slice_axis: int = -1):
-        if path not in ("auto", "torch", "numpy"):
-            raise ValueError(f"path must be 'auto', 'torch' or 'numpy', got {path!r}")
-        self.budget = CheckBudget(check_budget(budget), seed)
+    Works on any trainer whose model's forward returns (B,1,H,W) (sigmoid) or (B,K,H,W)
+    (softmax) logits -- (B,K,H,W,D) for volumes -- and whose samples are dicts (``image``,
+    ``mask``, optional ``case_id``, ``slice_index``) or ``(image, mask)`` tuples; anything else:
+    set ``hooks``.
+
+    Args:
+        suite: the perturbations x severities, their seed and the volume slice axis (default: the
+            nine MedTest families at severities 2 and 4, seed 0). Validated when built.
+        hooks: how to read images / masks / case ids from a batch and turn outputs into
+            probabilities (:class:`~robusttrain.metamorphic.batch.BatchHooks`, its
+            ``to_probabilities``: None/"auto", "logits", "identity" or a callable); the other
+            robustness callbacks use the same hooks.
+        every_n_epochs: check the validation set after every N-th epoch (0: never).
+        max_cases: a seeded subset of this many validation cases (None: all).
+        budget: fraction of training time the checks may take, in (0, 1] (None: the whole suite
+            every check; see the module doc).
+        thresholds: EFR thresholds reported (relative Dice / IoU drop).
+        violation_threshold: a test case whose Dice drops by more than this is a violation (a
+            failure record; the failure mining's rates use the same value).
+        failure_images: image strips (source, follow-up, predictions) for the worst N violations.
+        batch_size, num_workers: of the probe's own loader (it reads the dataset, not the trainer's
+            loader, so every sample's index is known).
+        path: ``"torch"`` (batched, GPU), ``"numpy"`` (per image, CPU) or ``"auto"``.
+        dirpath: run directory (default: the context's, i.e. ``trainer.log_dir``).
+        val_dataset: dataset to check (default ``datamodule.val_dataset``, else the first
+            validation loader's dataset).
+        class_names: foreground class names (default: the datamodule's ``class_names``).
+        context: a :class:`~robusttrain.callbacks.context.RobustnessContext` shared with the other
+            robustness callbacks (default: the trainer's).
+        verbose: print the EFR table after each check.
+
+    Raises:
+        ValueError: a bad argument (named in the message), when the callback is built.
+
+    Example::
+
+        >>> import lightning.pytorch as L
+        >>> from robusttrain.metamorphic.suite import MRSuite
+        >>> cb = MetamorphicCallback(suite=MRSuite(["blur", "contrast"], severities=(2,)), max_cases=8)
+        >>> trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False)   # then trainer.fit(...)
+    """
+
+    def __init__(self, suite: MRSuite | None = None, hooks: BatchHooks | None = None,
+                 every_n_epochs: int = 1, max_cases: int | None = None, budget: float | None = None,
+                 thresholds: Sequence[float] = THRESHOLDS, violation_threshold: float = 0.25,
+                 failure_images: int = 16, batch_size: int = 8, num_workers: int = 0, path: str = "auto",
+                 dirpath: str | None = None, val_dataset: Any = None,
+                 class_names: Sequence[str] | None = None, context: RobustnessContext | None = None,
+                 verbose: bool = True):
+        if suite is not None and not isinstance(suite, MRSuite):
+            raise ValueError(f"suite must be an MRSuite, got {type(suite).__name__}")
+        if hooks is not None and not isinstance(hooks, BatchHooks):
+            raise ValueError(f"hooks must be a BatchHooks, got {type(hooks).__name__}")
+        self.suite = suite if suite is not None else MRSuite()
+        self.hooks = hooks if hooks is not None else BatchHooks()
+        self.seed = self.suite.seed
+        self.budget = CheckBudget(check_budget(budget), self.seed)
         self.clock = TrainClock()
         self._last_check_epoch = -1  # epoch of the last val check (the final check re-runs it in full)
         self._last_val_full = True
         self._last_trained_epoch = -1
-        self.suite = MRSuite(perturbations, severities, seed, perturbation_kwargs, slice_axis)
-        self.every_n_epochs, self.mine_every_n_epochs = int(every_n_epochs), int(mine_every_n_epochs)
-        self.max_cases, self.train_probe_size, self.seed = max_cases, int(train_probe_size), int(seed)
-        self.thresholds = tuple(float(t) for t in thresholds)
-        self.batch_size, self.num_workers, self.dirpath, self.path = batch_size, num_workers, dirpath, path
-        sinks = on_failure if isinstance(on_failure, (list, tuple)) else [on_failure] if on_failure else []
-        self.sinks: list[Sink] = list(sinks)
-        self.failure_threshold, self.failure_images = float(failure_threshold), int(failure_images)
-        self.datasets = {"val": val_dataset, "train": train_dataset}
+        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 0)
+        self.max_cases = None if max_cases is None else check_int("max_cases", max_cases, 1)
+        self.violation_threshold = check_fraction("violation_threshold", violation_threshold)
+        self.thresholds = tuple(sorted({check_fraction("thresholds", t) for t in thresholds}
+                                       | {self.violation_threshold}))
+        self.failure_images = check_int("failure_images", failure_images, 0)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.num_workers = check_int("num_workers", num_workers, 0)
+        self.path = check_choice("path", path, ("auto", "torch", "numpy"))
+        self.dirpath, self.val_dataset, self.context = dirpath, val_dataset, context
         self.class_names = list(class_names) if class_names is not None else None
-        d = BatchHooks()
-        self.hooks = BatchHooks(get_images or d.get_images, get_masks or d.get_masks,
-                                get_case_ids or d.get_case_ids, get_slice_indices or d.get_slice_indices)
-        self.to_probabilities = make_to_probabilities(to_probabilities)
+        self.to_probabilities = make_to_probabilities(self.hooks.to_probabilities)
         self.verbose = verbose
         self.history = pd.DataFrame(columns=["case_id", "epoch"])
         self.efr = pd.DataFrame(columns=EFR_COLUMNS)
         self.cases = pd.DataFrame()
         self.last_failures: list = []
-
-    # -- public API --------------------------------------------------------------------
-    def add_sink(self, sink: Sink) -> None:
-        """Subscribe ``sink(record, images)`` to violations (e.g. a FailureBank)."""
-        self.sinks.append(sink)
+        self._ctx: RobustnessContext | None = context
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(seed=self.seed, perturbations=tuple(self.suite.names),
-                                        severities=tuple(self.suite.severities))
+        # suite-independent, so a resume with a changed suite reaches load_state_dict and is refused
+        return self._generate_state_key()
 
     # -- Lightning hooks ---------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        ctx = self._ctx = context_for(trainer, self.context)
+        ctx.join(type(self).__name__, self.dirpath, provides=("mr",))
+        ctx.hooks, ctx.suite, ctx.violation_threshold = self.hooks, self.suite, self.violation_threshold
+        ctx.every_n_epochs, ctx.class_names = self.every_n_epochs, self.class_names
         ds = self._dataset(trainer, "val", quiet=True)
         if ds is not None and len(ds):  # refuse shapes the check cannot read now, not after an epoch
             next(iter_probe(ds, [0], 1, self.hooks))
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._ctx.finalize(trainer)
+        self._publish()
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.clock.start()
@@ -130,7 +168,7 @@ class MetamorphicCallback(Callback):
         self.clock.resume()
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.sanity_checking or getattr(trainer.state.fn, "value", trainer.state.fn) != "fit":
+        if not fitting(trainer):
             return
         epoch = int(trainer.current_epoch)
         splits = []
@@ -138,7 +176,8 @@ class MetamorphicCallback(Callback):
             splits.append("val")
         last = (self.budget.enabled and trainer.max_epochs is not None and trainer.max_epochs > 0
                 and epoch + 1 >= trainer.max_epochs)
-        if self.train_probe_size > 0 and (epoch + 1) % self.mine_every_n_epochs == 0 and not last:
+        probe = self._ctx.train_probe if self._ctx is not None else None
+        if probe is not None and probe.size > 0 and (epoch + 1) % probe.every_n_epochs == 0 and not last:
             splits.append("train")  # nothing trains on what the last epoch would mine
         if last and "val" not in splits:
             splits.append("val")
@@ -174,9 +213,9 @@ class MetamorphicCallback(Callback):
                     continue
                 idx = self._probe(trainer, split, ds)
                 if self.suite.in_channels is None and idx:  # same suite on every rank, even empty shards
-                    first = next(iter_probe(ds, idx[:1], 1, self.hooks))
+                    first = next(iter_probe(ds, idx[:1], 1, self.hooks, id_prefix=_prefix(split)))
                     self.suite.prepare(first.images.shape[1], probe=first.images)
-                probes[split] = (ds, idx, _case_ids(ds, idx))
+                probes[split] = (ds, idx, _case_ids(ds, idx, split))
             plan = self._plan(trainer, predict, device, path, probes, train_s, epoch, full)
             for split, (ds, idx, ids) in probes.items():
                 sel = to_indices(plan.get(split), idx, ids)
@@ -187,7 +226,8 @@ class MetamorphicCallback(Callback):
                 n_fol = len(shard) * len(self.suite.tests) if sel is None else \
                     sum(len(set(shard) & s) for s in sel.values())
                 bar = progress_bar(trainer, len(shard) + n_fol, f"MR check ({split})")
-                res = run_probe(predict, iter_probe(ds, shard, self.batch_size, self.hooks, self.num_workers),
+                batches = iter_probe(ds, shard, self.batch_size, self.hooks, self.num_workers, _prefix(split))
+                res = run_probe(predict, batches,
                                 self.suite, split, path=path, device=device, progress=bar.update, epoch=epoch,
                                 selection=sel)
                 bar.close()
@@ -207,8 +247,9 @@ class MetamorphicCallback(Callback):
         elif metrics and trainer.is_global_zero:  # on_train_end: self.log is not allowed there
             for lg in trainer.loggers:
                 lg.log_metrics(metrics, step=trainer.global_step)
+        self._publish()
         if trainer.is_global_zero:
-            self._write(trainer)
+            self._write()
         self.clock.resume()  # the check's own time is not training
 
     def _plan(self, trainer, predict, device, path, probes, train_s, epoch, full) -> dict[str, Any]:
@@ -247,8 +288,10 @@ class MetamorphicCallback(Callback):
         return {"clean_s": t1 - t0, "n_clean": n, "followup_s": (t1 - t0) + n * (t2 - t1) / t, "n_followup": n}
 
     def _dataset(self, trainer: Any, split: str, quiet: bool = False) -> Any:
-        if self.datasets[split] is not None:
-            return self.datasets[split]
+        if split == "train":
+            return self._ctx.train_probe.dataset
+        if self.val_dataset is not None:
+            return self.val_dataset
         dm = getattr(trainer, "datamodule", None)
         ds = getattr(dm, f"{split}_dataset", None)
         if ds is None and quiet:  # at setup the trainer's loaders do not exist yet
@@ -261,10 +304,10 @@ class MetamorphicCallback(Callback):
         return ds
 
     def _probe(self, trainer: Any, split: str, ds: Any) -> list[int]:
-        ids = case_ids_of(ds) or [f"idx{i}" for i in range(len(ds))]
+        ids = case_ids_of(ds) or [f"{_prefix(split)}{i}" for i in range(len(ds))]
         dm = getattr(trainer, "datamodule", None)
         always = list(getattr(dm, "planted_hard_cases", []) or []) if split == "val" else []
-        size = self.max_cases if split == "val" else self.train_probe_size
+        size = self.max_cases if split == "val" else self._ctx.train_probe.size
         return select_probe(ids, size, self.seed, split, always)
 
     def _names(self, trainer: Any, res: ProbeResult) -> list[str]:
@@ -290,11 +333,11 @@ class MetamorphicCallback(Callback):
             self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
         if trainer.is_global_zero and sinks:
             self.last_failures = build_failures(res, cases, self.suite, ds, self.hooks, predict, path,
-                                                self.failure_threshold, self.failure_images, epoch,
-                                                device=next(pl_module.parameters()).device)
+                                                self.violation_threshold, self.failure_images, epoch,
+                                                device=next(pl_module.parameters()).device,
+                                                id_prefix=_prefix(split))
             for rec, imgs in self.last_failures:
-                for sink in self.sinks:
-                    sink(rec, imgs)
+                self._ctx.emit(rec, imgs)
         if trainer.is_global_zero and self.verbose:
             n_all = table[(table.perturbation == "all")]
             scored = (f"{int(n_all.cases.iloc[0])}/{int(n_all.suite_cases.iloc[0])} test cases"
@@ -305,31 +348,41 @@ class MetamorphicCallback(Callback):
         prefix = "mr/efr" if split == "val" else f"mr/{split}_efr"
         return efr_metrics(table, prefix)
 
-    def _write(self, trainer: Any) -> None:
-        d = self.dirpath or getattr(trainer, "log_dir", None) or trainer.default_root_dir
-        atomic_write_csv(os.path.join(d, "history.csv"), self.history)
-        atomic_write_csv(os.path.join(d, "efr.csv"), self.efr)
-        atomic_write_csv(os.path.join(d, "mr_cases.csv"), self.cases)
+    def _publish(self) -> None:
+        if self._ctx is not None:  # the other callbacks read the tables here, never from this object
+            self._ctx.history, self._ctx.efr, self._ctx.cases = self.history, self.efr, self.cases
+
+    def _write(self) -> None:
+        d = self._ctx.run_dir
+        history_file.write(d, self.history)
+        efr_file.write(d, self.efr)
+        cases_file.write(d, self.cases)
 
     # -- checkpoint state --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, "history": _to_state(self.history), "efr": _to_state(self.efr),
+        return {"version": 2, "history": _to_state(self.history), "efr": _to_state(self.efr),
                 "cases": _to_state(self.cases), "suite": self.suite.state_dict(),
                 "budget": self.budget.state_dict(), "last_check": [self._last_check_epoch, self._last_val_full]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # a changed suite is refused before anything is replaced (its tables would not compare)
+        self.suite.load_state_dict(state.get("suite", {}))
         self.history = _from_state(state["history"])
         self.efr = _from_state(state["efr"])
         self.cases = _from_state(state["cases"])
-        self.suite.load_state_dict(state.get("suite", {}))
         self.budget.load_state_dict(state.get("budget", {}))
         self._last_check_epoch, self._last_val_full = state.get("last_check", [-1, True])
 
 
-def _case_ids(ds: Any, idx: Sequence[int]) -> list[str]:
-    """Case id of each probe index (as the probe names them: ``idx<i>`` without ``case_ids()``)."""
+def _case_ids(ds: Any, idx: Sequence[int], split: str) -> list[str]:
+    """Case id of each probe index (as the probe names them, see :func:`_prefix`)."""
     ids = case_ids_of(ds)
-    return [ids[i] if ids is not None else f"idx{i}" for i in idx]
+    return [ids[i] if ids is not None else f"{_prefix(split)}{i}" for i in idx]
+
+
+def _prefix(split: str) -> str:
+    # samples without case ids: "idx5" in the validation set, "train/idx5" in the training probe
+    return "idx" if split == "val" else f"{split}/idx"
 
 
 def _replace(frame: pd.DataFrame, new: pd.DataFrame, epoch: int, split: str) -> pd.DataFrame:

@@ -1,27 +1,22 @@
 """RobustnessReporter: per-epoch plots, W&B charts and a console summary of the robustness state.
 
-Put it *last* in the callbacks list, after the MetamorphicCallback and BalancedCheckpoint it reads:
+It reads what the other robustness callbacks share through the
+:class:`~robusttrain.callbacks.context.RobustnessContext` (their tables, violations and the
+corner cases BalancedCheckpoint computes once per validation) or, for what no callback in this
+trainer provides, the run directory's files (:mod:`robusttrain.rundir`). It never recomputes an
+analysis. Its place in the callbacks list does not matter: it reports at the end of every training
+epoch that had a validation (after every validation hook).
 
-    >>> import lightning.pytorch as L
-    >>> from robusttrain.callbacks import MetamorphicCallback, RobustnessReporter
-    >>> cbs = [MetamorphicCallback(perturbations=["blur"], severities=(2,)), RobustnessReporter()]
-    >>> trainer = L.Trainer(max_epochs=2, callbacks=cbs, logger=False)   # then trainer.fit(...)
-
-After every ``every_n_epochs``-th validation of a fit (``on_validation_end``, i.e. after the other
-callbacks' epoch-end work and after the epoch's metrics are collected), on global rank 0:
+On global rank 0:
 
 * regenerates ``<run_dir>/plots/*.png`` (:func:`robusttrain.reporting.write_plots`);
-* with a Lightning ``WandbLogger``: corner-case line series per structure (``corners/dice_<c>``),
-  new failures as rows of one incremental ``wandb.Table`` (``failures/table``; source and follow-up
-  images with GT and prediction mask overlays), the corner-case summary in ``run.summary``, and
-  the ``mr/efr/...`` scalars *only* when no MetamorphicCallback logs them already;
+* with a ``WandbLogger`` (``lightning.pytorch`` or ``pytorch_lightning``): corner-case line series
+  per structure (``corners/dice_<c>``), new failures as rows of one incremental ``wandb.Table``
+  (``failures/table``), the corner-case summary in ``run.summary``, and the ``mr/efr/...``
+  scalars *only* when no MetamorphicCallback logs them already;
 * prints the currently flagged corner cases (and the EFR table when no MR callback printed it).
 
-Corner cases during training are provisional: the callback runs
-:func:`robusttrain.cornercases.select_balanced_epoch` on the history so far (the same analysis
-BalancedCheckpoint runs once at the end). At ``teardown`` the final ``corner_cases.json`` replaces
-them in the plots, charts and summary. Nothing here needs network: W&B's mode is the user's
-(the CLI defaults it to offline).
+At ``teardown`` the final ``corner_cases.json`` replaces the provisional corner cases.
 """
 from __future__ import annotations
 
@@ -33,12 +28,19 @@ from typing import Any
 
 import pandas as pd
 from lightning.pytorch import Callback
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from robusttrain.reporting import rundir, tables, wandb_charts
+from robusttrain.reporting import tables, wandb_charts
 from robusttrain.reporting.plots import write_plots
-from robusttrain.reporting.rundir import Corners
+from robusttrain.rundir import corner_cases as corners_file
+from robusttrain.rundir import efr as efr_file
+from robusttrain.rundir import failures as failures_file
+from robusttrain.rundir import history as history_file
+from robusttrain.rundir.corner_cases import Corners
+
+from .compat import fitting, wandb_logger
+from .context import RobustnessContext, context_for
+from .validate import check_int
 
 log = logging.getLogger(__name__)
 
@@ -47,44 +49,50 @@ class RobustnessReporter(Callback):
     """Plots, W&B charts and console summary after each robustness check (see module doc).
 
     Args:
-        dirpath: run directory; None → the MetamorphicCallback's ``dirpath``, else the trainer's
-            ``log_dir`` / ``default_root_dir`` (where the MR callback writes its files).
-        every_n_epochs: report after every N-th validation of a fit; None → the MR callback's
+        dirpath: run directory (default: the shared context's).
+        every_n_epochs: report after every N-th epoch with a validation; None: the MR callback's
             ``every_n_epochs`` (so each report follows a check), 1 without one.
         plots: write ``plots/*.png``.
-        wandb: log to a ``WandbLogger`` found in ``trainer.loggers`` (ignored when there is none).
+        wandb: log to the trainer's ``WandbLogger`` (ignored when there is none).
         console: print the compact corner-case (and, if nobody else did, EFR) table.
         max_failures_per_epoch: largest-drop failures added to the W&B table per epoch.
-        live_corners: compute provisional corner cases each epoch (else only at the end).
-        policy, contamination, monitor: used when no BalancedCheckpoint is present to take
-            them from (BalancedCheckpoint's settings win, so the live view matches the final one).
+        context: the shared :class:`~robusttrain.callbacks.context.RobustnessContext`.
+
+    Raises:
+        ValueError: a bad argument, when built.
+
+    Example::
+
+        >>> import lightning.pytorch as L
+        >>> from robusttrain.callbacks import MetamorphicCallback
+        >>> cbs = [RobustnessReporter(every_n_epochs=1), MetamorphicCallback()]
+        >>> trainer = L.Trainer(max_epochs=2, callbacks=cbs, logger=False)   # then trainer.fit(...)
     """
 
     def __init__(self, dirpath: str | os.PathLike | None = None, every_n_epochs: int | None = None,
                  plots: bool = True, wandb: bool = True, console: bool = True,
-                 max_failures_per_epoch: int = 16, live_corners: bool = True,
-                 policy: str = "last_inlier", contamination: float = 0.1,
-                 monitor: str = "val/loss") -> None:
+                 max_failures_per_epoch: int = 16, context: RobustnessContext | None = None) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.every_n_epochs = None if every_n_epochs is None else int(every_n_epochs)
-        self.max_failures_per_epoch = int(max_failures_per_epoch)
-        self.plots, self.wandb, self.console, self.live_corners = plots, wandb, console, live_corners
-        self.policy, self.contamination, self.monitor = policy, contamination, monitor
+        self.every_n_epochs = None if every_n_epochs is None else check_int("every_n_epochs", every_n_epochs, 1)
+        self.max_failures_per_epoch = check_int("max_failures_per_epoch", max_failures_per_epoch, 0)
+        self.plots, self.wandb, self.console, self.context = plots, wandb, console, context
         self.corners: Corners | None = None      # what the last report showed
-        self._mr = self._bc = None
+        self._ctx: RobustnessContext | None = context
         self._pending: list[tuple[Any, dict | None]] = []   # failures since the last report
         self._logged: set[str] = set()            # failure ids already in the W&B table
-        self._monitor_values: dict[int, float] = {}
+        self._validated = False
         self._table = None
 
     # ------------------------------------------------------------------ wiring
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        others = [cb for cb in trainer.callbacks if cb is not self]
-        # duck-typed so user subclasses / look-alikes work: the MR callback has efr + history
-        self._mr = next((cb for cb in others if hasattr(cb, "efr") and hasattr(cb, "history")), None)
-        self._bc = next((cb for cb in others if hasattr(cb, "best_epoch") and hasattr(cb, "selection")), None)
-        if self._mr is not None and hasattr(self._mr, "add_sink") and self._on_failure not in self._mr.sinks:
-            self._mr.add_sink(self._on_failure)
+        if stage != "fit":
+            return
+        self._ctx = context_for(trainer, self.context)
+        self._ctx.join(type(self).__name__, self.dirpath)
+        self._ctx.subscribe(self._on_failure)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._ctx.finalize(trainer)
 
     def _on_failure(self, record: Any, images: dict | None = None) -> None:
         # called by the MR callback on rank 0 for every violation; keep only the worst per epoch
@@ -94,26 +102,25 @@ class RobustnessReporter(Callback):
             del self._pending[self.max_failures_per_epoch:]
 
     def run_dir(self, trainer: Any) -> Path:
-        d = self.dirpath or getattr(self._mr, "dirpath", None) or getattr(trainer, "log_dir", None) \
-            or trainer.default_root_dir
-        return Path(d)
+        return self._ctx.finalize(trainer)
 
     # ------------------------------------------------------------------ hooks
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.sanity_checking or getattr(trainer.state.fn, "value", trainer.state.fn) != "fit":
+        self._validated = self._validated or fitting(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        # after every validation hook of this epoch, whatever the callbacks' order
+        if not self._validated:
             return
+        self._validated = False
         epoch = int(trainer.current_epoch)
-        value = trainer.callback_metrics.get(self.monitor)
-        if value is not None:
-            self._monitor_values[epoch] = float(value)
-        every = self.every_n_epochs if self.every_n_epochs is not None else \
-            int(getattr(self._mr, "every_n_epochs", 1) or 1)
-        if every > 0 and (epoch + 1) % every == 0 and trainer.is_global_zero:
+        every = self.every_n_epochs or int(self._ctx.every_n_epochs or 1)
+        if (epoch + 1) % every == 0 and trainer.is_global_zero:
             self._report(trainer, epoch, final=False)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # after on_fit_end / on_train_end: corner_cases.json is final now, the W&B run still open
-        if stage == "fit" and trainer.is_global_zero and trainer.current_epoch > 0:
+        if stage == "fit" and self._ctx is not None and trainer.is_global_zero and trainer.current_epoch > 0:
             try:
                 self._report(trainer, int(trainer.current_epoch) - 1, final=True)
             except Exception:  # reporting must never turn a finished fit into a failure
@@ -122,58 +129,21 @@ class RobustnessReporter(Callback):
     # ------------------------------------------------------------------ one report
     def _report(self, trainer: Any, epoch: int, final: bool) -> None:
         run_dir = self.run_dir(trainer)
-        # the MR callback's in-memory tables are fresher than the files (and the same data)
-        history = self._frame("history")
-        history = history if history is not None else rundir.load_history(run_dir)
-        efr = self._frame("efr")
-        efr = efr if efr is not None else rundir.load_efr(run_dir)
-        corners = self._final_corners(run_dir) if final else None
+        ctx = self._ctx
+        # the MR callback's tables in the context are the files' content, without re-reading them
+        history = ctx.history if _rows(ctx.history) else history_file.read(run_dir)
+        efr = ctx.efr if _rows(ctx.efr) else efr_file.read(run_dir)
+        corners = corners_file.read(run_dir) if final else None
         if corners is None:
-            corners = self._live_corners(history)
+            corners = ctx.corners
         self.corners = corners
         if self.plots:
             write_plots(run_dir, corners=corners or Corners())
-        logger = next((lg for lg in trainer.loggers if isinstance(lg, WandbLogger)), None) if self.wandb else None
+        logger = wandb_logger(trainer) if self.wandb else None
         if logger is not None:
             self._log_wandb(trainer, logger, run_dir, history, efr, corners, final)
         if self.console and not final:
             self._print(epoch, efr, corners, history)
-
-    def _frame(self, name: str) -> pd.DataFrame | None:
-        frame = getattr(self._mr, name, None)
-        return frame if isinstance(frame, pd.DataFrame) and len(frame) else None
-
-    def _least_loss(self) -> int | None:
-        if self._bc is not None:
-            return self._bc.best_epoch()
-        return min(self._monitor_values, key=lambda e: (self._monitor_values[e], e)) \
-            if self._monitor_values else None
-
-    def _final_corners(self, run_dir: Path) -> Corners | None:
-        return rundir.load_corners(run_dir)
-
-    def _live_corners(self, history: pd.DataFrame | None) -> Corners | None:
-        if not self.live_corners or history is None or "case_id" not in history:
-            return None
-        from robusttrain.cornercases import select_balanced_epoch
-
-        bc = self._bc
-        least = self._least_loss()
-        try:
-            sel = select_balanced_epoch(
-                history, getattr(bc, "policy", self.policy),
-                reference_epoch=least if least in set(history["epoch"]) else None,
-                contamination=getattr(bc, "contamination", self.contamination),
-                tail=getattr(bc, "tail", "low"), metric=getattr(bc, "metric", "dice"),
-                min_epoch=getattr(bc, "min_epoch", 0), worst_fraction=getattr(bc, "worst_fraction", 0.1))
-        except Exception as err:  # a provisional view is optional; never break training for it
-            log.warning("RobustnessReporter: provisional corner cases unavailable: %s", err)
-            return None
-        cc = sel.corner_cases
-        return Corners(cases=[str(c) for c in cc.case_ids], scores=dict(cc.scores),
-                       outlier_epochs={str(k): list(v) for k, v in sel.outlier_epochs.items()},
-                       balanced_epoch=sel.epoch, least_loss_epoch=least, policy=sel.policy,
-                       reason=f"provisional ({sel.status}): {sel.reason}")
 
     # ------------------------------------------------------------------ W&B
     def _log_wandb(self, trainer, logger, run_dir, history, efr, corners, final) -> None:
@@ -182,7 +152,7 @@ class RobustnessReporter(Callback):
         run = logger.experiment
         payload: dict[str, Any] = {}
         # the MR callback logs mr/efr/... itself through pl_module.log; never log them twice
-        if self._mr is None and efr is not None:
+        if not self._ctx.provides("mr") and efr is not None:
             payload.update(wandb_charts.efr_scalars(efr))
         if history is not None and corners is not None and corners.cases:
             payload.update(wandb_charts.corner_case_charts(history, corners))
@@ -203,7 +173,7 @@ class RobustnessReporter(Callback):
     def _new_failure_rows(self, run_dir: Path, trainer: Any) -> list[list[Any]]:
         names = self._class_names(trainer)
         rows = []
-        if self._mr is not None:
+        if self._ctx.provides("mr"):
             pending, self._pending = self._pending, []
             pending.sort(key=lambda ri: -ri[0].drop)
             for rec, images in pending:
@@ -214,7 +184,7 @@ class RobustnessReporter(Callback):
                 rows.append(wandb_charts.failure_row({**rec.to_dict()}, images, names))
             return rows
         # no MR callback in this trainer: the failure bank's files are the source
-        records = rundir.load_failures(run_dir) or []
+        records = failures_file.read(run_dir) or []
         fresh = [r for r in records if str(r.get("id")) not in self._logged]
         for rec in sorted(fresh, key=lambda r: -r.get("drop", 0.0))[: self.max_failures_per_epoch]:
             self._logged.add(str(rec.get("id")))
@@ -222,8 +192,7 @@ class RobustnessReporter(Callback):
         return rows
 
     def _class_names(self, trainer: Any) -> list[str] | None:
-        names = getattr(self._mr, "class_names", None) or \
-            getattr(getattr(trainer, "datamodule", None), "class_names", None)
+        names = self._ctx.class_names or getattr(getattr(trainer, "datamodule", None), "class_names", None)
         return list(names) if names else None
 
     # ------------------------------------------------------------------ console
@@ -231,7 +200,7 @@ class RobustnessReporter(Callback):
                history: pd.DataFrame | None) -> None:
         lines = []
         # the MR callback prints its EFR table when verbose; print it only when nobody did
-        if efr is not None and not (self._mr is not None and getattr(self._mr, "verbose", False)):
+        if efr is not None and not self._ctx.provides("mr"):
             table = tables.last_efr_by_perturbation(efr)
             lines += [f"EFR % (Dice) at epoch {int(efr['epoch'].max())}:", table.round(1).to_string()]
         if corners is None:
@@ -245,7 +214,7 @@ class RobustnessReporter(Callback):
                 pd.DataFrame({"case": corners.cases})
             now = history[history["epoch"] == history["epoch"].max()] if history is not None else None
             if now is not None:
-                cols = rundir.dice_columns(now)
+                cols = history_file.dice_columns(now)
                 dice_now = now.set_index("case_id")[cols].mean(axis=1)
                 table["dice now"] = [round(float(dice_now.get(c, float("nan"))), 3) for c in table["case"]]
             keep = [c for c in ("case", "ECOD score", "outlier epochs", "dice now") if c in table]
@@ -254,11 +223,14 @@ class RobustnessReporter(Callback):
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
-        return {"logged": sorted(self._logged), "monitor_values": dict(self._monitor_values)}
+        return {"logged": sorted(self._logged)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._logged = set(state.get("logged", []))
-        self._monitor_values = {int(k): float(v) for k, v in state.get("monitor_values", {}).items()}
+
+
+def _rows(frame: Any) -> bool:
+    return isinstance(frame, pd.DataFrame) and len(frame) > 0
 
 
 def _record_id(record: Any) -> str:

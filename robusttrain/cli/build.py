@@ -76,8 +76,14 @@ def build(section: str, node: Any) -> Any:
     ``callbacks.metamorphic.severities=[6]`` fails before training with
     ``bad value for 'callbacks.metamorphic.severities' ([6]): ...``.
     """
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    nested = {}
+    if isinstance(node, dict):  # nested objects first, so their errors name their own keys
+        nested = {k: build(f"{section}.{k}", v) for k, v in node.items() if isinstance(v, dict) and "_target_" in v}
+        node = {k: v for k, v in node.items() if k not in nested}
     try:
-        return instantiate(node, _convert_="all")
+        return instantiate(node, _convert_="all", **nested)
     except InstantiationException as e:
         cause = e.__cause__ or e
     except (TypeError, ValueError, KeyError) as e:
@@ -163,6 +169,7 @@ def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit") 
     run = Run(cfg=cfg, run_dir=run_dir, datamodule=datamodule, model=model)
     if with_trainer:
         run.callbacks = build_callbacks(cfg)
+        _wire_replay(run.callbacks, datamodule)
         trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
         trainer_cfg["callbacks"] = run.callbacks
         trainer_cfg["logger"] = build_loggers(cfg, command)
@@ -171,6 +178,18 @@ def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit") 
         run.trainer = build("trainer", trainer_cfg)
     write_config(cfg, run_dir, command)
     return run
+
+
+def _wire_replay(callbacks: list, datamodule: Any) -> None:
+    """The recipe's explicit replay wiring: the datamodule builds its train loader over mining.wrap."""
+    from robusttrain.callbacks import FailureMiningCallback
+
+    for cb in callbacks:
+        if isinstance(cb, FailureMiningCallback) and cb.enabled and cb.replay_ratio > 0:
+            if not hasattr(datamodule, "wrap_train"):
+                raise UsageError(f"callbacks.mining replays failures, but {type(datamodule).__name__} has no "
+                                 "wrap_train(); set callbacks.mining.replay_ratio=0")
+            datamodule.wrap_train(cb.wrap)
 
 
 def _check_compatible(datamodule: Any, model: Any) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ def _suite_names(cfg) -> list[str] | None:
 
     from robusttrain.perturbations.suites import resolve
 
-    spec = OmegaConf.select(cfg, "callbacks.metamorphic.perturbations", default=None)
+    spec = OmegaConf.select(cfg, "callbacks.metamorphic.suite.perturbations", default=None)
     if spec is None or spec == "endoscopy":
         return None
     return resolve(spec if isinstance(spec, str) else list(spec))
@@ -139,6 +140,24 @@ def output_file(value: str, key: str, suffix: str) -> Path:
     return path
 
 
+def _training_suite(ckpt: Path, mr: Any, overridden: bool) -> Any:
+    """The MR suite the checkpoint's run trained with (its ``config.yaml``), else the recipe's;
+    the recipe's when the command line sets ``callbacks.metamorphic.suite.*`` itself."""
+    from omegaconf import OmegaConf
+
+    from robusttrain.cli.build import build
+
+    for d in () if overridden else (ckpt.parent, ckpt.parent.parent):
+        if (d / "config.yaml").is_file():
+            run_cfg = OmegaConf.load(d / "config.yaml")
+            node = OmegaConf.select(run_cfg, "callbacks.metamorphic.suite")
+            if node is not None:
+                print(f"[robusttrain] check: the MR suite of {d / 'config.yaml'}", flush=True)
+                return build("callbacks.metamorphic.suite", node)
+    node = mr.get("suite") if hasattr(mr, "get") else None
+    return build("callbacks.metamorphic.suite", node) if node is not None else None
+
+
 def check(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
     import torch
 
@@ -158,7 +177,9 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     check_file(str(ckpt))
     mr = (cfg.get("callbacks") or {}).get("metamorphic") or {}
     try:  # the suite validates its own arguments; a bad one is named before anything is written
-        suite = MRSuite(mr.get("perturbations"), mr.get("severities", (2, 4)), int(mr.get("seed", cfg.seed)))
+        # exactly the suite the checkpoint's run trained with (its config.yaml), else the recipe's
+        overridden = any(o.lstrip("+~").startswith("callbacks.metamorphic.suite") for o in overrides)
+        suite = _training_suite(Path(str(ckpt)).expanduser(), mr, overridden) or MRSuite(seed=int(cfg.seed))
     except (ValueError, TypeError, KeyError) as e:
         raise UsageError(construction_error("callbacks.metamorphic", mr, e)) from None
     run_dir = resolve_run_dir(cfg, "check")

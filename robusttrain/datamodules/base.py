@@ -200,6 +200,7 @@ class BaseSegDataModule(L.LightningDataModule):
         self.train_dataset: SegmentationDataset | None = None
         self.val_dataset: SegmentationDataset | None = None
         self._extra: dict[str, SegmentationDataset] | None = None
+        self._train_wrap: Any = None
 
     # --- what subclasses provide -------------------------------------------------------------
     @property
@@ -266,9 +267,15 @@ class BaseSegDataModule(L.LightningDataModule):
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
                           pin_memory=self.pin_memory, worker_init_fn=seed_worker if self.num_workers else None)
 
+    def wrap_train(self, wrap: Any) -> None:
+        """Build the train loader over ``wrap(train_dataset)`` (e.g. ``FailureMiningCallback.wrap``,
+        which replays mined failures); ``train_dataset`` itself stays the plain dataset."""
+        self._train_wrap = wrap
+
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
-        return self._loader(self.train_dataset, shuffle=True)
+        ds = self.train_dataset if self._train_wrap is None else self._train_wrap(self.train_dataset)
+        return self._loader(ds, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         self.setup("fit")

@@ -105,12 +105,17 @@ def _normalise_mask(m: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class BatchHooks:
-    """How to read a collated batch; each hook can be replaced by the user."""
+    """How to read a collated batch; each hook can be replaced by the user.
+
+    ``to_probabilities(outputs) -> (B,K,H,W)`` turns the model's outputs into probabilities
+    (None: logits -> sigmoid for one channel, softmax for K).
+    """
 
     get_images: Callable[[Any], torch.Tensor] = default_get_images
     get_masks: Callable[[Any], torch.Tensor] = default_get_masks
     get_case_ids: Callable[[Any], Sequence[str] | None] = default_get_case_ids
     get_slice_indices: Callable[[Any], Sequence[int] | None] = default_get_slice_indices
+    to_probabilities: Callable[[Any], torch.Tensor] | None = None
 
 
 @dataclass
@@ -137,8 +142,10 @@ def _collate(items):
     return [i for i, _ in items], default_collate([x for _, x in items])
 
 
-def read_batch(indices: list[int], batch: Any, hooks: BatchHooks) -> ProbeBatch:
-    """Apply the hooks to one collated batch and check what they return."""
+def read_batch(indices: list[int], batch: Any, hooks: BatchHooks, id_prefix: str = "idx") -> ProbeBatch:
+    """Apply the hooks to one collated batch and check what they return.
+
+    Samples without a case id are named ``<id_prefix><dataset index>``."""
     images = hooks.get_images(batch)
     if not torch.is_tensor(images) or images.ndim not in (4, 5):
         shape = tuple(images.shape) if torch.is_tensor(images) else type(images).__name__
@@ -146,7 +153,7 @@ def read_batch(indices: list[int], batch: Any, hooks: BatchHooks) -> ProbeBatch:
                         "pass get_images= returning one of those")
     masks = _normalise_mask(hooks.get_masks(batch), images)
     cids = hooks.get_case_ids(batch)
-    cids = [f"idx{i}" for i in indices] if cids is None else case_id_list(cids)
+    cids = [f"{id_prefix}{i}" for i in indices] if cids is None else case_id_list(cids)
     sl = hooks.get_slice_indices(batch)
     sl = [0] * len(indices) if sl is None else [int(s) for s in sl]
     if len(cids) != len(indices) or len(sl) != len(indices):
@@ -167,12 +174,12 @@ def check_finite_images(images: torch.Tensor, case_ids: Sequence[str]) -> None:
 
 
 def iter_probe(dataset: Dataset, indices: Sequence[int], batch_size: int, hooks: BatchHooks,
-               num_workers: int = 0) -> Iterator[ProbeBatch]:
+               num_workers: int = 0, id_prefix: str = "idx") -> Iterator[ProbeBatch]:
     """Batches of ``dataset[indices]`` in the given order, read through ``hooks``."""
     loader = DataLoader(_Indexed(dataset, indices), batch_size=batch_size, shuffle=False,
                         num_workers=num_workers, collate_fn=_collate)
     for idx, batch in loader:
-        yield read_batch(idx, batch, hooks)
+        yield read_batch(idx, batch, hooks, id_prefix)
 
 
 def case_ids_of(dataset: Dataset) -> list[str] | None:

@@ -28,7 +28,8 @@ def _params_lists(p: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 def build_failures(res: ProbeResult, cases: pd.DataFrame, suite: MRSuite, dataset: Any,
                    hooks: BatchHooks, predict: Callable | None, path: str, threshold: float,
-                   n_images: int, epoch: int, device: Any = None) -> list[tuple[FailureRecord, dict | None]]:
+                   n_images: int, epoch: int, device: Any = None, id_prefix: str = "idx"
+                   ) -> list[tuple[FailureRecord, dict | None]]:
     """Records of every violation in ``cases`` (worst first); images for the ``n_images`` worst.
 
     Images are re-created from ``dataset`` (so they work for cases scored on other ranks):
@@ -45,7 +46,7 @@ def build_failures(res: ProbeResult, cases: pd.DataFrame, suite: MRSuite, datase
     for n, r in enumerate(bad.itertuples()):
         k = test_of[(r.perturbation, int(r.severity))]
         w = worst_slice(res, r.case_id, k)
-        load = lambda i: next(iter_probe(dataset, [int(res.index[i])], 1, hooks))
+        load = lambda i: next(iter_probe(dataset, [int(res.index[i])], 1, hooks, id_prefix=id_prefix))
         slices = []
         for i in rows_of[r.case_id]:
             si = int(res.slice_index[i])

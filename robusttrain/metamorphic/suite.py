@@ -110,16 +110,23 @@ class MRSuite:
     def __init__(self, perturbations: str | Sequence[str] | None = None,
                  severities: Sequence[int] = DEFAULT_SEVERITIES, seed: int = 0,
                  perturbation_kwargs: dict[str, dict] | None = None, slice_axis: int = -1):
+        from robusttrain.perturbations.base import check_severity
         from robusttrain.perturbations.suites import resolve
 
+        # validated here, when the suite is built, not after a first training epoch
         if isinstance(slice_axis, bool) or slice_axis not in (-3, -2, -1, 2, 3, 4):
             raise ValueError(f"slice_axis must be a spatial axis of (B,C,H,W,D) volumes: -1 (D), -2 (W), "
                              f"-3 (H) or 4, 3, 2, got {slice_axis!r}")
         self.slice_axis = int(slice_axis) - 5 if slice_axis > 0 else int(slice_axis)
         self.names = resolve(perturbations) if perturbations is not None else list(DEFAULT_PERTURBATIONS)
-        self.severities = [int(s) for s in severities]
+        if not self.names or not list(severities):
+            raise ValueError("perturbations= and severities= must not be empty")
+        self.severities = [check_severity(s, f"severities={list(severities)}") for s in severities]
         self.seed = int(seed)
         self.perturbation_kwargs = dict(perturbation_kwargs or {})
+        extra = sorted(set(self.perturbation_kwargs) - set(self.names))
+        if extra:
+            raise ValueError(f"perturbation_kwargs has {extra[0]!r}, which is not in perturbations={self.names}")
         self.tests: list[tuple[str, int]] = []
         self.skipped: dict[str, str] = {}
         self._ops: dict[tuple[str, int], Any] = {}
@@ -257,12 +264,19 @@ class MRSuite:
                 "param_units": PARAM_UNITS, "slice_axis": self.slice_axis,
                 "cache": [[list(k), v] for k, v in self._cache.items()]}
 
+    def describe(self) -> str:
+        """One line naming the suite (recorded with every checkpoint; compared on resume)."""
+        return f"perturbations={self.names} severities={self.severities} seed={self.seed}"
+
     def load_state_dict(self, state: dict) -> None:
         if (state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names
+                or [int(s) for s in state.get("severities", self.severities)] != self.severities
                 or state.get("slice_axis", self.slice_axis) != self.slice_axis):
-            log.warning("metamorphic suite: checkpoint suite differs from the configured one; "
-                        "params will be re-sampled for the configured suite")
-            return
+            raise ValueError(
+                "cannot resume: the checkpoint's metamorphic suite (perturbations="
+                f"{list(state.get('names', []))} severities={list(state.get('severities', []))} seed="
+                f"{state.get('seed')}) differs from the configured one ({self.describe()}); its EFR and "
+                "history would not be comparable -- resume with the same suite or start a new run_dir")
         if state.get("cache") and state.get("param_units") != PARAM_UNITS:
             log.warning("metamorphic suite: checkpoint holds params in older (pixel) units; "
                         "params will be re-sampled in relative units")

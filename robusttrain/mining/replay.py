@@ -1,11 +1,15 @@
 """Training-set wrappers that add perturbed samples to every epoch: mined-failure replay and its
 random-augmentation baseline.
 
-Both wrappers keep indices ``0..N-1`` identical to the wrapped dataset and append
-``n_slots = round(N * ratio / (1 - ratio))`` extra *slots*, so perturbed samples make up ``ratio``
-of each epoch (0.2 by default) while every original sample is still seen once. The length is
-fixed from the start (samplers, DDP and Lightning's batch count never change), and anything that
-indexes the dataset ``< N`` (e.g. a metamorphic probe) sees the original samples.
+Both wrappers keep the wrapped dataset's length and indices. While they have something to add,
+each sample of an epoch is, with probability ``ratio`` (0.2 by default), replaced by a perturbed
+*slot* sample; otherwise it is the original sample. The length never changes (samplers, DDP and
+Lightning's batch count stay as they are), and a replay wrapper with an empty bank returns exactly
+the original samples without drawing a random number, so training is unchanged until the first
+failure is mined. Anything that indexes the wrapped dataset itself (e.g. a metamorphic probe) sees
+the original samples. Slots are returned in the wrapped dataset's own sample format
+(:class:`~robusttrain.mining.samples.SampleCodec`): robusttrain's datasets give their dict, any
+other map-style dataset (``Subset`` included) its own dict / tuple with the image replaced.
 
 * :class:`ReplayDataset` fills a slot with a mined failure: it picks a perturbation by the
   failure-driven weights (``failures/sampling.json``, see :mod:`.sampling`), a failure of it with
@@ -36,8 +40,8 @@ indexes the dataset ``< N`` (e.g. a metamorphic probe) sees the original samples
 ...         return {"image": torch.full((3, 16, 16), i / 8), "mask": torch.zeros(16, 16, dtype=torch.long),
 ...                 "case_id": f"c{i}", "slice_index": 0}
 >>> ds = ReplayDataset(Toy(), tempfile.mkdtemp())
->>> len(ds), ds.n_slots, ds[9]["image"].shape  # 8 originals + 2 slots; empty bank: clean slot
-(10, 2, torch.Size([3, 16, 16]))
+>>> len(ds), ds.n_slots, ds[7]["case_id"]  # 8 samples, ~2 replayed per epoch; empty bank: originals
+(8, 2, 'c7')
 """
 from __future__ import annotations
 
@@ -50,18 +54,19 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.metamorphic.records import FailureRecord
-from robusttrain.mining.bank import FailureBank, LOG_NAME, log_signature
-
-SAMPLING_NAME = "sampling.json"
+from robusttrain.mining.bank import LOG_NAME, FailureBank, log_signature
+from robusttrain.mining.samples import SampleCodec
+from robusttrain.rundir.failures import SAMPLING_NAME
 _RESIZE_STEPS = ("Resize", "LongestMaxSize", "PadIfNeeded")
 
 
 def n_slots_for(n: int, ratio: float) -> int:
-    """Extra samples so that they are ``ratio`` of an epoch of ``n`` originals."""
+    """Expected replaced samples per epoch of ``n`` samples."""
     if not 0.0 <= ratio < 1.0:
         raise ValueError(f"ratio={ratio}: expected 0 <= ratio < 1")
-    return int(round(n * ratio / (1.0 - ratio)))
+    return int(round(n * ratio))
 
 
 def to_uint8_hwc(image: Any) -> np.ndarray:
@@ -75,11 +80,13 @@ class CleanView:
 
     For robusttrain's ``SegmentationDataset`` (``source``, ``indices``, ``pipeline``) the clean
     image is ``source.load`` + the pipeline's leading resize steps; the remaining steps are the
-    augmentations. Any other dataset: its own sample (whatever it returns) and no extra steps.
+    augmentations. Any other dataset: its own sample, read and rebuilt through ``hooks``
+    (:class:`~robusttrain.mining.samples.SampleCodec`), and no extra steps.
     """
 
-    def __init__(self, ds: Dataset):
+    def __init__(self, ds: Dataset, hooks: BatchHooks | None = None):
         self.ds = ds
+        self.codec = SampleCodec(hooks)
         pipe = getattr(ds, "pipeline", None)
         self.pre = self.post = None
         if pipe is not None and hasattr(ds, "source") and hasattr(ds, "indices"):
@@ -100,9 +107,9 @@ class CleanView:
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """(image HWC uint8, mask HW int64, meta with case_id/slice_index) of sample ``i``."""
         if self.pre is None:
-            s = self.ds[i]
-            meta = {"case_id": s.get("case_id", f"idx{i}"), "slice_index": int(s.get("slice_index", 0))}
-            return to_uint8_hwc(s["image"]), np.asarray(s["mask"], dtype=np.int64), meta
+            sample = self.ds[i]
+            img, msk, meta = self.codec.read(sample, i)
+            return img, msk, {**meta, "sample": sample}
         src, j = self.ds.source, self.ds.indices[i]
         img, msk = src.load(j)
         out = self.pre(image=img, mask=msk)
@@ -116,7 +123,10 @@ class CleanView:
 
     def finish(self, image: np.ndarray, mask: np.ndarray, meta: dict[str, Any],
                augment: bool = True) -> dict[str, Any]:
-        """Run the augmentations (unless ``augment=False``) and build the batch dict of docs/design.md."""
+        """Run the augmentations (unless ``augment=False``) and build the sample: robusttrain's dict,
+        or (any other dataset) the loaded sample with ``image`` in place of its image."""
+        if "sample" in meta:
+            return self.codec.write(meta["sample"], image)
         size = image.shape[:2]
         if self.post is not None and augment:
             out = self.post(image=image, mask=mask)
@@ -144,46 +154,55 @@ class CleanDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int) -> Any:
+        if self.view.pre is None:  # not robusttrain's dataset: its own (un-wrapped) sample
+            return self.base[i]
         img, msk, meta = self.view.load(i)
         return self.view.finish(img, msk, meta, augment=False)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("base", "view"):
-            raise AttributeError(name)
-        return getattr(self.base, name)
+        return _forward(self, name)
+
+
+def _forward(wrapper: Any, name: str) -> Any:
+    # datamodule-specific attributes (case_ids, hard_cases, ...) of the wrapped dataset; never
+    # dunders: a forwarded __getitems__ (torch Subset) would bypass the wrapper's __getitem__
+    if name.startswith("__") or name in ("base", "view", "codec"):
+        raise AttributeError(name)
+    return getattr(wrapper.__dict__["base"], name)
 
 
 class _SlotDataset(Dataset):
-    def __init__(self, base: Dataset, ratio: float):
+    def __init__(self, base: Dataset, ratio: float, hooks: BatchHooks | None = None):
         self.base, self.ratio = base, float(ratio)
         self.n_base = len(base)
         self.n_slots = n_slots_for(self.n_base, self.ratio)
-        self.view = CleanView(base)
+        self.view = CleanView(base, hooks)
 
     def __len__(self) -> int:
-        return self.n_base + self.n_slots
+        return self.n_base
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def _active(self) -> bool:
+        return True
+
+    def __getitem__(self, i: int) -> Any:
         if i < 0:
-            i += len(self)
-        if i < self.n_base:
-            return self.base[i]
-        if i >= len(self):
+            i += self.n_base
+        if not 0 <= i < self.n_base:
             raise IndexError(i)
-        # torch's RNG is seeded per worker and per epoch by the DataLoader (and by seed_everything)
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-        return self._slot(rng)
+        # torch's RNG is seeded per worker and per epoch by the DataLoader (and by seed_everything);
+        # nothing is drawn while there is nothing to add, so such epochs are the plain ones
+        if self.ratio > 0 and self._active() and float(torch.rand(())) < self.ratio:
+            rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+            return self._slot(rng)
+        return self.base[i]
 
-    def _clean_slot(self, rng: np.random.Generator) -> dict[str, Any]:
+    def _clean_slot(self, rng: np.random.Generator) -> Any:
         img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
         return self.view.finish(img, msk, meta)
 
     def __getattr__(self, name: str) -> Any:
-        # datamodule-specific attributes (case_ids, hard_cases, ...) of the wrapped dataset
-        if name in ("base", "view"):
-            raise AttributeError(name)
-        return getattr(self.base, name)
+        return _forward(self, name)
 
 
 def jitter_params(recorded: dict[str, Any], fresh: dict[str, np.ndarray], alpha: float
@@ -216,24 +235,24 @@ class ReplayDataset(_SlotDataset):
     matching entry in ``sources``.
     """
 
-    def __init__(self, base: Dataset, run_dir: str | os.PathLike, replay_ratio: float = 0.2,
+    def __init__(self, base: Dataset, run_dir: str | os.PathLike | None, replay_ratio: float = 0.2,
                  jitter: float = 0.1, allow_val_mining: bool = False,
                  sources: dict[str, Dataset] | None = None,
                  perturbation_kwargs: dict[str, dict] | None = None,
-                 clean_mix: float = 0.0, fresh_image: float = 0.0):
-        super().__init__(base, replay_ratio)
+                 clean_mix: float = 0.0, fresh_image: float = 0.0, hooks: BatchHooks | None = None):
+        super().__init__(base, replay_ratio, hooks)
         for name, v in (("clean_mix", clean_mix), ("fresh_image", fresh_image)):
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name}={v}: expected a probability in [0, 1]")
         if clean_mix + fresh_image > 1.0:
             raise ValueError("clean_mix + fresh_image must be <= 1")
-        self.dir = Path(run_dir) / "failures"
+        self.dir = None if run_dir is None else Path(run_dir) / "failures"
         self.jitter, self.allow_val_mining = float(jitter), allow_val_mining
         self.clean_mix, self.fresh_image = float(clean_mix), float(fresh_image)
         self.views = {"train": self.view}
         for split, ds in (sources or {}).items():
             if split != "train":
-                self.views[split] = CleanView(ds)
+                self.views[split] = CleanView(ds, hooks)
         self.perturbation_kwargs = dict(perturbation_kwargs or {})
         self._sig: tuple | None = None
         self._by_pert: dict[str, list[FailureRecord]] = {}
@@ -246,9 +265,23 @@ class ReplayDataset(_SlotDataset):
         d.update(_sig=None, _by_pert={}, _weights={}, _ops={})
         return d
 
+    def bind(self, run_dir: str | os.PathLike, hooks: BatchHooks | None = None) -> None:
+        """Read the bank of ``run_dir`` from now on (FailureMiningCallback, before the loader exists)."""
+        self.dir = Path(run_dir) / "failures"
+        if hooks is not None:
+            self.view.codec.hooks = hooks
+            for v in self.views.values():
+                v.codec.hooks = hooks
+        self._sig = None
+
+    def _active(self) -> bool:
+        return self.n_trainable > 0
+
     # ---- reading the shared bank --------------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
         """Re-read the bank and sampling weights if their files changed; True when re-read."""
+        if self.dir is None:  # not bound to a run yet: nothing to replay
+            return False
         sig = (log_signature(self.dir / LOG_NAME), log_signature(self.dir / SAMPLING_NAME))
         if sig == self._sig and not force:
             return False
@@ -334,8 +367,9 @@ class RandomPerturbationDataset(_SlotDataset):
     """Baseline: slots hold a random perturbation x severity with random params (see module doc)."""
 
     def __init__(self, base: Dataset, perturbations: Sequence[str], severities: Sequence[int] = (2, 4),
-                 ratio: float = 0.2, perturbation_kwargs: dict[str, dict] | None = None):
-        super().__init__(base, ratio)
+                 ratio: float = 0.2, perturbation_kwargs: dict[str, dict] | None = None,
+                 hooks: BatchHooks | None = None):
+        super().__init__(base, ratio, hooks)
         self.tests = [(p, int(s)) for p in perturbations for s in severities]
         self.perturbation_kwargs = dict(perturbation_kwargs or {})
         self._ops: dict[tuple[str, int], Any] = {}

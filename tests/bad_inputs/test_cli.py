@@ -29,8 +29,8 @@ import torch
 from robusttrain.cli import main
 
 TINY = ["recipe=smoke", "data.n_train=8", "data.n_val=4", "data.image_size=32", "data.batch_size=4",
-        "callbacks.metamorphic.max_cases=4", "callbacks.metamorphic.train_probe_size=4",
-        "callbacks.metamorphic.perturbations=[blur,contrast]", "trainer.enable_progress_bar=false"]
+        "callbacks.metamorphic.max_cases=4", "callbacks.mining.train_probe_size=4",
+        "callbacks.metamorphic.suite.perturbations=[blur,contrast]", "trainer.enable_progress_bar=false"]
 SECRET = b"\x89PNG\r\n\x1a\nTOP-SECRET-NOT-IN-THE-RUN-DIR"
 
 
@@ -265,10 +265,16 @@ SCENARIOS = [
     S("run-dir-is-a-file", ["fit", *TINY, "run_dir={tmp}/f.txt"], text="cannot create run_dir",
       prep=lambda c: (c.tmp / "f.txt").write_text("x")),
     # --- bad config values: fail before training, one line naming the key --------------------
-    S("unknown-perturbation", ["fit", *TINY, RUN, "callbacks.metamorphic.perturbations=[blur,nope]"],
-      text="bad value for 'callbacks.metamorphic.perturbations' (['blur', 'nope']): unknown perturbation 'nope'"),
-    S("check-unknown-perturbation", ["check", *TINY, RUN, CK, "callbacks.metamorphic.perturbations=[nope]"],
-      text="bad value for 'callbacks.metamorphic.perturbations'"),
+    S("unknown-perturbation", ["fit", *TINY, RUN, "callbacks.metamorphic.suite.perturbations=[blur,nope]"],
+      text="bad value for 'callbacks.metamorphic.suite.perturbations' (['blur', 'nope']): unknown perturbation 'nope'"),
+    S("check-unknown-perturbation", ["check", *TINY, RUN, CK, "callbacks.metamorphic.suite.perturbations=[nope]"],
+      text="bad value for 'callbacks.metamorphic.suite.perturbations'"),
+    S("replay-ratio-too-high", ["fit", *TINY, RUN, "callbacks.mining.replay_ratio=1.0"],
+      text="bad value for 'callbacks.mining.replay_ratio' (1.0): replay_ratio=1.0: expected a number in [0, 0.9]"),
+    S("contamination-too-high", ["fit", *TINY, RUN, "callbacks.balanced.contamination=0.9"],
+      text="bad value for 'callbacks.balanced.contamination' (0.9)"),
+    S("severity-zero", ["fit", *TINY, RUN, "callbacks.metamorphic.suite.severities=[0]"],
+      text="bad value for 'callbacks.metamorphic.suite.severities' ([0])"),
     S("corners-contamination-text", ["corners", "{run}", "contamination=abc"],
       text="bad value for 'contamination': 'abc'"),
     S("corners-unknown-key", ["corners", "{run}", "nope=1"], text="unknown key 'nope' for corners"),

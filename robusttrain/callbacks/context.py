@@ -1,0 +1,157 @@
+"""RobustnessContext: the one object the robustness callbacks share (explicit composition).
+
+Each callback takes ``context=``. Left out, the first robustness callback whose ``setup`` runs
+creates one and stores it on the trainer as ``trainer.robusttrain_context`` (the only attribute
+robusttrain sets on a trainer); the others join it. No callback looks for its siblings or touches
+their attributes: what one produces and another consumes goes through this object.
+
+* ``setup``: every callback :meth:`~RobustnessContext.join` s, naming what it provides
+  (``"mr"``: MR results, hooks and failures; ``"corners"``: corner cases and the least-loss
+  epoch) and what it requires, and its ``dirpath``.
+* ``on_fit_start`` (all ``setup`` s done, before any data is loaded): :meth:`finalize` resolves the
+  run directory once (the callbacks' ``dirpath`` s must agree; default ``trainer.log_dir`` or
+  ``default_root_dir``), broadcasts rank 0's choice to every rank, and raises
+  :class:`RobustnessConfigError` naming what to add when a requirement has no provider.
+  The order of the callbacks in ``trainer.callbacks`` does not matter.
+
+>>> ctx = RobustnessContext()
+>>> ctx.join("FailureMiningCallback", requires=("mr",))
+>>> ctx.missing()
+'FailureMiningCallback needs MetamorphicCallback results: add MetamorphicCallback(...) to the trainer callbacks'
+>>> ctx.join("MetamorphicCallback", provides=("mr",))
+>>> ctx.missing() is None
+True
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from ._dist import broadcast_object
+
+ATTR = "robusttrain_context"
+PROVIDERS = {"mr": "MetamorphicCallback", "corners": "BalancedCheckpoint"}
+_WHAT = {"mr": "MetamorphicCallback results", "corners": "BalancedCheckpoint corner cases"}
+
+
+class RobustnessConfigError(ValueError):
+    """The robustness callbacks are configured inconsistently; the message says what to change."""
+
+
+@dataclass
+class TrainProbe:
+    """A request (by FailureMiningCallback) to check ``size`` training cases every N epochs.
+
+    ``dataset`` is index-aligned with the training set (so a failure's index + params re-create
+    the failing sample) and read through the MR callback's hooks.
+    """
+
+    dataset: Any
+    size: int
+    every_n_epochs: int = 1
+
+
+@dataclass
+class RobustnessContext:
+    """What the robustness callbacks share (see module doc). Fields are filled by their owners:
+
+    * ``run_dir``: set by :meth:`finalize`.
+    * MetamorphicCallback: ``hooks``, ``suite``, ``violation_threshold``, ``every_n_epochs``,
+      ``class_names`` and, after each check, ``history`` / ``efr`` / ``cases`` (its tables).
+    * BalancedCheckpoint: ``corners`` (provisional corner cases, computed once per validation)
+      and ``least_loss_epoch``.
+    * FailureMiningCallback: ``train_probe``.
+    """
+
+    run_dir: Path | None = None
+    hooks: Any = None
+    suite: Any = None
+    violation_threshold: float | None = None
+    every_n_epochs: int | None = None
+    class_names: list[str] | None = None
+    history: pd.DataFrame | None = None
+    efr: pd.DataFrame | None = None
+    cases: pd.DataFrame | None = None
+    corners: Any = None
+    least_loss_epoch: int | None = None
+    train_probe: TrainProbe | None = None
+    members: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sinks: list[Callable[..., None]] = field(default_factory=list)
+
+    # -- membership -------------------------------------------------------------------
+    def join(self, name: str, dirpath: str | os.PathLike | None = None, provides: tuple[str, ...] = (),
+             requires: tuple[str, ...] = ()) -> None:
+        """Register one callback (its ``setup``); a second ``fit`` re-joins and re-finalizes."""
+        self.members[name] = {"dirpath": None if dirpath is None else Path(dirpath),
+                              "provides": tuple(provides), "requires": tuple(requires)}
+        self.run_dir = None
+
+    def provides(self, capability: str) -> bool:
+        return any(capability in m["provides"] for m in self.members.values())
+
+    def missing(self) -> str | None:
+        """One line naming the first requirement without a provider, or None."""
+        for name, m in self.members.items():
+            for cap in m["requires"]:
+                if not self.provides(cap):
+                    return (f"{name} needs {_WHAT.get(cap, cap)}: add {PROVIDERS.get(cap, cap)}(...) "
+                            "to the trainer callbacks")
+        return None
+
+    def finalize(self, trainer: Any) -> Path:
+        """Resolve and broadcast the run directory, check requirements (idempotent; all ranks)."""
+        if self.run_dir is not None:
+            return self.run_dir
+        problem = self.missing()
+        if problem:
+            raise RobustnessConfigError(problem)
+        dirs = {n: m["dirpath"] for n, m in self.members.items() if m["dirpath"] is not None}
+        distinct = {os.path.abspath(d) for d in dirs.values()}
+        if len(distinct) > 1:
+            raise RobustnessConfigError(
+                "the robustness callbacks have different dirpath values ("
+                + ", ".join(f"{n}: {d}" for n, d in sorted(dirs.items()))
+                + "); give them the same dirpath (one run directory)")
+        d = next(iter(distinct), None) or getattr(trainer, "log_dir", None) or trainer.default_root_dir
+        self.run_dir = Path(broadcast_object(trainer, str(d)))
+        return self.run_dir
+
+    def absorb(self, other: "RobustnessContext") -> None:
+        """Take over what ``other``'s members registered (an auto-created context being replaced)."""
+        for f in ("hooks", "suite", "violation_threshold", "every_n_epochs", "class_names", "train_probe"):
+            if getattr(self, f) is None:
+                setattr(self, f, getattr(other, f))
+        self.members.update(other.members)
+        for s in other.sinks:
+            self.subscribe(s)
+
+    # -- failures -----------------------------------------------------------------------
+    def subscribe(self, sink: Callable[..., None]) -> None:
+        """``sink(record, images)`` is called on global rank 0 for every MR violation."""
+        if sink not in self.sinks:
+            self.sinks.append(sink)
+
+    def emit(self, record: Any, images: dict | None) -> None:
+        for sink in self.sinks:
+            sink(record, images)
+
+
+def context_for(trainer: Any, explicit: RobustnessContext | None = None) -> RobustnessContext:
+    """The trainer's context: ``explicit`` (stored on the trainer), the stored one, or a new one."""
+    current = getattr(trainer, ATTR, None)
+    if explicit is not None and current is not explicit:
+        if current is not None and not getattr(current, "_auto", False):
+            raise RobustnessConfigError("two different RobustnessContext objects in one trainer; pass "
+                                        "the same context= to every robustness callback (or none)")
+        if current is not None:  # callbacks without context= joined first: theirs becomes this one
+            explicit.absorb(current)
+        current = explicit
+    if current is None:
+        current = RobustnessContext()
+        current._auto = True
+    setattr(trainer, ATTR, current)
+    return current

@@ -1,0 +1,111 @@
+"""Reading one training sample through the batch hooks, and putting a replayed image back into it.
+
+Replay must hand the training loop samples in the client's *own* format (dict with any keys,
+``(image, mask)`` tuples, numpy or torch, float or integer masks with or without a channel
+dimension). :class:`SampleCodec` reads a sample by collating it alone and applying the same
+:class:`~robusttrain.metamorphic.batch.BatchHooks` the metamorphic check uses (so masks are
+rounded the same way), and writes a new image into a *copy* of the sample, in the place and dtype
+the image had: the mask and every other field stay the client's own (perturbations never change
+masks).
+
+>>> import torch
+>>> codec = SampleCodec()
+>>> sample = (torch.rand(1, 8, 8), torch.full((1, 8, 8), 0.97))    # float mask with a channel dim
+>>> img, mask, meta = codec.read(sample, 3)
+>>> img.shape, mask.dtype.name, int(mask.max()), meta["case_id"]
+((8, 8, 1), 'int64', 1, 'idx3')
+>>> out = codec.write(sample, img)
+>>> type(out).__name__, out[0].shape, out[1] is sample[1]
+('tuple', torch.Size([1, 8, 8]), True)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from robusttrain.metamorphic.batch import BatchHooks, HookError, _normalise_mask
+
+
+class SampleCodec:
+    """Read (image HWC uint8, mask HW int64, meta) from a sample; write an image back into it."""
+
+    def __init__(self, hooks: BatchHooks | None = None, id_prefix: str = "idx"):
+        self.hooks = hooks if hooks is not None else BatchHooks()
+        self.id_prefix = id_prefix
+
+    def read(self, sample: Any, index: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        batch = default_collate([sample])
+        images = self.hooks.get_images(batch)
+        if not torch.is_tensor(images) or images.ndim != 4:
+            shape = tuple(getattr(images, "shape", ()))
+            what = "3-D volumes (B,C,D,H,W)" if len(shape) == 5 else f"images of shape {shape}"
+            raise HookError(f"failure replay needs 2-D (C,H,W) image samples; got {what} -- set "
+                            "replay_ratio=0 or replay slices of a 2-D dataset")
+        masks = _normalise_mask(self.hooks.get_masks(batch), images)
+        cids = self.hooks.get_case_ids(batch)
+        sl = self.hooks.get_slice_indices(batch)
+        meta = {"case_id": str(cids[0]) if cids else f"{self.id_prefix}{index}",
+                "slice_index": int(sl[0]) if sl else 0}
+        img = (images[0].detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+        return img.permute(1, 2, 0).numpy(), masks[0].numpy().astype(np.int64), meta
+
+    def write(self, sample: Any, image: np.ndarray) -> Any:
+        """A copy of ``sample`` whose image is ``image`` (HWC uint8), in the original's type and dtype."""
+        leaf = self.hooks.get_images(sample)
+        new = _like(leaf, image)
+        out, found = _replace_leaf(sample, leaf, new)
+        if not found:
+            raise HookError("cannot put a replayed image back into the training sample: get_images= "
+                            "must return the sample's own image tensor (e.g. lambda b: b['img'])")
+        return out
+
+    def check(self, dataset: Any) -> None:
+        """Read sample 0 and write it back unchanged; raise one clear line when either fails."""
+        sample = dataset[0]
+        try:
+            img, _, _ = self.read(sample, 0)
+            again = self.write(sample, img)
+            default_collate([sample, again])
+        except HookError:
+            raise
+        except Exception as err:  # a hook that assumes batch-only structure, a collate mismatch
+            raise HookError(f"failure replay cannot read or rebuild your training samples ({type(err).__name__}: "
+                            f"{err}); set hooks= on MetamorphicCallback to match the sample format") from None
+
+
+def _like(leaf: Any, image: np.ndarray) -> Any:
+    """``image`` (HWC uint8) as ``leaf``'s kind: (C,H,W) tensor/array, same dtype, [0,1] for floats."""
+    chw = np.ascontiguousarray(image.transpose(2, 0, 1))
+    shape = tuple(leaf.shape)
+    if len(shape) == 2 and chw.shape[0] == 1:  # (H,W) grey images
+        chw = chw[0]
+    if torch.is_tensor(leaf):
+        t = torch.from_numpy(chw)
+        t = t.to(leaf.dtype) if leaf.dtype == torch.uint8 else t.to(leaf.dtype) / 255.0
+        return t.reshape(shape)
+    arr = np.asarray(leaf)
+    out = chw.astype(arr.dtype) if arr.dtype == np.uint8 else (chw / 255.0).astype(arr.dtype)
+    return out.reshape(shape)
+
+
+def _replace_leaf(obj: Any, leaf: Any, new: Any) -> tuple[Any, bool]:
+    if obj is leaf:
+        return new, True
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            rep, found = _replace_leaf(v, leaf, new)
+            if found:
+                return {**obj, k: rep}, True
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            rep, found = _replace_leaf(v, leaf, new)
+            if found:
+                items = list(obj)
+                items[i] = rep
+                if isinstance(obj, list):
+                    return items, True
+                return (type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)), True
+    return obj, False
