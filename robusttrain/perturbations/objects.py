@@ -208,7 +208,7 @@ class Instrument(PastedObject):
     centre) with its base 15 % of the cut-out beyond the edge (cut there at render time). Of 8 entry
     directions, the first whose shaft stays off the lesion is used. Severity -> the cut-out square's side
     (1: .30-.38 .. 5: .62-.72 of the shorter side): the shaft is 4-16 % of the side wide and reaches
-    17-40 % of it into the view, as forceps and snares do when close to the lens.
+    about 15-50 % of it into the view, as forceps and snares do when close to the lens.
 
     Example:
         >>> import numpy as np
