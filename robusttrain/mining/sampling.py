@@ -29,9 +29,9 @@ class FailureDrivenWeights:
 
     def __init__(self, momentum: float = 0.5, floor: float = 0.05):
         if not 0.0 <= momentum < 1.0:
-            raise ValueError("momentum must be in [0, 1)")
+            raise ValueError(f"momentum={momentum!r}: expected a number in [0, 1)")
         if not 0.0 <= floor <= 1.0:
-            raise ValueError("floor must be in [0, 1]")
+            raise ValueError(f"floor={floor!r}: expected a number in [0, 1]")
         self.momentum, self.floor = float(momentum), float(floor)
         self.smoothed: dict[str, float] = {}
 
