@@ -142,7 +142,7 @@ def test_one_channel_probabilities_are_refused_in_training_and_identity_scores_t
     # sigmoid(probability) > 0.5 everywhere: before, every pixel became foreground
     with pytest.raises(ProbabilityOutputError, match=r"1 channel, values in .*sigmoid would be applied twice"):
         _fit(tmp_path, Net("sigmoid"), Blobs(), [_mr(tmp_path)])
-    _fit(tmp_path / "ok", Net("sigmoid"), Blobs(), [_mr(tmp_path / "ok", to_probabilities="identity")])
+    _fit(tmp_path / "ok", Net("sigmoid"), Blobs(), [_mr(tmp_path / "ok", hooks=BatchHooks(to_probabilities="identity"))])
     assert (pd.read_csv(tmp_path / "ok" / "history.csv")["dice_fg"] == 1.0).all()
 
 
