@@ -61,7 +61,7 @@ def test_size_mismatch(tmp_path):
 
 def test_mask_value_out_of_range_index_mode(tmp_path):
     _pair(tmp_path, "multi", mask_value=7)
-    with pytest.raises(DataError, match=r"multi\.png: values \[0, 7\] fit neither mask encoding"):
+    with pytest.raises(DataError, match=r"multi\.png: values 0 \(\d+ px\), 7 \(16 px\) fit neither mask encoding"):
         FolderSource(tmp_path, mask_mode="class_index", num_classes=4).load(0)
 
 
