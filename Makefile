@@ -22,7 +22,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m robusttrain fit recipe=polyp
 
+# lint, the docstring examples of the package, then the test suite
 test: $(STAMP)
+	$(VENV)/bin/ruff check robusttrain tests benchmarks
+	$(PY) -m pytest -q --doctest-modules robusttrain
 	$(PY) -m pytest -q
 
 clean:

@@ -176,7 +176,6 @@ def main() -> None:
             continue
         names = [n for n in SUITES[mod] + EXTRA.get(mod, ()) if n in P.available()]
         res = measure(frames, names, args.sizes)
-        sep = " | " if args.markdown else "  "
         head = ["family", "sev"] + [f"{m}@{s}" for s in args.sizes for m in ("SSIM", "PSNR", "chg%")]
         print(f"\n## {mod} ({len(frames)} frames; SSIM / PSNR dB / % pixels changed > {CHANGED} grey levels)\n")
         if args.markdown:

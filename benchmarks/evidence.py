@@ -29,7 +29,6 @@ Writes ``<out>/<dataset>/results.json`` (per-run, per-case numbers and the summa
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import json
 import sys
@@ -148,8 +147,8 @@ def make_recorder(class_names: list[str]):
 def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     """Train one (condition, seed), pick every checkpoint on validation, report on held-out data."""
     import lightning.pytorch as L
-
     from conditions import training_callbacks, usable_families
+
     from robusttrain.cornercases.tradeoff import policy_tradeoff
     from robusttrain.metamorphic.audit import audit
     from robusttrain.metamorphic.suite import MRSuite

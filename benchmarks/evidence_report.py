@@ -6,7 +6,6 @@ Groups of held-out cases: ``in-domain`` (the test part of the training dataset),
 from __future__ import annotations
 
 import numpy as np
-
 from conditions import mean_std
 from paired_stats import mean_difference, paired_bootstrap, relative_change, worst_fraction_difference
 

@@ -18,8 +18,8 @@ and the clean Dice; ``results.json`` holds per-seed rows and mean / std over see
 from __future__ import annotations
 
 import argparse
-import sys
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -29,10 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmarks/conditions.py
 
-from robusttrain.datamodules.polyp import PolypDataModule # noqa: E402
-from robusttrain.models.segmentation import SegmentationModule # noqa: E402
-
 from conditions import mean_std, training_callbacks  # noqa: E402  (benchmarks/conditions.py)
+
+from robusttrain.datamodules.polyp import PolypDataModule  # noqa: E402
+from robusttrain.models.segmentation import SegmentationModule  # noqa: E402
 
 PERTS = ["contrast", "saturation", "white_balance", "blur", "specularity"]
 SEVS = (2, 4)

@@ -1,13 +1,13 @@
 """BalancedCheckpoint in real (tiny) Lightning fits: standalone Dice, a history provider, resume."""
 import json
 
+import lightning.pytorch as pl
 import pandas as pd
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-import lightning.pytorch as pl
 from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint, batch_sums, dice_from_sums
 from robusttrain.callbacks.context import context_for
 

@@ -1,15 +1,14 @@
 """Resume: a run stopped after epoch k and resumed from last.ckpt writes the same files."""
 import lightning.pytorch as L
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from test_callback_metamorphic import COLOUR, Blobs, Tiny
 from torch.utils.data import DataLoader
-
-import pytest
 
 from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
 from robusttrain.callbacks.context import TrainProbe
 from robusttrain.metamorphic.suite import MRSuite
-from test_callback_metamorphic import COLOUR, Blobs, Tiny
 
 FILES = ("history.csv", "efr.csv", "mr_cases.csv")
 

@@ -3,8 +3,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from robusttrain.cornercases import (MIN_SAMPLES, find_corner_cases, find_outlier_epochs,
-                                     load_history, select_balanced_epoch)
+from robusttrain.cornercases import (
+    MIN_SAMPLES,
+    find_corner_cases,
+    find_outlier_epochs,
+    load_history,
+    select_balanced_epoch,
+)
 
 CLASSES = ("rv", "myo", "lv")
 # 10 cases at contamination 0.1: PyOD's percentile rule flags at most one, so answers are exact.

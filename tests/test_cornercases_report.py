@@ -37,7 +37,7 @@ def test_report_from_metrics_csv(tmp_path):
     text = corners_report(tmp_path)
     assert "least-loss epoch: 9 (lightning_logs/version_0/metrics.csv:val/loss)" in text
     assert "balanced epoch (last_inlier): 8" in text
-    line = next(l for l in text.splitlines() if l.startswith("p05"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("p05"))
     assert "[9]" in line and "+0." in line  # p05 gains at the balanced epoch
 
 

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from paired_stats import (mean_difference, paired_bootstrap, relative_change,  # noqa: E402
-                          worst_fraction_difference)
+from paired_stats import mean_difference, paired_bootstrap, relative_change, worst_fraction_difference  # noqa: E402
 
 
 def test_a_real_paired_shift_is_detected_and_no_shift_is_not():

@@ -8,8 +8,14 @@ from robusttrain import perturbations as P
 from robusttrain.metamorphic.batch import BatchHooks, HookError, iter_probe
 from robusttrain.metamorphic.efr import efr_metrics, efr_table, is_error
 from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
-from robusttrain.metamorphic.scoring import (CaseScores, dice_from_sums, iou_from_sums,
-                                             logits_to_probabilities, probabilities_to_labels, slice_sums)
+from robusttrain.metamorphic.scoring import (
+    CaseScores,
+    dice_from_sums,
+    iou_from_sums,
+    logits_to_probabilities,
+    probabilities_to_labels,
+    slice_sums,
+)
 from robusttrain.metamorphic.suite import MRSuite, stable_seed
 
 COLOUR = ["saturation", "contrast", "white_balance"]
@@ -26,7 +32,8 @@ def test_slice_sums_hand_computed_multiclass():
 
 def test_empty_target_and_prediction_is_perfect_but_false_positive_is_zero():
     empty = torch.zeros(1, 4, 4, dtype=torch.long)
-    fp = empty.clone(); fp[0, 0, 0] = 1
+    fp = empty.clone()
+    fp[0, 0, 0] = 1
     assert dice_from_sums(slice_sums(empty, empty, 2)).item() == 1.0
     assert iou_from_sums(slice_sums(empty, empty, 2)).item() == 1.0
     assert dice_from_sums(slice_sums(fp, empty, 2)).item() == 0.0
@@ -35,8 +42,11 @@ def test_empty_target_and_prediction_is_perfect_but_false_positive_is_zero():
 
 def test_volume_sums_differ_from_mean_of_slice_scores():
     # slice 0: large structure, perfect; slice 1: 1 gt pixel, missed; slice 2: empty/empty
-    gt = torch.zeros(3, 4, 4, dtype=torch.long); gt[0, :2] = 1; gt[1, 3, 3] = 1
-    pred = torch.zeros_like(gt); pred[0, :2] = 1
+    gt = torch.zeros(3, 4, 4, dtype=torch.long)
+    gt[0, :2] = 1
+    gt[1, 3, 3] = 1
+    pred = torch.zeros_like(gt)
+    pred[0, :2] = 1
     s = slice_sums(pred, gt, 2)
     cs = CaseScores(["fg"])
     cs.add(["v"] * 3, s)
@@ -51,7 +61,8 @@ def test_probabilities_sigmoid_and_softmax():
     probs = logits_to_probabilities(logit)
     assert probs.shape == (1, 2, 1, 2)
     assert probabilities_to_labels(probs).tolist() == [[[1, 0]]]
-    three = torch.zeros(1, 3, 1, 1); three[0, 2] = 5
+    three = torch.zeros(1, 3, 1, 1)
+    three[0, 2] = 5
     assert probabilities_to_labels(logits_to_probabilities(three)).item() == 2
 
 
@@ -87,7 +98,8 @@ def _images(n=4, c=3, size=32, seed=0):
 def test_suite_params_cached_deterministic_and_per_case():
     img = _images()
     a, b = MRSuite(COLOUR, (2, 4), seed=3), MRSuite(COLOUR, (2, 4), seed=3)
-    a.prepare(3); b.prepare(3)
+    a.prepare(3)
+    b.prepare(3)
     assert a.tests == [(n, s) for n in COLOUR for s in (2, 4)]
     pa = a.params_for("val", 1, ["c0", "c1"], [0, 0], img[:2])
     # different batch composition / order: same params per (case, slice)
@@ -95,7 +107,9 @@ def test_suite_params_cached_deterministic_and_per_case():
     assert all(torch.equal(pa[0][k], pb[1][k]) and torch.equal(pa[1][k], pb[0][k]) for k in pa[0])
     assert not all(torch.equal(pa[0][k], pa[1][k]) for k in pa[0])
     # restored from state: no re-sampling needed, same values
-    c = MRSuite(COLOUR, (2, 4), seed=3); c.prepare(3); c.load_state_dict(a.state_dict())
+    c = MRSuite(COLOUR, (2, 4), seed=3)
+    c.prepare(3)
+    c.load_state_dict(a.state_dict())
     assert c.cached("val", 1, "c0", 0) is not None
     assert MRSuite(COLOUR, (2, 4), seed=4).state_dict()["seed"] == 4
 
@@ -171,6 +185,7 @@ def test_default_hooks_read_dicts_and_tuples_and_name_the_hook_to_set():
 
 def test_two_class_labels_equal_argmax_including_ties():
     import torch
+
     from robusttrain.metamorphic.scoring import probabilities_to_labels
     p = torch.rand(3, 2, 8, 8, generator=torch.Generator().manual_seed(0))
     p[:, 1, :3] = p[:, 0, :3]  # ties -> class 0, like argmax

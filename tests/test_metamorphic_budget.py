@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
+from test_callback_metamorphic import COLOUR, Blobs, Tiny
 from torch.utils.data import DataLoader
 
 from robusttrain.callbacks import MetamorphicCallback
@@ -16,7 +17,6 @@ from robusttrain.metamorphic.budget import CheckBudget, final_reserve
 from robusttrain.metamorphic.efr import efr_table, wilson_interval
 from robusttrain.metamorphic.runner import aggregate, run_probe
 from robusttrain.metamorphic.suite import MRSuite
-from test_callback_metamorphic import COLOUR, Blobs, Tiny
 
 IDS = [f"c{i}" for i in range(10)]
 

@@ -64,7 +64,7 @@ def test_torn_tail_is_ignored_and_repaired(tmp_path):
     assert [r.case_id for r in FailureBank.load(tmp_path).records()] == ["x"]
     bank.add(rec(case="z"))
     bank.flush(1)  # append after repairing the tail
-    assert all(json.loads(l) for l in path.read_text().splitlines())
+    assert all(json.loads(ln) for ln in path.read_text().splitlines())
     assert sorted(r.case_id for r in FailureBank.load(tmp_path).records()) == ["x", "z"]
 
 

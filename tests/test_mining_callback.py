@@ -5,13 +5,12 @@ from __future__ import annotations
 import lightning.pytorch as L
 import pandas as pd
 import pytest
+from mining_models import BrightnessModel, n_perturbed
 
 from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
 from robusttrain.datamodules.polyp import PolypDataModule
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.mining import CleanDataset, FailureBank
-
-from mining_models import BrightnessModel, n_perturbed
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,7 @@ import torch
 from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.mining.bank import FailureBank
-from robusttrain.mining.replay import (RandomPerturbationDataset, ReplayDataset, SAMPLING_NAME,
-                                       to_uint8_hwc)
+from robusttrain.mining.replay import SAMPLING_NAME, RandomPerturbationDataset, ReplayDataset, to_uint8_hwc
 
 PERTS = ["saturation", "contrast", "white_balance"]
 

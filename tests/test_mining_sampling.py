@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr, rates_from_records
 from robusttrain.metamorphic.records import FailureRecord
+from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr, rates_from_records
 
 
 def rec(pert="blur", sigma=1.0, epoch=0):

@@ -129,7 +129,7 @@ def test_issue_examples_keep_their_arguments():
 def test_every_family_has_a_transform_except_those_needing_a_model():
     need_model = {f for f in P.available() if any(q.name == "model" for q in _family_args(f))}
     assert set(albu.TRANSFORMS) == set(P.available()) - need_model and "adversarial" in need_model
-    for f, cls in albu.TRANSFORMS.items():
+    for _f, cls in albu.TRANSFORMS.items():
         assert getattr(albu, cls.__name__) is cls and cls.__module__ == albu.__name__
     assert albu.TRANSFORMS["white_balance"] is albu.WhiteBalanceTransform  # the old public names still work
     assert albu.transform_class("motion_blur").__name__ == "MotionBlurTransform"

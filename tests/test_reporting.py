@@ -8,9 +8,9 @@ import struct
 import matplotlib.image
 import pandas as pd
 import pytest
+from test_reporting_helpers import CLASSES, CORNER, PERTURBATIONS, make_run_dir
 
 from robusttrain.reporting import rundir, tables, write_plots, write_report
-from test_reporting_helpers import CLASSES, CORNER, PERTURBATIONS, make_run_dir
 
 
 def png_size(data: bytes) -> tuple[int, int]:

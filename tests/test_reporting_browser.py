@@ -10,9 +10,9 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+from test_reporting_helpers import CORNER, make_run_dir
 
 from robusttrain.reporting import write_report
-from test_reporting_helpers import CORNER, make_run_dir
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(

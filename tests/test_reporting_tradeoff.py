@@ -7,11 +7,11 @@ import re
 import matplotlib.image
 import numpy as np
 import pandas as pd
+from test_reporting_helpers import make_run_dir
 
 from robusttrain.cornercases import POLICIES
 from robusttrain.cornercases.tradeoff import policy_tradeoff
 from robusttrain.reporting import write_plots, write_report
-from test_reporting_helpers import make_run_dir
 
 
 def history(n_cases=20, n_epochs=8):

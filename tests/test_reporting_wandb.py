@@ -6,6 +6,7 @@ import json
 import struct
 from pathlib import Path
 
+import lightning.pytorch as pl
 import numpy as np
 import PIL.Image
 import pytest
@@ -13,7 +14,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-import lightning.pytorch as pl
 from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback, RobustnessReporter
 
 pytestmark = pytest.mark.slow

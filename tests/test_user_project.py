@@ -13,11 +13,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
-from robusttrain.callbacks import (BalancedCheckpoint, FailureMiningCallback, MetamorphicCallback,
-                                   RobustnessConfigError, RobustnessReporter, robustness)
-from robusttrain.metamorphic.suite import MRSuite
 from user_project import make
+
+from robusttrain.callbacks import (
+    BalancedCheckpoint,
+    FailureMiningCallback,
+    MetamorphicCallback,
+    RobustnessConfigError,
+    RobustnessReporter,
+    robustness,
+)
+from robusttrain.metamorphic.suite import MRSuite
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent

@@ -25,7 +25,7 @@ class Volumes(Dataset):
         h, w, d = size
         zz, yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), torch.arange(d), indexing="ij")
         self.x, self.m = [], []
-        for i in range(n):
+        for _ in range(n):
             c = torch.tensor([h, w, d]) * (0.35 + 0.3 * torch.rand(3, generator=g))
             r = torch.tensor([h, w, d]) * (0.15 + 0.1 * torch.rand(3, generator=g))
             m = (((zz - c[0]) / r[0]) ** 2 + ((yy - c[1]) / r[1]) ** 2 + ((xx - c[2]) / r[2]) ** 2 <= 1).long()

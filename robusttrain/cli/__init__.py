@@ -89,9 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     # W&B never reaches for the network unless the user asks for it (WANDB_MODE=online).
     os.environ.setdefault("WANDB_MODE", "offline")
     from robusttrain.checkpoints import CheckpointError
-    from robusttrain.errors import InputError  # DataError, HookError, NonFiniteOutputError, ...
-
     from robusttrain.cli.rundir import release_all
+    from robusttrain.errors import InputError  # DataError, HookError, NonFiniteOutputError, ...
 
     try:
         return COMMANDS[command](rest)

@@ -21,7 +21,6 @@ from robusttrain.cli import rundir
 from robusttrain.cli.errors import UsageError
 from robusttrain.io import atomic_write_text
 
-
 RUN_DIR_ENV = "ROBUSTTRAIN_RUN_DIR"
 
 

@@ -9,13 +9,11 @@ Pure analysis on the long history table ``case_id, epoch, <metric>_<class>…``;
 >>> find_corner_cases(pd.DataFrame(rows)).case_ids
 ['bad']
 """
-from .detect import (MIN_SAMPLES, CornerCaseResult, OutlierEpochResult, find_corner_cases,
-                     find_outlier_epochs)
+from .balanced import POLICIES, Selection, epoch_table, select_balanced_epoch, worst_fraction_mean
+from .detect import MIN_SAMPLES, CornerCaseResult, OutlierEpochResult, find_corner_cases, find_outlier_epochs
 from .ecod import ecod_fit, max_flagged
 from .history import load_history, metric_columns
 from .report import corners_report
-from .balanced import (POLICIES, Selection, epoch_table, select_balanced_epoch,
-                       worst_fraction_mean)
 
 __all__ = [
     "MIN_SAMPLES", "POLICIES", "CornerCaseResult", "OutlierEpochResult", "Selection",

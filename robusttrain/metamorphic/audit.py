@@ -25,8 +25,8 @@ import torch
 
 from .batch import BatchHooks, case_ids_of, iter_probe
 from .efr import THRESHOLDS, efr_table
-from .runner import aggregate, run_probe
 from .outputs import to_probabilities_fn
+from .runner import aggregate, run_probe
 from .suite import MRSuite, stable_seed
 
 

@@ -20,8 +20,12 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from .outputs import (NonFiniteOutputError, ProbabilityOutputError, check_probabilities,  # noqa: F401
-                      logits_to_probabilities)
+from .outputs import (  # noqa: F401
+    NonFiniteOutputError,
+    ProbabilityOutputError,
+    check_probabilities,
+    logits_to_probabilities,
+)
 
 
 def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:

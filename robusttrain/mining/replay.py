@@ -59,6 +59,7 @@ from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.mining.bank import LOG_NAME, FailureBank, log_signature
 from robusttrain.mining.samples import SampleCodec
 from robusttrain.rundir.failures import SAMPLING_NAME
+
 _RESIZE_STEPS = ("Resize", "LongestMaxSize", "PadIfNeeded")
 
 

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .base import Params, Perturbation, index_params, stack_params
-from .border import fov_mask, fov_mask_np
+from . import suites
 from .adversarial import Adversarial
+from .base import Params, Perturbation, index_params, stack_params
 from .blur import Blur, MotionBlur
+from .border import fov_mask, fov_mask_np
 from .colour import Contrast, Saturation, WhiteBalance
 from .melt import Melt
 from .mri import BiasField, Gamma, Ghosting, Gibbs, RicianNoise, Spike
 from .objects import Blood, Feces, Instrument
 from .specularity import Specularity
 from .text import Text
-from . import suites
 from .xray import Collimation, Exposure, QuantumNoise
 from .xray_markers import XrayMarkers
 

@@ -16,8 +16,15 @@ import cv2
 import numpy as np
 import torch
 
-from .grey import (GreyPerturbation, apply_tone_image, noise_window_np, noise_windows, pixel_centres,
-                   tone_np, tone_torch)
+from .grey import (
+    GreyPerturbation,
+    apply_tone_image,
+    noise_window_np,
+    noise_windows,
+    pixel_centres,
+    tone_np,
+    tone_torch,
+)
 from .kspace import filter_axis_torch, filter_cols_np, filter_rows_np, freqs, lowpass_np, magnitude_np
 
 

@@ -27,8 +27,15 @@ from .base import Perturbation, rel_to_px, short_side, supersampling
 from .border import fov_mask, fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
-from .placement import (PlacedSampling, erode_cells, erode_cells_np, gather_cells, gather_cells_np,
-                        pick_cells, pick_cells_np)
+from .placement import (
+    PlacedSampling,
+    erode_cells,
+    erode_cells_np,
+    gather_cells,
+    gather_cells_np,
+    pick_cells,
+    pick_cells_np,
+)
 
 
 class PastedObject(PlacedSampling, Perturbation):
@@ -116,7 +123,6 @@ class PastedObject(PlacedSampling, Perturbation):
     def _apply_torch(self, images, masks, params):
         b, c, h, w = images.shape
         half, n = self._half(h, w), supersampling(h, w)
-        p = 2 * half + 1
         dev = images.device
         cy = rel_to_px(params["center_rel"][:, 0].float(), h)
         cx = rel_to_px(params["center_rel"][:, 1].float(), w)

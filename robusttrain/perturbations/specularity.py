@@ -21,8 +21,15 @@ import numpy as np
 import torch
 
 from .base import Perturbation, rel_to_px, short_side, supersampling
-from .placement import (PlacedSampling, erode_cells, erode_cells_np, gather_cells, gather_cells_np,
-                        pick_cells, pick_cells_np)
+from .placement import (
+    PlacedSampling,
+    erode_cells,
+    erode_cells_np,
+    gather_cells,
+    gather_cells_np,
+    pick_cells,
+    pick_cells_np,
+)
 
 CORE, EDGE, REACH = 0.55, 0.30, 1.45
 _G_REACH = math.exp(-0.5 * ((REACH - CORE) / EDGE) ** 2)

@@ -20,7 +20,7 @@ from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir import failures as failures_file
 from robusttrain.rundir import history as history_file
 from robusttrain.rundir._csv import read_csv
-from robusttrain.rundir.corner_cases import Corners, parse as parse_corners  # noqa: F401 (re-exported)
+from robusttrain.rundir.corner_cases import Corners  # noqa: F401 (re-exported)
 from robusttrain.rundir.paths import inside  # noqa: F401 (re-exported)
 
 EFR_TABLE = "efr_table.csv"

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from robusttrain.callbacks import (BalancedCheckpoint, FailureMiningCallback, MetamorphicCallback,
-                                   RobustnessReporter)
+from robusttrain.callbacks import (
+    BalancedCheckpoint,
+    FailureMiningCallback,
+    MetamorphicCallback,
+    RobustnessReporter,
+)
 from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.metamorphic.suite import MRSuite
 

@@ -6,7 +6,6 @@ Real files in tmp_path, real Albumentations, real PyOD, real Lightning trainers 
 """
 from __future__ import annotations
 
-import json
 import re
 
 import cv2
