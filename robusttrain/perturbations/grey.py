@@ -159,10 +159,11 @@ def tone_torch(x: torch.Tensor, gamma: torch.Tensor, gain: torch.Tensor, offset:
 
 def tone_np(x: np.ndarray, gamma: float, gain: float, offset: float, out: np.ndarray | None = None) -> np.ndarray:
     """The same curve on one float32 image (x >= 0), written into ``out`` when given."""
-    # exp(gamma log x + log gain) in three OpenCV passes: twice as fast as cv2.pow alone. x is floored at
-    # 1e-30 (inputs may undershoot 0 by float noise, and log 0 = -inf would turn addWeighted's 0 * -inf
-    # into NaN); 1e-30 ** gamma underflows to ~0 for every gamma drawn.
-    out = cv2.max(x, 1e-30, dst=out)
+    # exp(gamma log x + log gain) in three OpenCV passes: twice as fast as cv2.pow alone. x is floored
+    # (inputs may undershoot 0 by float noise, and log 0 = -inf would turn addWeighted's 0 * -inf into
+    # NaN) at a level whose power is e^-80 (a normal float: denormals would slow every later pass by
+    # orders of magnitude on black backgrounds), or 1e-30 for small gamma; both are 0 in any image.
+    out = cv2.max(x, max(math.exp(-80.0 / float(gamma)), 1e-30), dst=out)
     cv2.log(out, dst=out)
     cv2.addWeighted(out, float(gamma), out, 0.0, math.log(float(gain)), dst=out)
     cv2.exp(out, dst=out)
