@@ -304,8 +304,8 @@ def test_recipes_use_the_modality_suites():
 
     for recipe, suite in (("acdc", "mri"), ("cxr", "xray")):
         cfg = compose_recipe(recipe, [])
-        assert cfg.callbacks.metamorphic.perturbations == suite
-        s = MRSuite(cfg.callbacks.metamorphic.perturbations, severities=(2,))
+        assert cfg.callbacks.metamorphic.suite.perturbations == suite
+        s = MRSuite(cfg.callbacks.metamorphic.suite.perturbations, severities=(2,))
         s.prepare(in_channels=int(cfg.model.in_channels))
         assert len(s.tests) >= 6 and not s.skipped
 
@@ -350,7 +350,7 @@ def test_recipe_fit_checks_its_modality_suite(tmp_path, recipe, suite):
     run_dir = tmp_path / recipe
     code = main(["fit", f"recipe={recipe}", f"run_dir={run_dir}", "trainer.max_epochs=1", "data.n_train=8",
                  "data.n_val=4", "data.image_size=64", "callbacks.metamorphic.max_cases=4",
-                 "callbacks.metamorphic.train_probe_size=4", "callbacks.metamorphic.severities=[3]",
+                 "callbacks.mining.train_probe_size=4", "callbacks.metamorphic.suite.severities=[3]",
                  "trainer.enable_progress_bar=false", "logger=none"])
     assert code == 0
     with open(run_dir / "efr.csv") as f:
