@@ -229,12 +229,14 @@ def gaussian_kernel_1d(sigma, ksize, kmax: int, xp=torch):
         spec = torch.exp(t * (torch.cos(th)[None] - 1))  # (B,M)
         g = spec @ torch.cos(n[:, None] * th[None]).T / m  # (B,K)
         g = g.clamp_min(0) * (n[None].abs() <= (ksize[:, None] // 2)).double()
+        g = 0.5 * (g + g.flip(1))  # exactly symmetric (OpenCV's fast path for symmetric kernels needs it)
         return (g / g.sum(1, keepdim=True)).float()
     th = np.arange(m, dtype=np.float64) * (2 * math.pi / m)
     n = np.arange(-r, r + 1, dtype=np.float64)
     t = np.asarray(sigma, np.float64)[:, None] ** 2 + PIXEL_VAR
     g = np.exp(t * (np.cos(th)[None] - 1)) @ np.cos(n[:, None] * th[None]).T / m
     g = np.maximum(g, 0) * (np.abs(n[None]) <= (np.asarray(ksize)[:, None] // 2))
+    g = 0.5 * (g + g[:, ::-1])
     return g / g.sum(1, keepdims=True)
 
 

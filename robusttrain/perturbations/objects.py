@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -192,17 +193,15 @@ class PastedObject(PlacedSampling, Perturbation):
 
 
 def _bilinear_zero(img: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Bilinear sample of (S,S,C) ``img`` at pixel coords (u=x, v=y); outside counts as 0 (grid_sample twin)."""
-    s = img.shape[0]
-    x0, y0 = np.floor(u), np.floor(v)
-    wx, wy = (u - x0)[..., None], (v - y0)[..., None]
-    x0, y0 = x0.astype(np.int64), y0.astype(np.int64)
-    out = np.zeros(u.shape + (img.shape[2],), np.float32)
-    for dy, dx, wgt in ((0, 0, (1 - wy) * (1 - wx)), (0, 1, (1 - wy) * wx), (1, 0, wy * (1 - wx)), (1, 1, wy * wx)):
-        yy, xx = y0 + dy, x0 + dx
-        ok = (yy >= 0) & (yy < s) & (xx >= 0) & (xx < s)
-        out += np.where(ok[..., None], img[np.clip(yy, 0, s - 1), np.clip(xx, 0, s - 1)], 0) * wgt
-    return out
+    """Bilinear sample of (S,S,C) ``img`` at pixel coords (u=x, v=y); outside counts as 0 (grid_sample twin).
+
+    ``cv2.remap`` (SIMD; its 1/32-px interpolation table moves a soft cut-out edge by well under a grey
+    level) instead of four numpy gathers, which cost ~4x more on a large instrument window.
+    """
+    u = np.ascontiguousarray(np.broadcast_to(u, np.broadcast_shapes(u.shape, v.shape)), np.float32)
+    v = np.ascontiguousarray(np.broadcast_to(v, u.shape), np.float32)
+    out = cv2.remap(img, u, v, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return out.reshape(u.shape + (img.shape[2],))
 
 
 class Instrument(PastedObject):
