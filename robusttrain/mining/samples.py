@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from robusttrain.metamorphic.batch import BatchHooks, HookError, _normalise_mask
+from robusttrain.metamorphic.batch import BatchHooks, HookError, _normalise_mask, case_id_list
 
 
 class SampleCodec:
@@ -46,8 +46,9 @@ class SampleCodec:
                             "replay_ratio=0 or replay slices of a 2-D dataset")
         masks = _normalise_mask(self.hooks.get_masks(batch), images)
         cids = self.hooks.get_case_ids(batch)
+        cids = case_id_list(cids) if cids is not None else []  # a custom hook may return a tensor
         sl = self.hooks.get_slice_indices(batch)
-        meta = {"case_id": str(cids[0]) if cids else f"{self.id_prefix}{index}",
+        meta = {"case_id": cids[0] if cids else f"{self.id_prefix}{index}",
                 "slice_index": int(sl[0]) if sl else 0}
         img = (images[0].detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
         return img.permute(1, 2, 0).numpy(), masks[0].numpy().astype(np.int64), meta

@@ -172,6 +172,14 @@ def test_integer_case_ids_in_a_standalone_balanced_checkpoint(tmp_path):
     assert sorted(set(h["case_id"])) == ["10", "7", "8", "9"]
 
 
+def test_integer_case_ids_from_a_custom_hook_are_plain_strings_in_replay():
+    from robusttrain.mining.samples import SampleCodec
+
+    hooks = BatchHooks(get_case_ids=lambda b: b["patient"])  # collated ints: a tensor
+    sample = {"image": torch.rand(3, 8, 8), "mask": torch.zeros(8, 8, dtype=torch.long), "patient": 1000}
+    assert SampleCodec(hooks).read(sample, 0)[2]["case_id"] == "1000"
+
+
 def test_nan_pixels_in_the_probe_are_refused_naming_the_case(tmp_path):
     with pytest.raises(ValueError, match=r"probe images of case\(s\) \['c5'\] contain NaN or inf"):
         _fit(tmp_path, Net("logits"), Blobs(nan_at=5), [_mr(tmp_path)])
