@@ -221,3 +221,52 @@ def test_acdc_volumes_stacked_as_3d(shared_data, tmp_path):
     n_tests = len(mc.suite.tests)
     assert not mc.suite.skipped and n_tests == 8  # every MRI family runs on 1-channel volumes
     assert efr[efr.perturbation == "all"].cases.unique().tolist() == [3 * n_tests]
+
+
+class TupleVolumes(Volumes):
+    """The user-project style: ``(image (1,H,W,D), mask (1,H,W,D) float)`` tuples, no case ids."""
+
+    def case_ids(self):
+        raise AttributeError  # a plain user dataset has none
+
+    def __getitem__(self, i):
+        return self.x[i], self.m[i][None].float()
+
+
+class TupleUNet3D(UNet3D):
+    def training_step(self, b, i):
+        self.steps += 1
+        x, y = b
+        return torch.nn.functional.cross_entropy(self(x), y[:, 0].round().long())
+
+    def validation_step(self, b, i):
+        x, y = b
+        self.log("val_loss", torch.nn.functional.cross_entropy(self(x), y[:, 0].round().long()), batch_size=len(x))
+
+
+@pytest.mark.slow
+def test_user_style_3d_project_with_the_robustness_callbacks(tmp_path):
+    """Acceptance (issue 13 §6): a user's 3-D project (tuple batches, float channel masks, val_loss) with a
+    MONAI 3-D UNet; MR check (MRI suite, budget), balanced checkpoint and reporter work unchanged, and the
+    failure mining refuses volumes in one line before training."""
+    from robusttrain.callbacks import RobustnessReporter
+
+    run = tmp_path / "run"
+    train, val = TupleVolumes(6, seed=1), TupleVolumes(4, seed=2)
+    cbs = [MetamorphicCallback(suite=MRSuite("mri", (4,)), budget=0.25, dirpath=run, batch_size=2, verbose=False),
+           BalancedCheckpoint(dirpath=run, monitor="val_loss"), RobustnessReporter(dirpath=run, console=False)]
+    _trainer(run, cbs, epochs=2).fit(TupleUNet3D(), datamodule=VolumeData(train, val))
+    hist = pd.read_csv(run / "history.csv")
+    assert hist.groupby("epoch").size().to_dict() == {0: 4, 1: 4} and set(hist.case_id) == {f"idx{i}" for i in range(4)}
+    efr = pd.read_csv(run / "efr.csv")
+    last = efr[(efr.epoch == 1) & (efr.perturbation == "all")]
+    assert set(last.cases) == set(last.suite_cases) == {4 * 8} and last.final.all()
+    corners = json.loads((run / "corner_cases.json").read_text())
+    assert corners["least_loss_epoch"] is not None and (run / "balanced.ckpt").is_file()
+    assert list((run / "plots").glob("*.png"))
+    model = TupleUNet3D()
+    mining = FailureMiningCallback(train_probe_size=2)
+    with pytest.raises(ValueError, match=r"3-D volumes") as err:
+        _trainer(tmp_path / "m", [MetamorphicCallback(suite=MRSuite("mri", (4,))), mining]).fit(
+            model, datamodule=VolumeData(train, val))
+    assert "\n" not in str(err.value) and model.steps == 0

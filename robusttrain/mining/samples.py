@@ -41,7 +41,7 @@ class SampleCodec:
         images = self.hooks.get_images(batch)
         if not torch.is_tensor(images) or images.ndim != 4:
             shape = tuple(getattr(images, "shape", ()))
-            what = "3-D volumes (B,C,D,H,W)" if len(shape) == 5 else f"images of shape {shape}"
+            what = "3-D volumes (B,C,H,W,D)" if len(shape) == 5 else f"images of shape {shape}"
             raise HookError(f"failure replay needs 2-D (C,H,W) image samples; got {what} -- set "
                             "replay_ratio=0 or replay slices of a 2-D dataset")
         masks = _normalise_mask(self.hooks.get_masks(batch), images)
