@@ -155,9 +155,12 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     from robusttrain.models.segmentation import SegmentationModule
 
     args = argparse.Namespace(**args_dict)
+    run_dir = Path(args.out) / args.dataset / f"{cond}_s{seed}"
+    done = run_dir / "result.json"
+    if args.resume and done.is_file():  # finished by an earlier, interrupted invocation
+        return json.loads(done.read_text())
     torch.set_num_threads(args.threads)
     L.seed_everything(seed, workers=True)
-    run_dir = Path(args.out) / args.dataset / f"{cond}_s{seed}"
     if run_dir.exists():  # a fresh failure bank per run
         import shutil
         shutil.rmtree(run_dir)
@@ -254,6 +257,9 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         bank = cbs[-1].bank
         out.update(bank_size=len(bank), trainable=len(bank.trainable()),
                    distinct_cases=len({r.case_id for r in bank.trainable()}))
+    from robusttrain.io import atomic_write_text
+
+    atomic_write_text(done, json.dumps(out, default=float))
     print(json.dumps({k: out[k] for k in ("condition", "seed", "train_seconds", "heldout_seconds",
                                           "least_loss_epoch", "choices", "audit_clean_max_abs_diff")}), flush=True)
     return out
@@ -292,6 +298,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--out", default="runs/evidence")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse <out>/<dataset>/<cond>_s<seed>/result.json of runs that already finished")
     args = ap.parse_args(argv)
     defaults = {"polyp": (0.25, 0.15), "acdc": (0.3, 0.3)}[args.dataset]
     args.test_fraction = defaults[0] if args.test_fraction is None else args.test_fraction
