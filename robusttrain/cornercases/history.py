@@ -13,10 +13,12 @@ from typing import Union
 
 import pandas as pd
 
+from robusttrain.rundir import history as history_file
+
 HistoryLike = Union[pd.DataFrame, str, os.PathLike]
 REQUIRED = ("case_id", "epoch")
 # Written by BalancedCheckpoint when it computes Dice itself (no MetamorphicCallback in the run).
-FALLBACK_NAME = "balanced_history.csv"
+FALLBACK_NAME = history_file.FALLBACK_NAME
 SCORE_PREFIXES = ("dice_", "iou_")
 
 
@@ -24,10 +26,10 @@ def resolve_history_path(path: str | os.PathLike) -> Path:
     """A CSV path, or a run directory holding ``history.csv`` (else ``balanced_history.csv``)."""
     p = Path(path)
     if p.is_dir():
-        for name in ("history.csv", FALLBACK_NAME):
-            if (p / name).is_file():
-                return p / name
-        raise FileNotFoundError(f"no history.csv (or {FALLBACK_NAME}) in run directory {p}")
+        found = history_file.path_in(p)
+        if found is None:
+            raise FileNotFoundError(f"no {history_file.NAME} (or {FALLBACK_NAME}) in run directory {p}")
+        return found
     if not p.is_file():
         raise FileNotFoundError(f"history file not found: {p}")
     return p

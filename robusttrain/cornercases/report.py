@@ -12,12 +12,13 @@ balanced epoch (last_inlier): 6
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Optional, Union
 
 import pandas as pd
+
+from robusttrain.rundir import corner_cases as corners_file
 
 from .balanced import select_balanced_epoch
 from .history import load_history, metric_columns, resolve_history_path
@@ -27,11 +28,9 @@ LOSS_COLUMNS = ("val/loss", "val_loss")
 
 def least_loss_from_run(run_dir: Path) -> tuple[Optional[int], str]:
     """(epoch, where it came from) — ``(None, "unknown")`` when the run dir has no record of it."""
-    cj = run_dir / "corner_cases.json"
-    if cj.is_file():
-        e = json.loads(cj.read_text()).get("least_loss_epoch")
-        if e is not None:
-            return int(e), "corner_cases.json"
+    saved = corners_file.read_raw(run_dir) or {}
+    if saved.get("least_loss_epoch") is not None:
+        return int(saved["least_loss_epoch"]), corners_file.NAME
     for m in [run_dir / "metrics.csv", *sorted(run_dir.rglob("metrics.csv"))]:
         if not m.is_file():
             continue
@@ -69,9 +68,8 @@ def corners_report(path_or_history: Union[str, os.PathLike, pd.DataFrame], polic
     else:
         hp = resolve_history_path(path_or_history)
         h, name, run_dir = load_history(hp), str(path_or_history), hp.parent
-        cj = run_dir / "corner_cases.json"
-        if cj.is_file():  # only epochs whose weights were kept can be balanced.ckpt
-            saved = json.loads(cj.read_text())
+        saved = corners_file.read_raw(run_dir)
+        if saved is not None:  # only epochs whose weights were kept can be balanced.ckpt
             candidates = saved.get("candidate_epochs") or None
             if min_epoch is None:
                 min_epoch = int(saved.get("min_epoch") or 0)
