@@ -118,14 +118,16 @@ class BiasField(GreyPerturbation):
 # --------------------------------------------------------------------------------------
 # k-space families: ghosting, Gibbs ringing
 # --------------------------------------------------------------------------------------
-RESTORE = 0.02  # central fraction of k-space left untouched by ghosting (keeps the contrast), as TorchIO
+# Lines with |k| <= RESTORE cycles per image are left untouched by ghosting (keeps the overall contrast,
+# like TorchIO's ``restore``); in cycles, not a fraction of the band, so ghosts look alike at any size.
+RESTORE = 1.5
 
 
 def ghost_mask_1d(ghosts: float, intensity: float, n: int) -> np.ndarray:
     """(n//2+1,) multipliers on the rfft bins of the phase-encoding axis: every ``ghosts``-th line
     (outside the central band) scaled by ``1 - intensity``."""
     k = freqs(n, True, np)
-    comb = (np.remainder(k, ghosts) == 0) & (np.abs(k) > RESTORE * n / 2)
+    comb = (np.remainder(k, ghosts) == 0) & (np.abs(k) > RESTORE)
     return (1 - intensity * comb).astype(np.float32)
 
 
@@ -133,7 +135,7 @@ class Ghosting(GreyPerturbation):
     """Motion ghosting (periodic motion during the scan, e.g. breathing): faint copies of the anatomy
     repeated along the phase-encoding axis.
 
-    Every ``ghosts``-th k-space line along ``axis`` (0: y, 1: x; outside the central 2 %) is scaled by
+    Every ``ghosts``-th k-space line along ``axis`` (0: y, 1: x; outside the central ±1 cycle) is scaled by
     ``1 - intensity``; the magnitude image then carries ``ghosts - 1`` copies shifted by multiples of
     1/``ghosts`` of the field of view, each of amplitude ``intensity / ghosts`` of the anatomy (TorchIO's
     RandomGhosting model). ``ghosts`` is 2..5; severity sets the ghost amplitude ``intensity / ghosts``
@@ -165,7 +167,7 @@ class Ghosting(GreyPerturbation):
             idx = (ax == a).nonzero().flatten()
             if idx.numel():
                 k = freqs(n, True, torch, x.device)
-                comb = (torch.remainder(k[None], g[idx].to(k.dtype)[:, None]) == 0) & (k.abs() > RESTORE * n / 2)[None]
+                comb = (torch.remainder(k[None], g[idx].to(k.dtype)[:, None]) == 0) & (k.abs() > RESTORE)[None]
                 out[idx] = filter_axis_torch(x[idx], 1 - it[idx].float()[:, None] * comb, dim)
         return out.abs_().clamp_(max=1.0).to(x.dtype)
 
