@@ -261,7 +261,7 @@ class Spike(GreyPerturbation):
     percentile, :func:`white_level_torch`), so the stripes are as strong relative to the anatomy on dark
     and bright scans. Spike radius 6-30 cycles per image, any direction. Severity -> amplitude
     (1: 0.035-0.05, 2: 0.05-0.065, 3: 0.065-0.085, 4: 0.085-0.105, 5: 0.105-0.13); severities 4-5 add a
-    second spike at half to full that amplitude.
+    second spike at 0.3-0.6 of that amplitude.
 
     Example:
         >>> import numpy as np
@@ -281,7 +281,7 @@ class Spike(GreyPerturbation):
         xp = _xp(rad)
         freq = xp.stack([rad * xp.sin(ang), rad * xp.cos(ang)], -1)
         first = r.uniform(lo, hi, (b,))
-        second = first * r.uniform(0.5, 1.0, (b,)) * (1.0 if self.severity >= 4 else 0.0)
+        second = first * r.uniform(0.3, 0.6, (b,)) * (1.0 if self.severity >= 4 else 0.0)
         amp = xp.stack([first, second], 1)
         return {"freq": freq, "phase": r.uniform(0.0, 2 * math.pi, (b, 2)), "amplitude": amp}
 
