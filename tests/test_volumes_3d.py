@@ -68,12 +68,13 @@ class UNet3D(L.LightningModule):
 
 
 class VolumeData(L.LightningDataModule):
-    def __init__(self, train, val, batch_size=2):
+    def __init__(self, train, val, batch_size=2, mining=None):
         super().__init__()
-        self.train_dataset, self.val_dataset, self.batch_size = train, val, batch_size
+        self.train_dataset, self.val_dataset, self.batch_size, self.mining = train, val, batch_size, mining
 
     def train_dataloader(self):
-        return DataLoader(self.train_dataset, batch_size=self.batch_size, shuffle=True)
+        ds = self.mining.wrap(self.train_dataset) if self.mining is not None else self.train_dataset
+        return DataLoader(ds, batch_size=self.batch_size, shuffle=True)
 
     def val_dataloader(self):
         return DataLoader(self.val_dataset, batch_size=self.batch_size)
@@ -163,13 +164,64 @@ def test_unreadable_volume_shapes_are_refused_at_setup_in_one_line(tmp_path):
     assert "\n" not in str(err.value) and model.steps == 0  # before any training step
 
 
+class BrightNet3D(L.LightningModule):
+    """Foreground where the volume is bright (a fixed rule, lr 0) -- strong contrast loss breaks it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(1, 2, 1)
+        with torch.no_grad():
+            self.conv.weight.zero_()
+            self.conv.weight[1] = 20.0
+            self.conv.bias.copy_(torch.tensor([0.0, -10.0]))
+        self.seen = {}
+
+    def forward(self, x):
+        return self.conv(x)
+
+    def _xy(self, b):
+        return (b["image"], b["mask"]) if isinstance(b, dict) else (b[0], b[1][:, 0].round().long())
+
+    def training_step(self, b, i):
+        x, y = self._xy(b)
+        self.seen.setdefault(self.current_epoch, []).extend(x)
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, b, i):
+        x, y = self._xy(b)
+        self.log("val_loss", torch.nn.functional.cross_entropy(self(x), y), batch_size=len(x))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
 @pytest.mark.slow
-def test_failure_mining_refuses_volumes_at_setup(tmp_path):
-    model = UNet3D()
-    mc = MetamorphicCallback(suite=MRSuite(["contrast"]), dirpath=tmp_path)
-    with pytest.raises(ValueError, match=r"3-D volumes.*\(1, 1, 32, 32, 16\)") as err:
-        _trainer(tmp_path, [mc, FailureMiningCallback(train_probe_size=2)]).fit(model, datamodule=VolumeData(Volumes(2), Volumes(2)))
-    assert "\n" not in str(err.value) and model.steps == 0
+def test_failure_mining_replays_volume_failures_exactly(tmp_path):
+    train, val = Volumes(6, seed=1), Volumes(4, seed=2)
+    suite = MRSuite(["contrast", "blur"], (5,), slice_axis=-1)
+    mc = MetamorphicCallback(suite=suite, dirpath=tmp_path, batch_size=2, verbose=False)
+    mining = FailureMiningCallback(train_probe_size=6, replay_ratio=0.5, jitter=0.0)
+    model = BrightNet3D()
+    _trainer(tmp_path, [mc, mining], epochs=2).fit(model, datamodule=VolumeData(train, val, mining=mining))
+    bank = [r for r in mining.bank.trainable() if r.split == "train"]
+    assert bank and all(r.perturbation == "contrast" for r in bank)  # the rule breaks under contrast loss
+    originals = [train[i]["image"] for i in range(len(train))]
+    replayed = [x for x in model.seen[1] if not any(torch.equal(x, o) for o in originals)]
+    assert model.seen.get(0) and len(model.seen[0]) == len(model.seen[1]) and replayed  # epoch 1 replays volumes
+    assert all(x.shape == (1, 32, 32, 16) for x in replayed)
+    # a replayed volume is exactly the follow-up the check scored: same params on every slice
+    rec = bank[0]
+    img, msk, _ = mining.replay.recreate(rec, jitter=0.0)
+    vol = train[rec.index]["image"][None]
+    k = suite.tests.index((rec.perturbation, rec.severity))
+    params = suite.params_for("train", k, [rec.case_id], [0], vol, train[rec.index]["mask"][None])
+    want = suite.apply(k, vol, None, params, path="torch")[0]
+    got = torch.from_numpy(img).float().div(255).permute(3, 1, 2, 0)  # (S,H,W,C) -> (C,H,W,D)
+    assert got.shape == want.shape and (got - want).abs().max() <= 2.5 / 255
+    # every replayed volume of epoch 1 is the exact re-creation of a mined failure (jitter 0)
+    again = [torch.from_numpy(mining.replay.recreate(r, jitter=0.0)[0]).float().div(255).permute(3, 1, 2, 0)
+             for r in bank]
+    assert all(any(torch.allclose(x, a, atol=1e-5) for a in again) for x in replayed)
 
 
 class ACDCVolumes(Dataset):
@@ -247,15 +299,16 @@ class TupleUNet3D(UNet3D):
 @pytest.mark.slow
 def test_user_style_3d_project_with_the_robustness_callbacks(tmp_path):
     """Acceptance (issue 13 §6): a user's 3-D project (tuple batches, float channel masks, val_loss) with a
-    MONAI 3-D UNet; MR check (MRI suite, budget), balanced checkpoint and reporter work unchanged, and the
-    failure mining refuses volumes in one line before training."""
+    MONAI 3-D UNet and all four callbacks: MR check (MRI suite, budget), balanced checkpoint, failure
+    mining (train probe + replay of volumes) and reporter."""
     from robusttrain.callbacks import RobustnessReporter
 
     run = tmp_path / "run"
     train, val = TupleVolumes(6, seed=1), TupleVolumes(4, seed=2)
+    mining = FailureMiningCallback(train_probe_size=4, replay_ratio=0.3)
     cbs = [MetamorphicCallback(suite=MRSuite("mri", (4,)), budget=0.25, dirpath=run, batch_size=2, verbose=False),
-           BalancedCheckpoint(dirpath=run, monitor="val_loss"), RobustnessReporter(dirpath=run, console=False)]
-    _trainer(run, cbs, epochs=2).fit(TupleUNet3D(), datamodule=VolumeData(train, val))
+           BalancedCheckpoint(dirpath=run, monitor="val_loss"), mining, RobustnessReporter(dirpath=run, console=False)]
+    _trainer(run, cbs, epochs=2).fit(TupleUNet3D(), datamodule=VolumeData(train, val, mining=mining))
     hist = pd.read_csv(run / "history.csv")
     assert hist.groupby("epoch").size().to_dict() == {0: 4, 1: 4} and set(hist.case_id) == {f"idx{i}" for i in range(4)}
     efr = pd.read_csv(run / "efr.csv")
@@ -264,9 +317,6 @@ def test_user_style_3d_project_with_the_robustness_callbacks(tmp_path):
     corners = json.loads((run / "corner_cases.json").read_text())
     assert corners["least_loss_epoch"] is not None and (run / "balanced.ckpt").is_file()
     assert list((run / "plots").glob("*.png"))
-    model = TupleUNet3D()
-    mining = FailureMiningCallback(train_probe_size=2)
-    with pytest.raises(ValueError, match=r"3-D volumes") as err:
-        _trainer(tmp_path / "m", [MetamorphicCallback(suite=MRSuite("mri", (4,))), mining]).fit(
-            model, datamodule=VolumeData(train, val))
-    assert "\n" not in str(err.value) and model.steps == 0
+    cases = pd.read_csv(run / "mr_cases.csv")
+    assert (cases.split == "train").any()  # the train probe ran on volumes (budgeted, epoch 0)
+    assert (run / "failures" / "mining.csv").is_file()

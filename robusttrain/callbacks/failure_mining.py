@@ -99,7 +99,6 @@ class FailureMiningCallback(Callback):
         self._ctx: RobustnessContext | None = context
         self._probe: TrainProbe | None = None
         self._val: Any = None
-        self._volumes_checked = False
         self._counts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._epoch_stats: dict[str, Any] = {}
         self._new_this_epoch = 0
@@ -126,11 +125,12 @@ class FailureMiningCallback(Callback):
     def _bind(self, replay: ReplayDataset) -> None:
         ctx = self._ctx
         replay.perturbation_kwargs = dict(getattr(ctx.suite, "perturbation_kwargs", {}) or {})
-        replay.bind(ctx.run_dir, ctx.hooks)
+        replay.bind(ctx.run_dir, ctx.hooks, getattr(ctx.suite, "slice_axis", -1))
         if self.allow_val_mining and self._val is not None:
             from robusttrain.mining.replay import CleanView
 
             replay.views["val"] = CleanView(self._val, ctx.hooks)
+            replay.views["val"].codec.slice_axis = getattr(ctx.suite, "slice_axis", -1)
         if self._probe is not None and self._probe.dataset is None:
             self._probe.dataset = CleanDataset(replay.base)
 
@@ -161,22 +161,7 @@ class FailureMiningCallback(Callback):
             self._restored = None
         if self.replay is not None:  # wrapped before fit (datamodule.setup / __init__)
             self._bind(self.replay)
-        self._refuse_volumes()
         trainer.strategy.barrier("failure_mining_resume")
-
-    def _refuse_volumes(self) -> None:
-        # replay re-creates 2-D images; refuse volumes before any data is loaded for training
-        ds = self._probe.dataset
-        if ds is None or not len(ds) or self._volumes_checked:
-            return
-        self._volumes_checked = True
-        from robusttrain.metamorphic.batch import iter_probe
-
-        shape = tuple(next(iter_probe(ds, [0], 1, self._ctx.hooks)).images.shape)
-        if len(shape) == 5:
-            raise ValueError(f"FailureMiningCallback: replaying failures of 3-D volumes is not supported "
-                             f"(train images {shape} are (B,C,H,W,D)); remove it or set "
-                             f"callbacks.mining.enabled=false -- MetamorphicCallback checks volumes alone")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # the train loader exists now: the wrap must have happened, and its samples must round-trip
@@ -188,7 +173,6 @@ class FailureMiningCallback(Callback):
                 "through mining.wrap(dataset), so nothing would be replayed; build the train loader over "
                 "mining.wrap(train_dataset) (robusttrain datamodules: datamodule.wrap_train(mining.wrap)) "
                 "or set replay_ratio=0")
-        self._refuse_volumes()  # the probe dataset may only be known now (wrapped in train_dataloader)
         if self._probe.dataset is None:
             raise RobustnessConfigError(
                 "FailureMiningCallback: no training dataset to check; pass train_dataset= (a map-style "

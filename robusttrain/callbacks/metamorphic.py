@@ -17,8 +17,8 @@ an early stop, one at the end of training -- runs the whole suite: its ``efr.csv
 ``suite_cases`` (``cases / suite_cases`` = how much of the suite was scored).
 
 Volumes (B,C,H,W,D) work as images do: the suite perturbs them slice-wise (``MRSuite(slice_axis=)``),
-the model predicts whole volumes and Dice is per volume. Shapes the check cannot read are refused
-in ``setup`` with one line naming the shape and the hook to set.
+the model predicts whole volumes and Dice is per volume (failure mining replays them slice-wise too).
+Shapes the check cannot read are refused in ``setup`` with one line naming the shape and the hook to set.
 """
 from __future__ import annotations
 

@@ -63,6 +63,40 @@ from robusttrain.rundir.failures import SAMPLING_NAME
 _RESIZE_STEPS = ("Resize", "LongestMaxSize", "PadIfNeeded")
 
 
+def apply_image(op: Any, img: np.ndarray, msk: np.ndarray, params: dict | None = None,
+                rng: np.random.Generator | None = None) -> np.ndarray:
+    """``op`` on one HWC image, or slice-wise on an (S,H,W,C) volume with *one* set of params (drawn on
+    its most-foreground slice when not given), as the metamorphic check perturbs volumes.
+
+    >>> from robusttrain import perturbations as P
+    >>> vol = np.full((4, 16, 16, 1), 120, np.uint8); vol[:, 4:10, 4:10] = 200
+    >>> out = apply_image(P.get("contrast", severity=5), vol, np.zeros((4, 16, 16), np.int64), rng=np.random.default_rng(0))
+    >>> out.shape, bool((out == out[0]).all())   # same params on every (identical) slice
+    ((4, 16, 16, 1), True)
+    """
+    if img.ndim == 4:
+        if params is None:
+            j = representative_slice(msk)
+            params = op.sample_numpy(img[j], msk[j], rng=rng)
+        return np.stack([apply_image(op, img[k], msk[k], params) for k in range(img.shape[0])])
+    out, _ = op.apply_numpy(img, mask=msk, params=params, rng=rng)
+    return out[..., None] if out.ndim == 2 else out
+
+
+def sample_params(op: Any, img: np.ndarray, msk: np.ndarray, rng: np.random.Generator) -> dict:
+    """Fresh params for one image, or for a volume (on its representative slice)."""
+    if img.ndim == 4:
+        j = representative_slice(msk)
+        return op.sample_numpy(img[j], msk[j], rng=rng)
+    return op.sample_numpy(img, msk, rng=rng)
+
+
+def representative_slice(msk: np.ndarray) -> int:
+    """The slice with the most foreground (the middle one when empty): where the check draws params."""
+    fg = (np.asarray(msk) > 0).reshape(len(msk), -1).sum(1)
+    return int(fg.argmax()) if fg.max() > 0 else len(msk) // 2
+
+
 def n_slots_for(n: int, ratio: float) -> int:
     """Expected replaced samples per epoch of ``n`` samples."""
     if not 0.0 <= ratio < 1.0:
@@ -266,12 +300,13 @@ class ReplayDataset(_SlotDataset):
         d.update(_sig=None, _by_pert={}, _weights={}, _ops={})
         return d
 
-    def bind(self, run_dir: str | os.PathLike, hooks: BatchHooks | None = None) -> None:
-        """Read the bank of ``run_dir`` from now on (FailureMiningCallback, before the loader exists)."""
+    def bind(self, run_dir: str | os.PathLike, hooks: BatchHooks | None = None, slice_axis: int = -1) -> None:
+        """Read the bank of ``run_dir`` from now on (FailureMiningCallback, before the loader exists);
+        ``hooks`` / ``slice_axis``: the MR check's, so samples and volume slices read as it read them."""
         self.dir = Path(run_dir) / "failures"
-        if hooks is not None:
-            self.view.codec.hooks = hooks
-            for v in self.views.values():
+        for v in (self.view, *self.views.values()):
+            v.codec.slice_axis = int(slice_axis)
+            if hooks is not None:
                 v.codec.hooks = hooks
         self._sig = None
 
@@ -331,11 +366,9 @@ class ReplayDataset(_SlotDataset):
         view = self.views[record.split]
         img, msk, meta = view.load(record.index)
         op = self._op(record.perturbation, record.severity)
-        fresh = op.sample_numpy(img, msk, rng=rng)  # schema, dtypes, and the jitter target
+        fresh = sample_params(op, img, msk, rng)  # schema, dtypes, and the jitter target
         alpha = float(rng.uniform(0, jitter)) if jitter > 0 else 0.0
-        out, _ = op.apply_numpy(img, mask=msk, params=jitter_params(record.params, fresh, alpha))
-        if out.ndim == 2:
-            out = out[..., None]
+        out = apply_image(op, img, msk, params=jitter_params(record.params, fresh, alpha))
         return out, msk, meta
 
     def _slot(self, rng: np.random.Generator) -> dict[str, Any]:
@@ -354,9 +387,7 @@ class ReplayDataset(_SlotDataset):
             return view.finish(*view.load(rec.index))
         if u < self.clean_mix + self.fresh_image:  # the failing family on any training image
             img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
-            out, _ = self._op(rec.perturbation, rec.severity).apply_numpy(img, mask=msk, rng=rng)
-            if out.ndim == 2:
-                out = out[..., None]
+            out = apply_image(self._op(rec.perturbation, rec.severity), img, msk, rng=rng)
             return self.view.finish(out, msk, meta)
         img, msk, meta = self.recreate(rec, rng)
         view = self.views[rec.split]
@@ -384,7 +415,5 @@ class RandomPerturbationDataset(_SlotDataset):
 
             self._ops[(name, sev)] = P.get(name, severity=sev, **self.perturbation_kwargs.get(name, {}))
         img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
-        out, _ = self._ops[(name, sev)].apply_numpy(img, mask=msk, rng=rng)
-        if out.ndim == 2:
-            out = out[..., None]
+        out = apply_image(self._ops[(name, sev)], img, msk, rng=rng)
         return self.view.finish(out, msk, meta)

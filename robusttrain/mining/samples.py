@@ -17,6 +17,14 @@ masks).
 >>> out = codec.write(sample, img)
 >>> type(out).__name__, out[0].shape, out[1] is sample[1]
 ('tuple', torch.Size([1, 8, 8]), True)
+
+A volume sample ((C,H,W,D) image) reads as the stack of its 2-D slices along ``slice_axis`` (the MR
+suite's): image (S,H,W,C) uint8, mask (S,H,W) -- the replay perturbs it slice-wise, as the check did.
+
+>>> vol = {"image": torch.rand(1, 8, 8, 5), "mask": torch.zeros(8, 8, 5, dtype=torch.long)}
+>>> img, mask, _ = codec.read(vol, 0)
+>>> img.shape, mask.shape, codec.write(vol, img)["image"].shape
+((5, 8, 8, 1), (5, 8, 8), torch.Size([1, 8, 8, 5]))
 """
 from __future__ import annotations
 
@@ -27,35 +35,45 @@ import torch
 from torch.utils.data import default_collate
 
 from robusttrain.metamorphic.batch import BatchHooks, HookError, _normalise_mask, case_id_list
+from robusttrain.metamorphic.suite import slices_to_volume, volume_to_slices
 
 
 class SampleCodec:
-    """Read (image HWC uint8, mask HW int64, meta) from a sample; write an image back into it."""
+    """Read (image HWC uint8, mask HW int64, meta) from a sample; write an image back into it.
 
-    def __init__(self, hooks: BatchHooks | None = None, id_prefix: str = "idx"):
+    Volumes: (S,H,W,C) / (S,H,W), their slices along ``slice_axis`` (see the module doc)."""
+
+    def __init__(self, hooks: BatchHooks | None = None, id_prefix: str = "idx", slice_axis: int = -1):
         self.hooks = hooks if hooks is not None else BatchHooks()
-        self.id_prefix = id_prefix
+        self.id_prefix, self.slice_axis = id_prefix, int(slice_axis)
 
     def read(self, sample: Any, index: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         batch = default_collate([sample])
         images = self.hooks.get_images(batch)
-        if not torch.is_tensor(images) or images.ndim != 4:
+        if not torch.is_tensor(images) or images.ndim not in (4, 5):
             shape = tuple(getattr(images, "shape", ()))
-            what = "3-D volumes (B,C,H,W,D)" if len(shape) == 5 else f"images of shape {shape}"
-            raise HookError(f"failure replay needs 2-D (C,H,W) image samples; got {what} -- set "
-                            "replay_ratio=0 or replay slices of a 2-D dataset")
+            raise HookError(f"failure replay needs (C,H,W) images or (C,H,W,D) volumes; got batches of shape "
+                            f"{shape} -- set get_images= or replay_ratio=0")
         masks = _normalise_mask(self.hooks.get_masks(batch), images)
         cids = self.hooks.get_case_ids(batch)
         cids = case_id_list(cids) if cids is not None else []  # a custom hook may return a tensor
         sl = self.hooks.get_slice_indices(batch)
         meta = {"case_id": cids[0] if cids else f"{self.id_prefix}{index}",
                 "slice_index": int(sl[0]) if sl else 0}
-        img = (images[0].detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
-        return img.permute(1, 2, 0).numpy(), masks[0].numpy().astype(np.int64), meta
+        img = (images[:1].detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+        if img.ndim == 5:  # a volume: its slices along the suite's axis
+            slices = volume_to_slices(img, self.slice_axis).permute(0, 2, 3, 1)
+            msk = volume_to_slices(masks[:1], self.slice_axis, channels=False)
+            return slices.numpy(), msk.numpy().astype(np.int64), meta
+        return img[0].permute(1, 2, 0).numpy(), masks[0].numpy().astype(np.int64), meta
 
     def write(self, sample: Any, image: np.ndarray) -> Any:
         """A copy of ``sample`` whose image is ``image`` (HWC uint8), in the original's type and dtype."""
         leaf = self.hooks.get_images(sample)
+        if image.ndim == 4:  # slices (S,H,W,C) -> the volume (C,H,W,D) they came from
+            vol = slices_to_volume(torch.from_numpy(np.ascontiguousarray(image)).permute(0, 3, 1, 2), 1,
+                                   self.slice_axis)[0]
+            image = vol.movedim(0, -1).numpy()  # channels last, as _like expects
         new = _like(leaf, image)
         out, found = _replace_leaf(sample, leaf, new)
         if not found:
@@ -78,8 +96,8 @@ class SampleCodec:
 
 
 def _like(leaf: Any, image: np.ndarray) -> Any:
-    """``image`` (HWC uint8) as ``leaf``'s kind: (C,H,W) tensor/array, same dtype, [0,1] for floats."""
-    chw = np.ascontiguousarray(image.transpose(2, 0, 1))
+    """``image`` (HW[D]C uint8) as ``leaf``'s kind: (C,H,W[,D]) tensor/array, same dtype, [0,1] for floats."""
+    chw = np.ascontiguousarray(np.moveaxis(image, -1, 0))
     shape = tuple(leaf.shape)
     if len(shape) == 2 and chw.shape[0] == 1:  # (H,W) grey images
         chw = chw[0]
