@@ -105,14 +105,22 @@ def test_subset_from_random_split_is_replayed_not_bypassed(tmp_path):
     assert 2 <= int(replaced.sum()) <= 8  # ~80 % of the epoch replaced, none out of range
 
 
-def test_volumes_are_refused_by_name(tmp_path):
+def test_volumes_round_trip_and_other_shapes_are_refused_by_name(tmp_path):
     class Vol(Dataset):
+        def __init__(self, shape):
+            self.shape = shape
+
         def __len__(self):
             return 2
 
         def __getitem__(self, i):
-            return torch.rand(1, 8, 8, 4), torch.zeros(8, 8, 4)
+            return torch.rand(*self.shape), torch.zeros(*self.shape[1:])
 
-    ds = ReplayDataset(Vol(), tmp_path)
-    with pytest.raises(HookError, match=r"2-D \(C,H,W\).*3-D volumes"):
-        ds.view.codec.check(Vol())
+    vol = Vol((1, 8, 8, 4))
+    ds = ReplayDataset(vol, tmp_path)
+    ds.view.codec.check(vol)  # a (C,H,W,D) volume reads as its slices and is written back unchanged
+    img, msk, _ = ds.view.codec.read(vol[0], 0)
+    assert img.shape == (4, 8, 8, 1) and msk.shape == (4, 8, 8)
+    flat = Vol((8, 8))  # (H,W) images without a channel dim collate to (B,H,W)
+    with pytest.raises(HookError, match=r"\(C,H,W\) images or \(C,H,W,D\) volumes.*\(1, 8, 8\)"):
+        ReplayDataset(flat, tmp_path).view.codec.check(flat)
