@@ -203,10 +203,10 @@ PIXEL_VAR = 1 / 12  # variance (px^2) of a pixel's own footprint, a unit box
 
 
 def gaussian_ksize(sigma_px):
-    """Odd support of :func:`gaussian_kernel_1d`: 3 standard deviations plus one pixel each side."""
+    """Odd support of :func:`gaussian_kernel_1d`: 3 standard deviations each side."""
     if isinstance(sigma_px, torch.Tensor):
-        return 2 * torch.ceil(3 * torch.sqrt(sigma_px.double() ** 2 + PIXEL_VAR)).long() + 3
-    return 2 * int(math.ceil(3 * math.sqrt(float(sigma_px) ** 2 + PIXEL_VAR))) + 3
+        return 2 * torch.ceil(3 * torch.sqrt(sigma_px.double() ** 2 + PIXEL_VAR)).long() + 1
+    return 2 * int(math.ceil(3 * math.sqrt(float(sigma_px) ** 2 + PIXEL_VAR))) + 1
 
 
 def gaussian_kernel_1d(sigma, ksize, kmax: int, xp=torch):
