@@ -129,3 +129,55 @@ def checkpoint_io() -> Any:
             return load_checkpoint(path)
 
     return SafeCheckpointIO()
+
+
+def rng_state(generator: Any = None) -> dict[str, Any]:
+    """Global RNG states (torch, CUDA, numpy, random) and ``generator``'s, as plain values and tensors
+    (so a checkpoint holding them still loads with ``weights_only=True``).
+
+    >>> import random
+    >>> s = rng_state(); a = random.random(); set_rng_state(s); a == random.random()
+    True
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    out = {"torch": torch.get_rng_state(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+           "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    if generator is not None:
+        out["generator"] = generator.get_state()
+    return out
+
+
+def set_rng_state(state: dict[str, Any], generator: Any = None) -> None:
+    """Restore what :func:`rng_state` captured (``generator``'s state too, when given and saved)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None and "generator" in state:
+        generator.set_state(state["generator"])
+
+
+def checkpoint_epoch(path: str | os.PathLike) -> int | None:
+    """The ``epoch`` a checkpoint was saved at (weights-only, memory-mapped), None if unreadable."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["epoch"])
+    except Exception:  # noqa: BLE001 -- any unreadable file simply has no epoch
+        return None

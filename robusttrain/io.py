@@ -40,7 +40,8 @@ _kill_counts: dict[str, int] = {}
 def kill_point(name: str) -> None:
     """Fault injection for the kill tests: ``ROBUSTTRAIN_TEST_KILL_AT=NAME:N`` SIGKILLs this process
     the N-th time it reaches ``kill_point(NAME)`` (no-op otherwise). Every atomic write passes
-    ``write:<file name>`` after its temp file is complete and before it replaces the file.
+    ``write:<file name>`` after its temp file is complete and before it replaces the file; the CSV
+    logger passes ``append:metrics.csv`` before each row it appends (every logged training step).
 
     >>> kill_point("write:history.csv")   # not armed: nothing happens
     """

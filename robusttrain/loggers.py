@@ -28,7 +28,7 @@ from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-from robusttrain.io import atomic_write_text
+from robusttrain.io import atomic_write_text, kill_point
 
 
 class _KeepingWriter(ExperimentWriter):
@@ -52,6 +52,7 @@ class _KeepingWriter(ExperimentWriter):
         self._record_new_keys()
         rows, self.metrics = self.metrics, []
         if self.metrics_keys == self._header and os.path.isfile(self.metrics_file_path):
+            kill_point("append:metrics.csv")
             with open(self.metrics_file_path, "a", newline="") as fh:
                 fh.write(_format(self._header, rows, header_line=False))
         else:  # a new metric: the header grows, every row is rewritten (atomically)

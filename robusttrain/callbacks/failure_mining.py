@@ -156,7 +156,7 @@ class FailureMiningCallback(Callback):
         if self._restored is not None:
             self.bank.load_state_dict(self._restored["bank"], rewrite_files=False)
             if is_global_zero(trainer):
-                self.bank.compact()  # files may be ahead of the checkpoint we resume from
+                self.bank.restore_files()  # files may be ahead of the checkpoint we resume from
                 self._write_weights()
             self._restored = None
         if self.replay is not None:  # wrapped before fit (datamodule.setup / __init__)

@@ -47,7 +47,8 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         state = load_checkpoint(ckpt)
     run = build_run(cfg, command=stage)
     _say(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}")
-    if ckpt == "last":
+    resume_last = ckpt == "last"
+    if resume_last:
         ckpt = _resolve_ckpt(ckpt, run.run_dir)
         state = load_checkpoint(ckpt)
     if ckpt is not None:
@@ -55,7 +56,7 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         # (Lightning then reads the file through the same loader: robusttrain.checkpoints.checkpoint_io).
         check_fits(ckpt, state["state_dict"], run.model)
         if stage == "fit":
-            _forget_logged_epochs_after(run.trainer, int(state.get("epoch", -1)))
+            _forget_epochs_after(run.trainer, Path(ckpt), int(state.get("epoch", -1)), resume_last)
         ckpt = str(ckpt)
     trainer = run.trainer
     if stage == "fit":
@@ -72,8 +73,21 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
     return 0
 
 
-def _forget_logged_epochs_after(trainer, epoch: int) -> None:
-    """A resumed fit logs the epochs after its checkpoint again: loggers that can drop them do."""
+def _forget_epochs_after(trainer, ckpt: Path, epoch: int, killed_run: bool) -> None:
+    """A resumed fit runs the epochs after its checkpoint again. What the stopped run wrote for them
+    goes: logged rows (loggers that can drop them do) and, resuming ``ckpt=last`` (a killed run),
+    checkpoints saved after it (kept, they would sit beside the re-run's own as ``-v1`` copies that
+    no ModelCheckpoint tracks). Resuming from an explicit older file keeps later checkpoints."""
+    from robusttrain.checkpoints import checkpoint_epoch
+
     for logger in trainer.loggers:
         if hasattr(logger, "resume_after"):
             logger.resume_after(epoch)
+    for cb in trainer.checkpoint_callbacks if killed_run else []:
+        folder = Path(getattr(cb, "dirpath", None) or "")
+        if not folder.is_dir():
+            continue
+        for p in folder.glob("*.ckpt"):
+            if p.resolve() != ckpt.resolve() and (e := checkpoint_epoch(p)) is not None and e > epoch:
+                p.unlink()
+                _say(f"[robusttrain] removed {p.name}: saved at epoch {e}, after the checkpoint resumed from")

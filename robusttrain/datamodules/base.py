@@ -201,6 +201,8 @@ class BaseSegDataModule(L.LightningDataModule):
         self.val_dataset: SegmentationDataset | None = None
         self._extra: dict[str, SegmentationDataset] | None = None
         self._train_wrap: Any = None
+        self._train_generator: torch.Generator | None = None
+        self._resume_rng: dict[str, Any] | None = None
 
     # --- what subclasses provide -------------------------------------------------------------
     @property
@@ -257,10 +259,29 @@ class BaseSegDataModule(L.LightningDataModule):
         self.setup("fit")
         return {**self.train_dataset.hard_cases, **self.val_dataset.hard_cases}
 
+    # --- resume: the training RNG travels in the checkpoint --------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in every Lightning checkpoint: the shuffle generator and the global RNG states, as
+        they are when the checkpoint is written (end of an epoch), so a resumed run draws the next
+        epoch's order, augmentations and replay slots exactly as the uninterrupted run does."""
+        from robusttrain.checkpoints import rng_state
+
+        return {"rng": rng_state(self._train_generator)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume_rng = state.get("rng")  # applied when the resumed run builds its train loader
+
     # --- loaders -----------------------------------------------------------------------------
     def _loader(self, ds: Dataset, shuffle: bool) -> DataLoader:
         # seeded for every loader: it also draws the workers' base seed (see seed_worker)
         g = torch.Generator().manual_seed(self.seed)
+        if shuffle:
+            self._train_generator = g
+            if self._resume_rng is not None:
+                from robusttrain.checkpoints import set_rng_state
+
+                set_rng_state(self._resume_rng, g)
+                self._resume_rng = None
         # drop a lone trailing sample: BatchNorm models fail on a batch of one
         drop_last = shuffle and len(ds) > self.batch_size and len(ds) % self.batch_size == 1
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=g, drop_last=drop_last,

@@ -215,22 +215,68 @@ class FailureBank:
         self.n_batches = state.get("n_batches", 0)
         self._n_new = len(self._new)
         if rewrite_files:
+            self.restore_files()
+
+    def restore_files(self) -> None:
+        """After :meth:`load_state_dict`: make the log match the restored bank (the files of a killed
+        run may be ahead of its checkpoint). Cut back to the checkpoint's batches when that is exact
+        (the log then reads as if the run had never stopped), else rewrite it (:meth:`compact`)."""
+        if not self._truncate_to_checkpoint():
             self.compact()
+
+    def _truncate_to_checkpoint(self) -> bool:
+        """Cut the log back to the batches the checkpoint had seen (a killed run may have appended
+        more), when replaying them gives exactly the restored bank; the file then reads as if the
+        run had never stopped. False when that is not the case (the caller compacts instead)."""
+        if self.dir is None:
+            return False
+        if not self.log_path.is_file():  # nothing flushed yet, then or now
+            return self.n_batches == 0 and not self.entries
+        data = self.log_path.read_bytes()
+        end = pos = batches = 0
+        for raw in data.split(b"\n")[:-1]:
+            pos += len(raw) + 1
+            if batches == self.n_batches:
+                break
+            try:
+                if json.loads(raw).get("kind") == "batch":
+                    batches, end = batches + 1, pos
+            except ValueError:
+                break
+        if batches != self.n_batches:
+            return False
+        replay = FailureBank(None, max_size=self.max_size)
+        for batch in _parse_batches(data[:end]):
+            replay._apply_batch(batch)
+        if _snapshot(replay.entries) != _snapshot(self.entries):
+            return False
+        if end != len(data):
+            atomic_write_bytes(self.log_path, data[:end])
+        return True
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike, **kw: Any) -> "FailureBank":
         """Read ``<run_dir>/failures/failures.jsonl`` back (complete batches only)."""
         bank = cls(run_dir, **kw)
         for batch in read_batches(bank.log_path):
-            marker = batch[-1]
-            for d in batch[:-1]:
-                rec = _record_from_line(d)
-                bank.entries[d["id"]] = {"record": rec, "last_epoch": d.get("last_epoch", rec.epoch),
-                                         "count": d.get("count", 1)}
-            bank._apply_seen(marker.get("seen", []), marker["epoch"])
-            bank._evict()
-            bank.n_batches += 1
+            bank._apply_batch(batch)
         return bank
+
+    def _apply_batch(self, batch: list[dict[str, Any]]) -> None:
+        marker = batch[-1]
+        for d in batch[:-1]:
+            rec = _record_from_line(d)
+            self.entries[d["id"]] = {"record": rec, "last_epoch": d.get("last_epoch", rec.epoch),
+                                     "count": d.get("count", 1)}
+        self._apply_seen(marker.get("seen", []), marker["epoch"])
+        self._evict()
+        self.n_batches += 1
+
+
+def _snapshot(entries: dict[str, dict[str, Any]]) -> dict[str, tuple]:
+    return {i: (e["last_epoch"], e["count"], json.dumps(e["record"].to_dict(), sort_keys=True,
+                                                          default=_json_default))
+            for i, e in entries.items()}
 
 
 def _line(rid: str, entry: dict[str, Any]) -> str:
@@ -249,7 +295,10 @@ def read_batches(path: str | os.PathLike | None) -> list[list[dict[str, Any]]]:
     if path is None or not os.path.exists(path):
         return []
     with open(path, "rb") as fh:
-        data = fh.read()
+        return _parse_batches(fh.read())
+
+
+def _parse_batches(data: bytes) -> list[list[dict[str, Any]]]:
     batches, cur = [], []
     for raw in data.split(b"\n"):
         if not raw.strip():

@@ -37,7 +37,7 @@ class FailureDrivenWeights:
 
     def update(self, rates: Mapping[str, float]) -> dict[str, float]:
         """Fold in one epoch's failure rates; perturbations absent from ``rates`` decay to 0."""
-        for p in set(self.smoothed) | set(rates):
+        for p in sorted(set(self.smoothed) | set(rates)):  # sorted: same order in every process
             r = float(rates.get(p, 0.0))
             old = self.smoothed.get(p)
             self.smoothed[p] = r if old is None else self.momentum * old + (1 - self.momentum) * r

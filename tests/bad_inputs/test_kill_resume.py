@@ -1,0 +1,99 @@
+"""kill -9 a ``fit`` at named points, resume with ``ckpt=last``: the run directory must equal an
+uninterrupted run of the same seed -- every file, nothing duplicated, nothing missing, nothing left over.
+
+The kill comes from ``ROBUSTTRAIN_TEST_KILL_AT=NAME:N`` (robusttrain.io.kill_point): SIGKILL the N-th
+time the process reaches NAME. Points: mid-epoch (before a training step's metrics row is appended),
+inside the metamorphic check's writes (history.csv already replaced, efr.csv not yet), and inside a
+checkpoint save (the new last.ckpt fully written to its temp file, not yet renamed).
+
+Compared byte for byte: every file except the ``.ckpt`` files and ``config.yaml``. Checkpoints embed
+pickled Lightning/optimizer bookkeeping, so their weights, optimizer state, epoch and step are compared
+exactly instead; ``config.yaml`` is the resolved config of the command that wrote it and differs in
+exactly one line (``ckpt: null`` vs ``ckpt: last``). Both runs use the same run_dir path, so the
+paths written into files agree. ``data.train_transforms=[]``: the Albumentations pipeline is not
+seeded by ``seed`` (two fresh runs of the same seed differ -- the trustdata determinism item); the
+rest of the training (shuffle order, failure replay, MR check) is.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["recipe=smoke", "seed=3", "trainer.max_epochs=3", "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false", "data.n_train=16", "data.n_val=6", "data.image_size=48",
+        "data.train_transforms=[]", "callbacks.metamorphic.perturbations=[blur,contrast,instrument]",
+        "callbacks.metamorphic.train_probe_size=8"]
+KILLS = {
+    "mid-epoch": "append:metrics.csv:9",          # epoch 1, after a training step (3 steps + 2 epoch rows per epoch)
+    "mr-write": "write:efr.csv:2",                # epoch 1's MR check: history.csv replaced, efr.csv not
+    "checkpoint-save": "write:last.ckpt:2",       # epoch 1's last.ckpt written to its temp file, not renamed
+    "last-epoch-mr-write": "write:mr_cases.csv:3",  # the final epoch, after efr.csv
+}
+
+
+def _fit(run_dir: Path, *extra: str, kill: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", WANDB_MODE="offline")
+    env.pop("ROBUSTTRAIN_TEST_KILL_AT", None)
+    if kill:
+        env["ROBUSTTRAIN_TEST_KILL_AT"] = kill
+    return subprocess.run([sys.executable, "-m", "robusttrain", "fit", *ARGS, f"run_dir={run_dir}", *extra],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """The uninterrupted reference run, made at ``<base>/run`` and kept as ``<base>/reference``."""
+    base = tmp_path_factory.mktemp("kill")
+    proc = _fit(base / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (base / "run").rename(base / "reference")
+    return base
+
+
+def _files(d: Path) -> set[str]:
+    return {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()}
+
+
+def _same_checkpoint(a: Path, b: Path) -> None:
+    x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert (x["epoch"], x["global_step"]) == (y["epoch"], y["global_step"]), a.name
+    assert x["state_dict"].keys() == y["state_dict"].keys()
+    for k in x["state_dict"]:
+        assert torch.equal(x["state_dict"][k], y["state_dict"][k]), f"{a.name}: {k}"
+    for ox, oy in zip(x["optimizer_states"], y["optimizer_states"]):
+        for i in ox["state"]:
+            for k, v in ox["state"][i].items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(oy["state"][i][k])), f"{a.name}: opt {i}.{k}"
+
+
+@pytest.mark.parametrize("where", list(KILLS))
+def test_killed_and_resumed_run_equals_uninterrupted(base, where):
+    run, ref = base / "run", base / "reference"
+    killed = _fit(run, kill=KILLS[where])
+    assert killed.returncode == -9, f"not killed at {KILLS[where]}: rc={killed.returncode}\n{killed.stderr[-2000:]}"
+    assert (run / ".robusttrain.lock").exists()  # what a kill leaves behind
+    resumed = _fit(run, "ckpt=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "took over the lock of an interrupted run" in resumed.stderr
+    try:
+        assert _files(run) == _files(ref)  # nothing missing, nothing extra (no .tmp, no lock)
+        for name in sorted(_files(ref)):
+            a, b = ref / name, run / name
+            if name.endswith(".ckpt"):
+                _same_checkpoint(a, b)
+            elif name == "config.yaml":
+                diff = [(x, y) for x, y in zip(a.read_text().splitlines(), b.read_text().splitlines()) if x != y]
+                assert diff == [("ckpt: null", "ckpt: last")], diff
+            else:
+                assert a.read_bytes() == b.read_bytes(), f"{name} differs after a kill at {KILLS[where]}"
+    finally:
+        shutil.rmtree(run)
