@@ -41,7 +41,7 @@ def kill_point(name: str) -> None:
     """Fault injection for the kill tests: ``ROBUSTTRAIN_TEST_KILL_AT=NAME:N`` SIGKILLs this process
     the N-th time it reaches ``kill_point(NAME)`` (no-op otherwise). Every atomic write passes
     ``write:<file name>`` after its temp file is complete and before it replaces the file; the CSV
-    logger passes ``append:metrics.csv`` before each row it appends (every logged training step).
+    logger passes ``log:metrics.csv`` before it writes each logged row (e.g. every training step).
 
     >>> kill_point("write:history.csv")   # not armed: nothing happens
     """

@@ -49,10 +49,10 @@ class _KeepingWriter(ExperimentWriter):
     def save(self) -> None:
         if not self.metrics:
             return
+        kill_point("log:metrics.csv")
         self._record_new_keys()
         rows, self.metrics = self.metrics, []
         if self.metrics_keys == self._header and os.path.isfile(self.metrics_file_path):
-            kill_point("append:metrics.csv")
             with open(self.metrics_file_path, "a", newline="") as fh:
                 fh.write(_format(self._header, rows, header_line=False))
         else:  # a new metric: the header grows, every row is rewritten (atomically)
