@@ -161,6 +161,12 @@ def _no_tmps_no_lock(c, out, err):
     assert not (c.run / ".robusttrain.lock").exists()
 
 
+def _nothing_trained(c, out, err):
+    fresh = c.tmp / "fresh"
+    assert not (fresh / "checkpoints").exists() and not (fresh / "config.yaml").exists()
+    assert not (fresh / ".robusttrain.lock").exists()
+
+
 def _metrics_epochs(expected: list[int]):
     def then(c, out, err):
         import pandas as pd
@@ -173,6 +179,7 @@ def _metrics_epochs(expected: list[int]):
 
 
 RUN = "run_dir={run}"
+FRESH = "run_dir={tmp}/fresh"
 CK = "ckpt={ckpt}"
 SCENARIOS = [
     # --- security -----------------------------------------------------------------------------
@@ -267,6 +274,24 @@ SCENARIOS = [
     # --- bad config values: fail before training, one line naming the key --------------------
     S("unknown-perturbation", ["fit", *TINY, RUN, "callbacks.metamorphic.suite.perturbations=[blur,nope]"],
       text="bad value for 'callbacks.metamorphic.suite.perturbations' (['blur', 'nope']): unknown perturbation 'nope'"),
+    S("severity-6", ["fit", *TINY, FRESH, "callbacks.metamorphic.suite.severities=[6]"],
+      text="bad value for 'callbacks.metamorphic.suite.severities' ([6]): ", then=_nothing_trained),
+    S("severity-0", ["fit", *TINY, FRESH, "callbacks.metamorphic.suite.severities=[0]"],
+      text="bad value for 'callbacks.metamorphic.suite.severities' ([0]): ", then=_nothing_trained),
+    S("contamination-0.9", ["fit", *TINY, FRESH, "callbacks.balanced.contamination=0.9"],
+      text="bad value for 'callbacks.balanced.contamination' (0.9): ", then=_nothing_trained),
+    S("replay-ratio-1", ["fit", *TINY, FRESH, "callbacks.mining.replay_ratio=1.0"],
+      text="bad value for 'callbacks.mining.replay_ratio' (1.0): ", then=_nothing_trained),
+    S("image-size-0", ["fit", *TINY, FRESH, "data.image_size=0"],
+      text="bad value for 'data.image_size' (0): ", then=_nothing_trained),
+    S("batch-size-0", ["fit", *TINY, FRESH, "data.batch_size=0"],
+      text="bad value for 'data.batch_size' (0): ", then=_nothing_trained),
+    S("val-fraction-1.5", ["fit", *TINY, FRESH, "data.val_fraction=1.5"],
+      text="bad value for 'data.val_fraction' (1.5): ", then=_nothing_trained),
+    S("every-n-epochs-negative", ["fit", *TINY, FRESH, "callbacks.metamorphic.every_n_epochs=-1"],
+      text="bad value for 'callbacks.metamorphic.every_n_epochs' (-1): ", then=_nothing_trained),
+    S("check-severity-6", ["check", *TINY, RUN, CK, "callbacks.metamorphic.suite.severities=[6]"],
+      text="severities"),
     S("check-unknown-perturbation", ["check", *TINY, RUN, CK, "callbacks.metamorphic.suite.perturbations=[nope]"],
       text="bad value for 'callbacks.metamorphic.suite.perturbations'"),
     S("replay-ratio-too-high", ["fit", *TINY, RUN, "callbacks.mining.replay_ratio=1.0"],
