@@ -124,3 +124,16 @@ def test_volumes_round_trip_and_other_shapes_are_refused_by_name(tmp_path):
     flat = Vol((8, 8))  # (H,W) images without a channel dim collate to (B,H,W)
     with pytest.raises(HookError, match=r"\(C,H,W\) images or \(C,H,W,D\) volumes.*\(1, 8, 8\)"):
         ReplayDataset(flat, tmp_path).view.codec.check(flat)
+
+
+def test_maskless_samples_are_refused_naming_the_hook(tmp_path):
+    class ImagesOnly(Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"image": torch.rand(3, 8, 8)}
+
+    ds = ReplayDataset(ImagesOnly(), tmp_path)
+    with pytest.raises(HookError, match=r"cannot find masks.*get_masks="):
+        ds.view.codec.check(ImagesOnly())
