@@ -72,6 +72,35 @@ def _pickle_payload(c) -> None:
     torch.save(ckpt, c.tmp / "evil.ckpt")
 
 
+PLAIN_RECIPE = """defaults:
+  - data: polyp
+  - trainer: default
+  - callbacks: robust
+  - logger: csv
+  - _self_
+recipe: plain
+seed: 0
+run_dir: null
+ckpt: null
+data: {image_size: 32, batch_size: 4, n_train: 8, n_val: 4}
+model: {_target_: torch.nn.Conv2d, in_channels: 3, out_channels: 2, kernel_size: 1}
+callbacks:
+  metamorphic: {max_cases: 4, suite: {perturbations: [blur], severities: [4]}}
+"""
+
+
+def _plain_module_payload(c) -> None:
+    """A user recipe whose model is a plain nn.Module (the path that used torch.load(weights_only=False)),
+    and a checkpoint for it carrying a pickle payload."""
+    (c.tmp / "recipes").mkdir(exist_ok=True)
+    (c.tmp / "recipes" / "plain.yaml").write_text(PLAIN_RECIPE)
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(c.tmp / "pwned"), "w"))
+    torch.save({"state_dict": torch.nn.Conv2d(3, 2, 1).state_dict(), "x": Payload()}, c.tmp / "evil.ckpt")
+
+
 def _not_pwned(c, out, err):
     assert not (c.tmp / "pwned").exists(), "the checkpoint's pickle ran code"
 
@@ -185,6 +214,9 @@ SCENARIOS = [
     # --- security -----------------------------------------------------------------------------
     S("check-pickle-payload", ["check", *TINY, RUN, "ckpt={tmp}/evil.ckpt"], text="evil.ckpt' holds Python "
       "objects besides weights and was refused", prep=_pickle_payload, then=_not_pwned),
+    S("check-plain-module-pickle-payload", ["check", "recipe=plain", RUN, "ckpt={tmp}/evil.ckpt"],
+      text="evil.ckpt' holds Python objects besides weights and was refused", prep=_plain_module_payload,
+      then=_not_pwned),
     S("validate-pickle-payload", ["validate", *TINY, RUN, "ckpt={tmp}/evil.ckpt"], text="was refused",
       prep=_pickle_payload, then=_not_pwned),
     S("fit-resume-pickle-payload", ["fit", *TINY, RUN, "ckpt={tmp}/evil.ckpt"], text="was refused",
