@@ -266,10 +266,30 @@ class BaseSegDataModule(L.LightningDataModule):
         epoch's order, augmentations and replay slots exactly as the uninterrupted run does."""
         from robusttrain.checkpoints import rng_state
 
-        return {"rng": rng_state(self._train_generator)}
+        state = {"rng": rng_state(self._train_generator)}
+        gen, py = self._augmentation_streams()
+        if gen is not None and py is not None:  # the train pipeline's own streams (in-process loading)
+            state["augment"] = {"numpy": gen.bit_generator.state, "python": py.getstate()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume_rng = state.get("rng")  # applied when the resumed run builds its train loader
+        self._resume_rng = state  # applied when the resumed run builds its train loader
+
+    def _augmentation_streams(self) -> tuple[Any, Any]:
+        pipe = getattr(self.train_dataset, "pipeline", None)
+        return getattr(pipe, "random_generator", None), getattr(pipe, "py_random", None)
+
+    def _apply_resume_state(self, generator: torch.Generator) -> None:
+        from robusttrain.checkpoints import set_rng_state
+
+        state, self._resume_rng = self._resume_rng, None
+        if state.get("rng") is not None:
+            set_rng_state(state["rng"], generator)
+        gen, py = self._augmentation_streams()
+        aug = state.get("augment")
+        if aug is not None and gen is not None and py is not None:  # in place: every transform shares them
+            gen.bit_generator.state = aug["numpy"]
+            py.setstate((aug["python"][0], tuple(aug["python"][1]), aug["python"][2]))
 
     # --- loaders -----------------------------------------------------------------------------
     def _loader(self, ds: Dataset, shuffle: bool) -> DataLoader:
@@ -278,10 +298,7 @@ class BaseSegDataModule(L.LightningDataModule):
         if shuffle:
             self._train_generator = g
             if self._resume_rng is not None:
-                from robusttrain.checkpoints import set_rng_state
-
-                set_rng_state(self._resume_rng, g)
-                self._resume_rng = None
+                self._apply_resume_state(g)
         # drop a lone trailing sample: BatchNorm models fail on a batch of one
         drop_last = shuffle and len(ds) > self.batch_size and len(ds) % self.batch_size == 1
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=g, drop_last=drop_last,
