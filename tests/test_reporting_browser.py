@@ -63,12 +63,13 @@ def test_report_dom_has_every_section_and_no_console_messages(report, tmp_path):
                           ("gallery", "Perturbation gallery")]:
         assert re.search(rf'<section id="{anchor}"><h2>{title}</h2>', dom), anchor
     assert CORNER in dom and "t = 0.25" in dom and "t = 0.5" in dom
-    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', dom)) == 9
+    # clean Dice, EFR curves, 1 corner case, trade-off, 5 failures, gallery
+    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', dom)) == 10
 
 
 def _screenshot(tmp: Path, page: Path, name: str):
     shot = tmp / name
-    out = chromium(tmp, "--window-size=1280,3600", f"--screenshot={shot}", page.as_uri())
+    out = chromium(tmp, "--window-size=1280,6000", f"--screenshot={shot}", page.as_uri())
     assert out.returncode == 0 and shot.is_file(), out.stderr[-2000:]
     assert console_lines(out.stderr) == []
     return shot, matplotlib.image.imread(shot)
@@ -76,7 +77,7 @@ def _screenshot(tmp: Path, page: Path, name: str):
 
 def test_report_screenshot_renders_images(report, tmp_path):
     shot, img = _screenshot(tmp_path, report, "report.png")
-    assert img.shape[:2] == (3600, 1280)
+    assert img.shape[:2] == (6000, 1280)  # tall enough for every section (trade-off, gallery)
     # the same page with its <img> elements removed: coloured pixels (plot lines, thumbnails) must
     # come mostly from the images, i.e. they were decoded and drawn
     bare = tmp_path / "bare.html"
