@@ -2,7 +2,9 @@
 
 Subclasses: :class:`robusttrain.datamodules.DataError` (files, folders, masks),
 :class:`robusttrain.metamorphic.batch.HookError` (batches / model outputs the default hooks
-cannot read) and :class:`robusttrain.metamorphic.outputs.NonFiniteOutputError` (NaN/inf outputs).
+cannot read), :class:`robusttrain.metamorphic.outputs.NonFiniteOutputError` (NaN/inf outputs) and
+:class:`robusttrain.callbacks.context.RobustnessConfigError` (robustness callbacks that do not fit
+together; also a resume with a changed MR suite raises an InputError).
 Imports nothing, so every layer can use it.
 
 >>> issubclass(InputError, ValueError)

@@ -31,6 +31,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from robusttrain.errors import InputError
+
 from ._dist import broadcast_object
 
 ATTR = "robusttrain_context"
@@ -38,7 +40,7 @@ PROVIDERS = {"mr": "MetamorphicCallback", "corners": "BalancedCheckpoint"}
 _WHAT = {"mr": "MetamorphicCallback results", "corners": "BalancedCheckpoint corner cases"}
 
 
-class RobustnessConfigError(ValueError):
+class RobustnessConfigError(InputError):
     """The robustness callbacks are configured inconsistently; the message says what to change."""
 
 

@@ -37,6 +37,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from robusttrain.errors import InputError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PERTURBATIONS = ("saturation", "contrast", "white_balance", "specularity", "blur",
@@ -272,7 +274,7 @@ class MRSuite:
         if (state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names
                 or [int(s) for s in state.get("severities", self.severities)] != self.severities
                 or state.get("slice_axis", self.slice_axis) != self.slice_axis):
-            raise ValueError(
+            raise InputError(
                 "cannot resume: the checkpoint's metamorphic suite (perturbations="
                 f"{list(state.get('names', []))} severities={list(state.get('severities', []))} seed="
                 f"{state.get('seed')}) differs from the configured one ({self.describe()}); its EFR and "

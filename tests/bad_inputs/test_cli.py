@@ -326,6 +326,8 @@ SCENARIOS = [
       text="severities"),
     S("check-unknown-perturbation", ["check", *TINY, RUN, CK, "callbacks.metamorphic.suite.perturbations=[nope]"],
       text="bad value for 'callbacks.metamorphic.suite.perturbations'"),
+    S("resume-with-changed-suite", ["fit", *TINY, RUN, "ckpt=last", "callbacks.metamorphic.suite.severities=[2]"],
+      text="cannot resume: the checkpoint's metamorphic suite (perturbations=['blur', 'contrast'] severities=[4]"),
     S("replay-ratio-too-high", ["fit", *TINY, RUN, "callbacks.mining.replay_ratio=1.0"],
       text="bad value for 'callbacks.mining.replay_ratio' (1.0): replay_ratio=1.0: expected a number in [0, 0.9]"),
     S("contamination-too-high", ["fit", *TINY, RUN, "callbacks.balanced.contamination=0.9"],
