@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback, RobustnessReporter
+from robusttrain.metamorphic.suite import MRSuite
 
 pytestmark = pytest.mark.slow
 
@@ -127,6 +128,16 @@ class Sink:
         self.records.append(record)
 
 
+class PlotSpy(pl.Callback):
+    """Listed after the reporter: which PNGs existed when each training epoch had ended."""
+
+    def __init__(self, run_dir):
+        self.run_dir, self.seen = Path(run_dir), []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.seen.append(sorted(p.name for p in (self.run_dir / "plots").glob("*.png")))
+
+
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     from lightning.pytorch.loggers import WandbLogger
@@ -152,10 +163,11 @@ def fitted(tmp_path_factory):
                              violation_threshold=0.0, class_names=["rv", "myo", "lv"], context=ctx,
                              verbose=False)
     reporter = RobustnessReporter(max_failures_per_epoch=3)  # joins the same context (the trainer's)
+    spy = PlotSpy(run_dir)
     logger = WandbLogger(offline=True, save_dir=str(tmp), project="robusttrain-test")
     trainer = pl.Trainer(max_epochs=2, logger=logger, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter])
+                         callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter, spy])
     trainer.fit(Tiny(), DataLoader(ds, batch_size=5, shuffle=True), DataLoader(ds, batch_size=5))
     import wandb
 
@@ -164,7 +176,7 @@ def fitted(tmp_path_factory):
     files = list((tmp / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
     return {"run_dir": run_dir, "records": read_wandb_records(files[0]), "wandb_dir": files[0].parent,
-            "mr": mr, "sink": sink, "reporter": reporter, "tmp": tmp}
+            "mr": mr, "sink": sink, "reporter": reporter, "tmp": tmp, "spy": spy}
 
 
 def test_efr_scalars_logged_once_by_the_mr_callback(fitted):
@@ -240,10 +252,32 @@ def test_corner_case_charts_and_summary(fitted):
         assert series[f"least-loss epoch {ll}"] == [(ll, 0.0), (ll, 1.0)]  # the vertical marker
 
 
-def test_plots_written_each_epoch(fitted):
+def test_plots_written_when_the_fit_ends(fitted):
+    # the default plots="end": nothing rendered during training (W&B charts follow every epoch) ...
+    assert fitted["spy"].seen == [[], []]
+    # ... and every plot once the fit has ended
     plots = fitted["run_dir"] / "plots"
     assert (plots / "efr.png").stat().st_size > 10_000
     assert (plots / "clean_dice.png").stat().st_size > 10_000
     corners = json.loads((fitted["run_dir"] / "corner_cases.json").read_text())
     for c in corners["corner_cases"]:
         assert (plots / f"corner_{c['case_id']}.png").is_file()
+
+
+def test_plots_every_epoch_on_request(tmp_path):
+    pl.seed_everything(0)
+    ds, run_dir = Cases(), tmp_path / "run"
+    spy = PlotSpy(run_dir)
+    mr = MetamorphicCallback(suite=MRSuite(["blur"], severities=(4,)), dirpath=str(run_dir), verbose=False)
+    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False,
+                         callbacks=[mr, RobustnessReporter(plots="epoch", console=False), spy])
+    trainer.fit(Tiny(), DataLoader(ds, batch_size=5), DataLoader(ds, batch_size=5))
+    assert "efr.png" in spy.seen[0] and "clean_dice.png" in spy.seen[0]
+    assert "tradeoff.png" in spy.seen[1]  # needs two epochs of history
+
+
+@pytest.mark.parametrize("value", ["always", 1.5, None])
+def test_plots_argument_checked_when_built(value):
+    with pytest.raises(ValueError, match=r"plots="):
+        RobustnessReporter(plots=value)

@@ -1,11 +1,14 @@
 """SegmentationModule: a plain Lightning segmentation model (MONAI net, Dice+CE, AdamW+cosine)."""
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from monai.losses import DiceCELoss
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
 from robusttrain.models.networks import build_network
@@ -29,6 +32,8 @@ class SegmentationModule(L.LightningModule):
                  class_names: Sequence[str] | None = None, lr: float = 2e-3,
                  weight_decay: float = 1e-4, warmup_epochs: int = 0) -> None:
         super().__init__()
+        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
+            raise ValueError(f"model.warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
         if num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2 (background + foreground), got {num_classes}")
         self.save_hyperparameters()
@@ -86,8 +91,55 @@ class SegmentationModule(L.LightningModule):
         return self(images).softmax(1)
 
     def configure_optimizers(self) -> dict:
+        """AdamW; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up."""
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
                                 weight_decay=self.hparams.weight_decay)
+        warmup = int(self.hparams.warmup_epochs or 0)
         total = max(1, int(self.trainer.max_epochs or 1))
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+        sched = CosineAnnealingLR(opt, T_max=max(1, total - warmup))
+        if warmup > 0:
+            ramp = LinearLR(opt, start_factor=1.0 / (warmup + 1), total_iters=warmup)
+            sched = SequentialLR(opt, [ramp, sched], milestones=[warmup])
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+
+    def on_train_start(self) -> None:
+        # A run resumed with a larger trainer.max_epochs gets back the schedule it was saved with:
+        # the cosine's T_max is the old length, so every added epoch would train at the final LR (0).
+        # Stretch the cosine to the new length and set the LR to where the longer cosine is now.
+        # Unchanged max_epochs (an exact resume) leaves everything as restored.
+        max_epochs = int(self.trainer.max_epochs or 0)
+        if max_epochs < 1:
+            return
+        for config in self.trainer.lr_scheduler_configs:
+            stretch_cosine(config.scheduler, max_epochs - int(self.hparams.warmup_epochs or 0))
+
+
+def stretch_cosine(scheduler: Any, t_max: int) -> bool:
+    """Give a (possibly nested) :class:`CosineAnnealingLR` a new length ``t_max`` mid-run.
+
+    The LR of each param group is set to the closed-form cosine value at the scheduler's current
+    epoch under the new length (the recursive form PyTorch steps with cannot leave 0 once there).
+    Returns whether anything changed.
+
+    >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    >>> s = CosineAnnealingLR(opt, T_max=2)
+    >>> for _ in range(2): opt.step(); s.step()
+    >>> opt.param_groups[0]["lr"]
+    0.0
+    >>> stretch_cosine(s, 4), round(opt.param_groups[0]["lr"], 6)
+    (True, 0.5)
+    """
+    inner = getattr(scheduler, "_schedulers", [scheduler])
+    changed = False
+    for s in inner:
+        t_max = max(1, int(t_max))
+        if not isinstance(s, CosineAnnealingLR) or s.T_max == t_max:
+            continue
+        old, s.T_max, changed = s.T_max, t_max, True
+        epoch = max(0, int(s.last_epoch))
+        for group, base in zip(s.optimizer.param_groups, s.base_lrs):
+            group["lr"] = s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * min(epoch, t_max) / t_max)) / 2
+        s._last_lr = [g["lr"] for g in s.optimizer.param_groups]
+        rank_zero_info(f"[robusttrain] cosine LR schedule stretched from {old} to {t_max} epochs "
+                       f"(trainer.max_epochs changed on resume); LR now {s._last_lr[0]:.3g}")
+    return changed
