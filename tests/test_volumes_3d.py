@@ -320,3 +320,29 @@ def test_user_style_3d_project_with_the_robustness_callbacks(tmp_path):
     cases = pd.read_csv(run / "mr_cases.csv")
     assert (cases.split == "train").any()  # the train probe ran on volumes (budgeted, epoch 0)
     assert (run / "failures" / "mining.csv").is_file()
+
+
+@pytest.mark.parametrize("batches", ["dict", "tuple"])
+def test_balanced_checkpoint_alone_on_3d_volumes(tmp_path, batches):
+    # no MetamorphicCallback: BalancedCheckpoint computes the per-volume Dice history itself
+    tuples = batches == "tuple"  # the user-project style: float (1,H,W,D) masks, no case ids, val_loss
+    kind = TupleVolumes if tuples else Volumes
+    train, val, model = kind(6, seed=1), kind(5, seed=2), TupleUNet3D() if tuples else UNet3D()
+    bc = BalancedCheckpoint(dirpath=tmp_path, monitor="val_loss" if tuples else "val/loss")
+    _trainer(tmp_path, [bc], epochs=3).fit(model, datamodule=VolumeData(train, val))
+
+    hist = pd.read_csv(tmp_path / "balanced_history.csv")
+    assert hist.groupby("epoch").size().to_dict() == {0: 5, 1: 5, 2: 5}  # one row per volume, not per slice
+    ids = sorted(hist.case_id.unique())
+    assert ids == [f"idx{i}" if tuples else f"vol{i}" for i in range(5)]
+    # the recorded Dice is the volume Dice of the final network on the whole volume
+    model.eval()
+    with torch.no_grad():
+        for i in range(5):
+            img, msk = (val[i]["image"], val[i]["mask"]) if not tuples else (val[i][0], val[i][1][0].long())
+            ref = dice_from_sums(slice_sums(model(img[None]).argmax(1), msk[None], 2))[0, 0]
+            got = hist[(hist.epoch == 2) & (hist.case_id == ids[i])].filter(like="dice").iloc[0, 0]
+            assert got == pytest.approx(ref, abs=1e-6)
+    corners = json.loads((tmp_path / "corner_cases.json").read_text())
+    assert corners["balanced_epoch"] in (0, 1, 2) and (tmp_path / "balanced.ckpt").is_file()
+    assert corners["least_loss_epoch"] in (0, 1, 2)  # the monitored key was found

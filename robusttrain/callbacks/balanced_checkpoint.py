@@ -55,17 +55,26 @@ def batch_sums(logits: torch.Tensor, mask: torch.Tensor, threshold: float = 0.5)
     """(B, 3, C) int64 per sample and foreground class: intersection, prediction sum, target sum.
 
     K>1 channels: softmax classes (argmax of the logits, which is the argmax of the softmax);
-    1 channel: sigmoid > ``threshold`` against ``mask > 0``.
+    1 channel: sigmoid > ``threshold`` against ``mask > 0``. Sums run over every spatial dim, so
+    a (B,K,H,W,D) volume gives one volume-level count per case.
+
+    >>> logits = torch.zeros(1, 2, 4, 4, 3); logits[:, 1, :2] = 1.0      # predicts the top half
+    >>> mask = torch.zeros(1, 4, 4, 3, dtype=torch.long); mask[:, :1] = 1  # the top quarter
+    >>> batch_sums(logits, mask)[0, :, 0].tolist()                        # I, P, T over 48 voxels
+    [12, 24, 12]
     """
     if logits.shape[1] == 1:
         pred = (torch.sigmoid(logits[:, 0]) > threshold).long()
         mask, classes = (mask > 0).long(), [1]
     else:
         pred, classes = logits.argmax(1), range(1, logits.shape[1])
+    if pred.shape != mask.shape:
+        raise ValueError(f"prediction {tuple(pred.shape)} and mask {tuple(mask.shape)} differ")
+    dims = tuple(range(1, pred.ndim))
     out = []
     for k in classes:
         p, t = pred == k, mask == k
-        out.append(torch.stack([(p & t).sum((1, 2)), p.sum((1, 2)), t.sum((1, 2))], 1))
+        out.append(torch.stack([(p & t).sum(dims), p.sum(dims), t.sum(dims)], 1))
     return torch.stack(out, 2).long().cpu().numpy()
 
 
@@ -190,7 +199,7 @@ class BalancedCheckpoint(Callback):
         return fitting(trainer) and self._ctx is not None
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._sums = {}
+        self._sums, self._seen = {}, 0
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if not self._computing or not self._active(trainer) or dataloader_idx != 0:
@@ -211,11 +220,14 @@ class BalancedCheckpoint(Callback):
         slices = hooks.get_slice_indices(batch)
         for i, s in enumerate(sums):
             # keyed by slice so DistributedSampler's padded duplicates are counted once; without
-            # case ids every sample is its own case (stable across epochs: validation isn't shuffled)
-            key = f"val/r{trainer.global_rank}b{batch_idx}i{i}"
+            # case ids every sample is its own case (stable across epochs: validation isn't shuffled).
+            # On one process the n-th validation sample is dataset index n: "idx<n>", as the
+            # MetamorphicCallback names it; under DDP the rank's position identifies it.
+            key = f"idx{self._seen + i}" if trainer.world_size == 1 else f"val/r{trainer.global_rank}b{batch_idx}i{i}"
             cid = str(cids[i]) if cids is not None else key
             sl = int(slices[i]) if slices is not None else key
             self._sums[(cid, sl)] = s
+        self._seen += len(sums)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not self._computing or not self._active(trainer):
