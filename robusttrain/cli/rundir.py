@@ -5,7 +5,8 @@
   write beside them (``config.<command>.yaml``, ``logs/<command>/``) and never touch fit's files.
 * A second command on a run directory that is in use is refused (exit 2); a lock whose process is
   gone (a killed run) is taken over with a message, and the temporary files that run left behind
-  (``.<name>.*.tmp`` from :mod:`robusttrain.io`) are removed.
+  (``.<name>.*.tmp`` from :mod:`robusttrain.io`) are removed. The lock records its process's start
+  time (Linux ``/proc``), so a pid the system has since given to another process counts as gone.
 * Under DDP the other ranks re-run the command in child processes (``LOCAL_RANK``/``NODE_RANK`` set):
   rank 0 holds the lock for all of them.
 """
@@ -41,6 +42,20 @@ def is_child_rank() -> bool:
     return os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat``); None if unknown.
+
+    >>> process_start(os.getpid()) == process_start(os.getpid()) is not None or sys.platform != "linux"
+    True
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # the command name (field 2) may hold spaces and parentheses: fields after its last ")"
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -69,8 +84,8 @@ class RunDirLock:
                 note = self._stale_or_refuse()
                 continue
             with os.fdopen(fd, "w") as fh:
-                json.dump({"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
-                           "since": time.strftime("%Y-%m-%d %H:%M:%S")}, fh)
+                json.dump({"pid": os.getpid(), "start": process_start(os.getpid()), "host": socket.gethostname(),
+                           "command": self.command, "since": time.strftime("%Y-%m-%d %H:%M:%S")}, fh)
             self.held = True
             atexit.register(self.release)
             return note
@@ -94,7 +109,9 @@ class RunDirLock:
             raise UsageError(f"run_dir '{self.path.parent}' is in use by pid {pid} on host {host} "
                              f"({owner.get('command')} since {owner.get('since')}); use another run_dir, "
                              f"or delete {self.path} if that run is gone")
-        if pid > 0 and _alive(pid):
+        start = owner.get("start")
+        reused = start is not None and process_start(pid) not in (None, int(start))  # pid now another process
+        if pid > 0 and _alive(pid) and not reused:
             raise UsageError(f"run_dir '{self.path.parent}' is in use by another robusttrain command "
                              f"(pid {pid}, {owner.get('command')} since {owner.get('since')}); use another "
                              "run_dir or wait for it to finish")

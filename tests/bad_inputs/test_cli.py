@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from robusttrain.cli import main
+from robusttrain.cli.rundir import process_start
 
 TINY = ["recipe=smoke", "data.n_train=8", "data.n_val=4", "data.image_size=32", "data.batch_size=4",
         "callbacks.metamorphic.max_cases=4", "callbacks.mining.train_probe_size=4",
@@ -162,11 +163,19 @@ def _exists(*names: str):
     return then
 
 
-def _lock_by(pid_of: Callable[[SimpleNamespace], int], host: str | None = None):
+def _lock_by(pid_of: Callable[[SimpleNamespace], int], host: str | None = None, start_of=None):
     def prep(c):
-        (c.run / ".robusttrain.lock").write_text(json.dumps(
-            {"pid": pid_of(c), "host": host or socket.gethostname(), "command": "fit", "since": "earlier"}))
+        pid = pid_of(c)
+        owner = {"pid": pid, "host": host or socket.gethostname(), "command": "fit", "since": "earlier"}
+        if start_of is not None:
+            owner["start"] = start_of(pid)
+        (c.run / ".robusttrain.lock").write_text(json.dumps(owner))
     return prep
+
+
+def _other_start(pid: int) -> int:
+    """A start time that is not the live process's: the lock's pid has been given to another process."""
+    return (process_start(pid) or 0) + 12345
 
 
 def _live_pid(c) -> int:
@@ -254,6 +263,13 @@ SCENARIOS = [
     S("run-dir-locked-by-live-process", ["fit", *TINY, RUN, "ckpt=last", "trainer.max_epochs=2"],
       text="is in use by another robusttrain command (pid", prep=_lock_by(_live_pid),
       then=_unchanged("logs/metrics.csv", "history.csv", ".robusttrain.lock")),
+    S("run-dir-locked-by-live-process-same-start", ["validate", *TINY, RUN, "ckpt=last"],
+      text="is in use by another robusttrain command (pid",
+      prep=_lock_by(_live_pid, start_of=lambda pid: process_start(pid))),
+    S("stale-lock-whose-pid-was-reused", ["validate", *TINY, RUN, "ckpt=last"], code=0,
+      prep=_lock_by(_live_pid, start_of=_other_start),
+      then=_also(_no_tmps_no_lock, lambda c, o, e: "took over the lock of an interrupted run" in e or
+                 pytest.fail(e))),
     S("run-dir-locked-on-other-host", ["validate", *TINY, RUN, "ckpt=last"], text="on host elsewhere",
       prep=_lock_by(lambda c: 1, host="elsewhere")),
     S("stale-lock-taken-over", ["validate", *TINY, RUN, "ckpt=last"], code=0, prep=_lock_by(_dead_pid),
