@@ -364,6 +364,13 @@ class MetamorphicCallback(Callback):
                 "cases": _to_state(self.cases), "suite": self.suite.state_dict(),
                 "budget": self.budget.state_dict(), "last_check": [self._last_check_epoch, self._last_val_full]}
 
+    def check_resume(self, state: dict[str, Any]) -> None:
+        """Refuse (``InputError``) a checkpoint state this callback could not continue: another suite.
+
+        The CLI calls it before it writes anything into the run directory; ``load_state_dict``
+        refuses the same state when Lightning restores it."""
+        self.suite.check_state(state.get("suite", {}))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # a changed suite is refused before anything is replaced (its tables would not compare)
         self.suite.load_state_dict(state.get("suite", {}))

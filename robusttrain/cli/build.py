@@ -154,8 +154,11 @@ def check_trainer(trainer_cfg: dict) -> None:
                          "or -1 together with trainer.max_steps=N or trainer.max_time)")
 
 
-def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit") -> Run:
-    """Seed, create the run directory and instantiate datamodule, model, callbacks and trainer."""
+def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit", write: bool = True) -> Run:
+    """Seed, create the run directory and instantiate datamodule, model, callbacks and trainer.
+
+    ``write=False``: the caller writes the resolved config (:func:`write_config`) once its own
+    checks have passed, so a refused command leaves the run directory's config as it was."""
     from robusttrain.checkpoints import checkpoint_io
 
     if with_trainer:
@@ -175,7 +178,8 @@ def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit") 
         # checkpoints are written atomically in place and read back weights-only
         trainer_cfg.setdefault("plugins", [checkpoint_io()])
         run.trainer = build("trainer", trainer_cfg)
-    write_config(cfg, run_dir, command)
+    if write:
+        write_config(cfg, run_dir, command)
     return run
 
 

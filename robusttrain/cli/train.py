@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from robusttrain.checkpoints import check_file, check_fits, load_checkpoint
-from robusttrain.cli.build import build_run
+from robusttrain.cli.build import build_run, write_config
 from robusttrain.cli.errors import UsageError
 
 
@@ -45,7 +45,7 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
     if ckpt is not None and ckpt != "last":
         ckpt = _resolve_ckpt(ckpt, None)  # before anything is built or written
         state = load_checkpoint(ckpt)
-    run = build_run(cfg, command=stage)
+    run = build_run(cfg, command=stage, write=False)
     _say(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}")
     resume_last = ckpt == "last"
     if resume_last:
@@ -55,6 +55,11 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         # Weights only, and they must fit this recipe's model -- checked before Lightning starts
         # (Lightning then reads the file through the same loader: robusttrain.checkpoints.checkpoint_io).
         check_fits(ckpt, state["state_dict"], run.model)
+        if stage == "fit":
+            _check_callback_states(run.trainer, state)
+    # every check passed: only now is anything in the run directory changed
+    write_config(cfg, run.run_dir, stage)
+    if ckpt is not None:
         if stage == "fit":
             _forget_epochs_after(run.trainer, Path(ckpt), int(state.get("epoch", -1)), resume_last)
         ckpt = str(ckpt)
@@ -71,6 +76,14 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
     _say(f"[robusttrain] run_dir={run.run_dir}")
     return 0
+
+
+def _check_callback_states(trainer, state: dict) -> None:
+    """Callbacks that can refuse a checkpoint's state (``check_resume``) do so before anything is written."""
+    saved = state.get("callbacks") or {}
+    for cb in trainer.callbacks:
+        if hasattr(cb, "check_resume") and cb.state_key in saved:
+            cb.check_resume(saved[cb.state_key])
 
 
 def _forget_epochs_after(trainer, ckpt: Path, epoch: int, killed_run: bool) -> None:

@@ -270,7 +270,8 @@ class MRSuite:
         """One line naming the suite (recorded with every checkpoint; compared on resume)."""
         return f"perturbations={self.names} severities={self.severities} seed={self.seed}"
 
-    def load_state_dict(self, state: dict) -> None:
+    def check_state(self, state: dict) -> None:
+        """Raise :class:`InputError` when a checkpoint's suite ``state`` differs from this suite."""
         if (state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names
                 or [int(s) for s in state.get("severities", self.severities)] != self.severities
                 or state.get("slice_axis", self.slice_axis) != self.slice_axis):
@@ -279,6 +280,9 @@ class MRSuite:
                 f"{list(state.get('names', []))} severities={list(state.get('severities', []))} seed="
                 f"{state.get('seed')}) differs from the configured one ({self.describe()}); its EFR and "
                 "history would not be comparable -- resume with the same suite or start a new run_dir")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
         if state.get("cache") and state.get("param_units") != PARAM_UNITS:
             log.warning("metamorphic suite: checkpoint holds params in older (pixel) units; "
                         "params will be re-sampled in relative units")
