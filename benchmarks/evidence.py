@@ -170,8 +170,9 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     n_train_cases, n_val_cases = len(dm.train_dataset.case_ids()), len(dm.val_dataset.case_ids())
     perts = usable_families(args.perturbations.split(","), dm.in_channels)
     sevs = tuple(int(s) for s in args.severities.split(","))
+    mining = {k: getattr(args, k) for k in ("jitter", "fresh_image", "clean_mix") if getattr(args, k, None) is not None}
     cbs, _ = training_callbacks(cond, dm, perts, sevs, seed=args.data_seed, ratio=args.ratio, probe=args.probe,
-                                mine_every=args.mine_every, run_dir=str(run_dir))
+                                mine_every=args.mine_every, run_dir=str(run_dir), mining=mining)
     rec = make_recorder(names)
     feats = tuple(int(f) for f in args.features.split(","))
     model = SegmentationModule(in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names,
@@ -288,6 +289,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--ratio", type=float, default=0.2, help="extra slots per epoch (all conditions)")
     ap.add_argument("--probe", type=int, default=32, help="training cases probed for failures (mined)")
     ap.add_argument("--mine-every", type=int, default=1, help="probe every N epochs (mined)")
+    for flag in ("jitter", "fresh-image", "clean-mix"):
+        ap.add_argument(f"--{flag}", type=float, default=None,
+                        help=f"FailureMiningCallback {flag.replace('-', '_')} (mined; default: conditions.MINING_DEFAULTS)")
     ap.add_argument("--min-epoch", type=int, default=3, help="warm-up epochs the balanced policies skip")
     ap.add_argument("--contamination", type=float, default=0.1)
     ap.add_argument("--worst-fraction", type=float, default=0.1, help="k of the worst-k / cvar numbers")
