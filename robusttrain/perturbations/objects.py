@@ -180,10 +180,10 @@ class PastedObject(PlacedSampling, Perturbation):
         rgba = _bilinear_zero(self.bank[int(params["index"])], u.astype(np.float32), v.astype(np.float32))
         alpha = rgba[:, :, 3:]
         prem = np.clip(rgba[:, :, :3] * np.float32(params["gain"]), 0, 1) * alpha
-        if n > 1:
-            hh, ww = y1 - y0, x1 - x0
-            alpha = alpha.reshape(hh, n, ww, n, 1).mean((1, 3))
-            prem = prem.reshape(hh, n, ww, n, 3).mean((1, 3))
+        if n > 1:  # n x n box mean (avg_pool2d's twin); cv2's area resize at an integer factor is one
+            hh, ww = y1 - y0, x1 - x0  # SIMD pass, ~10x a numpy mean over strided axes
+            alpha = cv2.resize(np.ascontiguousarray(alpha[:, :, 0]), (ww, hh), interpolation=cv2.INTER_AREA)[:, :, None]
+            prem = cv2.resize(np.ascontiguousarray(prem), (ww, hh), interpolation=cv2.INTER_AREA)
         colour = prem / np.maximum(alpha, np.float32(1e-6))
         alpha = alpha[:, :, 0] * fov_mask_np(image)[y0:y1, x0:x1]
         if mask is not None:
