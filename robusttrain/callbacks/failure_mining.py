@@ -30,12 +30,14 @@ import pandas as pd
 from lightning.pytorch import Callback
 
 from robusttrain.io import atomic_write_csv, atomic_write_json
+from robusttrain.metamorphic.batch import iter_probe
 from robusttrain.mining.bank import FailureBank
 from robusttrain.mining.replay import CleanDataset, ReplayDataset
 from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
 from robusttrain.rundir import failures as failures_files
 
 from ._dist import is_global_zero
+from ._mr_probe import checking_state
 from .context import RobustnessConfigError, RobustnessContext, TrainProbe, context_for
 from .validate import check_fraction, check_int
 
@@ -177,8 +179,14 @@ class FailureMiningCallback(Callback):
             raise RobustnessConfigError(
                 "FailureMiningCallback: no training dataset to check; pass train_dataset= (a map-style "
                 "dataset) or build the train loader over mining.wrap(train_dataset)")
-        if self.replay is not None and self.replay.view.pre is None:
-            self.replay.view.codec.check(self.replay.base)
+        # The MR callback reads the train probe through its hooks only after the first epoch: read one
+        # sample now, so samples the hooks cannot read (no mask) fail before training, also with
+        # replay_ratio=0. No random stream moves (a resume must repeat the uninterrupted run).
+        with checking_state(pl_module, 0), self._probe.dataset.streams_kept():
+            if len(self._probe.dataset):
+                next(iter_probe(self._probe.dataset, [0], 1, self._ctx.hooks))
+            if self.replay is not None and self.replay.view.pre is None:
+                self.replay.view.codec.check(self.replay.base)
 
     def _sink(self, record: Any, images: Any = None) -> None:
         self.bank.add(record, images)

@@ -45,10 +45,11 @@ other map-style dataset (``Subset`` included) its own dict / tuple with the imag
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -194,6 +195,22 @@ class CleanDataset(Dataset):
             return self.base[i]
         img, msk, meta = self.view.load(i)
         return self.view.finish(img, msk, meta, augment=False)
+
+    @contextlib.contextmanager
+    def streams_kept(self) -> Iterator[None]:
+        """Read samples without moving the augmentations' random streams (shared with the training
+        pipeline: a read before training would otherwise change every augmented batch, and a resume
+        would no longer repeat the run)."""
+        pre = self.view.pre
+        if pre is None or not hasattr(pre, "random_generator"):
+            yield
+            return
+        state = (pre.random_generator.bit_generator.state, pre.py_random.getstate())
+        try:
+            yield
+        finally:
+            pre.random_generator.bit_generator.state = state[0]
+            pre.py_random.setstate(state[1])
 
     def __getattr__(self, name: str) -> Any:
         return _forward(self, name)

@@ -1,8 +1,15 @@
 """Bad callback arguments are refused when the callback is built (issue 10): one line naming the
-argument and the value, before any training."""
+argument and the value, before any training. Samples the callbacks cannot read (no mask) are refused
+by a real ``trainer.fit`` before its first training step."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import lightning.pytorch as L
+import pandas as pd
 import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 from robusttrain.callbacks import (
     BalancedCheckpoint,
@@ -10,7 +17,7 @@ from robusttrain.callbacks import (
     MetamorphicCallback,
     RobustnessReporter,
 )
-from robusttrain.metamorphic.batch import BatchHooks
+from robusttrain.metamorphic.batch import BatchHooks, HookError
 from robusttrain.metamorphic.suite import MRSuite
 
 CASES = [
@@ -63,3 +70,111 @@ def test_bad_callback_argument_is_refused_at_construction(build, exc, pattern):
     with pytest.raises(exc, match=pattern) as err:
         build()
     assert "\n" not in str(err.value)  # one line
+
+
+# ---- T14: mask-less samples through FailureMiningCallback inside a real trainer ---------------
+
+class _UserSamples(Dataset):
+    """A user's dataset: dict samples whose mask is under a key the default hooks do not know
+    (``seg``), or that have no mask at all (``image-only``)."""
+
+    def __init__(self, layout: str, n: int = 12, size: int = 32):
+        g = torch.Generator().manual_seed(0)
+        self.layout, self.x = layout, torch.rand(n, 3, size, size, generator=g)
+        self.m = (self.x[:, :1] > 0.5).float()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"image": self.x[i]} if self.layout == "image-only" else {"image": self.x[i], "seg": self.m[i]}
+
+
+class _UserNet(L.LightningModule):
+    """Counts its training steps: the refusal must come before the first one."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 1)
+        self.steps = 0
+
+    def forward(self, x):
+        return self.conv(x)
+
+    def _loss(self, b):
+        out = self(b["image"])
+        return out.square().mean() if "seg" not in b else torch.nn.functional.cross_entropy(out, b["seg"][:, 0].long())
+
+    def training_step(self, b, _):
+        self.steps += 1
+        return self._loss(b)
+
+    def validation_step(self, b, _):
+        self.log("val_loss", self._loss(b))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _UserData(L.LightningDataModule):
+    """Its own attribute names (``train_set``/``val_set``); the train loader goes through
+    ``mining.wrap`` only when the mining callback replays."""
+
+    def __init__(self, layout: str, mining: FailureMiningCallback):
+        super().__init__()
+        self.layout, self.mining = layout, mining
+
+    def setup(self, stage=None):
+        self.train_set, self.val_set = _UserSamples(self.layout), _UserSamples(self.layout, n=8)
+
+    def train_dataloader(self):
+        ds = self.mining.wrap(self.train_set) if self.mining.replay_ratio > 0 else self.train_set
+        return DataLoader(ds, batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=4)
+
+
+def _user_fit(run: Path, layout: str, replay: bool, model: _UserNet, hooks: BatchHooks | None = None,
+              epochs: int = 1) -> None:
+    """A real ``trainer.fit`` of ``model`` with MetamorphicCallback + FailureMiningCallback."""
+    L.seed_everything(0)
+    mining = FailureMiningCallback(dirpath=run, train_probe_size=4, replay_ratio=0.5 if replay else 0.0,
+                                   train_dataset=None if replay else _UserSamples(layout))
+    mr = MetamorphicCallback(suite=MRSuite(["contrast"], (5,)), dirpath=run, verbose=False,
+                             **({"hooks": hooks} if hooks is not None else {}))
+    trainer = L.Trainer(max_epochs=epochs, callbacks=[mr, mining], logger=False, default_root_dir=run,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        num_sanity_val_steps=0, accelerator="cpu", devices=1)
+    trainer.fit(model, datamodule=_UserData(layout, mining))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replay", [True, False], ids=["replay", "record-only"])
+@pytest.mark.parametrize("layout", ["mask-under-seg", "image-only"])
+def test_maskless_samples_are_refused_by_failure_mining_before_training(tmp_path, layout, replay):
+    """``replay``: the train loader reads ``mining.wrap(train_set)``; ``record-only``: replay_ratio=0
+    and ``train_dataset=`` (nothing wrapped). The datamodule has no ``val_dataset`` attribute, so the
+    MR callback cannot check the validation samples at setup: the mining callback's check is what
+    stops the fit. Before the fix, record-only trained a whole epoch and then failed in the MR check."""
+    model = _UserNet()
+    with pytest.raises(HookError, match=r"cannot find masks in the batch .*got dict\); pass get_masks=") as err:
+        _user_fit(tmp_path / "run", layout, replay, model)
+    assert "\n" not in str(err.value)  # one line
+    assert model.steps == 0  # refused before the first training step
+    assert not (tmp_path / "run" / "failures" / "failures.jsonl").exists()
+    assert not (tmp_path / "run" / "history.csv").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replay", [True, False], ids=["replay", "record-only"])
+def test_the_get_masks_hook_the_refusal_names_makes_the_same_project_train(tmp_path, replay):
+    """Control for the refusal above: with the hook it names (``get_masks=``) the same samples train
+    (2 epochs, 3 steps each) and the MR check reads the train probe (``split == 'train'`` rows)."""
+    model = _UserNet()
+    _user_fit(tmp_path / "run", "mask-under-seg", replay, model, hooks=BatchHooks(get_masks=lambda b: b["seg"]),
+              epochs=2)
+    assert model.steps == 6
+    efr = pd.read_csv(tmp_path / "run" / "efr.csv")
+    assert set(efr["split"]) == {"val", "train"}
+    assert set(efr.loc[efr["split"] == "train", "suite_cases"]) == {4}  # train_probe_size cases read
