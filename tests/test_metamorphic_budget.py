@@ -1,4 +1,5 @@
-"""The robustness budget: stratified, rotating (case, test) subsets sized to training time; Wilson CIs."""
+"""The robustness budget: stratified, rotating (case, test) subsets sized to training work (never to the
+clock); Wilson CIs."""
 import time
 from collections import Counter
 
@@ -22,13 +23,11 @@ IDS = [f"c{i}" for i in range(10)]
 
 
 def _budget(seed=0, budget=0.5):
-    b = CheckBudget(budget, seed=seed)
-    b.observe({"clean_s": 0.1, "n_clean": 10, "followup_s": 0.1, "n_followup": 10})  # 10 ms per sample
-    return b
+    return CheckBudget(budget, seed=seed, clean_cost=1.0, followup_cost=1.0)  # one unit per sample
 
 
-def _seconds_for(pairs, n_val=10):  # train seconds that buy ``pairs`` follow-ups at budget 0.5
-    return (n_val * 0.01 + pairs * 0.01 + 0.005) / 0.5
+def _seconds_for(pairs, n_val=10):  # training work units that buy ``pairs`` follow-ups at budget 0.5
+    return (n_val * 1.0 + pairs * 1.0 + 0.5) / 0.5
 
 
 @pytest.mark.parametrize("bad", [0, -0.1, 1.5, "0.25", True, float("nan")])
@@ -68,9 +67,9 @@ def test_train_probe_shares_the_budget_and_reserve_is_set_aside():
     train = [f"t{i}" for i in range(30)]
     plan = b.plan(_seconds_for(40), {"val": IDS, "train": train}, n_tests=2)
     n = {s: sum(len(v) for v in p.values()) for s, p in plan.items()}
-    # 40 pairs' worth: val pairs cost 10 ms, train pairs 20 ms (their clean pass too), split by pair counts
+    # 40 pairs' worth: val pairs cost 1 unit, train pairs 2 (their clean pass too), split by pair counts
     assert n["val"] == 10 and n["train"] == 15
-    with_reserve = b.plan(_seconds_for(40), {"val": IDS}, 4, reserve_s=0.2)["val"]
+    with_reserve = b.plan(_seconds_for(40), {"val": IDS}, 4, reserve=20.0)["val"]
     assert sum(len(v) for v in with_reserve.values()) == 20
     assert final_reserve(10, 4, 0.01, 0.01, 2, 8) == pytest.approx((0.1 + 0.4) * 2 / 8)
 
@@ -78,7 +77,7 @@ def test_train_probe_shares_the_budget_and_reserve_is_set_aside():
 def test_budget_state_round_trips():
     b = _budget()
     b.plan(_seconds_for(8), {"val": IDS}, 4)
-    c = CheckBudget(0.5, seed=0)
+    c = _budget()  # costs are settings (constructor), the rotation is state
     c.load_state_dict(b.state_dict())
     assert c.plan(_seconds_for(8), {"val": IDS}, 4) == b.plan(_seconds_for(8), {"val": IDS}, 4)
 
@@ -115,7 +114,7 @@ def test_efr_rows_carry_a_wilson_interval_and_suite_coverage():
 
 
 class SlowTiny(Tiny):
-    """Tiny with a fixed sleep per training batch: training time the budget can be sized on."""
+    """Tiny with a fixed sleep per training batch: a slower (or busier) machine, same work."""
 
     def __init__(self, sleep):
         super().__init__()
@@ -135,32 +134,41 @@ class StopAfter(L.Callback):
             trainer.should_stop = True
 
 
-def _fit(tmp_path, cb, sleep, epochs, extra=()):
-    ds = Blobs(8, slices=1)
+def _fit(tmp_path, cb, sleep, epochs, extra=(), n_train=8):
+    torch.manual_seed(0)
     trainer = L.Trainer(max_epochs=epochs, callbacks=[cb, *extra], logger=CSVLogger(tmp_path, name="logs"),
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
                         accelerator="cpu", devices=1, log_every_n_steps=1)
-    trainer.fit(SlowTiny(sleep), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
+    trainer.fit(SlowTiny(sleep), DataLoader(Blobs(n_train, slices=1), batch_size=4),
+                DataLoader(Blobs(8, slices=1), batch_size=4))
     return trainer
 
 
+def _pooled(d):
+    efr = pd.read_csv(d / "efr.csv")
+    return efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index("epoch")
+
+
 @pytest.mark.slow
-def test_budgeted_checks_scale_with_training_time_and_an_early_stop_still_ends_with_the_whole_suite(tmp_path):
+def test_budget_plans_with_work_not_seconds_and_an_early_stop_still_ends_with_the_whole_suite(tmp_path):
     runs = {}
-    for sleep in (0.0, 0.5):
-        d = tmp_path / f"s{sleep}"
+    for name, sleep, n_train in (("fast", 0.0, 8), ("slow", 0.3, 8), ("more", 0.0, 64)):
+        d = tmp_path / name
         cb = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, class_names=["polyp"])
-        _fit(d, cb, sleep, epochs=5, extra=[StopAfter(1)])
-        efr = pd.read_csv(d / "efr.csv")
-        runs[sleep] = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)]
+        _fit(d, cb, sleep, epochs=5, extra=[StopAfter(1)], n_train=n_train)
+        runs[name] = d
         hist = pd.read_csv(d / "history.csv")
         assert hist.groupby("epoch").size().tolist() == [8, 8]  # clean history complete every epoch
         logged = pd.read_csv(d / "logs" / "version_0" / "metrics.csv")
-        assert {"mr/check_s", "mr/train_s"} <= set(logged.columns)
-    fast, slow = runs[0.0].set_index("epoch"), runs[0.5].set_index("epoch")
-    # epoch 0: ~0.01 s of training buys the minimum (one case per test); 1 s buys the whole suite
+        assert {"mr/check_s", "mr/train_s"} <= set(logged.columns)  # seconds are still reported
+    fast, more = _pooled(runs["fast"]), _pooled(runs["more"])
+    # a slower machine (0.3 s per batch) trains the same work: the very same subsets and files
+    for name in ("efr.csv", "mr_cases.csv", "history.csv"):
+        assert (runs["fast"] / name).read_bytes() == (runs["slow"] / name).read_bytes(), name
+    # 8 training images (24^2, as the probe) at budget 0.5 = 12 units, less than 8 clean forwards + the reserve:
+    # the minimum (one case per test); 64 images buy more pairs
     assert fast.loc[0, "cases"] == 6 and fast.loc[0, "suite_cases"] == 48 and not fast.loc[0, "final"]
-    assert slow.loc[0, "cases"] > fast.loc[0, "cases"]
+    assert more.loc[0, "cases"] > fast.loc[0, "cases"]
     # stopped after epoch 1 of 5: the final check (on_train_end) re-scored epoch 1 with the whole suite
     assert fast.loc[1, "cases"] == fast.loc[1, "suite_cases"] == 48 and fast.loc[1, "final"]
-    assert len(runs[0.0][runs[0.0].epoch == 1]) == 1  # replaced, not appended
+    assert len(_pooled(runs["fast"]).loc[[1]]) == 1  # replaced, not appended

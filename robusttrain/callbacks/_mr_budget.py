@@ -1,9 +1,15 @@
-"""MetamorphicCallback's robustness budget glue: the training clock and turning a plan into indices.
+"""MetamorphicCallback's robustness budget glue: counting training work, the (reported) training
+clock, and turning a plan into indices.
 
 The plan itself (which pairs, how many) is :class:`robusttrain.metamorphic.budget.CheckBudget`;
-here: how long the model trained since the last check (the callback's hooks feed a
-:class:`TrainClock`) and which dataset indices a planned set of cases means.
+here: how much the model trained since the last check -- pixels of the training batches
+(:class:`TrainWork`, what the budget plans with: deterministic) and wall seconds (:class:`TrainClock`,
+only reported) -- and which dataset indices a planned set of cases means.
 
+>>> import torch
+>>> work = TrainWork(); work.add({"image": torch.zeros(4, 3, 16, 16)}); work.add((torch.zeros(2, 3, 8, 8), None))
+>>> work.take()   # 4 x 16 x 16 + 2 x 8 x 8 pixels
+1152
 >>> clock = TrainClock(); clock.start(0.0); clock.step(2.0); clock.pause(); clock.resume(10.0); clock.step(11.0)
 >>> clock.take()   # 2 s + 1 s of batches; the 8 s in between (validation) do not count
 3.0
@@ -13,11 +19,57 @@ here: how long the model trained since the last check (the callback's hooks feed
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+
+class TrainWork:
+    """Pixels (voxels) of the training images seen since the last :meth:`take`.
+
+    ``get_images`` reads a batch's images (the MR hooks); a batch it cannot read (lists of crops,
+    custom containers) is counted through every floating tensor of >= 3 dims in it, and a batch with
+    none counts 0 (the budget then affords only its minimum)."""
+
+    def __init__(self, get_images: Callable[[Any], torch.Tensor] | None = None) -> None:
+        self.pixels = 0
+        self.get_images = get_images
+
+    def add(self, batch: Any) -> None:
+        x = None
+        if self.get_images is not None:
+            try:
+                x = self.get_images(batch)
+            except Exception:  # noqa: BLE001 -- the fallback below counts any image-like tensor
+                x = None
+        self.pixels += _pixels(x) if torch.is_tensor(x) else sum(_pixels(t) for t in _image_tensors(batch))
+
+    def take(self) -> int:
+        out, self.pixels = self.pixels, 0
+        return out
+
+
+def _pixels(x: torch.Tensor) -> int:
+    # (B,C,H,W[,D]) -> B*H*W[*D]; a 3-dim tensor is one (C,H,W) image
+    if x.ndim < 3:
+        return 0
+    return int(x.numel() // x.shape[1]) if x.ndim >= 4 else int(x.numel() // x.shape[0])
+
+
+def _image_tensors(batch: Any, depth: int = 0):
+    if torch.is_tensor(batch):
+        if batch.is_floating_point() and batch.ndim >= 4:
+            yield batch
+    elif depth < 4 and isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from _image_tensors(v, depth + 1)
+    elif depth < 4 and isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _image_tensors(v, depth + 1)
 
 
 class TrainClock:
-    """Wall time spent in training batches (data loading included, validation excluded)."""
+    """Wall time spent in training batches (data loading included, validation excluded); reported only."""
 
     def __init__(self) -> None:
         self.seconds = 0.0

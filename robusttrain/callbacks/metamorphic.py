@@ -9,9 +9,11 @@ to check training cases too.
 
 ``budget`` (a fraction of training time in (0, 1], e.g. 0.25; None = the full suite every check):
 each check then scores the clean pass over the whole validation probe plus a seeded, stratified
-subset of the (case, perturbation x severity) pairs sized so that the check takes about ``budget``
-x the training time since the previous one (the train probe shares it), rotating through all
-pairs over the epochs (:mod:`robusttrain.metamorphic.budget`). The last epoch's check -- or, after
+subset of the (case, perturbation x severity) pairs sized so that the check costs about ``budget``
+x the training since the previous one (the train probe shares it), rotating through all pairs over
+the epochs (:mod:`robusttrain.metamorphic.budget`). Costs are counted in forward passes scaled by
+pixels, never in seconds, so the subset depends on (seed, epoch, data, settings) only: the same
+under any machine load and after a kill + resume. The last epoch's check -- or, after
 an early stop, one at the end of training -- runs the whole suite: its ``efr.csv`` rows carry
 ``final=True``. Every EFR row has a 95 % Wilson interval (``efr_low``, ``efr_high``) and
 ``suite_cases`` (``cases / suite_cases`` = how much of the suite was scored).
@@ -32,7 +34,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from robusttrain.metamorphic.batch import BatchHooks, case_ids_of, iter_probe
-from robusttrain.metamorphic.budget import CheckBudget, check_budget, final_reserve
+from robusttrain.metamorphic.budget import CheckBudget, check_budget, final_reserve, training_work
 from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
 from robusttrain.metamorphic.failures import build_failures
 from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
@@ -42,7 +44,7 @@ from robusttrain.rundir import history as history_file
 from robusttrain.rundir import mr_cases as cases_file
 
 from ._dist import broadcast_object, gather_objects
-from ._mr_budget import TrainClock, to_indices
+from ._mr_budget import TrainClock, TrainWork, to_indices
 from ._mr_probe import checking_state, make_predict, make_to_probabilities, progress_bar, select_probe
 from .compat import fitting
 from .context import RobustnessContext, context_for
@@ -111,7 +113,8 @@ class MetamorphicCallback(Callback):
         self.hooks = hooks if hooks is not None else BatchHooks()
         self.seed = self.suite.seed
         self.budget = CheckBudget(check_budget(budget), self.seed)
-        self.clock = TrainClock()
+        self.clock = TrainClock()  # reported only (mr/train_s)
+        self.work = TrainWork(self.hooks.get_images)  # what the budget plans with
         self._last_check_epoch = -1  # epoch of the last val check (the final check re-runs it in full)
         self._last_val_full = True
         self._last_trained_epoch = -1
@@ -158,8 +161,11 @@ class MetamorphicCallback(Callback):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.clock.start()
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self.clock.step()
+        if self.budget.enabled:
+            self.work.add(batch)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.clock.pause()
@@ -204,7 +210,7 @@ class MetamorphicCallback(Callback):
         path = self.path if self.path != "auto" else ("torch" if device.type == "cuda" else "numpy")
         predict = make_predict(trainer, pl_module, self.to_probabilities)
         metrics: dict[str, float] = {}
-        t_start, train_s = time.perf_counter(), self.clock.take()
+        t_start, train_s, train_px = time.perf_counter(), self.clock.take(), self.work.take()
         with checking_state(pl_module, self.seed):
             probes = {}
             for split in splits:
@@ -216,7 +222,7 @@ class MetamorphicCallback(Callback):
                     first = next(iter_probe(ds, idx[:1], 1, self.hooks, id_prefix=_prefix(split)))
                     self.suite.prepare(first.images.shape[1], probe=first.images)
                 probes[split] = (ds, idx, _case_ids(ds, idx, split))
-            plan = self._plan(trainer, predict, device, path, probes, train_s, epoch, full)
+            plan = self._plan(trainer, probes, train_px, epoch, full)
             for split, (ds, idx, ids) in probes.items():
                 sel = to_indices(plan.get(split), idx, ids)
                 if sel is not None and split != "val":  # the train probe's clean pass: selected cases only
@@ -233,7 +239,6 @@ class MetamorphicCallback(Callback):
                 bar.close()
                 parts = gather_objects(trainer, res.to_obj())
                 res = ProbeResult.merge([ProbeResult(**p) for p in parts])
-                self.budget.observe(res.extra.get("timing"))
                 n_cases = len(dict.fromkeys(probes[split][2]))
                 metrics.update(self._record(trainer, pl_module, ds, res, epoch, split, predict, path,
                                             n_cases=n_cases, final=full and self.budget.enabled,
@@ -252,41 +257,28 @@ class MetamorphicCallback(Callback):
             self._write()
         self.clock.resume()  # the check's own time is not training
 
-    def _plan(self, trainer, predict, device, path, probes, train_s, epoch, full) -> dict[str, Any]:
-        """Per split, the cases to test under each test (None: all); rank 0 decides, every rank follows."""
+    def _plan(self, trainer, probes, train_px, epoch, full) -> dict[str, Any]:
+        """Per split, the cases to test under each test (None: all); rank 0 decides, every rank follows.
+
+        Work, not seconds: every rank's pixels count (ranks train on their own shards), in forwards
+        of one probe sample, so the plan is the same under any load (module doc)."""
         if not self.budget.enabled or full or not probes:
             return {}
+        px = gather_objects(trainer, int(train_px))
         plan = None
         if trainer.is_global_zero:
-            if self.budget.clean_cost is None:
-                self.budget.observe(self._calibrate(predict, device, path, probes))
+            ds, idx, _ = probes.get("val", next(iter(probes.values())))
+            probe_px = _sample_pixels(ds, idx, self.hooks)
+            work = training_work(sum(px), probe_px)
             clean, fol = self.budget.costs()
             n_val = len(probes["val"][1]) if "val" in probes else 0
             since = epoch - self._last_check_epoch if self._last_check_epoch >= 0 else epoch + 1
             reserve = final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
-            plan = self.budget.plan(train_s, {s: p[2] for s, p in probes.items()}, len(self.suite.tests),
-                                    reserve_s=reserve)
+            plan = self.budget.plan(work, {s: p[2] for s, p in probes.items()}, len(self.suite.tests),
+                                    reserve=reserve)
         return broadcast_object(trainer, plan)
 
     # -- internals ---------------------------------------------------------------------
-    def _calibrate(self, predict, device, path, probes) -> dict[str, float]:
-        """Costs for the first check: a probe batch's forward, and every test applied to one sample."""
-        ds, idx, _ = probes.get("val", next(iter(probes.values())))
-        pb = next(iter_probe(ds, idx[: self.batch_size], self.batch_size, self.hooks))
-        x, m = pb.images.to(device), pb.masks.to(device)
-        predict(x)  # warm-up (first-call allocations are not what a check pays)
-        t0 = time.perf_counter()
-        predict(x)
-        t1 = time.perf_counter()
-        for k in range(len(self.suite.tests)):  # perturbing can cost more than a small model's forward
-            p = self.suite.params_for("calibration", k, pb.case_ids[:1], pb.slice_indices[:1], pb.images[:1],
-                                      pb.masks[:1])
-            self.suite.apply(k, x[:1], m[:1], p, path=path)
-        t2 = time.perf_counter()
-        n, t = len(pb.indices), max(1, len(self.suite.tests))
-        # one follow-up = a forward + one perturbation (the mean over tests) + scoring (~ the clean pass)
-        return {"clean_s": t1 - t0, "n_clean": n, "followup_s": (t1 - t0) + n * (t2 - t1) / t, "n_followup": n}
-
     def _dataset(self, trainer: Any, split: str, quiet: bool = False) -> Any:
         if split == "train":
             return self._ctx.train_probe.dataset
@@ -362,7 +354,8 @@ class MetamorphicCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"version": 2, "history": _to_state(self.history), "efr": _to_state(self.efr),
                 "cases": _to_state(self.cases), "suite": self.suite.state_dict(),
-                "budget": self.budget.state_dict(), "last_check": [self._last_check_epoch, self._last_val_full]}
+                "budget": self.budget.state_dict(), "train_pixels": int(self.work.pixels),
+                "last_check": [self._last_check_epoch, self._last_val_full]}
 
     def check_resume(self, state: dict[str, Any]) -> None:
         """Refuse (``InputError``) a checkpoint state this callback could not continue: another suite.
@@ -378,7 +371,16 @@ class MetamorphicCallback(Callback):
         self.efr = _from_state(state["efr"])
         self.cases = _from_state(state["cases"])
         self.budget.load_state_dict(state.get("budget", {}))
+        self.work.pixels = int(state.get("train_pixels", 0))  # a mid-epoch checkpoint: work since the check
         self._last_check_epoch, self._last_val_full = state.get("last_check", [-1, True])
+
+
+def _sample_pixels(ds: Any, idx: Sequence[int], hooks: BatchHooks) -> int:
+    """Pixels (voxels) of one probe sample: the unit of the budget's work."""
+    if not len(idx):
+        return 1
+    x = next(iter_probe(ds, list(idx[:1]), 1, hooks)).images
+    return max(1, int(x[0, 0].numel()))
 
 
 def _case_ids(ds: Any, idx: Sequence[int], split: str) -> list[str]:
