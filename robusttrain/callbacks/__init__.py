@@ -1,8 +1,9 @@
 """Lightning callbacks: the only part of robusttrain that knows about hooks, ranks and checkpoints.
 
 ``MetamorphicCallback`` runs the MR suite after validation, ``BalancedCheckpoint`` picks the
-checkpoint that does not sacrifice corner cases, ``FailureMiningCallback`` replays MR failures as
-training data and ``RobustnessReporter`` draws the curves (PNG, W&B). They share one
+checkpoint that does not sacrifice corner cases, ``MetamorphicTraining`` trains on the worst of k perturbations
+(with the MR-consistency loss, :func:`metamorphic_loss`), ``FailureMiningCallback`` replays MR
+failures as training data and ``RobustnessReporter`` draws the curves (PNG, W&B). They share one
 :class:`RobustnessContext` (explicit composition); their order in ``trainer.callbacks`` does not
 matter, and each works alone except FailureMiningCallback, which needs a MetamorphicCallback.
 :func:`robustness` returns the four configured.
@@ -23,6 +24,7 @@ from .balanced_checkpoint import BalancedCheckpoint
 from .context import RobustnessConfigError, RobustnessContext
 from .failure_mining import FailureMiningCallback
 from .metamorphic import MetamorphicCallback
+from .metamorphic_training import MetamorphicTraining, metamorphic_loss
 from .reporting import RobustnessReporter
 
 
@@ -57,5 +59,6 @@ def robustness(run_dir: str | os.PathLike | None = None, perturbations: Sequence
     return out
 
 
-__all__ = ["MetamorphicCallback", "BalancedCheckpoint", "FailureMiningCallback", "RobustnessReporter",
+__all__ = ["MetamorphicCallback", "MetamorphicTraining", "metamorphic_loss", "BalancedCheckpoint",
+           "FailureMiningCallback", "RobustnessReporter",
            "RobustnessContext", "RobustnessConfigError", "robustness", "BatchHooks", "MRSuite"]

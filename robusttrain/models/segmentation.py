@@ -11,6 +11,7 @@ from monai.losses import DiceCELoss
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
+from robusttrain.callbacks.metamorphic_training import metamorphic_loss
 from robusttrain.models.networks import build_network
 
 
@@ -20,6 +21,10 @@ class SegmentationModule(L.LightningModule):
     Batches are dicts with ``image`` (B,C,H,W) float and ``mask`` (B,H,W) int64. Logs
     ``train/loss``, ``val/loss``, ``val/dice`` (mean over foreground classes) and
     ``val/dice_<class>``; ``predict_step`` returns class probabilities.
+
+    With a :class:`~robusttrain.callbacks.MetamorphicTraining` callback of ``consistency > 0`` on the
+    trainer, the training loss adds ``L_seg(x*) + lambda * D(p(x), p(x*))`` for the step's worst-of-k
+    follow-ups (the one line :func:`~robusttrain.callbacks.metamorphic_loss` asks of any module).
 
     >>> import torch
     >>> m = SegmentationModule(in_channels=3, num_classes=2, features=(8, 8, 16, 32, 64, 8))
@@ -58,9 +63,13 @@ class SegmentationModule(L.LightningModule):
         return self.loss_fn(logits, batch["mask"].unsqueeze(1)), logits
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, _ = self._loss(batch)
+        loss, logits = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["image"].shape[0])
-        return loss
+        # the MR as a training objective (0 without a MetamorphicTraining(consistency>0) callback)
+        return loss + metamorphic_loss(self, batch, logits, self._seg_loss, required=False)
+
+    def _seg_loss(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(logits, masks.unsqueeze(1))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
