@@ -1,0 +1,423 @@
+"""Metamorphic training (issue 21): online worst-of-k, the MR-consistency objective, with real trainers."""
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import lightning.pytorch as L
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from test_callback_metamorphic import Blobs, Tiny
+from torch.utils.data import DataLoader
+
+from robusttrain.callbacks import (
+    MetamorphicCallback,
+    MetamorphicTraining,
+    RobustnessConfigError,
+    metamorphic_loss,
+)
+from robusttrain.callbacks.metamorphic_training import scoring_state
+from robusttrain.metamorphic.suite import MRSuite
+from robusttrain.perturbations import get
+from robusttrain.rundir import metamorphic_training as records
+from robusttrain.training import WorstOfK, divergence, soft_dice_loss
+
+COLOUR = ["contrast", "saturation", "white_balance"]
+
+
+def _batch(n=8, size=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = 0.2 + 0.5 * torch.rand(n, 3, size, size, generator=g)
+    m = torch.zeros(n, size, size, dtype=torch.long)
+    m[:, size // 4: size // 2, size // 4: size // 2] = 1
+    return x, m
+
+
+# ----------------------------------------------------------------------------- WorstOfK (pure torch)
+def test_k1_is_random_augmentation_with_the_same_dose_and_never_scores():
+    x, m = _batch()
+    calls = []
+    score = lambda imgs, masks: calls.append(len(imgs)) or imgs.mean((1, 2, 3))
+    one = WorstOfK(COLOUR, k=1, q=0.5, epsilon=1.0, severity_caps=4, seed=3)
+    four = WorstOfK(COLOUR, k=4, q=0.5, epsilon=1.0, severity_caps=4, seed=3)
+    fams, sevs = Counter(), Counter()
+    for step in range(60):
+        f1 = one(x, m, score, step=step)
+        f4 = four(x, m, score, step=step)
+        assert torch.equal(f1.index, f4.index)             # the same images get a follow-up: same dose
+        assert len(f1) == 4 and f1.scores is None
+        kept = f1.kept()
+        assert all(r is not None for r in kept)             # colour families are never rejected
+        fams.update(r[0] for r in kept)
+        sevs.update(r[1] for r in kept)
+        # each follow-up is that family at that severity with its recorded params: plain augmentation
+        for i, (fam, sev, p) in enumerate(kept):
+            pos = int(f1.index[i])
+            ref, _ = get(fam, sev).apply_batch(x[pos:pos + 1], m[pos:pos + 1], params=p)
+            assert torch.equal(ref[0], f1.images[i])
+    assert len(calls) == 60                                 # only k=4 scored (once per step)
+    assert set(fams) == set(COLOUR) and min(fams.values()) > 50   # uniform over 240 draws (80 expected)
+    assert set(sevs) == {1, 2, 3, 4} and min(sevs.values()) > 35  # severities uniform in 1..cap
+
+
+def test_worst_of_k_keeps_the_highest_loss_candidate_and_replays_exactly():
+    x, m = _batch()
+    score = lambda imgs, masks: (imgs - 0.5).abs().mean((1, 2, 3))
+    f = WorstOfK(COLOUR + ["blur"], k=5, q=1.0, seed=0)(x, m, score, step=7)
+    assert f.scores.shape == (8, 5)
+    assert torch.equal(f.chosen, f.scores.argmax(1))
+    assert torch.equal(f.replay(x, m), f.images)
+    # temperature: a sample of softmax(loss / T), not always the arg-max, same draws for the same step
+    hot = WorstOfK(COLOUR + ["blur"], k=5, q=1.0, seed=0, temperature=10.0)
+    picks = torch.stack([hot(x, m, score, step=s).chosen for s in range(20)])
+    assert picks.unique().numel() > 1
+    assert torch.equal(hot(x, m, score, step=3).chosen, hot(x, m, score, step=3).chosen)
+
+
+def test_family_choice_follows_violation_rates_with_an_epsilon_floor():
+    w = WorstOfK(["blur", "contrast", "saturation"], epsilon=0.3)
+    p = w.family_probs({"blur": 0.6, "contrast": 0.0, "saturation": 0.0})
+    assert p.tolist() == pytest.approx([0.7 + 0.1, 0.1, 0.1])
+    assert w.family_probs(None).tolist() == pytest.approx([1 / 3] * 3)
+    assert w.family_probs({"blur": 0.0}).tolist() == pytest.approx([1 / 3] * 3)
+
+
+def test_occluders_over_the_lesion_are_never_kept(monkeypatch):
+    x, m = _batch(n=4, size=64)
+    m[:] = 0
+    m[:, 8:56, 8:56] = 1  # a large lesion
+    score = lambda imgs, masks: torch.ones(len(imgs))
+    occl = ["instrument", "feces", "blood", "text"]
+    f = WorstOfK(occl, k=4, q=1.0, max_cover=0.1, seed=0)(x, m, score, step=0)
+    lesion = m.bool()
+    moved = ((f.images - x[f.index]).abs().amax(1) > 2 / 255) & lesion[f.index]
+    assert (moved.flatten(1).sum(1) <= 0.1 * lesion[f.index].flatten(1).sum(1)).all()
+    # every candidate rejected: the image stays clean and is marked -1
+    wok = WorstOfK(occl, k=2, q=1.0, seed=0)
+    monkeypatch.setattr(wok, "_rejected", lambda src, masks, cand, fams: torch.ones(len(src), 2, dtype=torch.bool))
+    f = wok(x, m, score, step=0)
+    assert (f.chosen == -1).all() and torch.equal(f.images, x) and f.kept() == [None] * 4
+    # the guard itself: a candidate changing 30 % of the lesion is rejected at 10 %, colour never is
+    m2 = torch.zeros(1, 10, 10, dtype=torch.long)
+    m2[0, :, :] = 1
+    src = torch.full((1, 3, 10, 10), 0.5)
+    cand = src.unsqueeze(1).repeat(1, 2, 1, 1, 1)
+    cand[0, :, :, :3, :] = 1.0
+    rej = WorstOfK(["instrument", "contrast"], k=2)._rejected(src, m2, cand, [["instrument", "contrast"]])
+    assert rej.tolist() == [[True, False]]
+
+
+def test_bad_arguments_are_refused_with_one_line():
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        WorstOfK(["blur"], k=0)
+    with pytest.raises(ValueError, match="severity_caps values must be integers 1..5"):
+        WorstOfK(["blur"], severity_caps={"blur": 7})
+    with pytest.raises(ValueError, match="consistency must be a weight >= 0"):
+        MetamorphicTraining(consistency=-1)
+    with pytest.raises(ValueError, match="divergence"):
+        MetamorphicTraining(divergence="l1")
+
+
+def test_divergence_and_soft_dice():
+    p = torch.softmax(torch.randn(2, 3, 8, 8), 1)
+    assert float(divergence(p, p)) == pytest.approx(0, abs=1e-6)
+    q = torch.softmax(torch.randn(2, 3, 8, 8), 1)
+    assert float(divergence(p, q)) == pytest.approx(float(divergence(q, p)), rel=1e-5)  # JS is symmetric
+    assert 0 < float(divergence(p, q)) <= np.log(2)
+    m = torch.zeros(2, 8, 8, dtype=torch.long)
+    perfect = torch.zeros(2, 2, 8, 8)
+    perfect[:, 0] = 1
+    assert soft_dice_loss(perfect, m).tolist() == [0.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- with a model
+class BNNet(L.LightningModule):
+    """Conv + BatchNorm + dropout: scoring must not move BN statistics or the RNG stream."""
+
+    def __init__(self, consistency_line=True, dropout=0.2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                       torch.nn.ReLU(), torch.nn.Dropout2d(dropout), torch.nn.Conv2d(8, 2, 1))
+        self.line = consistency_line
+        self.forwards = []
+
+    def forward(self, x):
+        self.forwards.append((len(x), torch.is_grad_enabled(), self.training))
+        return self.net(x)
+
+    def training_step(self, b, i):
+        x, y = (b["image"], b["mask"]) if isinstance(b, dict) else b
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        if self.line:
+            loss = loss + metamorphic_loss(self, b, logits, F.cross_entropy)   # the one documented line
+        return loss
+
+    def validation_step(self, b, i):
+        x, y = (b["image"], b["mask"]) if isinstance(b, dict) else b
+        self.log("val/loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def _fit(model, cbs, tmp_path, epochs=2, n=8, tuples=False, ckpt=None, **kw):
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_epochs=epochs, callbacks=cbs, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=tmp_path,
+                        **kw)
+    trainer.fit(model, DataLoader(Blobs(n, slices=1, size=32, tuples=tuples), batch_size=4), ckpt_path=ckpt)
+    return trainer
+
+
+def test_scoring_leaves_batchnorm_buffers_train_mode_and_rng_untouched():
+    model = BNNet()
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, m = _batch(n=4)
+    mt = MetamorphicTraining(perturbations=COLOUR, k=3)
+    score = mt._scorer(None, model)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    s = score(x, m)
+    assert torch.equal(torch.rand(3), expected)                 # the training RNG stream did not move
+    assert s.shape == (4,) and model.training                   # train mode is back
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k                     # BN running stats / counters unchanged
+    assert model.forwards[-1] == (4, False, False)              # scored without grad, in eval mode
+    with scoring_state(model):
+        assert not model.training and not torch.is_grad_enabled()
+
+
+@pytest.mark.slow
+def test_gradients_flow_only_through_the_chosen_follow_up_and_clean_batch(tmp_path):
+    model = BNNet()
+    mt = MetamorphicTraining(perturbations=COLOUR, k=4, q=0.5, consistency=1.0, ramp=0.0, dirpath=tmp_path)
+    _fit(model, [mt], tmp_path, epochs=1, tuples=True)
+    grad_forwards = [f for f in model.forwards if f[1]]
+    nograd = [f for f in model.forwards if not f[1]]
+    # per step: the clean batch (4) and the 2 chosen follow-ups with gradients; the 2 x 4 candidates without
+    assert grad_forwards == [(4, True, True), (2, True, True)] * 2
+    assert [n for n, _, train in nograd if not train] == [8, 8]
+    stats = records.read_stats(tmp_path)
+    assert stats.candidates.sum() == 16 and stats.chosen.sum() == 4
+
+
+@pytest.mark.slow
+def test_consistency_without_the_line_is_one_clear_error(tmp_path):
+    mt = MetamorphicTraining(perturbations=COLOUR, consistency=1.0, dirpath=tmp_path)
+    with pytest.raises(RobustnessConfigError, match=r"never called metamorphic_loss"):
+        _fit(BNNet(consistency_line=False), [mt], tmp_path, epochs=1)
+    with pytest.raises(RobustnessConfigError, match="needs a MetamorphicTraining"):
+        _fit(BNNet(), [], tmp_path, epochs=1)
+
+
+@pytest.mark.slow
+def test_replace_mode_needs_no_code_change_and_same_seed_gives_identical_weights(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        model = Tiny()
+        mt = MetamorphicTraining(perturbations=COLOUR + ["blur"], k=3, q=0.5, record_every=1,
+                                 dirpath=tmp_path / name)
+        _fit(model, [mt], tmp_path / name, epochs=2, tuples=True)
+        runs.append((model, tmp_path / name))
+    (a, da), (b, db) = runs
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    for name in (records.STATS, records.SAMPLES):
+        assert (da / name).read_bytes() == (db / name).read_bytes()
+    plain = Tiny()
+    _fit(plain, [], tmp_path / "plain", epochs=2, tuples=True)
+    assert not torch.equal(plain.net.weight, a.net.weight)  # the follow-ups were trained on
+    samples = records.read_samples(da)
+    assert len(samples) == 4 * 2 and {s["case_id"] for s in samples} == {None}   # tuples: no case ids
+    # a recorded sample re-creates its training image from the clean one
+    s = samples[0]
+    x = Blobs(8, slices=1, size=32).x[s["position"]:s["position"] + 1]
+    params = {k: torch.tensor(v) for k, v in s["params"].items()}
+    out, _ = get(s["family"], s["severity"]).apply_batch(x, None, params=params)
+    assert out.shape == x.shape and not torch.equal(out, x)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt(L.Callback):
+    """Dies at the start of an epoch, after the previous epoch's checkpoint: a kill between epochs."""
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            raise Crash()
+
+
+@pytest.mark.slow
+def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(d, ckpt=None, crash=None):
+        model = BNNet(dropout=0.0)  # Lightning does not checkpoint the global RNG that dropout draws from
+        mt = MetamorphicTraining(perturbations=COLOUR + ["blur"], k=3, consistency=1.0, record_every=1,
+                                 dirpath=d)
+        mr = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, verbose=False,
+                                 class_names=["polyp"])
+        cbs = [mt, mr, ModelCheckpoint(dirpath=d / "ckpt", save_last=True, save_top_k=-1)]
+        cbs += [CrashAt(crash)] if crash is not None else []
+        torch.manual_seed(0)
+        trainer = L.Trainer(max_epochs=3, callbacks=cbs, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=d)
+        trainer.fit(model, DataLoader(Blobs(8, slices=1, size=32), batch_size=4),
+                    DataLoader(Blobs(8, slices=1, size=32, seed=1), batch_size=4), ckpt_path=ckpt)
+        return model
+
+    full = run(tmp_path / "full")
+    with pytest.raises(Crash):
+        run(tmp_path / "cut", crash=2)
+    resumed = run(tmp_path / "cut", ckpt=str(tmp_path / "cut" / "ckpt" / "last.ckpt"))
+    for k, v in full.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
+    for name in (records.STATS, records.SAMPLES, "efr.csv", "history.csv"):
+        assert (tmp_path / "full" / name).read_bytes() == (tmp_path / "cut" / name).read_bytes(), name
+
+
+def test_family_weights_come_from_the_checks_violation_rates():
+    from robusttrain.callbacks.context import RobustnessContext
+
+    mt = MetamorphicTraining(perturbations=["blur", "contrast"])
+    ctx = RobustnessContext()
+    ctx.violation_threshold = 0.25
+    rows = []
+    for split, rate in (("val", 0.5), ("train", 0.2)):
+        for pert, r in (("blur", rate), ("contrast", 0.0), ("all", rate / 2)):
+            rows.append({"epoch": 0, "split": split, "perturbation": pert, "severity": 0, "metric": "dice",
+                         "threshold": 0.25, "efr": r})
+    ctx.efr = pd.DataFrame(rows)
+    mt._ctx = ctx
+    assert mt._rates() == {"blur": 0.2, "contrast": 0.0}   # the train probe's rates when there is one
+    ctx.efr = ctx.efr[ctx.efr.split == "val"]
+    assert mt._rates() == {"blur": 0.5, "contrast": 0.0}
+
+
+@pytest.mark.slow
+def test_3d_monai_unet_with_consistency(tmp_path):
+    from monai.networks.nets import UNet
+
+    class Vol(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = UNet(3, 1, 2, channels=(4, 8), strides=(2,), num_res_units=0)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, b, i):
+            logits = self(b["image"])
+            loss = F.cross_entropy(logits, b["mask"])
+            return loss + metamorphic_loss(self, b, logits, F.cross_entropy)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), 1e-2)
+
+    g = torch.Generator().manual_seed(0)
+    vols = [{"image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g), "mask": torch.zeros(16, 16, 8, dtype=torch.long)}
+            for _ in range(4)]
+    for v in vols:
+        v["image"][:, 4:10, 4:10, 2:6] += 0.4
+        v["mask"][4:10, 4:10, 2:6] = 1
+    mt = MetamorphicTraining(perturbations=["blur", "contrast", "gamma"], k=2, q=0.5, consistency=1.0, ramp=0.0,
+                             record_every=1, dirpath=tmp_path)
+    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    trainer.fit(Vol(), DataLoader(vols, batch_size=2))
+    samples = records.read_samples(tmp_path)
+    assert len(samples) == 2 and all(s["family"] in ("blur", "contrast", "gamma") for s in samples)
+    # a volume follow-up is the family applied slice-wise with one draw of params
+    s = samples[0]
+    x = torch.stack([vols[s["position"]]["image"]])
+    fol = WorstOfK(["blur", "contrast", "gamma"], k=2, q=0.5, seed=0)
+    from robusttrain.training.worst_of_k import _apply
+    out = _apply(get(s["family"], s["severity"]), x, None, {k: torch.tensor(v) for k, v in s["params"].items()})
+    assert out.shape == x.shape and fol.k == 2
+
+
+@pytest.mark.slow
+def test_pytorch_lightning_trainer_accepts_it(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class PLTiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Conv2d(3, 2, 3, padding=1)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, b, i):
+            x, y = b
+            logits = self(x)
+            return F.cross_entropy(logits, y) + metamorphic_loss(self, b, logits, F.cross_entropy)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    mt = MetamorphicTraining(perturbations=COLOUR, k=2, consistency=0.5, dirpath=tmp_path)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    trainer.fit(PLTiny(), DataLoader(Blobs(8, slices=1, size=32, tuples=True), batch_size=4))
+    assert records.read_stats(tmp_path).chosen.sum() == 4
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import sys, torch, lightning.pytorch as L
+    sys.path.insert(0, {tests!r})
+    from torch.utils.data import DataLoader, DistributedSampler
+    from test_callback_metamorphic import Blobs, Tiny
+    from robusttrain.callbacks import MetamorphicTraining
+
+    class Shards(Tiny):  # rank r trains on samples r, r+2, ... in order (what the test recomputes)
+        def train_dataloader(self):
+            ds = Blobs(8, slices=1, size=32)
+            return DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, shuffle=False))
+    mt = MetamorphicTraining(perturbations=["contrast", "saturation", "blur"], k=1, q=0.5, record_every=1,
+                             record_per_step=8, dirpath={out!r})
+    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp",
+                        use_distributed_sampler=False, default_root_dir={out!r})
+    trainer.fit(Shards())
+""")
+
+
+@pytest.mark.slow
+def test_ddp_each_rank_draws_for_its_own_shard(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path / "run")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    samples = records.read_samples(tmp_path / "run")
+    by_rank = {r: [s for s in samples if s["rank"] == r] for r in (0, 1)}
+    assert len(by_rank[0]) == len(by_rank[1]) == 2   # 2 steps x 1 follow-up (q=0.5 of 2) per rank
+    ds = Blobs(8, slices=1, size=32)
+    wok = WorstOfK(["contrast", "saturation", "blur"], k=1, q=0.5, severity_caps=4, seed=0)
+    for rank, recs in by_rank.items():
+        shard = list(range(rank, 8, 2))                  # DistributedSampler without shuffle
+        for s in recs:
+            rows = shard[2 * s["step"]: 2 * s["step"] + 2]
+            assert s["case_id"] == ds.case_ids()[rows[s["position"]]]
+            f = wok(ds.x[rows], ds.m[rows], None, step=s["step"], rank=rank)
+            fam, sev, p = f.kept()[0]
+            assert (fam, sev) == (s["family"], s["severity"])
+            assert json.loads(json.dumps({k: v.tolist() for k, v in p.items()})) == s["params"]
+    # the ranks drew differently (own seeds, own shards), from the same family weights
+    assert [s["params"] for s in by_rank[0]] != [s["params"] for s in by_rank[1]]
