@@ -45,10 +45,10 @@ def _interval(a: np.ndarray, b: np.ndarray, stat: Callable, confidence: float, n
               seed: int) -> dict[str, Any]:
     value = float(stat(a, -1) - stat(b, -1))
     out = {"value": value, "ci_low": None, "ci_high": None, "n": int(a.size)}
-    if a.size < 2:
-        return out
     if np.array_equal(a, b):  # same scores (e.g. chosen = last): every resample gives 0
         out["ci_low"] = out["ci_high"] = 0.0
+        return out
+    if a.size < 2:  # one case: nothing to resample
         return out
     res = bootstrap((a, b), lambda x, y, axis=-1: stat(x, axis) - stat(y, axis), paired=True, vectorized=True,
                     n_resamples=n_resamples, confidence_level=confidence, method="percentile",
