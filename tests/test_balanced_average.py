@@ -263,3 +263,24 @@ def test_selection_margin_ci_is_reproducible_and_warns_only_below_100_cases():
     small = _history(40, 1)
     ms = selection_margin(small, select_balanced_epoch(small, "cvar", candidates=[0, 1, 2]), n_resamples=500)
     assert ms["warning"].startswith("the selection rests on 40 validation cases (< 100)")
+
+
+def test_readme_averaging_example_runs(tmp_path, monkeypatch):
+    import re
+    import textwrap
+    from pathlib import Path
+
+    from user_project import make
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("## Averaging weights")
+    (block,) = re.findall(r"```python\n(.*?)```", text[start:text.index("\n## ", start + 3)], flags=re.S)
+    code = textwrap.dedent(block).replace("max_epochs=20", "max_epochs=3, enable_progress_bar=False, logger=False")
+    L, Net, Data = make("lightning.pytorch")
+    monkeypatch.chdir(tmp_path)
+    L.seed_everything(0, workers=True)
+    exec(compile(code, "README.md", "exec"), {"my_model": Net(), "my_datamodule": Data()})
+    run = tmp_path / "runs" / "avg"
+    for name in ("balanced.ckpt", "balanced_average.ckpt", "balanced_average.json", "ema.ckpt", "corner_cases.json"):
+        assert (run / name).is_file(), name
+    assert json.loads((run / "balanced_average.json").read_text())["window_epochs"] == [1, 2]
