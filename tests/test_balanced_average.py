@@ -284,3 +284,11 @@ def test_readme_averaging_example_runs(tmp_path, monkeypatch):
     for name in ("balanced.ckpt", "balanced_average.ckpt", "balanced_average.json", "ema.ckpt", "corner_cases.json"):
         assert (run / name).is_file(), name
     assert json.loads((run / "balanced_average.json").read_text())["window_epochs"] == [1, 2]
+
+
+def test_robustness_appends_the_average_last_so_indices_stay():
+    from robusttrain.callbacks import robustness
+
+    cbs = robustness(run_dir="runs/x", perturbations=["blur"], average=True, average__window=0.25)
+    assert [type(c).__name__ for c in cbs][2:] == ["FailureMiningCallback", "RobustnessReporter", "BalancedAverage"]
+    assert cbs[-1].window == 0.25 and cbs[-1].context is cbs[0].context
