@@ -165,8 +165,10 @@ def test_ddp_fit_through_the_cli_shares_one_default_run_directory(tmp_path):
     runs = list((tmp_path / "runs" / "smoke").iterdir())
     assert len(runs) == 1, runs
     assert proc.stdout.count("final validation val/dice=") == 1  # printed by rank 0 only
-    for name in ("config.yaml", "history.csv", "efr.csv", "corner_cases.json", "balanced.ckpt"):
+    for name in ("config.yaml", "history.csv", "efr.csv", "corner_cases.json", "balanced.ckpt",
+                 "balanced_average.ckpt", "balanced_average.json"):  # rank 0 wrote them, both ranks agreed
         assert (runs[0] / name).is_file(), name
+    assert not (runs[0] / "balanced_average_window").exists()
 
 
 def test_each_robustness_callback_can_be_switched_off():
@@ -175,8 +177,9 @@ def test_each_robustness_callback_can_be_switched_off():
 
     names = lambda cbs: sorted(type(c).__name__ for c in cbs)  # noqa: E731
     on = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x"])))
-    assert on == ["BalancedCheckpoint", "FailureMiningCallback", "MetamorphicCallback", "ModelCheckpoint",
-                  "RobustnessReporter"]
+    assert on == ["BalancedAverage", "BalancedCheckpoint", "FailureMiningCallback", "MetamorphicCallback",
+                  "ModelCheckpoint", "RobustnessReporter"]
     off = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x", "callbacks.mining.enabled=false",
-                                                         "callbacks.reporting.enabled=false"])))
+                                                         "callbacks.reporting.enabled=false",
+                                                         "callbacks.balanced_average.enabled=false"])))
     assert off == ["BalancedCheckpoint", "MetamorphicCallback", "ModelCheckpoint"]

@@ -1,12 +1,15 @@
 """Lightning callbacks: the only part of robusttrain that knows about hooks, ranks and checkpoints.
 
 ``MetamorphicCallback`` runs the MR suite after validation, ``BalancedCheckpoint`` picks the
-checkpoint that does not sacrifice corner cases, ``MetamorphicTraining`` trains on the worst of k perturbations
-(with the MR-consistency loss, :func:`metamorphic_loss`), ``FailureMiningCallback`` replays MR
-failures as training data and ``RobustnessReporter`` draws the curves (PNG, W&B). They share one
+checkpoint that does not sacrifice corner cases, ``BalancedAverage`` averages the inlier epochs late
+in training (``EMACheckpoint``: Lightning's EMA plus ``ema.ckpt``), ``MetamorphicTraining`` trains on
+the worst of k perturbations (with the MR-consistency loss, :func:`metamorphic_loss`),
+``FailureMiningCallback`` replays MR failures as training data and ``RobustnessReporter`` draws the
+curves (PNG, W&B). They share one
 :class:`RobustnessContext` (explicit composition); their order in ``trainer.callbacks`` does not
-matter, and each works alone except FailureMiningCallback, which needs a MetamorphicCallback.
-:func:`robustness` returns the four configured.
+matter, and each works alone except FailureMiningCallback, which needs a MetamorphicCallback, and
+BalancedAverage, which needs a BalancedCheckpoint (its ECOD flags).
+:func:`robustness` returns the four configured (five with ``average=True``).
 
 >>> cbs = robustness(run_dir="runs/x", perturbations=["blur"], severities=(2,), replay_ratio=0.2)
 >>> [type(c).__name__ for c in cbs]
@@ -20,8 +23,10 @@ from typing import Any, Sequence
 from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.metamorphic.suite import DEFAULT_SEVERITIES, MRSuite
 
+from .balanced_average import BalancedAverage
 from .balanced_checkpoint import BalancedCheckpoint
 from .context import RobustnessConfigError, RobustnessContext
+from .ema import EMACheckpoint
 from .failure_mining import FailureMiningCallback
 from .metamorphic import MetamorphicCallback
 from .metamorphic_training import MetamorphicTraining, metamorphic_loss
@@ -32,15 +37,17 @@ def robustness(run_dir: str | os.PathLike | None = None, perturbations: Sequence
                severities: Sequence[int] = DEFAULT_SEVERITIES, seed: int = 0, hooks: BatchHooks | None = None,
                max_cases: int | None = None, policy: str = "last_inlier", contamination: float = 0.1,
                monitor: str = "val/loss", replay_ratio: float = 0.2, train_probe_size: int = 32,
-               mining: bool = True, **kwargs: Any) -> list:
+               mining: bool = True, average: bool = False, **kwargs: Any) -> list:
     """The four robustness callbacks, configured, sharing one :class:`RobustnessContext`.
 
     ``kwargs`` of the form ``<callback>__<arg>`` go to one callback (``metamorphic__``,
-    ``balanced__``, ``mining__``, ``reporter__``), e.g. ``metamorphic__every_n_epochs=2``.
+    ``balanced__``, ``mining__``, ``reporter__``, ``average__``), e.g. ``metamorphic__every_n_epochs=2``.
     With ``mining=True`` (and ``replay_ratio > 0``) build the train loader over
-    ``callbacks[2].wrap(train_dataset)``.
+    ``callbacks[2].wrap(train_dataset)``. ``average=True`` appends a :class:`BalancedAverage`
+    (``balanced_average.ckpt``) last, so the indices above stay.
     """
-    groups: dict[str, dict[str, Any]] = {"metamorphic": {}, "balanced": {}, "mining": {}, "reporter": {}}
+    groups: dict[str, dict[str, Any]] = {"metamorphic": {}, "balanced": {}, "mining": {}, "reporter": {},
+                                         "average": {}}
     for key, value in kwargs.items():
         name, _, arg = key.partition("__")
         if name not in groups or not arg:
@@ -56,9 +63,11 @@ def robustness(run_dir: str | os.PathLike | None = None, perturbations: Sequence
         out.append(FailureMiningCallback(replay_ratio=replay_ratio, train_probe_size=train_probe_size,
                                          dirpath=run_dir, context=ctx, **groups["mining"]))
     out.append(RobustnessReporter(dirpath=run_dir, context=ctx, **groups["reporter"]))
+    if average:
+        out.append(BalancedAverage(dirpath=run_dir, hooks=hooks, seed=seed, context=ctx, **groups["average"]))
     return out
 
 
 __all__ = ["MetamorphicCallback", "MetamorphicTraining", "metamorphic_loss", "BalancedCheckpoint",
-           "FailureMiningCallback", "RobustnessReporter",
+           "BalancedAverage", "EMACheckpoint", "FailureMiningCallback", "RobustnessReporter",
            "RobustnessContext", "RobustnessConfigError", "robustness", "BatchHooks", "MRSuite"]

@@ -27,6 +27,7 @@ from lightning.pytorch import Callback
 
 from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
+from robusttrain.cornercases.margin import selection_margin
 from robusttrain.metamorphic.batch import BatchHooks, _normalise_mask, case_id_list
 from robusttrain.metamorphic.outputs import NonFiniteOutputError
 from robusttrain.rundir import corner_cases as corners_file
@@ -372,7 +373,10 @@ class BalancedCheckpoint(Callback):
             worst_fraction=self.worst_fraction)
         self.selection = sel
         cc = sel.corner_cases
-        return {**base, "status": sel.status, "reason": sel.reason, "balanced_epoch": sel.epoch,
+        margin = selection_margin(h, sel, metric=self.metric)  # diagnostics: how sure is the choice?
+        if margin["warning"]:
+            log.warning("BalancedCheckpoint: %s", margin["warning"])
+        return {**base, "status": sel.status, "reason": sel.reason, "balanced_epoch": sel.epoch, "margin": margin,
                 "reference_epoch": sel.reference_epoch, "columns": cc.columns, "threshold": cc.threshold,
                 "corner_cases": [{"case_id": c, "score": cc.scores[c], "contributions": cc.contributions[c]}
                                  for c in cc.case_ids],

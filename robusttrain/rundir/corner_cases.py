@@ -5,7 +5,8 @@ is built in memory every validation (provisional). Keys (schema 1): ``schema, st
 policy, monitor, mode, least_loss_epoch, reference_epoch, balanced_epoch, checkpoint,
 contamination, tail, metric, min_epoch, columns, threshold, corner_cases`` (list of ``{case_id,
 score, contributions}``), ``outlier_epochs`` (``{case_id: [epoch, …]}``), ``candidate_epochs``,
-``dice`` (``least_loss`` / ``balanced``: per-case and cohort values).
+``dice`` (``least_loss`` / ``balanced``: per-case and cohort values), ``margin`` (the chosen epoch vs the
+last one per criterion, bootstrap CI over cases: :func:`robusttrain.cornercases.margin.selection_margin`).
 
 >>> c = parse({"corner_cases": [{"case_id": "p3", "score": 9.1}], "balanced_epoch": 4,
 ...            "least_loss_epoch": 7, "policy": "last_inlier", "outlier_epochs": {"p3": [1]}})
