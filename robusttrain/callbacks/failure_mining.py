@@ -32,7 +32,7 @@ from lightning.pytorch import Callback
 from robusttrain.io import atomic_write_csv, atomic_write_json
 from robusttrain.metamorphic.batch import iter_probe
 from robusttrain.mining.bank import FailureBank
-from robusttrain.mining.replay import CleanDataset, ReplayDataset
+from robusttrain.mining.replay import CleanDataset, ReplayDataset, check_round_trip
 from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
 from robusttrain.rundir import failures as failures_files
 
@@ -186,7 +186,8 @@ class FailureMiningCallback(Callback):
             if len(self._probe.dataset):
                 next(iter_probe(self._probe.dataset, [0], 1, self._ctx.hooks))
             if self.replay is not None and self.replay.view.pre is None:
-                self.replay.view.codec.check(self.replay.base)
+                # collated as the client's loader will collate replayed samples (MONAI: list_data_collate)
+                check_round_trip(self.replay.view, getattr(trainer.train_dataloader, "collate_fn", None))
 
     def _sink(self, record: Any, images: Any = None) -> None:
         self.bank.add(record, images)
