@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from robusttrain.metamorphic.batch import HookError, iter_probe
-from robusttrain.metamorphic.outputs import to_probabilities_fn
+from robusttrain.metamorphic.outputs import NonFiniteOutputError, to_probabilities_fn
 from robusttrain.metamorphic.suite import stable_seed
 
 
@@ -64,7 +64,10 @@ def decide_outputs(trainer: Any, pl_module: Any, dataset: Any, hooks: Any, to_pr
         pb = next(iter_probe(dataset, list(range(min(batch_size, len(dataset)))), batch_size, hooks))
         with ctx():
             out = pl_module(pb.images.to(device))
-    return decide(out)
+    try:
+        return decide(out)
+    except NonFiniteOutputError:  # the check reports NaN/inf itself, naming the epoch, probe and cases
+        return None
 
 
 def make_predict(trainer: Any, pl_module: Any, to_probabilities: Callable) -> Callable:
