@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from robusttrain.metamorphic.batch import HookError
-from robusttrain.metamorphic.outputs import to_probabilities_fn
+from robusttrain.metamorphic.batch import HookError, iter_probe
+from robusttrain.metamorphic.outputs import NonFiniteOutputError, to_probabilities_fn
 from robusttrain.metamorphic.suite import stable_seed
 
 
@@ -45,6 +45,29 @@ def make_to_probabilities(spec: str | Callable | None) -> Callable:
 
 # logits tensor, dict with logits, or tuple; refuses NaN/inf and outputs that are probabilities
 default_to_probabilities = to_probabilities_fn(None)
+
+
+def decide_outputs(trainer: Any, pl_module: Any, dataset: Any, hooks: Any, to_probabilities: Callable,
+                   batch_size: int = 2) -> str | None:
+    """Before training: show ``to_probabilities="auto"`` the model's outputs on the first validation
+    samples, so outputs that are unambiguously probabilities stop ``fit`` now, not after an epoch
+    (:meth:`~robusttrain.metamorphic.outputs.AutoProbabilities.decide`). Other converters, or no
+    dataset: nothing to decide (None). No RNG stream or module mode changes.
+    """
+    decide = getattr(to_probabilities, "decide", None)
+    if decide is None or dataset is None or not len(dataset):
+        return None
+    device = next((p.device for p in pl_module.parameters()), torch.device("cpu"))
+    plugin = getattr(trainer, "precision_plugin", None)
+    ctx = plugin.forward_context if plugin is not None else contextlib.nullcontext
+    with checking_state(pl_module, 0):
+        pb = next(iter_probe(dataset, list(range(min(batch_size, len(dataset)))), batch_size, hooks))
+        with ctx():
+            out = pl_module(pb.images.to(device))
+    try:
+        return decide(out)
+    except NonFiniteOutputError:  # the check reports NaN/inf itself, naming the epoch, probe and cases
+        return None
 
 
 def make_predict(trainer: Any, pl_module: Any, to_probabilities: Callable) -> Callable:

@@ -10,7 +10,9 @@ their attributes: what one produces and another consumes goes through this objec
   epoch) and what it requires, and its ``dirpath``.
 * ``on_fit_start`` (all ``setup`` s done, before any data is loaded): :meth:`finalize` resolves the
   run directory once (the callbacks' ``dirpath`` s must agree; default ``trainer.log_dir`` or
-  ``default_root_dir``), broadcasts rank 0's choice to every rank, and raises
+  ``default_root_dir``; under a first logger that keeps no per-run folder, e.g. W&B, whose
+  ``save_dir`` would serve every run, ``<save_dir>/robusttrain/<run id>``: the logger's version,
+  else a timestamp), says where it writes (one line, rank 0), broadcasts rank 0's choice, and raises
   :class:`RobustnessConfigError` naming what to add when a requirement has no provider.
   The order of the callbacks in ``trainer.callbacks`` does not matter.
 
@@ -26,10 +28,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
+from lightning.pytorch.utilities import rank_zero_info
 
 from robusttrain.errors import InputError
 
@@ -118,8 +122,10 @@ class RobustnessContext:
                 "the robustness callbacks have different dirpath values ("
                 + ", ".join(f"{n}: {d}" for n, d in sorted(dirs.items()))
                 + "); give them the same dirpath (one run directory)")
-        d = next(iter(distinct), None) or getattr(trainer, "log_dir", None) or trainer.default_root_dir
+        d = next(iter(distinct), None) or default_run_dir(trainer)
         self.run_dir = Path(broadcast_object(trainer, str(d)))
+        if getattr(trainer, "is_global_zero", True):
+            rank_zero_info(f"robusttrain: writing the robustness files of this run to {self.run_dir}")
         return self.run_dir
 
     def absorb(self, other: "RobustnessContext") -> None:
@@ -140,6 +146,23 @@ class RobustnessContext:
     def emit(self, record: Any, images: dict | None) -> None:
         for sink in self.sinks:
             sink(record, images)
+
+
+def default_run_dir(trainer: Any) -> str:
+    """``trainer.log_dir`` when it is a run's own folder; a first logger without one (``log_dir``
+    None: W&B and most others give their shared ``save_dir``) gets ``<save_dir>/robusttrain/<run id>``,
+    so two fits never share (and never replay) each other's files."""
+    d = getattr(trainer, "log_dir", None) or trainer.default_root_dir
+    loggers = list(getattr(trainer, "loggers", None) or [])
+    if not loggers or getattr(loggers[0], "log_dir", None) is not None:
+        return str(d)
+    try:
+        version = loggers[0].version
+    except Exception:  # a logger that cannot name its run offline: the timestamp below
+        version = None
+    run_id = str(version) if version not in (None, "") else datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id).strip(".") or "run"
+    return str(Path(d) / "robusttrain" / safe)
 
 
 def context_for(trainer: Any, explicit: RobustnessContext | None = None) -> RobustnessContext:

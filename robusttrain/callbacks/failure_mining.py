@@ -23,7 +23,11 @@ Logged per epoch: ``mining/bank_size``, ``mining/trainable``, ``mining/new``, ``
 """
 from __future__ import annotations
 
+import logging
+import os
 from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -32,7 +36,7 @@ from lightning.pytorch import Callback
 from robusttrain.io import atomic_write_csv, atomic_write_json
 from robusttrain.metamorphic.batch import iter_probe
 from robusttrain.mining.bank import FailureBank
-from robusttrain.mining.replay import CleanDataset, ReplayDataset
+from robusttrain.mining.replay import CleanDataset, ReplayDataset, check_round_trip
 from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
 from robusttrain.rundir import failures as failures_files
 
@@ -42,6 +46,7 @@ from .context import RobustnessConfigError, RobustnessContext, TrainProbe, conte
 from .validate import check_fraction, check_int
 
 MAX_REPLAY_RATIO = 0.9
+log = logging.getLogger(__name__)
 
 
 class FailureMiningCallback(Callback):
@@ -57,6 +62,8 @@ class FailureMiningCallback(Callback):
         allow_val_mining: also replay validation failures (leaks validation data; warned).
         max_size, n_thumbs: bound of the bank and number of thumbnail strips kept.
         momentum, floor: the failure-driven weights (:class:`~robusttrain.mining.FailureDrivenWeights`).
+        min_clean_dice: violations whose *clean* Dice is below this are not mined (a model that
+            segments nothing there yet: a drop from 0.049 to 0.029 is noise, not a failure to learn).
         train_dataset: the dataset the train probe checks (default: the wrapped dataset, else
             ``datamodule.train_dataset``).
         dirpath: run directory (default: the shared context's).
@@ -80,7 +87,8 @@ class FailureMiningCallback(Callback):
     def __init__(self, replay_ratio: float = 0.2, train_probe_size: int = 32, every_n_epochs: int = 1,
                  jitter: float = 0.1, clean_mix: float = 0.0, fresh_image: float = 0.0,
                  allow_val_mining: bool = False, max_size: int = 2000, n_thumbs: int = 32,
-                 momentum: float = 0.5, floor: float = 0.05, train_dataset: Any = None,
+                 momentum: float = 0.5, floor: float = 0.05, min_clean_dice: float = 0.1,
+                 train_dataset: Any = None,
                  dirpath: str | None = None, context: RobustnessContext | None = None, enabled: bool = True):
         self.replay_ratio = check_fraction("replay_ratio", replay_ratio, 0.0, MAX_REPLAY_RATIO)
         self.train_probe_size = check_int("train_probe_size", train_probe_size, 1)
@@ -93,6 +101,8 @@ class FailureMiningCallback(Callback):
         self.max_size = check_int("max_size", max_size, 2)
         self.n_thumbs = check_int("n_thumbs", n_thumbs, 0)
         self.weights = FailureDrivenWeights(momentum, floor)
+        self.min_clean_dice = check_fraction("min_clean_dice", min_clean_dice)
+        self.below_floor = 0  # violations not mined for a clean Dice under the floor (this fit)
         self.allow_val_mining, self.enabled = bool(allow_val_mining), bool(enabled)
         self.train_dataset, self.dirpath, self.context = train_dataset, dirpath, context
         self.bank: FailureBank | None = None
@@ -153,6 +163,11 @@ class FailureMiningCallback(Callback):
         if not self.enabled:
             return
         run_dir = self._ctx.finalize(trainer)
+        if self._restored is None:  # a fresh fit: its own, empty bank (never another run's, nor a
+            self.bank = None        # previous fit's of this callback)
+            self.rows, self._counts, self._weights_epoch = [], defaultdict(lambda: defaultdict(int)), -1
+            if is_global_zero(trainer):
+                set_aside_foreign_bank(run_dir)
         if self.bank is None:
             self.bank = FailureBank(run_dir, self.max_size, self.n_thumbs, self.allow_val_mining)
         if self._restored is not None:
@@ -186,9 +201,17 @@ class FailureMiningCallback(Callback):
             if len(self._probe.dataset):
                 next(iter_probe(self._probe.dataset, [0], 1, self._ctx.hooks))
             if self.replay is not None and self.replay.view.pre is None:
-                self.replay.view.codec.check(self.replay.base)
+                # collated as the client's loader will collate replayed samples (MONAI: list_data_collate)
+                check_round_trip(self.replay.view, getattr(trainer.train_dataloader, "collate_fn", None))
 
     def _sink(self, record: Any, images: Any = None) -> None:
+        if record.src_dice < self.min_clean_dice:
+            if not self.below_floor:
+                log.warning("robusttrain: not mining violations whose clean Dice is below min_clean_dice=%g "
+                            "(e.g. %s: %.3g -> %.3g): the model does not segment these cases yet",
+                            self.min_clean_dice, record.case_id, record.src_dice, record.fol_dice)
+            self.below_floor += 1
+            return
         self.bank.add(record, images)
         self._counts[record.epoch][record.perturbation] += 1
 
@@ -265,3 +288,17 @@ class FailureMiningCallback(Callback):
         self.rows = list(state.get("rows", []))
         if state.get("bank") is not None:  # applied in on_fit_start, once the run dir is known
             self._restored = state
+
+
+def set_aside_foreign_bank(run_dir: Any) -> Path | None:
+    """A fresh fit finding ``failures/`` in its run directory (an earlier run's bank: same
+    ``default_root_dir``, a re-used ``dirpath``) moves it to ``failures.before-<time>/`` and says so:
+    replay reads that folder, and a run must never replay failures it did not mine."""
+    d = Path(run_dir) / failures_files.DIR
+    if not d.is_dir() or not any(d.iterdir()):
+        return None
+    dest = d.with_name(f"{failures_files.DIR}.before-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+    os.replace(d, dest)
+    log.warning("robusttrain: %s held an earlier run's failure bank; moved to %s (this run starts with an "
+                "empty bank and never replays failures it did not mine)", d, dest.name)
+    return dest

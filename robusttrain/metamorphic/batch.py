@@ -25,23 +25,36 @@ class HookError(InputError):
     """A batch could not be read by the default hooks; the message names the hook to set."""
 
 
+MASK_KEYS = ("mask", "label")  # robusttrain's, then MONAI's convention
+WHERE = ("pass MetamorphicCallback(hooks=BatchHooks({hook}=...)) (BatchHooks is importable from "
+         "robusttrain.callbacks; the other robustness callbacks use the same hooks)")
+
+
+def _found(batch: Any) -> str:
+    if isinstance(batch, dict):
+        return f"a dict with keys {sorted(map(str, batch))}"
+    if isinstance(batch, (list, tuple)):
+        return f"a {type(batch).__name__} of {len(batch)} ({', '.join(type(b).__name__ for b in batch[:4])})"
+    return type(batch).__name__
+
+
 def default_get_images(batch: Any) -> torch.Tensor:
     if isinstance(batch, dict) and "image" in batch:
         return batch["image"]
     if isinstance(batch, (list, tuple)) and len(batch) >= 2 and torch.is_tensor(batch[0]):
         return batch[0]
-    raise HookError("cannot find images in the batch (expected a dict with 'image' or an "
-                    f"(image, mask) tuple, got {type(batch).__name__}); pass get_images=")
+    raise HookError("cannot find images in the batch (expected a dict with 'image' or an (image, mask) "
+                    f"tuple, got {_found(batch)}); " + WHERE.format(hook="get_images"))
 
 
 def default_get_masks(batch: Any) -> torch.Tensor:
-    if isinstance(batch, dict) and "mask" in batch:
-        m = batch["mask"]
+    if isinstance(batch, dict) and any(k in batch for k in MASK_KEYS):
+        m = batch[next(k for k in MASK_KEYS if k in batch)]
     elif isinstance(batch, (list, tuple)) and len(batch) >= 2 and torch.is_tensor(batch[1]):
         m = batch[1]
     else:
-        raise HookError("cannot find masks in the batch (expected a dict with 'mask' or an "
-                        f"(image, mask) tuple, got {type(batch).__name__}); pass get_masks=")
+        raise HookError(f"cannot find masks in the batch (expected a dict with one of {list(MASK_KEYS)} or an "
+                        f"(image, mask) tuple, got {_found(batch)}); " + WHERE.format(hook="get_masks"))
     return m
 
 

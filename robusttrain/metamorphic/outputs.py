@@ -5,22 +5,34 @@ every figure meaningless: NaN/inf outputs (every label becomes class 0, EFR 0 % 
 and outputs that already are probabilities being squashed again (sigmoid of a probability is
 always > 0.5: everything becomes foreground). Both raise here, once, with the fix.
 
-``to_probabilities`` choices (:func:`to_probabilities_fn`): ``None``/``"auto"`` (logits:
-sigmoid for one channel, softmax for K; refuses outputs that look like probabilities),
-``"logits"`` (the same without that check), ``"identity"`` (the model returns probabilities),
-or a callable ``outputs -> (B,K,H,W) probabilities``.
+``to_probabilities`` choices (:func:`to_probabilities_fn`): ``None``/``"auto"`` (logits: sigmoid
+for one channel, softmax for K; :class:`AutoProbabilities` decides once what the outputs are),
+``"logits"`` (the same without looking), ``"identity"`` (the model returns probabilities), or a
+callable ``outputs -> (B,K,H,W) probabilities``. The argument goes to the MetamorphicCallback:
+``MetamorphicCallback(hooks=BatchHooks(to_probabilities=...))`` (``BatchHooks`` is importable from
+``robusttrain.callbacks``).
+
+"auto" never stops a run that has trained: one channel of values in [0,1] cannot tell logits from
+probabilities (a freshly initialised or BCE-trained conv gives such logits), so it warns once and
+reads them as logits. Only :meth:`AutoProbabilities.decide`, called on a batch before training,
+refuses outputs that are unambiguously probabilities (K>1 channels summing to 1); the same outputs
+met later switch "auto" to "identity" with a warning.
 
 >>> import torch
 >>> conv = to_probabilities_fn("identity")
 >>> conv(torch.full((1, 1, 2, 2), 0.75))[0, :, 0, 0].tolist()
 [0.25, 0.75]
->>> to_probabilities_fn(None)(torch.tensor([[[[0.2]], [[0.8]]]]) + torch.zeros(1, 2, 2, 2))
+>>> auto = to_probabilities_fn(None)
+>>> auto.decide(torch.tensor([[[[0.2]], [[0.8]]]]) + torch.zeros(1, 2, 2, 2))
 Traceback (most recent call last):
 ...
-robusttrain.metamorphic.outputs.ProbabilityOutputError: model outputs look like probabilities already (2 channels, values in [0.2, 0.8], channels sum to 1), but logits were expected: softmax would be applied twice. Pass to_probabilities='identity' if the model returns probabilities (or to_probabilities='logits' if these really are logits)
+robusttrain.metamorphic.outputs.ProbabilityOutputError: model outputs look like probabilities already (2 channels, values in [0.2, 0.8], channels sum to 1), but logits were expected: softmax would be applied twice. Pass MetamorphicCallback(hooks=BatchHooks(to_probabilities='identity')) if the model returns probabilities (or to_probabilities='logits' if these really are logits)
+>>> auto(torch.tensor([-2.0, 3.0]).view(1, 1, 2, 1)).shape, auto.kind   # values outside [0,1]: logits
+(torch.Size([1, 2, 2, 1]), 'logits')
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Sequence
 
@@ -31,6 +43,8 @@ from robusttrain.errors import InputError
 from .batch import HookError
 
 TO_PROBABILITIES = ("auto", "logits", "identity")
+WHERE = "MetamorphicCallback(hooks=BatchHooks(to_probabilities={v!r}))"
+log = logging.getLogger(__name__)
 _SUM_TOL = 1e-3  # softmax outputs in float16 sum to 1 within ~1e-3
 
 
@@ -73,7 +87,8 @@ def main_output(outputs: Any) -> torch.Tensor:
     if not torch.is_tensor(outputs) or outputs.ndim not in (4, 5):
         raise ProbabilityOutputError(
             "cannot turn the model's outputs into (B,K,H,W) or (B,K,H,W,D) probabilities (got "
-            f"{getattr(outputs, 'shape', type(outputs).__name__)}); pass to_probabilities=")
+            f"{getattr(outputs, 'shape', type(outputs).__name__)}); pass {WHERE.format(v=...)} "
+            "with a callable outputs -> probabilities")
     return outputs
 
 
@@ -98,21 +113,85 @@ def logits_to_probabilities(logits: torch.Tensor, detect_probabilities: bool = T
     """
     logits = logits.float()  # AMP outputs may be half; sums and argmax want full precision
     lo, hi = _range(logits, "model outputs (logits)")
-    if detect_probabilities and 0.0 <= lo < hi <= 1.0:
-        k = logits.shape[1]
-        sums_to_one = k > 1 and float((logits.sum(1) - 1).abs().max()) <= _SUM_TOL
-        if k == 1 or sums_to_one:
-            fn = "sigmoid" if k == 1 else "softmax"
-            extra = ", channels sum to 1" if sums_to_one else ""
-            raise ProbabilityOutputError(
-                f"model outputs look like probabilities already ({k} channel{'s' * (k > 1)}, values in "
-                f"[{lo:.3g}, {hi:.3g}]{extra}), but logits were expected: {fn} would be applied twice. "
-                "Pass to_probabilities='identity' if the model returns probabilities "
-                "(or to_probabilities='logits' if these really are logits)")
+    if detect_probabilities and _verdict(logits, lo, hi) != "logits":
+        raise ProbabilityOutputError(_looks_like(logits, lo, hi))
     if logits.shape[1] == 1:
         p = torch.sigmoid(logits)
         return torch.cat([1 - p, p], dim=1)
     return torch.softmax(logits, dim=1)
+
+
+def _verdict(t: torch.Tensor, lo: float, hi: float) -> str:
+    """"logits", "probabilities" (K>1 channels in [0,1] summing to 1: unambiguous) or "ambiguous"
+    (one channel, not constant, all values in [0,1]: sigmoid outputs and small logits look alike)."""
+    if not 0.0 <= lo < hi <= 1.0:
+        return "logits"
+    if t.shape[1] == 1:
+        return "ambiguous"
+    return "probabilities" if float((t.sum(1) - 1).abs().max()) <= _SUM_TOL else "logits"
+
+
+def _looks_like(t: torch.Tensor, lo: float, hi: float) -> str:
+    k = t.shape[1]
+    fn, extra = ("sigmoid", "") if k == 1 else ("softmax", ", channels sum to 1")
+    return (f"model outputs look like probabilities already ({k} channel{'s' * (k > 1)}, values in "
+            f"[{lo:.3g}, {hi:.3g}]{extra}), but logits were expected: {fn} would be applied twice. "
+            f"Pass {WHERE.format(v='identity')} if the model returns probabilities "
+            "(or to_probabilities='logits' if these really are logits)")
+
+
+class AutoProbabilities:
+    """``to_probabilities="auto"``: logits unless the outputs show otherwise, decided once (module doc).
+
+    ``kind`` is None until decided, then ``"logits"`` or ``"identity"``. Calls never raise on the
+    logits/probabilities question (only on NaN/inf); :meth:`decide` (before training) may.
+    """
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.warned = False
+
+    def decide(self, outputs: Any) -> str | None:
+        """Look at outputs computed before training: refuse unambiguous probabilities, settle on
+        logits when values leave [0,1]; one ambiguous channel warns once and stays undecided."""
+        t = main_output(outputs).float()
+        lo, hi = _range(t, "model outputs (logits)")
+        verdict = _verdict(t, lo, hi)
+        if verdict == "probabilities":
+            raise ProbabilityOutputError(_looks_like(t, lo, hi))
+        if verdict == "logits":
+            self.kind = "logits"
+        else:
+            self._warn_ambiguous(lo, hi)
+        return self.kind
+
+    def __call__(self, outputs: Any) -> torch.Tensor:
+        t = main_output(outputs)
+        if self.kind == "identity":
+            return identity_probabilities(t)
+        if self.kind is None:
+            tf = t.float()
+            lo, hi = _range(tf, "model outputs (logits)")
+            verdict = _verdict(tf, lo, hi)
+            if verdict == "logits":
+                self.kind = "logits"
+            elif verdict == "probabilities":  # unambiguous: a second softmax would flatten every score
+                self.kind = "identity"
+                log.warning("%s; reading them as probabilities from now on (to_probabilities='identity')",
+                            _looks_like(tf, lo, hi).split(". Pass")[0])
+                return identity_probabilities(t)
+            else:
+                self._warn_ambiguous(lo, hi)
+        return logits_to_probabilities(t, detect_probabilities=False)
+
+    def _warn_ambiguous(self, lo: float, hi: float) -> None:
+        if self.warned:
+            return
+        self.warned = True
+        log.warning("model outputs have 1 channel with every value in [%.3g, %.3g]: logits or sigmoid "
+                    "probabilities? Reading them as logits (sigmoid applied). If the model returns "
+                    "probabilities, pass %s; pass %s to silence this", lo, hi,
+                    WHERE.format(v="identity"), WHERE.format(v="logits"))
 
 
 def identity_probabilities(probs: torch.Tensor) -> torch.Tensor:
@@ -122,7 +201,7 @@ def identity_probabilities(probs: torch.Tensor) -> torch.Tensor:
     if lo < -_SUM_TOL or hi > 1 + _SUM_TOL:
         raise ProbabilityOutputError(
             f"to_probabilities='identity' but the model outputs lie in [{lo:.3g}, {hi:.3g}], not [0,1]; "
-            "they look like logits: pass to_probabilities='auto'")
+            f"they look like logits: pass {WHERE.format(v='auto')}")
     return torch.cat([1 - probs, probs], dim=1) if probs.shape[1] == 1 else probs
 
 
@@ -136,8 +215,9 @@ def to_probabilities_fn(spec: str | Callable | None) -> Callable[[Any], torch.Te
                          "outputs -> (B,K,H,W) probabilities")
     if name == "identity":
         return lambda out: identity_probabilities(main_output(out))
-    detect = name == "auto"
-    return lambda out: logits_to_probabilities(main_output(out), detect_probabilities=detect)
+    if name == "auto":
+        return AutoProbabilities()
+    return lambda out: logits_to_probabilities(main_output(out), detect_probabilities=False)
 
 
 def check_probabilities(probs: torch.Tensor) -> None:

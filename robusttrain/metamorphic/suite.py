@@ -160,8 +160,10 @@ class MRSuite:
                 self._ops[(name, sev)] = op
                 self.tests.append((name, sev))
         if self.skipped:
-            log.warning("metamorphic suite: skipped on %d-channel images: %s", in_channels,
-                        "; ".join(f"{k} ({v})" for k, v in self.skipped.items()))
+            hint = (" -- for grey images use the modality's suite: MRSuite(\"mri\") or MRSuite(\"xray\")"
+                    if in_channels == 1 else "")
+            log.warning("metamorphic suite: skipped on %d-channel images: %s%s", in_channels,
+                        "; ".join(f"{k} ({v})" for k, v in self.skipped.items()), hint)
 
     @staticmethod
     def _cannot_apply(op: Any, probe: torch.Tensor) -> str:

@@ -55,9 +55,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from robusttrain.metamorphic.batch import BatchHooks
+from robusttrain.metamorphic.batch import BatchHooks, HookError
 from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.mining.bank import LOG_NAME, FailureBank, log_signature
+from robusttrain.mining.crops import is_crop_list, read_seeded, rng_kept
 from robusttrain.mining.samples import SampleCodec
 from robusttrain.rundir.failures import SAMPLING_NAME
 
@@ -125,6 +126,8 @@ class CleanView:
         self.codec = SampleCodec(hooks)
         pipe = getattr(ds, "pipeline", None)
         self.pre = self.post = None
+        self._crops: int | None = None  # crops per sample: 0 = plain samples, k = lists of k crops
+        self._last: tuple[int, Any] | None = None  # the last crop list read (k reads of one volume)
         if pipe is not None and hasattr(ds, "source") and hasattr(ds, "indices"):
             import albumentations as A
 
@@ -140,12 +143,37 @@ class CleanView:
                 if c is not None and hasattr(pipe, "random_generator"):
                     c.set_random_state(pipe.random_generator, pipe.py_random)
 
+    @property
+    def crops(self) -> int:
+        """0 for plain samples, k when each sample is a list of k crops (read once, streams kept)."""
+        if self._crops is None:
+            first = read_seeded(self.ds, 0) if self.pre is None and len(self.ds) else None
+            self._crops = len(first) if is_crop_list(first) else 0
+        return self._crops
+
+    def __len__(self) -> int:
+        """Readable items: samples, or every crop of every sample (index ``i * k + j``)."""
+        return len(self.ds) * max(1, self.crops)
+
+    def sample(self, i: int) -> tuple[Any, dict[str, Any]]:
+        """The client's item ``i`` (a sample, or crop ``i % k`` of the seeded crop list of sample
+        ``i // k``) and what :meth:`finish` needs to rebuild the training sample around it."""
+        k = self.crops
+        if not k:
+            sample = self.ds[i]
+            return sample, {"sample": sample}
+        src = i // k
+        if self._last is None or self._last[0] != src:
+            self._last = (src, read_seeded(self.ds, src))
+        crops = self._last[1]
+        return crops[i % k], {"sample": crops[i % k], "crops": crops, "crop": i % k}
+
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """(image HWC uint8, mask HW int64, meta with case_id/slice_index) of sample ``i``."""
         if self.pre is None:
-            sample = self.ds[i]
+            sample, extra = self.sample(i)
             img, msk, meta = self.codec.read(sample, i)
-            return img, msk, {**meta, "sample": sample}
+            return img, msk, {**meta, **extra}
         src, j = self.ds.source, self.ds.indices[i]
         img, msk = src.load(j)
         out = self.pre(image=img, mask=msk)
@@ -162,7 +190,12 @@ class CleanView:
         """Run the augmentations (unless ``augment=False``) and build the sample: robusttrain's dict,
         or (any other dataset) the loaded sample with ``image`` in place of its image."""
         if "sample" in meta:
-            return self.codec.write(meta["sample"], image)
+            new = self.codec.write(meta["sample"], image)
+            if "crops" not in meta:
+                return new
+            crops = list(meta["crops"])  # the crop list the failing crop came from, that crop replaced
+            crops[meta["crop"]] = new
+            return crops
         size = image.shape[:2]
         if self.post is not None and augment:
             out = self.post(image=image, mask=mask)
@@ -180,6 +213,24 @@ class CleanView:
                 "case_id": meta["case_id"], "slice_index": meta["slice_index"]}
 
 
+def check_round_trip(view: CleanView, collate: Any = None) -> None:
+    """Read item 0 and rebuild its training sample unchanged, then collate it with the original
+    using the client's own ``collate`` (default torch's): one clear line when any step fails."""
+    from torch.utils.data import default_collate
+
+    collate = collate if collate is not None else default_collate
+    try:
+        img, msk, meta = view.load(0)
+        original = meta.get("crops", meta.get("sample"))
+        collate([original, view.finish(img, msk, meta)])
+    except HookError:
+        raise
+    except Exception as err:  # a hook that assumes batch-only structure, a collate mismatch
+        raise HookError(f"failure replay cannot read or rebuild your training samples ({type(err).__name__}: "
+                        f"{err}); set MetamorphicCallback(hooks=BatchHooks(...)) to match the sample format "
+                        "(BatchHooks is importable from robusttrain.callbacks)") from None
+
+
 class CleanDataset(Dataset):
     """Index-aligned, un-augmented view of a training dataset: what the train probe should check,
     so that a failure's ``index`` + params re-create exactly the image that failed."""
@@ -188,11 +239,11 @@ class CleanDataset(Dataset):
         self.base, self.view = base, CleanView(base)
 
     def __len__(self) -> int:
-        return len(self.base)
+        return len(self.view)
 
     def __getitem__(self, i: int) -> Any:
-        if self.view.pre is None:  # not robusttrain's dataset: its own (un-wrapped) sample
-            return self.base[i]
+        if self.view.pre is None:  # not robusttrain's dataset: its own sample (or crop i % k)
+            return self.view.sample(i)[0]
         img, msk, meta = self.view.load(i)
         return self.view.finish(img, msk, meta, augment=False)
 
@@ -202,7 +253,11 @@ class CleanDataset(Dataset):
         pipeline: a read before training would otherwise change every augmented batch, and a resume
         would no longer repeat the run)."""
         pre = self.view.pre
-        if pre is None or not hasattr(pre, "random_generator"):
+        if pre is None:  # MONAI-style transforms keep their own RNGs (and read_seeded keeps them too)
+            with rng_kept(self.base):
+                yield
+            return
+        if not hasattr(pre, "random_generator"):
             yield
             return
         state = (pre.random_generator.bit_generator.state, pre.py_random.getstate())
@@ -237,6 +292,16 @@ class _SlotDataset(Dataset):
     def _active(self) -> bool:
         return True
 
+    def set_random_state(self, seed: int | None = None, state: Any = None) -> "_SlotDataset":
+        """MONAI's DataLoader seeds a dataset's random transforms by walking its attributes
+        (``set_rnd``); walked through this wrapper, the base would be reached twice (``base`` and
+        ``view.ds``) and seeded differently from the same dataset unwrapped. Seed the base once,
+        exactly as MONAI would have."""
+        from monai.data.utils import set_rnd
+
+        set_rnd(self.base, seed=0 if seed is None else int(seed))
+        return self
+
     def __getitem__(self, i: int) -> Any:
         if i < 0:
             i += self.n_base
@@ -250,7 +315,7 @@ class _SlotDataset(Dataset):
         return self.base[i]
 
     def _clean_slot(self, rng: np.random.Generator) -> Any:
-        img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
+        img, msk, meta = self.view.load(int(rng.integers(len(self.view))))
         return self.view.finish(img, msk, meta)
 
     def __getattr__(self, name: str) -> Any:
@@ -403,7 +468,7 @@ class ReplayDataset(_SlotDataset):
             view = self.views[rec.split]
             return view.finish(*view.load(rec.index))
         if u < self.clean_mix + self.fresh_image:  # the failing family on any training image
-            img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
+            img, msk, meta = self.view.load(int(rng.integers(len(self.view))))
             out = apply_image(self._op(rec.perturbation, rec.severity), img, msk, rng=rng)
             return self.view.finish(out, msk, meta)
         img, msk, meta = self.recreate(rec, rng)
@@ -431,6 +496,6 @@ class RandomPerturbationDataset(_SlotDataset):
             from robusttrain import perturbations as P
 
             self._ops[(name, sev)] = P.get(name, severity=sev, **self.perturbation_kwargs.get(name, {}))
-        img, msk, meta = self.view.load(int(rng.integers(self.n_base)))
+        img, msk, meta = self.view.load(int(rng.integers(len(self.view))))
         out = apply_image(self._ops[(name, sev)], img, msk, rng=rng)
         return self.view.finish(out, msk, meta)

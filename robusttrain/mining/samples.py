@@ -81,13 +81,14 @@ class SampleCodec:
                             "must return the sample's own image tensor (e.g. lambda b: b['img'])")
         return out
 
-    def check(self, dataset: Any) -> None:
-        """Read sample 0 and write it back unchanged; raise one clear line when either fails."""
+    def check(self, dataset: Any, collate: Any = None) -> None:
+        """Read sample 0 and write it back unchanged, collate both with ``collate`` (the client's;
+        default torch's); raise one clear line when any step fails."""
         sample = dataset[0]
         try:
             img, _, _ = self.read(sample, 0)
             again = self.write(sample, img)
-            default_collate([sample, again])
+            (collate or default_collate)([sample, again])
         except HookError:
             raise
         except Exception as err:  # a hook that assumes batch-only structure, a collate mismatch
@@ -103,8 +104,13 @@ def _like(leaf: Any, image: np.ndarray) -> Any:
         chw = chw[0]
     if torch.is_tensor(leaf):
         t = torch.from_numpy(chw)
-        t = t.to(leaf.dtype) if leaf.dtype == torch.uint8 else t.to(leaf.dtype) / 255.0
-        return t.reshape(shape)
+        t = (t.to(leaf.dtype) if leaf.dtype == torch.uint8 else t.to(leaf.dtype) / 255.0).reshape(shape)
+        if type(leaf) is not torch.Tensor:  # MONAI's MetaTensor (a subclass): its type and metadata,
+            with torch.no_grad():          # which the client's collate (list_data_collate) reads
+                out = leaf.detach().clone()
+                out.copy_(t)
+            return out
+        return t
     arr = np.asarray(leaf)
     out = chw.astype(arr.dtype) if arr.dtype == np.uint8 else (chw / 255.0).astype(arr.dtype)
     return out.reshape(shape)

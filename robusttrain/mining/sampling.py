@@ -74,6 +74,7 @@ def rates_from_efr(efr: Any, split: str = "train", metric: str = "dice", thresho
     if not len(f):
         return {}
     f = f[f["epoch"] == (f["epoch"].max() if epoch is None else epoch)]
+    f = f[f["perturbation"] != "all"]  # the table's pooled row is a summary, not a family to replay
     g = f.groupby("perturbation")[["errors", "cases"]].sum()
     return {str(p): float(r.errors) / float(r.cases) if r.cases else 0.0 for p, r in g.iterrows()}
 

@@ -16,11 +16,13 @@ import io
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from robusttrain.io import atomic_write_bytes
+from robusttrain.metamorphic.efr import wilson_interval
 from robusttrain.reporting import rundir
 from robusttrain.reporting.rundir import Corners
 
@@ -53,7 +55,11 @@ def efr_series(efr: pd.DataFrame, metric: str = "dice", split: str | None = None
     if "split" in frame and len(frame):
         splits = list(dict.fromkeys(frame["split"]))
         frame = frame[frame["split"] == (split or ("val" if "val" in splits else splits[0]))]
-    return frame.assign(efr=100.0 * frame["efr"])
+    # a budgeted check scores a few cases per test: its EFR is an estimate, drawn with its interval
+    ci = [wilson_interval(int(e), int(n)) if n > 0 else (np.nan, np.nan)
+          for e, n in zip(frame["errors"], frame["cases"])]
+    return frame.assign(efr=100.0 * frame["efr"], efr_low=[100.0 * lo for lo, _ in ci],
+                        efr_high=[100.0 * hi for _, hi in ci])
 
 
 def _mark_epochs(ax, least_loss: int | None, balanced: int | None) -> None:
@@ -73,11 +79,16 @@ def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
         sub = series[(series["threshold"] - t).abs() < 1e-9]
         for name, g in sub.groupby("perturbation", sort=True):
             # "all" is the pooled row; draw it as the reference line
-            style = dict(color="black", linewidth=2.5) if name == "all" else dict(marker="o", ms=3)
-            ax.plot(g["epoch"], g["efr"], label=str(name), **style)
+            if name == "all":
+                ax.plot(g["epoch"], g["efr"], label=str(name), color="black", linewidth=2.5)
+                ax.fill_between(g["epoch"], g["efr_low"], g["efr_high"], color="black", alpha=0.1)
+                continue
+            yerr = [(g["efr"] - g["efr_low"]).clip(lower=0), (g["efr_high"] - g["efr"]).clip(lower=0)]
+            ax.errorbar(g["epoch"], g["efr"], yerr=yerr, label=str(name), marker="o", ms=3, capsize=2,
+                        elinewidth=0.8, alpha=0.85)
         if corners is not None:
             _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
-        ax.set_title(f"EFR ({metric.capitalize()}, t = {t:g}) per perturbation")
+        ax.set_title(f"EFR ({metric.capitalize()}, t = {t:g}) per perturbation, 95 % Wilson CI")
         ax.set_xlabel("epoch")
         ax.set_ylabel("EFR (%)")
         ax.set_ylim(bottom=0)

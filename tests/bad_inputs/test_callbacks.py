@@ -158,7 +158,8 @@ def test_maskless_samples_are_refused_by_failure_mining_before_training(tmp_path
     MR callback cannot check the validation samples at setup: the mining callback's check is what
     stops the fit. Before the fix, record-only trained a whole epoch and then failed in the MR check."""
     model = _UserNet()
-    with pytest.raises(HookError, match=r"cannot find masks in the batch .*got dict\); pass get_masks=") as err:
+    with pytest.raises(HookError, match=r"cannot find masks in the batch .*got a dict with keys \[.*'image'.*\]\); "
+                                       r"pass MetamorphicCallback\(hooks=BatchHooks\(get_masks=\.\.\.\)\)") as err:
         _user_fit(tmp_path / "run", layout, replay, model)
     assert "\n" not in str(err.value)  # one line
     assert model.steps == 0  # refused before the first training step

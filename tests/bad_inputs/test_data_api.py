@@ -122,10 +122,15 @@ def test_probabilities_passed_as_logits_are_refused_with_the_fix(tmp_path):
         _fit(tmp_path, Net("probs"), Blobs(), [_mr(tmp_path)])
 
 
-def test_sigmoid_outputs_one_channel_are_refused():
+def test_sigmoid_outputs_one_channel_warn_once_and_are_read_as_logits(caplog):
+    # one channel in [0,1] cannot tell logits from probabilities (issue 23): never a refusal
     conv = MetamorphicCallback(verbose=False).to_probabilities
-    with pytest.raises(ProbabilityOutputError, match=r"1 channel, values in \[0\.1, 0\.9\].*sigmoid would be applied"):
-        conv(torch.tensor([0.1, 0.9, 0.5, 0.3]).view(1, 1, 2, 2))
+    with caplog.at_level("WARNING"):
+        p = conv(torch.tensor([0.1, 0.9, 0.5, 0.3]).view(1, 1, 2, 2))
+        conv(torch.tensor([0.2, 0.8, 0.5, 0.3]).view(1, 1, 2, 2))
+    assert torch.allclose(p[:, 1], torch.sigmoid(torch.tensor([0.1, 0.9, 0.5, 0.3]).view(1, 2, 2)))
+    assert caplog.text.count("1 channel with every value in [0.1, 0.9]") == 1
+    assert "MetamorphicCallback(hooks=BatchHooks(to_probabilities='identity'))" in caplog.text
 
 
 def test_identity_opt_out_gives_the_same_scores_as_logits(tmp_path):
@@ -137,10 +142,12 @@ def test_identity_opt_out_gives_the_same_scores_as_logits(tmp_path):
     pd.testing.assert_frame_equal(ha, hb)
 
 
-def test_one_channel_probabilities_are_refused_in_training_and_identity_scores_them_right(tmp_path):
-    # sigmoid(probability) > 0.5 everywhere: before, every pixel became foreground
-    with pytest.raises(ProbabilityOutputError, match=r"1 channel, values in .*sigmoid would be applied twice"):
+def test_one_channel_probabilities_warn_in_training_and_identity_scores_them_right(tmp_path, caplog):
+    # sigmoid(probability) > 0.5 everywhere: "auto" says so once and the fit goes on (issue 23: a
+    # heuristic never kills a run that has trained); 'identity' scores them right
+    with caplog.at_level("WARNING"):
         _fit(tmp_path, Net("sigmoid"), Blobs(), [_mr(tmp_path)])
+    assert caplog.text.count("logits or sigmoid probabilities?") == 1 and (tmp_path / "history.csv").is_file()
     _fit(tmp_path / "ok", Net("sigmoid"), Blobs(), [_mr(tmp_path / "ok", hooks=BatchHooks(to_probabilities="identity"))])
     assert (pd.read_csv(tmp_path / "ok" / "history.csv")["dice_fg"] == 1.0).all()
 
