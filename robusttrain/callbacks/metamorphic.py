@@ -45,7 +45,14 @@ from robusttrain.rundir import mr_cases as cases_file
 
 from ._dist import broadcast_object, gather_objects
 from ._mr_budget import TrainClock, TrainWork, to_indices
-from ._mr_probe import checking_state, make_predict, make_to_probabilities, progress_bar, select_probe
+from ._mr_probe import (
+    checking_state,
+    decide_outputs,
+    make_predict,
+    make_to_probabilities,
+    progress_bar,
+    select_probe,
+)
 from .compat import fitting
 from .context import RobustnessContext, context_for
 from .validate import check_choice, check_fraction, check_int
@@ -157,6 +164,10 @@ class MetamorphicCallback(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._ctx.finalize(trainer)
         self._publish()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # "auto" outputs: unambiguous probabilities stop fit here, before anything trains
+        decide_outputs(trainer, pl_module, self._dataset(trainer, "val"), self.hooks, self.to_probabilities)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.clock.start()
