@@ -6,7 +6,9 @@ import re
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import torch
 from torch.utils.data import DataLoader
 from user_project import make
 
@@ -43,3 +45,26 @@ def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
                  "failures/failures.jsonl", "failures/mining.csv"):
         assert (run / name).is_file(), name
     assert scope["mining"].replay is not None  # the datamodule's loader read the wrapper
+
+
+def test_readme_metamorphic_training_example_runs_on_a_user_project(tmp_path, monkeypatch):
+    text = README.read_text()
+    start = text.index("## Train on what the check finds")
+    blocks = re.findall(r"```python\n(.*?)```", text[start:text.index("\n## ", start + 3)], flags=re.S)
+    assert len(blocks) == 1 and "metamorphic_loss(self, batch, logits, self.loss_fn)" in blocks[0]
+    L, Net, Data = make("lightning.pytorch")
+
+    class MyModel(Net):
+        def loss_fn(self, logits, masks):  # the user's own loss on the user's own mask format
+            return torch.nn.functional.cross_entropy(logits, masks[:, 0].round().long())
+
+    code = blocks[0].replace("max_epochs=20", "max_epochs=2, enable_progress_bar=False, logger=False")
+    monkeypatch.chdir(tmp_path)
+    L.seed_everything(0, workers=True)
+    scope = {"MyModel": MyModel, "MyDataModule": Data, "L": L}
+    exec(compile(code, "README.md", "exec"), scope)
+    run = tmp_path / "runs" / "robust"
+    for name in ("history.csv", "efr.csv", "metamorphic_training.csv", "metamorphic_training_samples.jsonl"):
+        assert (run / name).is_file(), name
+    stats = pd.read_csv(run / "metamorphic_training.csv")
+    assert set(stats.epoch) == {0, 1} and stats.chosen.sum() == 2 * 4 * 2  # 4 steps x 2 follow-ups per epoch
