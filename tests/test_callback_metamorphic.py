@@ -2,6 +2,7 @@
 import csv
 
 import lightning.pytorch as L
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -203,3 +204,40 @@ def test_train_probe_goes_to_sink_as_train_and_stays_out_of_val_rows(tmp_path):
     assert splits <= {"train", "val"} and "train" in splits
     train_cases = set(cb.cases[cb.cases.split == "train"].case_id)
     assert {r.case_id for r in got if r.split == "train"} <= train_cases and len(train_cases) == 2
+
+
+class NoisyBlobs(Blobs):
+    """Blobs whose __getitem__ draws noise from the global RNG: only a seeded check state replays it."""
+
+    def __getitem__(self, i):
+        s = dict(super().__getitem__(i))
+        s["image"] = (s["image"] + 0.05 * torch.rand(s["image"].shape)).clamp(0, 1)
+        return s
+
+
+@pytest.mark.slow
+def test_audit_reproduces_the_training_time_check_exactly(tmp_path):
+    """`check` / audit() and the MetamorphicCallback are one library call: same subset, state, numbers."""
+    from robusttrain.metamorphic.audit import audit
+
+    val = NoisyBlobs(8, slices=1, seed=1)
+    suite_args = (COLOUR + ["blur"], (2, 4))
+    cb = MetamorphicCallback(suite=MRSuite(*suite_args, seed=3), max_cases=5, dirpath=tmp_path, verbose=False,
+                             class_names=["polyp"])
+    model = Tiny()
+    trainer = L.Trainer(max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer.fit(model, DataLoader(Blobs(8, slices=1), batch_size=4), DataLoader(val, batch_size=4))
+    trained = pd.read_csv(tmp_path / "mr_cases.csv")
+    trained = trained[trained.epoch == 1].sort_values(["case_id", "perturbation", "severity"])
+    out = audit(model, {"val": val}, MRSuite(*suite_args, seed=3), max_cases=5, class_names=["polyp"])
+    audited = out["cases"].sort_values(["case_id", "perturbation", "severity"])
+    assert len(trained) == len(audited) == 5 * 8 and trained.case_id.nunique() == 5
+    for col in ("case_id", "perturbation", "severity"):
+        assert trained[col].tolist() == audited[col].tolist()
+    for col in ("src_dice", "fol_dice", "src_iou", "fol_iou"):
+        assert np.allclose(trained[col].to_numpy(float), audited[col].to_numpy(float), atol=0, rtol=0), col
+    efr = pd.read_csv(tmp_path / "efr.csv")
+    efr = efr[(efr.epoch == 1) & (efr.severity == 0)].set_index(["perturbation", "metric", "threshold"]).efr
+    mine = out["efr"][out["efr"].severity == 0].set_index(["perturbation", "metric", "threshold"]).efr
+    assert np.array_equal(efr.sort_index().to_numpy(), mine.sort_index().to_numpy())

@@ -178,8 +178,9 @@ def test_each_robustness_callback_can_be_switched_off():
     names = lambda cbs: sorted(type(c).__name__ for c in cbs)  # noqa: E731
     on = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x"])))
     assert on == ["BalancedAverage", "BalancedCheckpoint", "FailureMiningCallback", "MetamorphicCallback",
-                  "ModelCheckpoint", "RobustnessReporter"]
+                  "MetamorphicTraining", "ModelCheckpoint", "RobustnessReporter"]
     off = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x", "callbacks.mining.enabled=false",
                                                          "callbacks.reporting.enabled=false",
-                                                         "callbacks.balanced_average.enabled=false"])))
+                                                         "callbacks.balanced_average.enabled=false",
+                                                         "callbacks.metamorphic_training.enabled=false"])))
     assert off == ["BalancedCheckpoint", "MetamorphicCallback", "ModelCheckpoint"]

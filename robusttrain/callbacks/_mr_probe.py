@@ -1,40 +1,20 @@
-"""Helpers of MetamorphicCallback: probe selection, prediction, state save/restore, progress.
-
->>> select_probe(["a", "a", "b", "c"], max_cases=2, seed=0, split="val", always=["c"])  # c + one seeded draw
-[2, 3]
-"""
+"""Helpers of MetamorphicCallback that know Lightning: the outputs decision before training, the
+trainer's predict (its precision context) and the progress bar. Probe selection, the checking state and
+the check itself are :mod:`robusttrain.metamorphic.check` (shared with the audit)."""
 from __future__ import annotations
 
 import contextlib
-import random
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from robusttrain.metamorphic.batch import HookError, iter_probe
+from robusttrain.metamorphic.batch import iter_probe
+from robusttrain.metamorphic.check import checking_state, predict_fn, select_probe
 from robusttrain.metamorphic.outputs import NonFiniteOutputError, to_probabilities_fn
-from robusttrain.metamorphic.suite import stable_seed
 
-
-def select_probe(case_ids: Sequence[str], max_cases: int | None, seed: int, split: str,
-                 always: Sequence[str] = ()) -> list[int]:
-    """Dataset indices of a seeded subset of ``max_cases`` whole cases (all when None).
-
-    Cases in ``always`` (planted hard cases) are kept first; the rest are a seeded draw,
-    so the probe is the same in every epoch, process and resume.
-    """
-    cases = list(dict.fromkeys(case_ids))
-    if max_cases is not None and 0 <= max_cases < len(cases):
-        keep = [c for c in cases if c in set(always)][:max_cases]
-        rest = [c for c in cases if c not in set(keep)]
-        rng = np.random.default_rng(stable_seed(seed, split, "probe"))
-        pick = rng.choice(len(rest), size=max_cases - len(keep), replace=False) if max_cases > len(keep) else []
-        chosen = set(keep) | {rest[int(i)] for i in pick}
-    else:
-        chosen = set(cases)
-    return [i for i, c in enumerate(case_ids) if c in chosen]
+__all__ = ["checking_state", "decide_outputs", "make_predict", "make_to_probabilities", "progress_bar",
+           "select_probe"]
 
 
 def make_to_probabilities(spec: str | Callable | None) -> Callable:
@@ -73,44 +53,7 @@ def decide_outputs(trainer: Any, pl_module: Any, dataset: Any, hooks: Any, to_pr
 def make_predict(trainer: Any, pl_module: Any, to_probabilities: Callable) -> Callable:
     """``predict(images) -> probabilities`` under the trainer's precision (autocast) context."""
     plugin = getattr(trainer, "precision_plugin", None)
-    ctx = plugin.forward_context if plugin is not None else contextlib.nullcontext
-
-    def predict(images: torch.Tensor) -> torch.Tensor:
-        with ctx():
-            out = pl_module(images)
-        probs = to_probabilities(out)
-        if not torch.is_tensor(probs) or probs.ndim != images.ndim or probs.shape[0] != images.shape[0] \
-                or probs.shape[2:] != images.shape[2:]:
-            want = "(B,K,H,W,D)" if images.ndim == 5 else "(B,K,H,W)"
-            raise HookError(f"to_probabilities must return {want} matching the images {tuple(images.shape)}, "
-                            f"got {getattr(probs, 'shape', type(probs).__name__)}; fix to_probabilities=")
-        return probs.float()
-
-    return predict
-
-
-@contextlib.contextmanager
-def checking_state(pl_module: torch.nn.Module, seed: int) -> Iterator[None]:
-    """Eval mode, no_grad, seeded RNGs; restores every module's mode and all RNG states."""
-    modes = [(m, m.training) for m in pl_module.modules()]
-    rng = (torch.get_rng_state(), np.random.get_state(), random.getstate(),
-           torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
-    try:
-        pl_module.eval()
-        # seeding makes anything random in the datasets' __getitem__ replay each epoch
-        torch.manual_seed(seed)
-        np.random.seed(seed % 2**32)
-        random.seed(seed)
-        with torch.no_grad():
-            yield
-    finally:
-        for m, was in modes:
-            m.training = was
-        torch.set_rng_state(rng[0])
-        np.random.set_state(rng[1])
-        random.setstate(rng[2])
-        if rng[3] is not None:
-            torch.cuda.set_rng_state_all(rng[3])
+    return predict_fn(pl_module, to_probabilities, plugin.forward_context if plugin is not None else None)
 
 
 def progress_bar(trainer: Any, total: int, desc: str):

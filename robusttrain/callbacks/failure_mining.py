@@ -35,13 +35,13 @@ from lightning.pytorch import Callback
 
 from robusttrain.io import atomic_write_csv, atomic_write_json
 from robusttrain.metamorphic.batch import iter_probe
+from robusttrain.metamorphic.check import checking_state
 from robusttrain.mining.bank import FailureBank
 from robusttrain.mining.replay import CleanDataset, ReplayDataset, check_round_trip
 from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
 from robusttrain.rundir import failures as failures_files
 
 from ._dist import is_global_zero
-from ._mr_probe import checking_state
 from .context import RobustnessConfigError, RobustnessContext, TrainProbe, context_for
 from .validate import check_fraction, check_int
 

@@ -33,26 +33,28 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from robusttrain.metamorphic.batch import BatchHooks, case_ids_of, iter_probe
+from robusttrain.metamorphic.batch import BatchHooks, iter_probe
 from robusttrain.metamorphic.budget import CheckBudget, check_budget, final_reserve, training_work
+from robusttrain.metamorphic.check import (
+    Probe,
+    checking_state,
+    id_prefix,
+    prepare_suite,
+    probe_cases,
+    rng_preserved,
+    run_check,
+)
 from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
 from robusttrain.metamorphic.failures import build_failures
-from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
+from robusttrain.metamorphic.runner import ProbeResult, aggregate
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir import history as history_file
 from robusttrain.rundir import mr_cases as cases_file
 
 from ._dist import broadcast_object, gather_objects
-from ._mr_budget import TrainClock, TrainWork, to_indices
-from ._mr_probe import (
-    checking_state,
-    decide_outputs,
-    make_predict,
-    make_to_probabilities,
-    progress_bar,
-    select_probe,
-)
+from ._mr_budget import TrainClock, TrainWork
+from ._mr_probe import decide_outputs, make_predict, make_to_probabilities, progress_bar
 from .compat import fitting
 from .context import RobustnessContext, context_for
 from .validate import check_choice, check_fraction, check_int
@@ -216,6 +218,8 @@ class MetamorphicCallback(Callback):
         """Run the suite on ``splits`` now (all ranks must call it), update tables and files.
 
         With a ``budget``, a subset of the pairs unless ``full`` (the final check: ``final=True``).
+        The check itself is :func:`robusttrain.metamorphic.check.run_check` (what the audit runs too);
+        here: which probes, the budget's plan, the trainer's ranks, clock and logging.
         """
         device = next((p.device for p in pl_module.parameters()), torch.device("cpu"))
         path = self.path if self.path != "auto" else ("torch" if device.type == "cuda" else "numpy")
@@ -223,40 +227,28 @@ class MetamorphicCallback(Callback):
         metrics: dict[str, float] = {}
         t_start, train_s, train_px = time.perf_counter(), self.clock.take(), self.work.take()
         with checking_state(pl_module, self.seed):
-            probes = {}
+            probes: dict[str, Probe] = {}
             for split in splits:
                 ds = self._dataset(trainer, split)
-                if ds is None:
-                    continue
-                idx = self._probe(trainer, split, ds)
-                if self.suite.in_channels is None and idx:  # same suite on every rank, even empty shards
-                    first = next(iter_probe(ds, idx[:1], 1, self.hooks, id_prefix=_prefix(split)))
-                    self.suite.prepare(first.images.shape[1], probe=first.images)
-                probes[split] = (ds, idx, _case_ids(ds, idx, split))
+                if ds is not None:
+                    idx, ids = self._probe(trainer, split, ds)
+                    probes[split] = Probe(ds, idx, ids, id_prefix=id_prefix(split))
             plan = self._plan(trainer, probes, train_px, epoch, full)
-            for split, (ds, idx, ids) in probes.items():
-                sel = to_indices(plan.get(split), idx, ids)
-                if sel is not None and split != "val":  # the train probe's clean pass: selected cases only
-                    keep = set().union(*sel.values())
-                    idx = [i for i in idx if i in keep]
-                shard = idx[trainer.global_rank::max(1, trainer.world_size)]
-                n_fol = len(shard) * len(self.suite.tests) if sel is None else \
-                    sum(len(set(shard) & s) for s in sel.values())
-                bar = progress_bar(trainer, len(shard) + n_fol, f"MR check ({split})")
-                batches = iter_probe(ds, shard, self.batch_size, self.hooks, self.num_workers, _prefix(split))
-                res = run_probe(predict, batches,
-                                self.suite, split, path=path, device=device, progress=bar.update, epoch=epoch,
-                                selection=sel)
-                bar.close()
-                parts = gather_objects(trainer, res.to_obj())
-                res = ProbeResult.merge([ProbeResult(**p) for p in parts])
-                n_cases = len(dict.fromkeys(probes[split][2]))
-                metrics.update(self._record(trainer, pl_module, ds, res, epoch, split, predict, path,
-                                            n_cases=n_cases, final=full and self.budget.enabled,
+            for split, p in probes.items():
+                p.plan = plan.get(split)
+            results = run_check(predict, probes, self.suite, path=path, device=device,
+                                batch_size=self.batch_size, num_workers=self.num_workers, hooks=self.hooks,
+                                epoch=epoch, rank=trainer.global_rank, world_size=max(1, trainer.world_size),
+                                gather=lambda obj: gather_objects(trainer, obj),
+                                progress=lambda split, n: progress_bar(trainer, n, f"MR check ({split})"))
+            for split, res in results.items():
+                n_cases = len(dict.fromkeys(probes[split].case_ids))
+                metrics.update(self._record(trainer, pl_module, probes[split].dataset, res, epoch, split, predict,
+                                            path, n_cases=n_cases, final=full and self.budget.enabled,
                                             sinks=log))
                 if split == "val":
-                    self._last_check_epoch, self._last_val_full = epoch, sel is None
-        if metrics:  # what the budget compares: this check's wall time and the training it follows
+                    self._last_check_epoch, self._last_val_full = epoch, probes[split].plan is None
+        if metrics:  # reported only: this check's wall time and the training it follows
             metrics.update({"mr/check_s": time.perf_counter() - t_start, "mr/train_s": train_s})
         if metrics and log:
             pl_module.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False)
@@ -278,14 +270,16 @@ class MetamorphicCallback(Callback):
         px = gather_objects(trainer, int(train_px))
         plan = None
         if trainer.is_global_zero:
-            ds, idx, _ = probes.get("val", next(iter(probes.values())))
-            probe_px = _sample_pixels(ds, idx, self.hooks)
+            first = probes.get("val", next(iter(probes.values())))
+            probe_px = _sample_pixels(first.dataset, first.indices, self.hooks)
             work = training_work(sum(px), probe_px)
             clean, fol = self.budget.costs()
-            n_val = len(probes["val"][1]) if "val" in probes else 0
+            n_val = len(probes["val"].indices) if "val" in probes else 0
             since = epoch - self._last_check_epoch if self._last_check_epoch >= 0 else epoch + 1
+            if self.suite.in_channels is None:  # the number of tests depends on the data's channels
+                prepare_suite(self.suite, first, self.hooks)
             reserve = final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
-            plan = self.budget.plan(work, {s: p[2] for s, p in probes.items()}, len(self.suite.tests),
+            plan = self.budget.plan(work, {s: p.case_ids for s, p in probes.items()}, len(self.suite.tests),
                                     reserve=reserve)
         return broadcast_object(trainer, plan)
 
@@ -306,12 +300,11 @@ class MetamorphicCallback(Callback):
             ds = getattr(loaders, "dataset", None)
         return ds
 
-    def _probe(self, trainer: Any, split: str, ds: Any) -> list[int]:
-        ids = case_ids_of(ds) or [f"{_prefix(split)}{i}" for i in range(len(ds))]
+    def _probe(self, trainer: Any, split: str, ds: Any) -> tuple[list[int], list[str]]:
         dm = getattr(trainer, "datamodule", None)
         always = list(getattr(dm, "planted_hard_cases", []) or []) if split == "val" else []
         size = self.max_cases if split == "val" else self._ctx.train_probe.size
-        return select_probe(ids, size, self.seed, split, always)
+        return probe_cases(ds, split, size, self.seed, always)
 
     def _names(self, trainer: Any, res: ProbeResult) -> list[str]:
         if self.class_names is not None:
@@ -338,7 +331,7 @@ class MetamorphicCallback(Callback):
             self.last_failures = build_failures(res, cases, self.suite, ds, self.hooks, predict, path,
                                                 self.violation_threshold, self.failure_images, epoch,
                                                 device=next(pl_module.parameters()).device,
-                                                id_prefix=_prefix(split))
+                                                id_prefix=id_prefix(split))
             for rec, imgs in self.last_failures:
                 self._ctx.emit(rec, imgs)
         if trainer.is_global_zero and self.verbose:
@@ -390,19 +383,9 @@ def _sample_pixels(ds: Any, idx: Sequence[int], hooks: BatchHooks) -> int:
     """Pixels (voxels) of one probe sample: the unit of the budget's work."""
     if not len(idx):
         return 1
-    x = next(iter_probe(ds, list(idx[:1]), 1, hooks)).images
+    with rng_preserved():  # reading must not shift the seeded stream the check's samples are read with
+        x = next(iter_probe(ds, list(idx[:1]), 1, hooks)).images
     return max(1, int(x[0, 0].numel()))
-
-
-def _case_ids(ds: Any, idx: Sequence[int], split: str) -> list[str]:
-    """Case id of each probe index (as the probe names them, see :func:`_prefix`)."""
-    ids = case_ids_of(ds)
-    return [ids[i] if ids is not None else f"{_prefix(split)}{i}" for i in idx]
-
-
-def _prefix(split: str) -> str:
-    # samples without case ids: "idx5" in the validation set, "train/idx5" in the training probe
-    return "idx" if split == "val" else f"{split}/idx"
 
 
 def _replace(frame: pd.DataFrame, new: pd.DataFrame, epoch: int, split: str) -> pd.DataFrame:

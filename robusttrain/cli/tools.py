@@ -193,7 +193,8 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = audit(model, datasets, suite, out_dir=run_dir, device=device,
                 batch_size=int(mr.get("batch_size", 8)), max_cases=mr.get("max_cases"),
-                class_names=getattr(dm, "class_names", None))
+                class_names=getattr(dm, "class_names", None),
+                always=list(getattr(dm, "planted_hard_cases", []) or []))  # as the training-time check
     print(out["markdown"])
     clean = "  ".join(f"{name}: Dice={v['dice']:.4f} IoU={v['iou']:.4f}" for name, v in out["clean"].items())
     print(f"[robusttrain] clean {clean}")

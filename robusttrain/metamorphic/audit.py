@@ -23,24 +23,25 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
-from .batch import BatchHooks, case_ids_of, iter_probe
+from .batch import BatchHooks
+from .check import Probe, checking_state, id_prefix, predict_fn, probe_cases, run_check
 from .efr import THRESHOLDS, efr_table
-from .outputs import to_probabilities_fn
-from .runner import aggregate, run_probe
-from .suite import MRSuite, stable_seed
-
-
-def _predict_fn(model: torch.nn.Module, to_probabilities: str | Callable | None) -> Callable:
-    convert = to_probabilities_fn(to_probabilities)
-    return lambda x: convert(model(x)).float()
+from .runner import aggregate
+from .suite import MRSuite
 
 
 def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | None = None,
           out_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
           batch_size: int = 8, path: str = "auto", max_cases: int | None = None,
           thresholds: Sequence[float] = THRESHOLDS, class_names: Sequence[str] | None = None,
-          hooks: BatchHooks | None = None, to_probabilities: str | Callable | None = None) -> dict[str, Any]:
+          hooks: BatchHooks | None = None, to_probabilities: str | Callable | None = None,
+          always: Sequence[str] = ()) -> dict[str, Any]:
     """Run ``suite`` (default: nine families x severities 2, 4) on every dataset.
+
+    The same call as the training-time check (:func:`robusttrain.metamorphic.check.run_check`: the
+    same case subset -- ``always`` are the planted hard cases kept first --, seeded state, follow-up
+    params and scoring), so a dataset named ``"val"`` audited with a run's suite and ``max_cases``
+    reproduces the numbers its MetamorphicCallback wrote for the same weights.
 
     Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),
     "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "markdown": str}`` and, with
@@ -52,23 +53,19 @@ def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | Non
         (p.device for p in model.parameters()), torch.device("cpu"))
     path = path if path != "auto" else ("torch" if dev.type == "cuda" else "numpy")
     model = model.to(dev)
-    was = model.training
-    model.eval()
-    predict = _predict_fn(model, to_probabilities)
+    predict = predict_fn(model, to_probabilities)
     efrs, cases_all, clean = [], [], {}
-    try:
-        with torch.no_grad():
-            for name, ds in datasets.items():
-                idx = _subset(ds, max_cases, suite.seed)
-                res = run_probe(predict, iter_probe(ds, idx, batch_size, hooks), suite, name, path=path, device=dev)
-                hist, cases = aggregate(res, class_names or [], 0, suite)
-                t = efr_table(cases, thresholds)
-                t.insert(0, "split", name)
-                efrs.append(t)
-                cases_all.append(cases)
-                clean[name] = {m: float(hist.filter(like=f"{m}_").mean(axis=1).mean()) for m in ("dice", "iou")}
-    finally:
-        model.train(was)
+    with checking_state(model, suite.seed):
+        for name, ds in datasets.items():
+            idx, ids = probe_cases(ds, name, max_cases, suite.seed, always if name == "val" else ())
+            res = run_check(predict, {name: Probe(ds, idx, ids, id_prefix=id_prefix(name))}, suite,
+                            path=path, device=dev, batch_size=batch_size, hooks=hooks)[name]
+            hist, cases = aggregate(res, class_names or [], 0, suite)
+            t = efr_table(cases, thresholds)
+            t.insert(0, "split", name)
+            efrs.append(t)
+            cases_all.append(cases)
+            clean[name] = {m: float(hist.filter(like=f"{m}_").mean(axis=1).mean()) for m in ("dice", "iou")}
     efr = pd.concat(efrs, ignore_index=True)
     tables = paper_tables(efr, clean, thresholds)
     md = format_efr_tables(tables)
@@ -80,16 +77,6 @@ def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | Non
         atomic_write_text(os.path.join(out_dir, "efr_table.md"), md)
     return {"tables": tables, "efr": efr, "cases": pd.concat(cases_all, ignore_index=True),
             "clean": clean, "markdown": md}
-
-
-def _subset(ds: Any, max_cases: int | None, seed: int) -> list[int]:
-    ids = case_ids_of(ds) or [str(i) for i in range(len(ds))]
-    cases = list(dict.fromkeys(ids))
-    if max_cases is None or max_cases >= len(cases):
-        return list(range(len(ds)))
-    g = torch.Generator().manual_seed(stable_seed(seed, "audit") % 2**62)
-    keep = {cases[int(i)] for i in torch.randperm(len(cases), generator=g)[:max_cases]}
-    return [i for i, c in enumerate(ids) if c in keep]
 
 
 def paper_tables(efr: pd.DataFrame, clean: dict[str, dict[str, float]],
