@@ -421,3 +421,17 @@ def test_ddp_each_rank_draws_for_its_own_shard(tmp_path):
             assert json.loads(json.dumps({k: v.tolist() for k, v in p.items()})) == s["params"]
     # the ranks drew differently (own seeds, own shards), from the same family weights
     assert [s["params"] for s in by_rank[0]] != [s["params"] for s in by_rank[1]]
+
+
+@pytest.mark.slow
+def test_kept_family_shares_reach_the_loggers(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    mt = MetamorphicTraining(perturbations=COLOUR, k=2, dirpath=tmp_path)
+    trainer = L.Trainer(max_epochs=2, callbacks=[mt], logger=CSVLogger(tmp_path, name="logs"),
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                        enable_checkpointing=False)
+    trainer.fit(Tiny(), DataLoader(Blobs(8, slices=1, size=32), batch_size=4))
+    logged = pd.read_csv(tmp_path / "logs" / "version_0" / "metrics.csv")
+    shares = logged[[c for c in logged.columns if c.startswith("mt/kept_share/")]].dropna(how="all")
+    assert len(shares) == 2 and np.allclose(shares.fillna(0).sum(1), 1.0)

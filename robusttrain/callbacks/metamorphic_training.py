@@ -198,6 +198,11 @@ class MetamorphicTraining(Callback):
         records_file.write_stats(self._ctx.run_dir, self.stats)
         records_file.write_samples(self._ctx.run_dir, self.samples)
         self._probs = None
+        kept = sum(r["chosen"] for r in merged)
+        if kept:  # which artifacts the model trained on this epoch: one curve per family (W&B, CSV)
+            shares = {f"mt/kept_share/{r['family']}": r["chosen"] / kept for r in merged}
+            for lg in trainer.loggers:
+                lg.log_metrics(shares, step=trainer.global_step)
 
     # -- the consistency term ------------------------------------------------------------
     def loss(self, pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None) -> torch.Tensor:
