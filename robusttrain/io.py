@@ -71,7 +71,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
 def atomic_write_csv(path: str | os.PathLike, frame: "Any") -> Path:
@@ -79,8 +79,9 @@ def atomic_write_csv(path: str | os.PathLike, frame: "Any") -> Path:
     return atomic_write_text(path, frame.to_csv(index=False))
 
 
-def _json_default(obj: Any) -> Any:
-    # numpy scalars / arrays and tensors show up in analysis results; make them plain JSON.
+def json_default(obj: Any) -> Any:
+    """``json.dumps(default=)`` for numpy scalars / arrays and tensors (they show up in analysis
+    results): plain JSON values."""
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if hasattr(obj, "item"):

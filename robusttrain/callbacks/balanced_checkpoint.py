@@ -28,7 +28,7 @@ from lightning.pytorch import Callback
 from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
 from robusttrain.cornercases.margin import selection_margin
-from robusttrain.metamorphic.batch import BatchHooks, _normalise_mask, case_id_list
+from robusttrain.metamorphic.batch import BatchHooks, case_id_list, normalise_mask
 from robusttrain.metamorphic.outputs import NonFiniteOutputError
 from robusttrain.rundir import corner_cases as corners_file
 from robusttrain.rundir import history as history_file
@@ -215,7 +215,7 @@ class BalancedCheckpoint(Callback):
             out = out[0]
         if not bool(torch.isfinite(out).all()):  # NaN logits would score as "predicts background"
             raise NonFiniteOutputError("model outputs (logits)", trainer.current_epoch, "val")
-        sums = batch_sums(out, _normalise_mask(hooks.get_masks(batch), images).to(out.device), self.threshold)
+        sums = batch_sums(out, normalise_mask(hooks.get_masks(batch), images).to(out.device), self.threshold)
         cids = hooks.get_case_ids(batch)
         cids = case_id_list(cids) if cids is not None else None
         slices = hooks.get_slice_indices(batch)

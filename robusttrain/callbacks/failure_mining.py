@@ -33,12 +33,13 @@ from typing import Any
 import pandas as pd
 from lightning.pytorch import Callback
 
-from robusttrain.io import atomic_write_csv, atomic_write_json
 from robusttrain.metamorphic.batch import iter_probe
 from robusttrain.mining.bank import FailureBank
 from robusttrain.mining.replay import CleanDataset, ReplayDataset, check_round_trip
 from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
 from robusttrain.rundir import failures as failures_files
+from robusttrain.rundir import mining as mining_file
+from robusttrain.rundir import sampling as sampling_file
 
 from ._dist import is_global_zero
 from ._mr_probe import checking_state
@@ -244,8 +245,7 @@ class FailureMiningCallback(Callback):
         pl_module.log_dict({f"mining/{k}": float(v) for k, v in row.items() if k != "epoch"},
                            on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         if is_global_zero(trainer):
-            atomic_write_csv(self._ctx.run_dir / failures_files.DIR / failures_files.MINING_NAME,
-                             pd.DataFrame(self.rows))
+            mining_file.write(self._ctx.run_dir, pd.DataFrame(self.rows))
 
     def _sync(self, trainer: Any) -> None:
         # all ranks call this at the same hooks; only rank 0 has records (sinks run there)
@@ -272,9 +272,7 @@ class FailureMiningCallback(Callback):
             self._write_weights()
 
     def _write_weights(self) -> None:
-        atomic_write_json(self._ctx.run_dir / failures_files.DIR / failures_files.SAMPLING_NAME,
-                          {"epoch": self._weights_epoch, "weights": self.weights.weights(),
-                           "smoothed": self.weights.smoothed})
+        sampling_file.write(self._ctx.run_dir, self._weights_epoch, self.weights.weights(), self.weights.smoothed)
 
     # ---- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -24,7 +24,6 @@ At ``teardown`` the final ``corner_cases.json`` replaces the provisional corner 
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -34,6 +33,7 @@ import pandas as pd
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from robusttrain.metamorphic.records import failure_id
 from robusttrain.reporting import tables, wandb_charts
 from robusttrain.reporting.plots import write_plots
 from robusttrain.rundir import corner_cases as corners_file
@@ -183,7 +183,7 @@ class RobustnessReporter(Callback):
             pending, self._pending = self._pending, []
             pending.sort(key=lambda ri: -ri[0].drop)
             for rec, images in pending:
-                rid = _record_id(rec)
+                rid = failure_id(rec)
                 if rid in self._logged or len(rows) >= self.max_failures_per_epoch:
                     continue
                 self._logged.add(rid)
@@ -237,8 +237,3 @@ class RobustnessReporter(Callback):
 
 def _rows(frame: Any) -> bool:
     return isinstance(frame, pd.DataFrame) and len(frame) > 0
-
-
-def _record_id(record: Any) -> str:
-    # same spelling as the failure bank's ids, so both sources de-duplicate against each other
-    return hashlib.sha1(repr(record.key).encode()).hexdigest()[:16]

@@ -1,6 +1,7 @@
 """FailureRecord: one metamorphic-relation violation, the unit the failure bank stores and replays."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,6 +60,17 @@ class FailureRecord:
         d = dict(d)
         d.pop("drop", None)
         return cls(**d)
+
+
+def failure_id(record: FailureRecord) -> str:
+    """Short stable id of a record's de-duplication key: the failure bank's ids, its thumbnail names
+    and the W&B failure table's de-duplication all use it.
+
+    >>> r = FailureRecord("c1", "train", "blur", 4, {"sigma": [3.0]}, 7, 2, 0.9, 0.3, 0.8, 0.2)
+    >>> failure_id(r) == failure_id(FailureRecord.from_dict({**r.to_dict(), "epoch": 5}))  # epoch is not identity
+    True
+    """
+    return hashlib.sha1(repr(record.key).encode()).hexdigest()[:16]
 
 
 def relative_drop(src: float, fol: float) -> float:
