@@ -47,6 +47,7 @@ from robusttrain.io import atomic_write_bytes
 from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.rundir import balanced_average as average_file
 
+from ._dist import barrier, broadcast_object
 from .compat import fitting
 from .context import RobustnessContext, context_for
 from .validate import check_fraction, check_int
@@ -166,7 +167,7 @@ class BalancedAverage(Callback):
         if self._ctx is None or self._dir is None:
             return
         payload = self._average() if trainer.is_global_zero else None
-        state, report = trainer.strategy.broadcast(payload, src=0)
+        state, report = broadcast_object(trainer, payload, src=0)
         if state is not None:  # collective from here: every rank loads the average and saves
             report["bn"] = self._save(trainer, pl_module, state)
             report["checkpoint"] = average_file.CHECKPOINT
@@ -174,7 +175,7 @@ class BalancedAverage(Callback):
         if trainer.is_global_zero:
             average_file.write(self._dir, report)
             shutil.rmtree(self._dir / average_file.WINDOW_DIR, ignore_errors=True)
-        trainer.strategy.barrier("BalancedAverage.end")
+        barrier(trainer, "BalancedAverage.end")
 
     def _flags(self) -> tuple[dict[str, list[int]], str]:
         corners = self._ctx.corners

@@ -22,17 +22,19 @@ from typing import Any, Optional, Union
 import numpy as np
 import pandas as pd
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
+from robusttrain.cornercases.ecod import TAILS
 from robusttrain.cornercases.margin import selection_margin
 from robusttrain.metamorphic.batch import BatchHooks, case_id_list, normalise_mask
-from robusttrain.metamorphic.outputs import NonFiniteOutputError
+from robusttrain.metamorphic.outputs import NonFiniteOutputError, main_output
+from robusttrain.metamorphic.scoring import dice_from_sums, iou_from_sums, logits_sums
 from robusttrain.rundir import corner_cases as corners_file
 from robusttrain.rundir import history as history_file
 
+from ._dist import gather_objects
 from .compat import fitting
 from .context import RobustnessContext, context_for
 from .validate import check_choice, check_fraction, check_int
@@ -41,56 +43,6 @@ log = logging.getLogger(__name__)
 
 CANDIDATES = "balanced_candidates"
 MAX_CONTAMINATION = 0.5
-
-
-def _gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` (a collective under DDP, ``[obj]`` otherwise)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def batch_sums(logits: torch.Tensor, mask: torch.Tensor, threshold: float = 0.5) -> np.ndarray:
-    """(B, 3, C) int64 per sample and foreground class: intersection, prediction sum, target sum.
-
-    K>1 channels: softmax classes (argmax of the logits, which is the argmax of the softmax);
-    1 channel: sigmoid > ``threshold`` against ``mask > 0``. Sums run over every spatial dim, so
-    a (B,K,H,W,D) volume gives one volume-level count per case.
-
-    >>> logits = torch.zeros(1, 2, 4, 4, 3); logits[:, 1, :2] = 1.0      # predicts the top half
-    >>> mask = torch.zeros(1, 4, 4, 3, dtype=torch.long); mask[:, :1] = 1  # the top quarter
-    >>> batch_sums(logits, mask)[0, :, 0].tolist()                        # I, P, T over 48 voxels
-    [12, 24, 12]
-    """
-    if logits.shape[1] == 1:
-        pred = (torch.sigmoid(logits[:, 0]) > threshold).long()
-        mask, classes = (mask > 0).long(), [1]
-    else:
-        pred, classes = logits.argmax(1), range(1, logits.shape[1])
-    if pred.shape != mask.shape:
-        raise ValueError(f"prediction {tuple(pred.shape)} and mask {tuple(mask.shape)} differ")
-    dims = tuple(range(1, pred.ndim))
-    out = []
-    for k in classes:
-        p, t = pred == k, mask == k
-        out.append(torch.stack([(p & t).sum(dims), p.sum(dims), t.sum(dims)], 1))
-    return torch.stack(out, 2).long().cpu().numpy()
-
-
-def dice_from_sums(s: np.ndarray) -> np.ndarray:
-    """Dice per class from (3, C) sums; an empty target predicted empty scores 1."""
-    inter, p, t = s.astype(np.float64)
-    denom = p + t
-    return np.where(denom > 0, 2 * inter / np.maximum(denom, 1), 1.0)
-
-
-def iou_from_sums(s: np.ndarray) -> np.ndarray:
-    """IoU per class from (3, C) sums; empty/empty scores 1."""
-    inter, p, t = s.astype(np.float64)
-    denom = p + t - inter
-    return np.where(denom > 0, inter / np.maximum(denom, 1), 1.0)
 
 
 class BalancedCheckpoint(Callback):
@@ -139,7 +91,7 @@ class BalancedCheckpoint(Callback):
         self.policy = check_choice("policy", policy, POLICIES)
         self.worst_fraction = check_worst_fraction(worst_fraction)
         self.mode = check_choice("mode", mode, ("min", "max"))
-        self.tail = check_choice("tail", tail, ("low", "high", "both"))
+        self.tail = check_choice("tail", tail, TAILS)  # the analysis' own list of valid values
         self.contamination = check_fraction("contamination", contamination, 0.0, MAX_CONTAMINATION, lo_open=True)
         if not (retention in ("auto", "all") or (isinstance(retention, int) and not isinstance(retention, bool)
                                                  and retention >= 1)):
@@ -209,13 +161,10 @@ class BalancedCheckpoint(Callback):
         images = hooks.get_images(batch)
         with torch.no_grad():
             out = pl_module(images)
-        if isinstance(out, dict):
-            out = out.get("logits", next(iter(out.values())))
-        elif isinstance(out, (tuple, list)):
-            out = out[0]
+        out = main_output(out)  # the head the MetamorphicCallback scores too
         if not bool(torch.isfinite(out).all()):  # NaN logits would score as "predicts background"
             raise NonFiniteOutputError("model outputs (logits)", trainer.current_epoch, "val")
-        sums = batch_sums(out, normalise_mask(hooks.get_masks(batch), images).to(out.device), self.threshold)
+        sums = logits_sums(out, normalise_mask(hooks.get_masks(batch), images).to(out.device), self.threshold)
         cids = hooks.get_case_ids(batch)
         cids = case_id_list(cids) if cids is not None else None
         slices = hooks.get_slice_indices(batch)
@@ -234,14 +183,14 @@ class BalancedCheckpoint(Callback):
         if not self._computing or not self._active(trainer):
             return
         merged: dict[tuple[str, int], np.ndarray] = {}
-        for part in _gather(self._sums):
+        for part in gather_objects(trainer, self._sums):
             merged.update(part)
         per_case: dict[str, np.ndarray] = {}
         for (cid, _), s in merged.items():
             per_case[cid] = per_case.get(cid, 0) + s
         if not per_case:
             return
-        n = next(iter(per_case.values())).shape[1]
+        n = next(iter(per_case.values())).shape[0]
         dm_names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
         names = self.class_names or dm_names
         names = list(names) if names and len(names) == n else [f"class{k}" for k in range(1, n + 1)]

@@ -21,6 +21,7 @@ from typing import Any, Optional, Union
 
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
+from ._dist import barrier
 from .context import RobustnessContext, context_for
 
 NAME = "ema.ckpt"
@@ -70,4 +71,4 @@ class EMACheckpoint(EMAWeightAveraging):
         trainer.save_checkpoint(tmp, weights_only=True)  # collective: every rank calls it, rank 0 writes
         if trainer.is_global_zero:
             os.replace(tmp, dst)
-        trainer.strategy.barrier("EMACheckpoint.end")
+        barrier(trainer, "EMACheckpoint.end")

@@ -41,7 +41,7 @@ from robusttrain.rundir import failures as failures_files
 from robusttrain.rundir import mining as mining_file
 from robusttrain.rundir import sampling as sampling_file
 
-from ._dist import is_global_zero
+from ._dist import barrier, is_global_zero
 from ._mr_probe import checking_state
 from .context import RobustnessConfigError, RobustnessContext, TrainProbe, context_for
 from .validate import check_fraction, check_int
@@ -179,7 +179,7 @@ class FailureMiningCallback(Callback):
             self._restored = None
         if self.replay is not None:  # wrapped before fit (datamodule.setup / __init__)
             self._bind(self.replay)
-        trainer.strategy.barrier("failure_mining_resume")
+        barrier(trainer, "failure_mining_resume")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # the train loader exists now: the wrap must have happened, and its samples must round-trip
@@ -255,7 +255,7 @@ class FailureMiningCallback(Callback):
             if pending:
                 self._new_this_epoch += self.bank.flush(epoch)
             self._update_weights(epoch, force_write=pending)
-        trainer.strategy.barrier("failure_mining_sync")
+        barrier(trainer, "failure_mining_sync")
 
     def _update_weights(self, epoch: int, force_write: bool) -> None:
         ctx = self._ctx

@@ -22,6 +22,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from .records import relative_drops
+
 THRESHOLDS = (0.25, 0.5)
 EFR_COLUMNS = ["epoch", "split", "perturbation", "severity", "metric", "threshold",
                "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final"]
@@ -48,13 +50,6 @@ def wilson_interval(errors: int, n: int, z: float = 1.96) -> tuple[float, float]
     half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     # clip: floating error may put a bound a hair outside [0, 1] at 0 or n errors
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
-
-
-def relative_drops(src: np.ndarray, fol: np.ndarray) -> np.ndarray:
-    """Vectorised :func:`robusttrain.metamorphic.records.relative_drop` (0 where src <= 0)."""
-    src = np.asarray(src, dtype=np.float64)
-    fol = np.asarray(fol, dtype=np.float64)
-    return np.where(src > 0, (src - fol) / np.where(src > 0, src, 1.0), 0.0)
 
 
 def is_error(src: np.ndarray, fol: np.ndarray, threshold: float) -> np.ndarray:

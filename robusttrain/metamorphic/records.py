@@ -73,9 +73,22 @@ def failure_id(record: FailureRecord) -> str:
     return hashlib.sha1(repr(record.key).encode()).hexdigest()[:16]
 
 
+def relative_drops(src: Any, fol: Any) -> np.ndarray:
+    """The relative drop (src - fol) / src, element-wise; 0 where the source score is <= 0 (nothing
+    to lose, no error). The one definition of the quantity the MR threshold applies to (EFR, failure
+    records, the report, the W&B table).
+
+    >>> relative_drops([0.8, 0.0, 0.5], [0.2, 0.3, 0.5]).tolist()
+    [0.75, 0.0, 0.0]
+    """
+    s = np.asarray(src, dtype=np.float64)
+    f = np.asarray(fol, dtype=np.float64)
+    return np.where(s > 0, (s - f) / np.where(s > 0, s, 1.0), 0.0)
+
+
 def relative_drop(src: float, fol: float) -> float:
-    """(src - fol) / src; 0 when the source score is 0 (nothing to lose, no error)."""
-    return 0.0 if src <= 0 else (src - fol) / src
+    """:func:`relative_drops` of one pair, as a float."""
+    return float(relative_drops(src, fol))
 
 
 def _freeze(params: dict[str, Any]) -> tuple:

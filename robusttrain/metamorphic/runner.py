@@ -29,8 +29,8 @@ import pandas as pd
 import torch
 
 from .batch import ProbeBatch
-from .efr import relative_drops
 from .outputs import NonFiniteOutputError, check_probabilities
+from .records import relative_drops
 from .scoring import dice_from_sums, iou_from_sums, probabilities_to_labels, slice_sums
 from .suite import MRSuite, to_uint8_list, volume_to_slices
 

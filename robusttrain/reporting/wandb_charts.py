@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from robusttrain.metamorphic.records import relative_drop
 from robusttrain.reporting import rundir
 from robusttrain.reporting.rundir import Corners
 
@@ -121,7 +122,7 @@ def failure_row(record: dict[str, Any], images: dict[str, np.ndarray] | None = N
 
     src, fol = float(record.get("src_dice", np.nan)), float(record.get("fol_dice", np.nan))
     drop = record.get("drop")
-    drop = float(drop) if drop is not None else (0.0 if src <= 0 else (src - fol) / src)
+    drop = float(drop) if drop is not None else relative_drop(src, fol)
     source = followup = None
     if images and images.get("source") is not None:
         gt = images.get("gt")
