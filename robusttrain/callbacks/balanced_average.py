@@ -46,11 +46,11 @@ from robusttrain.checkpoints import rng_state, set_rng_state
 from robusttrain.io import atomic_write_bytes
 from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.rundir import balanced_average as average_file
+from robusttrain.validate import check_fraction, check_int
 
 from ._dist import barrier, broadcast_object
 from .compat import fitting
 from .context import RobustnessContext, context_for
-from .validate import check_fraction, check_int
 
 log = logging.getLogger(__name__)
 

@@ -26,23 +26,23 @@ from lightning.pytorch import Callback
 
 from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
-from robusttrain.cornercases.ecod import TAILS
+from robusttrain.cornercases.ecod import MAX_CONTAMINATION, TAILS
 from robusttrain.cornercases.margin import selection_margin
 from robusttrain.metamorphic.batch import BatchHooks, case_id_list, normalise_mask
 from robusttrain.metamorphic.outputs import NonFiniteOutputError, main_output
 from robusttrain.metamorphic.scoring import dice_from_sums, iou_from_sums, logits_sums
 from robusttrain.rundir import corner_cases as corners_file
 from robusttrain.rundir import history as history_file
+from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import gather_objects
 from .compat import fitting
 from .context import RobustnessContext, context_for
-from .validate import check_choice, check_fraction, check_int
 
 log = logging.getLogger(__name__)
 
 CANDIDATES = "balanced_candidates"
-MAX_CONTAMINATION = 0.5
+
 
 
 class BalancedCheckpoint(Callback):

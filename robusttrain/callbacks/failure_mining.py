@@ -40,11 +40,11 @@ from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
 from robusttrain.rundir import failures as failures_files
 from robusttrain.rundir import mining as mining_file
 from robusttrain.rundir import sampling as sampling_file
+from robusttrain.validate import check_fraction, check_int
 
 from ._dist import barrier, is_global_zero
 from ._mr_probe import checking_state
 from .context import RobustnessConfigError, RobustnessContext, TrainProbe, context_for
-from .validate import check_fraction, check_int
 
 MAX_REPLAY_RATIO = 0.9
 log = logging.getLogger(__name__)

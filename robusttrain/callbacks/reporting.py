@@ -41,10 +41,10 @@ from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir import failures as failures_file
 from robusttrain.rundir import history as history_file
 from robusttrain.rundir.corner_cases import Corners
+from robusttrain.validate import check_choice, check_int
 
 from .compat import fitting, wandb_logger
 from .context import RobustnessContext, context_for
-from .validate import check_choice, check_int
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,8 @@ from typing import Iterable, Optional
 import numpy as np
 import pandas as pd
 
+from robusttrain.validate import check_choice, check_fraction
+
 from .detect import NOT_ENOUGH, OK, CornerCaseResult, find_corner_cases, find_outlier_epochs
 from .history import HistoryLike, case_scores, load_history, metric_columns
 
@@ -57,13 +59,7 @@ class Selection:
 
 def check_worst_fraction(worst_fraction: float) -> float:
     """``worst_fraction`` as a float in (0, 1]; ValueError naming the value otherwise."""
-    try:
-        k = float(worst_fraction)
-    except (TypeError, ValueError):
-        raise ValueError(f"worst_fraction must be a number in (0, 1], got {worst_fraction!r}") from None
-    if not (0.0 < k <= 1.0):  # also refuses NaN
-        raise ValueError(f"worst_fraction must be in (0, 1], got {worst_fraction!r}")
-    return k
+    return check_fraction("worst_fraction", worst_fraction, 0.0, 1.0, lo_open=True)
 
 
 def worst_fraction_mean(scores, worst_fraction: float = 0.1) -> float:
@@ -122,8 +118,7 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
     ``worst_fraction`` is the share of cases the ``cvar`` policy averages (in (0, 1]).
     Fewer than 5 cases → ``status="not_enough_data"`` and the last candidate epoch.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    check_choice("policy", policy, POLICIES)
     worst_fraction = check_worst_fraction(worst_fraction)
     h = load_history(history)
     cols = metric_columns(h, metric)

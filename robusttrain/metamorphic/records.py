@@ -78,8 +78,8 @@ def relative_drops(src: Any, fol: Any) -> np.ndarray:
     to lose, no error). The one definition of the quantity the MR threshold applies to (EFR, failure
     records, the report, the W&B table).
 
-    >>> relative_drops([0.8, 0.0, 0.5], [0.2, 0.3, 0.5]).tolist()
-    [0.75, 0.0, 0.0]
+    >>> relative_drops([0.8, 0.0, 0.5], [0.4, 0.3, 0.5]).tolist()
+    [0.5, 0.0, 0.0]
     """
     s = np.asarray(src, dtype=np.float64)
     f = np.asarray(fol, dtype=np.float64)
