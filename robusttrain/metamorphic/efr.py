@@ -97,10 +97,19 @@ def efr_table(cases: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS,
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
+def efr_key(perturbation: str, metric: str, threshold: float, prefix: str = "mr/efr") -> str:
+    """The logger key of one pooled EFR: ``<prefix>/<perturbation>/<metric>@<t>`` (the one spelling).
+
+    >>> efr_key("blur", "dice", 0.25), efr_key("all", "iou", 0.5, prefix="mr/train_efr")
+    ('mr/efr/blur/dice@0.25', 'mr/train_efr/all/iou@0.5')
+    """
+    return f"{prefix}/{perturbation}/{metric}@{_fmt_t(threshold)}"
+
+
 def efr_metrics(table: pd.DataFrame, prefix: str = "mr/efr") -> dict[str, float]:
-    """The pooled-severity rows of an EFR table as logger keys ``<prefix>/<pert>/<metric>@<t>``."""
+    """The pooled-severity rows of an EFR table as logger keys (:func:`efr_key`)."""
     pooled = table[table["severity"] == 0]
-    return {f"{prefix}/{r.perturbation}/{r.metric}@{_fmt_t(r.threshold)}": float(r.efr)
+    return {efr_key(str(r.perturbation), str(r.metric), float(r.threshold), prefix): float(r.efr)
             for r in pooled.itertuples()}
 
 
