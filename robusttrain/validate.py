@@ -19,7 +19,8 @@ ValueError: PolypDataModule: batch_size=0: expected an integer >= 1
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -109,5 +109,5 @@ def test_thumbnails_for_worst_n(tmp_path):
 
 
 def test_min_size():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_size"):
         FailureBank(max_size=1)

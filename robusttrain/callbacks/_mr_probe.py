@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch

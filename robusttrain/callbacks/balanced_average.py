@@ -33,8 +33,9 @@ import math
 import os
 import random
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ from robusttrain.validate import check_fraction, check_int
 
 from ._dist import barrier, broadcast_object
 from .compat import fitting
-from .context import RobustnessContext, context_for
+from .context import RobustnessContext, UsesContext
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def average_states(states: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch
     return {**last, **{k: (s / count).to(dtypes[k]) for k, s in sums.items()}}
 
 
-class BalancedAverage(Callback):
+class BalancedAverage(UsesContext, Callback):
     """Write ``balanced_average.ckpt`` (see module docstring).
 
     Args:
@@ -115,15 +116,15 @@ class BalancedAverage(Callback):
         "BalancedAverage{'window': 0.5}"
     """
 
-    def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, window: float = 0.5, bn_batches: int = 32,
+    def __init__(self, dirpath: str | os.PathLike | None = None, window: float = 0.5, bn_batches: int = 32,
                  seed: int = 0, hooks: BatchHooks | None = None, context: RobustnessContext | None = None) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
         self.window = check_fraction("window", window, 0.0, 1.0, lo_open=True)
         self.bn_batches = check_int("bn_batches", bn_batches, 0)
         self.seed = check_int("seed", seed, 0)
-        self.hooks, self.context = hooks, context
-        self._ctx: RobustnessContext | None = context
-        self._dir: Optional[Path] = self.dirpath
+        self.hooks, self._context_arg = hooks, context
+        self._ctx = context
+        self._dir: Path | None = self.dirpath
         self._epochs: list[int] = []   # validated epochs of the fit(s), ascending
         self._kept: list[int] = []     # those in the window (weights on disk, written by rank 0)
         self.report: dict[str, Any] | None = None  # what balanced_average.json says, for programmatic use
@@ -135,12 +136,12 @@ class BalancedAverage(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
-        self._ctx = context_for(trainer, self.context)
+        self.join_context(trainer)
         # the ECOD flags come from BalancedCheckpoint: without it fit stops before training, saying so
-        self._ctx.join(type(self).__name__, self.dirpath, requires=("corners",))
+        self.context.join(type(self).__name__, self.dirpath, requires=("corners",))
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self._dir = self._ctx.finalize(trainer)
+        self._dir = self.context.finalize(trainer)
 
     def _snapshot(self, epoch: int) -> Path:
         return self._dir / average_file.WINDOW_DIR / f"epoch={epoch:04d}.pt"
@@ -178,13 +179,13 @@ class BalancedAverage(Callback):
         barrier(trainer, "BalancedAverage.end")
 
     def _flags(self) -> tuple[dict[str, list[int]], str]:
-        corners = self._ctx.corners
+        corners = self.context.corners
         if corners is None:
             return {}, "no corner-case analysis was available, so no epoch was flagged"
         flags = {str(c): [int(e) for e in eps] for c, eps in (corners.outlier_epochs or {}).items()}
         return flags, f"{len(flags)} corner case(s) with ECOD outlier epochs {sorted({e for v in flags.values() for e in v})}"
 
-    def _average(self) -> tuple[Optional[dict[str, torch.Tensor]], dict[str, Any]]:
+    def _average(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         flags, why = self._flags()
         window = list(self._kept)
         on_disk = [e for e in window if self._snapshot(e).is_file()]
@@ -244,7 +245,7 @@ class BalancedAverage(Callback):
             log.warning("BalancedAverage: no training dataloader at the end of the fit; the BatchNorm statistics "
                         "of balanced_average.ckpt are the averaged ones, not re-estimated")
             return {"reestimated": False, "batches": 0}
-        hooks = self.hooks or self._ctx.hooks or BatchHooks()
+        hooks = self.hooks or self.context.hooks or BatchHooks()
         seen = [0]
 
         def images():

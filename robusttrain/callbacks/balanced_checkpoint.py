@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import gather_objects
 from .compat import fitting
-from .context import RobustnessContext, context_for
+from .context import RobustnessContext, UsesContext
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ CANDIDATES = "balanced_candidates"
 
 
 
-class BalancedCheckpoint(Callback):
+class BalancedCheckpoint(UsesContext, Callback):
     """Save the balanced checkpoint of paper 004 (see module docstring).
 
     Args:
@@ -81,11 +81,11 @@ class BalancedCheckpoint(Callback):
         (True, "BalancedCheckpoint{'policy': 'last_inlier', 'monitor': 'val_loss'}")
     """
 
-    def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, policy: str = "last_inlier",
+    def __init__(self, dirpath: str | os.PathLike | None = None, policy: str = "last_inlier",
                  contamination: float = 0.1, tail: str = "low", metric: str = "dice",
                  monitor: str = "val/loss", mode: str = "min", min_epoch: int = 0,
-                 retention: Union[str, int] = "auto", compute_dice: Optional[bool] = None,
-                 class_names: Optional[list[str]] = None, threshold: float = 0.5,
+                 retention: str | int = "auto", compute_dice: bool | None = None,
+                 class_names: list[str] | None = None, threshold: float = 0.5,
                  worst_fraction: float = 0.1, hooks: BatchHooks | None = None, keep_candidates: bool = False,
                  context: RobustnessContext | None = None) -> None:
         self.policy = check_choice("policy", policy, POLICIES)
@@ -101,13 +101,13 @@ class BalancedCheckpoint(Callback):
         self.min_epoch = check_int("min_epoch", min_epoch, 0)
         self.threshold = check_fraction("threshold", threshold)
         self.compute_dice, self.class_names, self.hooks = compute_dice, class_names, hooks
-        self.keep_candidates, self.context = bool(keep_candidates), context
+        self.keep_candidates, self._context_arg = bool(keep_candidates), context
         self._rows: list[dict] = []            # self-computed history (standalone mode)
         self._monitor_values: dict[int, float] = {}
         self._saved: list[int] = []            # epochs with a candidate checkpoint on disk
         self._sums: dict[tuple[str, int], np.ndarray] = {}
-        self._ctx: RobustnessContext | None = context
-        self._dir: Optional[Path] = self.dirpath
+        self._ctx = context
+        self._dir: Path | None = self.dirpath
         self._computing = False
         self._warned_monitor = False
         self.selection = None                  # the last Selection, for programmatic use
@@ -120,15 +120,15 @@ class BalancedCheckpoint(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
-        self._ctx = context_for(trainer, self.context)
-        self._ctx.join(type(self).__name__, self.dirpath, provides=("corners",))
+        self.join_context(trainer)
+        self.context.join(type(self).__name__, self.dirpath, provides=("corners",))
 
     def on_fit_start(self, trainer, pl_module) -> None:
         # every setup has run: whether an MR callback provides the history is known now
-        self._dir = self._ctx.finalize(trainer)
-        has_mr = self._ctx.provides("mr")
+        self._dir = self.context.finalize(trainer)
+        has_mr = self.context.provides("mr")
         self._computing = self.compute_dice if self.compute_dice is not None else not has_mr
-        self._read = self.hooks or self._ctx.hooks or BatchHooks()
+        self._read = self.hooks or self.context.hooks or BatchHooks()
 
     def _candidate(self, epoch: int) -> Path:
         return self._dir / CANDIDATES / f"epoch={epoch:04d}.ckpt"
@@ -138,7 +138,7 @@ class BalancedCheckpoint(Callback):
         """The self-computed history (empty unless computing Dice itself)."""
         return pd.DataFrame(self._rows)
 
-    def _history(self) -> Optional[pd.DataFrame]:
+    def _history(self) -> pd.DataFrame | None:
         h = self._ctx.history if self._ctx is not None else None
         if isinstance(h, pd.DataFrame) and not h.empty:
             return h
@@ -236,7 +236,7 @@ class BalancedCheckpoint(Callback):
 
     def _provisional(self, trainer) -> None:
         """The corner-case analysis of the history so far (once per validation), for the reporter."""
-        self._ctx.least_loss_epoch = self.best_epoch()
+        self.context.least_loss_epoch = self.best_epoch()
         h = self._history() if trainer.is_global_zero else None
         if h is None or h.empty or "case_id" not in h:
             return
@@ -249,7 +249,7 @@ class BalancedCheckpoint(Callback):
         except ValueError as err:  # too little history yet: the provisional view is optional
             log.info("BalancedCheckpoint: provisional corner cases unavailable: %s", err)
             return
-        self._ctx.corners = corners_file.from_selection(sel, least, f"provisional ({sel.status}): {sel.reason}")
+        self.context.corners = corners_file.from_selection(sel, least, f"provisional ({sel.status}): {sel.reason}")
 
     def _keep(self, trainer) -> list[int]:
         eps = sorted(self._saved)
@@ -270,7 +270,7 @@ class BalancedCheckpoint(Callback):
         removable = max_flagged(n_cases, self.contamination) * max_flagged(n_ep, self.contamination)
         return eps[-(removable + 1):]
 
-    def best_epoch(self) -> Optional[int]:
+    def best_epoch(self) -> int | None:
         """Least (``mode="min"``) or greatest monitored epoch; ties go to the earliest."""
         vals = {e: v for e, v in self._monitor_values.items() if math.isfinite(v)}
         if not vals:
@@ -344,7 +344,7 @@ class BalancedCheckpoint(Callback):
         self._saved = [int(e) for e in state_dict.get("saved", [])]
 
 
-def dice_summary(history: pd.DataFrame, columns: list[str], epoch: Optional[int]) -> Optional[dict]:
+def dice_summary(history: pd.DataFrame, columns: list[str], epoch: int | None) -> dict | None:
     """Per-case and cohort metric values (plus their class mean) at one epoch of a clean history."""
     if epoch is None:
         return None

@@ -20,8 +20,8 @@ Policies (all choose among *inlier* candidate epochs, ties go to the later epoch
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
 
 import numpy as np
 import pandas as pd
@@ -37,11 +37,11 @@ NO_INLIER = "no_inlier_epoch"
 
 @dataclass
 class Selection:
-    epoch: Optional[int]
+    epoch: int | None
     policy: str
     status: str            # ok | not_enough_data | no_inlier_epoch
     reason: str
-    reference_epoch: Optional[int]
+    reference_epoch: int | None
     corner_cases: CornerCaseResult
     outlier_epochs: dict[str, list[int]] = field(default_factory=dict)
     candidates: list[int] = field(default_factory=list)
@@ -106,8 +106,8 @@ def _pareto_pick(tab: pd.DataFrame) -> tuple[int, str]:
 
 
 def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
-                          reference_epoch: Optional[int] = None,
-                          candidates: Optional[Iterable[int]] = None,
+                          reference_epoch: int | None = None,
+                          candidates: Iterable[int] | None = None,
                           contamination: float = 0.1, tail: str = "low", metric: str = "dice",
                           min_epoch: int = 0, worst_fraction: float = 0.1) -> Selection:
     """Pick the balanced epoch.

@@ -26,8 +26,8 @@ robusttrain.datamodules.errors.DataError: mask file b.png: values 0 (54 px), 1 (
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -11,8 +11,9 @@ is known; a case without ``case_id`` is named ``idx<dataset index>``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,9 +77,7 @@ def case_id_list(ids: Any) -> list[str]:
 
 
 def _case_id(c: Any) -> str:
-    if torch.is_tensor(c) and c.numel() == 1:
-        c = c.item()
-    elif isinstance(c, np.ndarray) and c.size == 1:
+    if torch.is_tensor(c) and c.numel() == 1 or isinstance(c, np.ndarray) and c.size == 1:
         c = c.item()
     if isinstance(c, np.generic):
         c = c.item()

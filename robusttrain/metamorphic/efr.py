@@ -17,7 +17,7 @@ how many test cases the full suite has in that row (``cases / suite_cases`` = co
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd

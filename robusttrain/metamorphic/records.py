@@ -56,7 +56,7 @@ class FailureRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FailureRecord":
+    def from_dict(cls, d: dict[str, Any]) -> FailureRecord:
         d = dict(d)
         d.pop("drop", None)
         return cls(**d)

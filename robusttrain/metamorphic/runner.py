@@ -21,8 +21,8 @@ every probe sample, and ``tested`` records which pairs were scored.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -64,7 +64,7 @@ class ProbeResult:
         return np.ones(self.fol.shape[:2], bool) if self.tested is None else np.asarray(self.tested, bool)
 
     @classmethod
-    def merge(cls, parts: Sequence["ProbeResult"]) -> "ProbeResult":
+    def merge(cls, parts: Sequence[ProbeResult]) -> ProbeResult:
         """Concatenate (e.g. gathered from ranks), drop duplicate indices, sort by index."""
         timing = _sum_timing(p.extra.get("timing") for p in parts)
         parts = [p for p in parts if len(p.index)] or list(parts[:1])

@@ -15,7 +15,7 @@ perfect score (1.0).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch

@@ -40,8 +40,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -156,8 +157,9 @@ class FailureBank:
         self.n_batches += 1
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
-            failures_file.truncate_torn_tail(self.log_path)
-            with open(self.log_path, "a", encoding="utf-8") as fh:
+            path = self.dir / failures_file.LOG_NAME
+            failures_file.truncate_torn_tail(path)
+            with open(path, "a", encoding="utf-8") as fh:
                 fh.write("\n".join(lines) + "\n")  # one write per batch
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -176,9 +178,11 @@ class FailureBank:
             return
         lines = [_line(i, e) for i, e in self.entries.items()]
         lines.append(json.dumps({"kind": "batch", "epoch": -1, "seen": [], "n": len(lines)}))
-        atomic_write_text(self.log_path, "\n".join(lines) + "\n")
+        atomic_write_text(self.dir / failures_file.LOG_NAME, "\n".join(lines) + "\n")
 
     def _write_thumbs(self) -> None:
+        if self.dir is None:
+            return
         tdir = self.dir / failures_file.THUMB_DIR
         worst = set(self.worst(self.n_thumbs))
         for i in worst & set(self._images):
@@ -223,9 +227,10 @@ class FailureBank:
         run had never stopped. False when that is not the case (the caller compacts instead)."""
         if self.dir is None:
             return False
-        if not self.log_path.is_file():  # nothing flushed yet, then or now
+        path = self.dir / failures_file.LOG_NAME
+        if not path.is_file():  # nothing flushed yet, then or now
             return self.n_batches == 0 and not self.entries
-        data = self.log_path.read_bytes()
+        data = path.read_bytes()
         ends = failures_file.batch_ends(data)
         if len(ends) < self.n_batches:
             return False
@@ -237,11 +242,11 @@ class FailureBank:
         if _snapshot(replay.entries) != _snapshot(self.entries):
             return False
         if end != len(data):
-            atomic_write_bytes(self.log_path, data[:end])
+            atomic_write_bytes(path, data[:end])
         return True
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike, **kw: Any) -> "FailureBank":
+    def load(cls, run_dir: str | os.PathLike, **kw: Any) -> FailureBank:
         """Read ``<run_dir>/failures/failures.jsonl`` back (complete batches only)."""
         bank = cls(run_dir, **kw)
         for batch in failures_file.read_batches(bank.log_path):

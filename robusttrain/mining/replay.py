@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -292,7 +293,7 @@ class _SlotDataset(Dataset):
     def _active(self) -> bool:
         return True
 
-    def set_random_state(self, seed: int | None = None, state: Any = None) -> "_SlotDataset":
+    def set_random_state(self, seed: int | None = None, state: Any = None) -> _SlotDataset:
         """MONAI's DataLoader seeds a dataset's random transforms by walking its attributes
         (``set_rnd``); walked through this wrapper, the base would be reached twice (``base`` and
         ``view.ds``) and seeded differently from the same dataset unwrapped. Seed the base once,
@@ -409,7 +410,7 @@ class ReplayDataset(_SlotDataset):
                                 max_size=10**9)  # the writer already applied its bound
         by: dict[str, list[FailureRecord]] = {}
         for r in bank.trainable():
-            if r.split in self.views and 0 <= r.index:
+            if r.split in self.views and r.index >= 0:
                 by.setdefault(r.perturbation, []).append(r)
         self._by_pert = by
         w = sampling_file.read_weights(self.dir.parent)
@@ -471,8 +472,7 @@ class ReplayDataset(_SlotDataset):
             return self.view.finish(out, msk, meta)
         img, msk, meta = self.recreate(rec, rng)
         view = self.views[rec.split]
-        sample = view.finish(img, msk, meta)
-        return sample
+        return view.finish(img, msk, meta)
 
 
 class RandomPerturbationDataset(_SlotDataset):

@@ -19,7 +19,8 @@ so every ``w_p >= floor`` and the weights sum to 1 (``floor`` is capped at ``1/P
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.validate import check_fraction

@@ -13,8 +13,9 @@ from __future__ import annotations
 import base64
 import html
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 

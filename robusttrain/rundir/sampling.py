@@ -19,8 +19,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from robusttrain.io import atomic_write_json
 

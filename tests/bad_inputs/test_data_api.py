@@ -238,7 +238,7 @@ def _expected():
     return m
 
 
-@pytest.mark.parametrize("value,dtype,ext,mode", [
+@pytest.mark.parametrize(("value", "dtype", "ext", "mode"), [
     (1, np.uint8, ".png", "class_index"),       # 0/1 PNG: was thresholded at >127 -> empty
     (1, np.uint16, ".png", "class_index"),      # 16-bit class ids
     (255, np.uint8, ".png", "binary255"),
@@ -259,7 +259,7 @@ def test_all_empty_masks_are_accepted_as_empty(tmp_path):
     assert src.load(0)[1].sum() == 0
 
 
-@pytest.mark.parametrize("stray,found", [(7, r"0 \(415 px\), 1 \(64 px\), 7 \(1 px\)"),
+@pytest.mark.parametrize(("stray", "found"), [(7, r"0 \(415 px\), 1 \(64 px\), 7 \(1 px\)"),
                                          (255, r"0 \(415 px\), 1 \(64 px\), 255 \(1 px\)")])
 def test_class_index_mask_with_a_stray_value_is_refused_naming_file_and_values(tmp_path, stray, found):
     m = _mask(1)
@@ -344,7 +344,7 @@ def test_jpeg_with_bytes_after_the_end_marker_still_loads(tmp_path):
 
 
 # ----------------------------------------------------------------------------- config at construction
-@pytest.mark.parametrize("kw,message", [
+@pytest.mark.parametrize(("kw", "message"), [
     ({"image_size": 0}, r"PolypDataModule: image_size=0: expected an integer >= 1"),
     ({"image_size": "big"}, r"image_size='big': expected an integer >= 1"),
     ({"batch_size": 0}, r"PolypDataModule: batch_size=0: expected an integer >= 1"),
