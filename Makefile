@@ -1,10 +1,11 @@
-# Two entry points, both idempotent: `make demo` trains the polyp recipe, `make test` runs the suite.
+# Entry points, all idempotent: `make demo` trains the polyp recipe, `make test` runs the static gate and
+# the whole suite, `make fast` the static gate and the tests not marked slow (seconds, for every edit).
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test fast lint install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +23,19 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m robusttrain fit recipe=polyp
 
-# lint, the docstring examples of the package, then the test suite
-test: $(STAMP)
+# the static gate: ruff (rules in pyproject.toml) and mypy (default strictness, the folders in [tool.mypy])
+lint: $(STAMP)
 	$(VENV)/bin/ruff check robusttrain tests benchmarks
+	$(PY) -m mypy
+
+# the static gate, the docstring examples of the package, then the test suite
+test: lint
 	$(PY) -m pytest -q --doctest-modules robusttrain
 	$(PY) -m pytest -q
+
+fast: lint
+	$(PY) -m pytest -q --doctest-modules robusttrain
+	$(PY) -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs

@@ -13,7 +13,8 @@ Used by ``mining_evidence.py`` and ``evidence.py``.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -104,11 +104,11 @@ def per_case_dice(model, dataset, class_names, batch_size: int = 16) -> list[dic
     """Clean per-case Dice (volume sums over a case's slices), one row per case."""
     from torch.utils.data import DataLoader
 
-    from robusttrain.callbacks.balanced_checkpoint import batch_sums, dice_from_sums
+    from robusttrain.metamorphic.scoring import dice_from_sums, logits_sums
 
     sums: dict[str, np.ndarray] = {}
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        for cid, s in zip(batch["case_id"], batch_sums(model(batch["image"]), batch["mask"])):
+        for cid, s in zip(batch["case_id"], logits_sums(model(batch["image"]), batch["mask"])):
             sums[cid] = sums.get(cid, 0) + s
     return [{"case_id": cid, **{f"dice_{c}": float(v) for c, v in zip(class_names, dice_from_sums(s))}}
             for cid, s in sums.items()]
@@ -151,6 +151,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
 
     from robusttrain.cornercases.tradeoff import policy_tradeoff
     from robusttrain.metamorphic.audit import audit
+    from robusttrain.metamorphic.records import relative_drops
     from robusttrain.metamorphic.suite import MRSuite
     from robusttrain.models.segmentation import SegmentationModule
 
@@ -223,12 +224,11 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     for (split, cid), g in cases.groupby(["split", "case_id"], sort=False):
         d = {"tests": int(len(g))}
         for m in ("dice", "iou"):
-            drop = np.where(g[f"src_{m}"] > 0, (g[f"src_{m}"] - g[f"fol_{m}"]) / g[f"src_{m}"].where(g[f"src_{m}"] > 0, 1), 0)
+            drop = relative_drops(g[f"src_{m}"], g[f"fol_{m}"])
             for t in THRESHOLDS:
                 d[f"errors_{m}@{t:g}"] = int((drop > t).sum())
         d["errors_dice@0.25_by_perturbation"] = {
-            p: int(((gp["src_dice"] - gp["fol_dice"]) / gp["src_dice"].where(gp["src_dice"] > 0, 1)
-                    ).where(gp["src_dice"] > 0, 0).gt(0.25).sum()) for p, gp in g.groupby("perturbation")}
+            p: int((relative_drops(gp["src_dice"], gp["fol_dice"]) > 0.25).sum()) for p, gp in g.groupby("perturbation")}
         mr.setdefault(split, {})[cid] = d
     # the audit's clean source scores must be the recorder's at the same epoch (same weights, same data)
     src = cases.groupby(["split", "case_id"])["src_dice"].first()

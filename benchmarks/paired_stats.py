@@ -15,7 +15,7 @@ their spread is reported separately as the std over seeds.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

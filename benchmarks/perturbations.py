@@ -29,8 +29,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import albumentations as A
 import cv2
@@ -200,6 +200,7 @@ def main() -> None:
                    ("saturation", "contrast", "white_balance") else f"{'-':>7}")
             line += f"{f('cuda', 10)}{f('k-cuda', 10)}{r('cuda', 'k-cuda', 7)}{pct}"
         print(line, flush=True)
+    return None
 
 
 # --------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Atomic file writes: a killed run never leaves a half-written file that a resume would trust."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -25,10 +27,8 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     return path
 
@@ -71,16 +71,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
-def atomic_write_csv(path: str | os.PathLike, frame: "Any") -> Path:
+def atomic_write_csv(path: str | os.PathLike, frame: Any) -> Path:
     """Write a pandas DataFrame as CSV (no index) atomically."""
     return atomic_write_text(path, frame.to_csv(index=False))
 
 
-def _json_default(obj: Any) -> Any:
-    # numpy scalars / arrays and tensors show up in analysis results; make them plain JSON.
+def json_default(obj: Any) -> Any:
+    """``json.dumps(default=)`` for numpy scalars / arrays and tensors (they show up in analysis
+    results): plain JSON values."""
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if hasattr(obj, "item"):

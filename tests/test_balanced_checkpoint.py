@@ -5,64 +5,14 @@ import lightning.pytorch as pl
 import pandas as pd
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+from toys import Classes, ClassNet, Snapshots
 
-from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint, batch_sums, dice_from_sums
+from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint
 from robusttrain.callbacks.context import context_for
+from robusttrain.metamorphic.scoring import dice_from_sums, logits_sums
 
 pytestmark = pytest.mark.slow
-
-
-class Cases(Dataset):
-    """n_cases × 2 slices of 16×16; class k lives where the image is ≈ k/3."""
-
-    def __init__(self, n_cases=6, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.items = []
-        for c in range(n_cases):
-            for s in range(2):
-                mask = torch.zeros(16, 16, dtype=torch.long)
-                for k in (1, 2, 3):
-                    y, x = torch.randint(0, 12, (2,), generator=g).tolist()
-                    mask[y:y + 4, x:x + 4] = k
-                img = mask.float()[None] / 3 + 0.05 * torch.randn(1, 16, 16, generator=g)
-                self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
-
-
-class Tiny(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Conv2d(1, 4, 3, padding=1)
-
-    def forward(self, x):
-        return self.net(x)
-
-    def training_step(self, b, _):
-        return nn.functional.cross_entropy(self(b["image"]), b["mask"])
-
-    def validation_step(self, b, _):
-        self.log("val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"]))
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
-class Snapshots(pl.Callback):
-    """Records the weights at every validation, to check balanced.ckpt against."""
-
-    def __init__(self):
-        self.weights = {}
-
-    def on_validation_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self.weights[trainer.current_epoch] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
 
 
 class PlantedHistory(pl.Callback):
@@ -94,9 +44,9 @@ def fit(tmp_path, callbacks, max_epochs, ckpt_path=None, n_cases=6):
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                          num_sanity_val_steps=1, accelerator="cpu", devices=1)
-    model = Tiny()
-    trainer.fit(model, DataLoader(Cases(n_cases), batch_size=4, shuffle=True),
-                DataLoader(Cases(n_cases, seed=1), batch_size=3), ckpt_path=ckpt_path)
+    model = ClassNet()
+    trainer.fit(model, DataLoader(Classes(n_cases), batch_size=4, shuffle=True),
+                DataLoader(Classes(n_cases, seed=1), batch_size=3), ckpt_path=ckpt_path)
     return trainer, model
 
 
@@ -104,11 +54,11 @@ def test_sums_and_dice():
     logits = torch.zeros(1, 3, 2, 2)
     logits[0, 1, 0, :] = 5  # predict class 1 on the top row
     mask = torch.tensor([[[1, 0], [0, 0]]])
-    s = batch_sums(logits, mask)[0]
-    assert s[:, 0].tolist() == [1, 2, 1] and s[:, 1].tolist() == [0, 0, 0]
+    s = logits_sums(logits, mask)[0]
+    assert s[0].tolist() == [1, 2, 1] and s[1].tolist() == [0, 0, 0]
     assert dice_from_sums(s).tolist() == pytest.approx([2 / 3, 1.0])  # class 2 empty/empty → 1
-    s1 = batch_sums(torch.full((1, 1, 2, 2), 3.0), torch.ones(1, 2, 2, dtype=torch.long))[0]
-    assert s1[:, 0].tolist() == [4, 4, 4]
+    s1 = logits_sums(torch.full((1, 1, 2, 2), 3.0), torch.ones(1, 2, 2, dtype=torch.long))[0]
+    assert s1[0].tolist() == [4, 4, 4]
 
 
 def test_standalone_writes_files_and_chosen_weights(tmp_path):
@@ -130,7 +80,7 @@ def test_standalone_writes_files_and_chosen_weights(tmp_path):
     assert ckpt["epoch"] == chosen
     for k, v in snap.weights[chosen].items():
         assert torch.equal(ckpt["state_dict"][k], v)
-    model = Tiny.load_from_checkpoint(tmp_path / "balanced.ckpt")  # loads as a Lightning checkpoint
+    model = ClassNet.load_from_checkpoint(tmp_path / "balanced.ckpt")  # loads as a Lightning checkpoint
     assert torch.equal(model.net.weight, snap.weights[chosen]["net.weight"])
 
 
@@ -188,9 +138,37 @@ def test_ddp_two_cpu_processes(tmp_path):
     trainer = pl.Trainer(max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                          num_sanity_val_steps=0, accelerator="cpu", devices=2, strategy="ddp_spawn")
-    trainer.fit(Tiny(), DataLoader(Cases(6), batch_size=4), DataLoader(Cases(6, seed=1), batch_size=3))
+    trainer.fit(ClassNet(), DataLoader(Classes(6), batch_size=4), DataLoader(Classes(6, seed=1), batch_size=3))
     report = json.loads((tmp_path / "corner_cases.json").read_text())
     hist = pd.read_csv(tmp_path / "balanced_history.csv")
     # each rank saw half the slices; the gathered history still has every case, every epoch
     assert hist["case_id"].nunique() == 6 and sorted(hist["epoch"].unique()) == [0, 1]
     assert report["balanced_epoch"] in (0, 1) and (tmp_path / "balanced.ckpt").is_file()
+
+
+def test_dict_output_model_is_read_the_same_by_both_callbacks(tmp_path):
+    """A model returning ``{"aux": ..., "out": logits}``: both callbacks score the main output
+    (:func:`robusttrain.metamorphic.outputs.main_output`), so their per-case Dice agree. BalancedCheckpoint
+    used to read the first value (the auxiliary head) and disagree."""
+    from toys import Blobs, Tiny, fit
+
+    from robusttrain.callbacks import MetamorphicCallback
+    from robusttrain.metamorphic.suite import MRSuite
+
+    mr = MetamorphicCallback(suite=MRSuite(["contrast"], (2,)), dirpath=tmp_path / "run", class_names=["fg"])
+    bc = BalancedCheckpoint(compute_dice=True, class_names=["fg"], monitor="val/loss")
+    fit(tmp_path, mr, epochs=1, model=Tiny(lr=0.0, head="dict"), ds=Blobs(n=8), extra=[bc])
+    by_mr = pd.read_csv(tmp_path / "run" / "history.csv").set_index("case_id")["dice_fg"].sort_index()
+    by_bc = bc.case_history.set_index("case_id")["dice_fg"].sort_index()
+    assert by_mr.min() > 0.5  # the main head is a good detector; the auxiliary one is its negation
+    assert by_bc.tolist() == pytest.approx(by_mr.tolist())
+
+
+def test_tail_is_checked_against_the_analysis_values_at_construction():
+    """tail="high" used to pass construction and fail at on_train_end, after all the training."""
+    from robusttrain.cornercases.ecod import TAILS
+
+    with pytest.raises(ValueError, match=r"tail='high': expected one of 'low', 'both'"):
+        BalancedCheckpoint(tail="high")
+    for tail in TAILS:
+        assert BalancedCheckpoint(tail=tail).tail == tail

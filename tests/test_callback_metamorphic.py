@@ -6,82 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+from toys import COLOUR, Blobs, Tiny, fit
 
 from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
 from robusttrain.callbacks.context import TrainProbe
 from robusttrain.metamorphic.batch import BatchHooks, HookError
 from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.metamorphic.suite import MRSuite
-
-COLOUR = ["saturation", "contrast", "white_balance"]
-
-
-class Blobs(Dataset):
-    """Cases of ``slices`` slices: a bright rectangle (foreground) on a dark noisy background."""
-
-    def __init__(self, n=8, slices=2, size=24, seed=0, tuples=False):
-        g = torch.Generator().manual_seed(seed)
-        self.x = 0.15 + 0.2 * torch.rand(n, 3, size, size, generator=g)
-        self.m = torch.zeros(n, size, size, dtype=torch.long)
-        for i in range(n):
-            r, c = 3 + i % 5, 2 + (i * 3) % 9
-            self.x[i, :, r:r + 6 + i % 4, c:c + 8] = torch.tensor([0.8, 0.5, 0.4]).view(3, 1, 1)
-            self.m[i, r:r + 6 + i % 4, c:c + 8] = 1
-        self.slices, self.tuples = slices, tuples
-
-    def __len__(self):
-        return len(self.x)
-
-    def case_ids(self):
-        return [f"p{i // self.slices}" for i in range(len(self))]
-
-    def __getitem__(self, i):
-        if self.tuples:
-            return self.x[i], self.m[i]
-        return {"image": self.x[i], "mask": self.m[i], "case_id": f"p{i // self.slices}",
-                "slice_index": i % self.slices}
-
-
-class Tiny(L.LightningModule):
-    def __init__(self, lr=0.05, out=2):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Conv2d(3, out, 3, padding=1)
-        with torch.no_grad():  # start as a "red > 0.6" detector: good clean Dice, colour-fragile
-            self.net.weight.mul_(0.05)
-            self.net.weight[out - 1, 0, 1, 1] += 10.0
-            self.net.bias.zero_()
-            self.net.bias[out - 1] = -6.0
-        self.lr, self.out = lr, out
-
-    def forward(self, x):
-        return self.net(x)
-
-    def _xy(self, b):
-        return (b["image"], b["mask"]) if isinstance(b, dict) else b
-
-    def training_step(self, b, i):
-        x, y = self._xy(b)
-        if self.out == 1:
-            return torch.nn.functional.binary_cross_entropy_with_logits(self(x)[:, 0], y.float())
-        return torch.nn.functional.cross_entropy(self(x), y)
-
-    def validation_step(self, b, i):
-        self.log("val/loss", self.training_step(b, i))
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
-
-
-def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
-    ds = ds or Blobs()
-    trainer = L.Trainer(max_epochs=epochs, callbacks=[cb] + kw.pop("extra", []), logger=CSVLogger(tmp_path),
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-                        accelerator="cpu", devices=1, deterministic=True, **kw)
-    trainer.fit(model or Tiny(), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
-    return trainer
 
 
 def mr(perturbations, severities, **kw):

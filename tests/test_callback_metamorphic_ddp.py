@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent('''
     from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
     from robusttrain.callbacks.context import TrainProbe
     from robusttrain.metamorphic.suite import MRSuite
-    from test_callback_metamorphic import COLOUR, Blobs, Tiny
+    from toys import COLOUR, Blobs, Tiny
 
     class Shifting(Tiny):
         """Weights never change (lr=0, so DDP and 1-process agree bit for bit), but the decision

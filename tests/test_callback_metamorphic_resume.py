@@ -3,8 +3,8 @@ import lightning.pytorch as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_callback_metamorphic import COLOUR, Blobs, Tiny
 from torch.utils.data import DataLoader
+from toys import COLOUR, Blobs, Tiny
 
 from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
 from robusttrain.callbacks.context import TrainProbe

@@ -64,7 +64,7 @@ def test_smoke_configuration_batches():
     assert (len(dm.train_dataset), len(dm.val_dataset)) == (24, 8)
     b = next(iter(dm.train_dataloader()))
     assert b["image"].dtype == torch.float32 and b["image"].shape == (8, 3, 64, 64)
-    assert 0 <= b["image"].min() and b["image"].max() <= 1
+    assert b["image"].min() >= 0 and b["image"].max() <= 1
     assert b["mask"].dtype == torch.int64 and b["mask"].shape == (8, 64, 64)
     assert isinstance(b["case_id"][0], str) and b["slice_index"].dtype == torch.int64
     assert dm.class_names == ["polyp"] and dm.num_classes == 2 and dm.in_channels == 3

@@ -7,7 +7,7 @@ from robusttrain.datamodules.readers import FolderSource
 
 def _check_batch(b, channels, size):
     assert b["image"].shape[1:] == (channels, size, size) and b["image"].dtype == torch.float32
-    assert 0 <= float(b["image"].min()) and float(b["image"].max()) <= 1
+    assert float(b["image"].min()) >= 0 and float(b["image"].max()) <= 1
     assert b["mask"].dtype == torch.int64 and b["mask"].shape[1:] == (size, size)
 
 

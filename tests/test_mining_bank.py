@@ -7,8 +7,9 @@ import logging
 import numpy as np
 import pytest
 
-from robusttrain.metamorphic.records import FailureRecord
-from robusttrain.mining.bank import FailureBank, read_batches, record_id
+from robusttrain.metamorphic.records import FailureRecord, failure_id
+from robusttrain.mining.bank import FailureBank
+from robusttrain.rundir.failures import read_batches
 
 
 def rec(case="c0", pert="blur", sev=4, sigma=3.0, epoch=0, fol=0.3, split="train", index=0):
@@ -25,12 +26,12 @@ def test_dedup_by_key_and_recency(tmp_path):
     assert bank.flush(epoch=0) == 2
     assert not bank.add(rec(epoch=3, fol=0.1))  # seen again, worse
     bank.flush(epoch=3)
-    e = bank.entries[record_id(rec())]
+    e = bank.entries[failure_id(rec())]
     assert e["last_epoch"] == 3 and e["count"] == 3 and e["record"].fol_dice == 0.1
     back = FailureBank.load(tmp_path)
     assert len(back) == 2
-    assert back.entries[record_id(rec())]["last_epoch"] == 3
-    assert back.entries[record_id(rec())]["record"].fol_dice == 0.1
+    assert back.entries[failure_id(rec())]["last_epoch"] == 3
+    assert back.entries[failure_id(rec())]["record"].fol_dice == 0.1
 
 
 def test_eviction_keeps_most_severe_and_most_recent(tmp_path):
@@ -102,11 +103,11 @@ def test_thumbnails_for_worst_n(tmp_path):
     bank.add(rec(case="bad", fol=0.0), ims)
     bank.flush(0)
     thumbs = list((tmp_path / "failures" / "thumbs").glob("*.png"))
-    assert [p.stem for p in thumbs] == [record_id(rec(case="bad"))]
+    assert [p.stem for p in thumbs] == [failure_id(rec(case="bad"))]
     import cv2
     assert cv2.imread(str(thumbs[0])).shape == (96, 5 * 96, 3)
 
 
 def test_min_size():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_size"):
         FailureBank(max_size=1)

@@ -10,7 +10,8 @@ import torch
 from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.mining.bank import FailureBank
-from robusttrain.mining.replay import SAMPLING_NAME, RandomPerturbationDataset, ReplayDataset, to_uint8_hwc
+from robusttrain.mining.replay import RandomPerturbationDataset, ReplayDataset, to_uint8_hwc
+from robusttrain.rundir import sampling as sampling_file
 
 PERTS = ["saturation", "contrast", "white_balance"]
 
@@ -102,8 +103,7 @@ def test_weights_file_steers_sampling(train_ds, tmp_path):
     for k in range(2):
         bank.add(probe_record(train_ds, k, k, suite)[0])
     bank.flush(0)
-    (tmp_path / "failures" / SAMPLING_NAME).write_text(
-        json.dumps({"weights": {"contrast": 0.9, "saturation": 0.1}}))
+    sampling_file.path(tmp_path).write_text(json.dumps({"weights": {"contrast": 0.9, "saturation": 0.1}}))
     ds = ReplayDataset(train_ds, tmp_path)
     assert ds.weights() == pytest.approx({"contrast": 0.9, "saturation": 0.1})
     cases = [slot(ds, i)["case_id"] for i in range(40)]
@@ -114,7 +114,7 @@ def test_random_perturbation_baseline(train_ds):
     ds = RandomPerturbationDataset(train_ds, PERTS, ratio=0.2)
     assert len(ds) == len(train_ds)
     s = slot(ds)
-    assert s["image"].shape == (3, 64, 64) and 0 <= float(s["image"].min())
+    assert s["image"].shape == (3, 64, 64) and float(s["image"].min()) >= 0
     plain = RandomPerturbationDataset(train_ds, [], ratio=0.2)
     assert slot(plain)["image"].shape == (3, 64, 64)
 
@@ -136,5 +136,5 @@ def test_clean_mix_and_fresh_image(train_ds, tmp_path):
     ds = ReplayDataset(train_ds, tmp_path, fresh_image=1.0)
     cases = {slot(ds, i)["case_id"] for i in range(20)}
     assert len(cases) > 3
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="clean_mix"):
         ReplayDataset(train_ds, tmp_path, clean_mix=0.6, fresh_image=0.6)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from test_reporting_helpers import CLASSES, CORNER, PERTURBATIONS, make_run_dir
 
-from robusttrain.reporting import rundir, tables, write_plots, write_report
+from robusttrain.reporting import load, tables, write_plots, write_report
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -43,7 +43,7 @@ def test_plots_without_files_write_nothing(tmp_path):
 
 def test_efr_table_in_paper_layout(tmp_path):
     run = make_run_dir(tmp_path / "run", epochs=3)
-    efr = rundir.load_efr(run)
+    efr = load.load_efr(run)
     out = tables.efr_tables(efr)
     assert list(out) == [0.5, 0.25]
     t5 = out[0.5]
@@ -105,7 +105,7 @@ def test_report_prefers_check_efr_table(tmp_path):
 
 def test_corner_case_table_reads_history_at_marked_epochs(tmp_path):
     run = make_run_dir(tmp_path / "run", epochs=6)
-    history, corners = rundir.load_history(run), rundir.load_corners(run)
+    history, corners = load.load_history(run), load.load_corners(run)
     table = tables.corner_case_table(history, corners)
     row = table.iloc[0]
     at = history[(history.case_id == CORNER)].set_index("epoch")
@@ -133,7 +133,7 @@ def test_failure_rows_with_overlays_or_thumbnail(tmp_path):
     from robusttrain.reporting import wandb_charts
 
     run = make_run_dir(tmp_path / "run")
-    rec = rundir.load_failures(run)[0]
+    rec = load.load_failures(run)[0]
     # from the failure bank's files only: the thumbnail strip stands in, follow-up cell empty
     row = wandb_charts.failure_row(rec, None, CLASSES, rec["thumb"])
     assert row[:5] == [rec["epoch"], rec["case_id"], "val", rec["perturbation"], 4]

@@ -59,7 +59,7 @@ def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = Tr
     efr = pd.concat([efr, pooled, every], ignore_index=True)
     efr["efr"] = efr["errors"] / efr["cases"]
     efr.to_csv(root / "efr.csv", index=False)
-    (root / "config.yaml").write_text("recipe: acdc\ntrainer:\n  max_epochs: %d\n" % epochs)
+    (root / "config.yaml").write_text(f"recipe: acdc\ntrainer:\n  max_epochs: {epochs}\n")
 
     if corners:
         (root / "corner_cases.json").write_text(json.dumps({

@@ -18,7 +18,8 @@ BalancedAverage, which needs a BalancedCheckpoint (its ECOD flags).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.metamorphic.suite import DEFAULT_SEVERITIES, MRSuite
@@ -56,7 +57,8 @@ def robustness(run_dir: str | os.PathLike | None = None, perturbations: Sequence
         groups[name][arg] = value
     ctx = RobustnessContext()
     out = [MetamorphicCallback(suite=MRSuite(perturbations, severities, seed), hooks=hooks, max_cases=max_cases,
-                               dirpath=run_dir, context=ctx, **groups["metamorphic"]),
+                               dirpath=None if run_dir is None else os.fspath(run_dir), context=ctx,
+                               **groups["metamorphic"]),
            BalancedCheckpoint(dirpath=run_dir, policy=policy, contamination=contamination, monitor=monitor,
                               context=ctx, **groups["balanced"])]
     if mining:

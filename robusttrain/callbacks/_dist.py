@@ -1,9 +1,14 @@
-"""Gather helpers for callbacks (shared; other callbacks may reuse them).
+"""Collectives for callbacks, all through ``trainer.strategy`` (the one way callbacks talk across ranks).
 
 ``gather_objects(trainer, obj)`` returns the list of every rank's ``obj`` (in rank order) on
-*every* rank -- a collective, so all ranks must call it at the same point. With one process
-it is ``[obj]`` and needs no process group. Objects are pickled, so send compact numpy
-arrays / plain containers (e.g. per-case integer sums with their ids), not tensors on GPU.
+*every* rank; ``broadcast_object`` sends rank ``src``'s object to all; ``barrier`` waits for all.
+They are collectives: all ranks must call them at the same point. With one process they need no
+process group. Objects are pickled, so send compact numpy arrays / plain containers (e.g. per-case
+integer sums with their ids), not tensors on GPU.
+
+Lightning's ``Strategy`` broadcasts any picklable object but gathers only tensors, so the gather is
+one broadcast per rank: it works on every strategy (DDP, FSDP, single device ...) without reaching
+for ``torch.distributed`` behind the strategy's back.
 
 >>> class _T: world_size = 1
 >>> gather_objects(_T(), {"a": 1})
@@ -11,9 +16,9 @@ arrays / plain containers (e.g. per-case integer sums with their ids), not tenso
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-import torch.distributed as dist
+T = TypeVar("T")
 
 
 def world_size(trainer: Any) -> int:
@@ -24,19 +29,22 @@ def is_global_zero(trainer: Any) -> bool:
     return bool(getattr(trainer, "is_global_zero", True))
 
 
-def gather_objects(trainer: Any, obj: Any) -> list[Any]:
-    """Every rank's ``obj`` in rank order, on every rank (``all_gather_object``)."""
-    if world_size(trainer) == 1 or not (dist.is_available() and dist.is_initialized()):
+def gather_objects(trainer: Any, obj: T) -> list[T]:
+    """Every rank's ``obj`` in rank order, on every rank."""
+    n = world_size(trainer)
+    if n == 1:
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return [trainer.strategy.broadcast(obj, src=r) for r in range(n)]
 
 
-def broadcast_object(trainer: Any, obj: Any, src: int = 0) -> Any:
+def broadcast_object(trainer: Any, obj: T, src: int = 0) -> T:
     """Rank ``src``'s ``obj`` on every rank."""
-    if world_size(trainer) == 1 or not (dist.is_available() and dist.is_initialized()):
+    if world_size(trainer) == 1:
         return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+    return trainer.strategy.broadcast(obj, src=src)
+
+
+def barrier(trainer: Any, name: str) -> None:
+    """Wait until every rank gets here (a no-op on one process)."""
+    if world_size(trainer) > 1:
+        trainer.strategy.barrier(name)

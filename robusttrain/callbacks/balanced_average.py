@@ -33,8 +33,9 @@ import math
 import os
 import random
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,10 +47,11 @@ from robusttrain.checkpoints import rng_state, set_rng_state
 from robusttrain.io import atomic_write_bytes
 from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.rundir import balanced_average as average_file
+from robusttrain.validate import check_fraction, check_int
 
+from ._dist import barrier, broadcast_object
 from .compat import fitting
-from .context import RobustnessContext, context_for
-from .validate import check_fraction, check_int
+from .context import RobustnessContext, UsesContext
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ def average_states(states: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch
     return {**last, **{k: (s / count).to(dtypes[k]) for k, s in sums.items()}}
 
 
-class BalancedAverage(Callback):
+class BalancedAverage(UsesContext, Callback):
     """Write ``balanced_average.ckpt`` (see module docstring).
 
     Args:
@@ -114,15 +116,15 @@ class BalancedAverage(Callback):
         "BalancedAverage{'window': 0.5}"
     """
 
-    def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, window: float = 0.5, bn_batches: int = 32,
+    def __init__(self, dirpath: str | os.PathLike | None = None, window: float = 0.5, bn_batches: int = 32,
                  seed: int = 0, hooks: BatchHooks | None = None, context: RobustnessContext | None = None) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
         self.window = check_fraction("window", window, 0.0, 1.0, lo_open=True)
         self.bn_batches = check_int("bn_batches", bn_batches, 0)
         self.seed = check_int("seed", seed, 0)
-        self.hooks, self.context = hooks, context
-        self._ctx: RobustnessContext | None = context
-        self._dir: Optional[Path] = self.dirpath
+        self.hooks, self._context_arg = hooks, context
+        self._ctx = context
+        self._dir: Path | None = self.dirpath
         self._epochs: list[int] = []   # validated epochs of the fit(s), ascending
         self._kept: list[int] = []     # those in the window (weights on disk, written by rank 0)
         self.report: dict[str, Any] | None = None  # what balanced_average.json says, for programmatic use
@@ -134,12 +136,12 @@ class BalancedAverage(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
-        self._ctx = context_for(trainer, self.context)
+        self.join_context(trainer)
         # the ECOD flags come from BalancedCheckpoint: without it fit stops before training, saying so
-        self._ctx.join(type(self).__name__, self.dirpath, requires=("corners",))
+        self.context.join(type(self).__name__, self.dirpath, requires=("corners",))
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self._dir = self._ctx.finalize(trainer)
+        self._dir = self.context.finalize(trainer)
 
     def _snapshot(self, epoch: int) -> Path:
         return self._dir / average_file.WINDOW_DIR / f"epoch={epoch:04d}.pt"
@@ -166,7 +168,7 @@ class BalancedAverage(Callback):
         if self._ctx is None or self._dir is None:
             return
         payload = self._average() if trainer.is_global_zero else None
-        state, report = trainer.strategy.broadcast(payload, src=0)
+        state, report = broadcast_object(trainer, payload, src=0)
         if state is not None:  # collective from here: every rank loads the average and saves
             report["bn"] = self._save(trainer, pl_module, state)
             report["checkpoint"] = average_file.CHECKPOINT
@@ -174,16 +176,16 @@ class BalancedAverage(Callback):
         if trainer.is_global_zero:
             average_file.write(self._dir, report)
             shutil.rmtree(self._dir / average_file.WINDOW_DIR, ignore_errors=True)
-        trainer.strategy.barrier("BalancedAverage.end")
+        barrier(trainer, "BalancedAverage.end")
 
     def _flags(self) -> tuple[dict[str, list[int]], str]:
-        corners = self._ctx.corners
+        corners = self.context.corners
         if corners is None:
             return {}, "no corner-case analysis was available, so no epoch was flagged"
         flags = {str(c): [int(e) for e in eps] for c, eps in (corners.outlier_epochs or {}).items()}
         return flags, f"{len(flags)} corner case(s) with ECOD outlier epochs {sorted({e for v in flags.values() for e in v})}"
 
-    def _average(self) -> tuple[Optional[dict[str, torch.Tensor]], dict[str, Any]]:
+    def _average(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         flags, why = self._flags()
         window = list(self._kept)
         on_disk = [e for e in window if self._snapshot(e).is_file()]
@@ -243,7 +245,7 @@ class BalancedAverage(Callback):
             log.warning("BalancedAverage: no training dataloader at the end of the fit; the BatchNorm statistics "
                         "of balanced_average.ckpt are the averaged ones, not re-estimated")
             return {"reestimated": False, "batches": 0}
-        hooks = self.hooks or self._ctx.hooks or BatchHooks()
+        hooks = self.hooks or self.context.hooks or BatchHooks()
         seen = [0]
 
         def images():

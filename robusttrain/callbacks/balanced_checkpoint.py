@@ -17,83 +17,35 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
+from robusttrain.cornercases.ecod import MAX_CONTAMINATION, TAILS
 from robusttrain.cornercases.margin import selection_margin
-from robusttrain.metamorphic.batch import BatchHooks, _normalise_mask, case_id_list
-from robusttrain.metamorphic.outputs import NonFiniteOutputError
+from robusttrain.metamorphic.batch import BatchHooks, case_id_list, normalise_mask
+from robusttrain.metamorphic.outputs import NonFiniteOutputError, main_output
+from robusttrain.metamorphic.scoring import dice_from_sums, iou_from_sums, logits_sums
 from robusttrain.rundir import corner_cases as corners_file
 from robusttrain.rundir import history as history_file
+from robusttrain.validate import check_choice, check_fraction, check_int
 
+from ._dist import gather_objects
 from .compat import fitting
-from .context import RobustnessContext, context_for
-from .validate import check_choice, check_fraction, check_int
+from .context import RobustnessContext, UsesContext
 
 log = logging.getLogger(__name__)
 
 CANDIDATES = "balanced_candidates"
-MAX_CONTAMINATION = 0.5
 
 
-def _gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` (a collective under DDP, ``[obj]`` otherwise)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
-
-def batch_sums(logits: torch.Tensor, mask: torch.Tensor, threshold: float = 0.5) -> np.ndarray:
-    """(B, 3, C) int64 per sample and foreground class: intersection, prediction sum, target sum.
-
-    K>1 channels: softmax classes (argmax of the logits, which is the argmax of the softmax);
-    1 channel: sigmoid > ``threshold`` against ``mask > 0``. Sums run over every spatial dim, so
-    a (B,K,H,W,D) volume gives one volume-level count per case.
-
-    >>> logits = torch.zeros(1, 2, 4, 4, 3); logits[:, 1, :2] = 1.0      # predicts the top half
-    >>> mask = torch.zeros(1, 4, 4, 3, dtype=torch.long); mask[:, :1] = 1  # the top quarter
-    >>> batch_sums(logits, mask)[0, :, 0].tolist()                        # I, P, T over 48 voxels
-    [12, 24, 12]
-    """
-    if logits.shape[1] == 1:
-        pred = (torch.sigmoid(logits[:, 0]) > threshold).long()
-        mask, classes = (mask > 0).long(), [1]
-    else:
-        pred, classes = logits.argmax(1), range(1, logits.shape[1])
-    if pred.shape != mask.shape:
-        raise ValueError(f"prediction {tuple(pred.shape)} and mask {tuple(mask.shape)} differ")
-    dims = tuple(range(1, pred.ndim))
-    out = []
-    for k in classes:
-        p, t = pred == k, mask == k
-        out.append(torch.stack([(p & t).sum(dims), p.sum(dims), t.sum(dims)], 1))
-    return torch.stack(out, 2).long().cpu().numpy()
-
-
-def dice_from_sums(s: np.ndarray) -> np.ndarray:
-    """Dice per class from (3, C) sums; an empty target predicted empty scores 1."""
-    inter, p, t = s.astype(np.float64)
-    denom = p + t
-    return np.where(denom > 0, 2 * inter / np.maximum(denom, 1), 1.0)
-
-
-def iou_from_sums(s: np.ndarray) -> np.ndarray:
-    """IoU per class from (3, C) sums; empty/empty scores 1."""
-    inter, p, t = s.astype(np.float64)
-    denom = p + t - inter
-    return np.where(denom > 0, inter / np.maximum(denom, 1), 1.0)
-
-
-class BalancedCheckpoint(Callback):
+class BalancedCheckpoint(UsesContext, Callback):
     """Save the balanced checkpoint of paper 004 (see module docstring).
 
     Args:
@@ -129,17 +81,17 @@ class BalancedCheckpoint(Callback):
         (True, "BalancedCheckpoint{'policy': 'last_inlier', 'monitor': 'val_loss'}")
     """
 
-    def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, policy: str = "last_inlier",
+    def __init__(self, dirpath: str | os.PathLike | None = None, policy: str = "last_inlier",
                  contamination: float = 0.1, tail: str = "low", metric: str = "dice",
                  monitor: str = "val/loss", mode: str = "min", min_epoch: int = 0,
-                 retention: Union[str, int] = "auto", compute_dice: Optional[bool] = None,
-                 class_names: Optional[list[str]] = None, threshold: float = 0.5,
+                 retention: str | int = "auto", compute_dice: bool | None = None,
+                 class_names: list[str] | None = None, threshold: float = 0.5,
                  worst_fraction: float = 0.1, hooks: BatchHooks | None = None, keep_candidates: bool = False,
                  context: RobustnessContext | None = None) -> None:
         self.policy = check_choice("policy", policy, POLICIES)
         self.worst_fraction = check_worst_fraction(worst_fraction)
         self.mode = check_choice("mode", mode, ("min", "max"))
-        self.tail = check_choice("tail", tail, ("low", "high", "both"))
+        self.tail = check_choice("tail", tail, TAILS)  # the analysis' own list of valid values
         self.contamination = check_fraction("contamination", contamination, 0.0, MAX_CONTAMINATION, lo_open=True)
         if not (retention in ("auto", "all") or (isinstance(retention, int) and not isinstance(retention, bool)
                                                  and retention >= 1)):
@@ -149,13 +101,13 @@ class BalancedCheckpoint(Callback):
         self.min_epoch = check_int("min_epoch", min_epoch, 0)
         self.threshold = check_fraction("threshold", threshold)
         self.compute_dice, self.class_names, self.hooks = compute_dice, class_names, hooks
-        self.keep_candidates, self.context = bool(keep_candidates), context
+        self.keep_candidates, self._context_arg = bool(keep_candidates), context
         self._rows: list[dict] = []            # self-computed history (standalone mode)
         self._monitor_values: dict[int, float] = {}
         self._saved: list[int] = []            # epochs with a candidate checkpoint on disk
         self._sums: dict[tuple[str, int], np.ndarray] = {}
-        self._ctx: RobustnessContext | None = context
-        self._dir: Optional[Path] = self.dirpath
+        self._ctx = context
+        self._dir: Path | None = self.dirpath
         self._computing = False
         self._warned_monitor = False
         self.selection = None                  # the last Selection, for programmatic use
@@ -168,15 +120,15 @@ class BalancedCheckpoint(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
-        self._ctx = context_for(trainer, self.context)
-        self._ctx.join(type(self).__name__, self.dirpath, provides=("corners",))
+        self.join_context(trainer)
+        self.context.join(type(self).__name__, self.dirpath, provides=("corners",))
 
     def on_fit_start(self, trainer, pl_module) -> None:
         # every setup has run: whether an MR callback provides the history is known now
-        self._dir = self._ctx.finalize(trainer)
-        has_mr = self._ctx.provides("mr")
+        self._dir = self.context.finalize(trainer)
+        has_mr = self.context.provides("mr")
         self._computing = self.compute_dice if self.compute_dice is not None else not has_mr
-        self._read = self.hooks or self._ctx.hooks or BatchHooks()
+        self._read = self.hooks or self.context.hooks or BatchHooks()
 
     def _candidate(self, epoch: int) -> Path:
         return self._dir / CANDIDATES / f"epoch={epoch:04d}.ckpt"
@@ -186,7 +138,7 @@ class BalancedCheckpoint(Callback):
         """The self-computed history (empty unless computing Dice itself)."""
         return pd.DataFrame(self._rows)
 
-    def _history(self) -> Optional[pd.DataFrame]:
+    def _history(self) -> pd.DataFrame | None:
         h = self._ctx.history if self._ctx is not None else None
         if isinstance(h, pd.DataFrame) and not h.empty:
             return h
@@ -209,13 +161,10 @@ class BalancedCheckpoint(Callback):
         images = hooks.get_images(batch)
         with torch.no_grad():
             out = pl_module(images)
-        if isinstance(out, dict):
-            out = out.get("logits", next(iter(out.values())))
-        elif isinstance(out, (tuple, list)):
-            out = out[0]
+        out = main_output(out)  # the head the MetamorphicCallback scores too
         if not bool(torch.isfinite(out).all()):  # NaN logits would score as "predicts background"
             raise NonFiniteOutputError("model outputs (logits)", trainer.current_epoch, "val")
-        sums = batch_sums(out, _normalise_mask(hooks.get_masks(batch), images).to(out.device), self.threshold)
+        sums = logits_sums(out, normalise_mask(hooks.get_masks(batch), images).to(out.device), self.threshold)
         cids = hooks.get_case_ids(batch)
         cids = case_id_list(cids) if cids is not None else None
         slices = hooks.get_slice_indices(batch)
@@ -234,14 +183,14 @@ class BalancedCheckpoint(Callback):
         if not self._computing or not self._active(trainer):
             return
         merged: dict[tuple[str, int], np.ndarray] = {}
-        for part in _gather(self._sums):
+        for part in gather_objects(trainer, self._sums):
             merged.update(part)
         per_case: dict[str, np.ndarray] = {}
         for (cid, _), s in merged.items():
             per_case[cid] = per_case.get(cid, 0) + s
         if not per_case:
             return
-        n = next(iter(per_case.values())).shape[1]
+        n = next(iter(per_case.values())).shape[0]
         dm_names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
         names = self.class_names or dm_names
         names = list(names) if names and len(names) == n else [f"class{k}" for k in range(1, n + 1)]
@@ -287,7 +236,7 @@ class BalancedCheckpoint(Callback):
 
     def _provisional(self, trainer) -> None:
         """The corner-case analysis of the history so far (once per validation), for the reporter."""
-        self._ctx.least_loss_epoch = self.best_epoch()
+        self.context.least_loss_epoch = self.best_epoch()
         h = self._history() if trainer.is_global_zero else None
         if h is None or h.empty or "case_id" not in h:
             return
@@ -300,7 +249,7 @@ class BalancedCheckpoint(Callback):
         except ValueError as err:  # too little history yet: the provisional view is optional
             log.info("BalancedCheckpoint: provisional corner cases unavailable: %s", err)
             return
-        self._ctx.corners = corners_file.from_selection(sel, least, f"provisional ({sel.status}): {sel.reason}")
+        self.context.corners = corners_file.from_selection(sel, least, f"provisional ({sel.status}): {sel.reason}")
 
     def _keep(self, trainer) -> list[int]:
         eps = sorted(self._saved)
@@ -321,7 +270,7 @@ class BalancedCheckpoint(Callback):
         removable = max_flagged(n_cases, self.contamination) * max_flagged(n_ep, self.contamination)
         return eps[-(removable + 1):]
 
-    def best_epoch(self) -> Optional[int]:
+    def best_epoch(self) -> int | None:
         """Least (``mode="min"``) or greatest monitored epoch; ties go to the earliest."""
         vals = {e: v for e, v in self._monitor_values.items() if math.isfinite(v)}
         if not vals:
@@ -395,7 +344,7 @@ class BalancedCheckpoint(Callback):
         self._saved = [int(e) for e in state_dict.get("saved", [])]
 
 
-def dice_summary(history: pd.DataFrame, columns: list[str], epoch: Optional[int]) -> Optional[dict]:
+def dice_summary(history: pd.DataFrame, columns: list[str], epoch: int | None) -> dict | None:
     """Per-case and cohort metric values (plus their class mean) at one epoch of a clean history."""
     if epoch is None:
         return None

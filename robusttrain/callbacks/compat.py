@@ -11,6 +11,7 @@ against (loggers, progress bars): they are looked up in the trainer's own namesp
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from typing import Any
@@ -36,10 +37,8 @@ def wandb_logger(trainer: Any) -> Any:
     for ns in NAMESPACES:
         if _imported(ns) is None:
             continue
-        try:
+        with contextlib.suppress(ImportError, AttributeError):  # pragma: no cover - both ship it
             classes.append(importlib.import_module(f"{ns}.loggers").WandbLogger)
-        except (ImportError, AttributeError):  # pragma: no cover - both ship it
-            pass
     return next((lg for lg in getattr(trainer, "loggers", []) if isinstance(lg, tuple(classes))), None)
 
 

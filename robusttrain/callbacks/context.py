@@ -27,10 +27,11 @@ True
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 from lightning.pytorch.utilities import rank_zero_info
@@ -87,6 +88,7 @@ class RobustnessContext:
     train_probe: TrainProbe | None = None
     members: dict[str, dict[str, Any]] = field(default_factory=dict)
     sinks: list[Callable[..., None]] = field(default_factory=list)
+    auto: bool = field(default=False, repr=False)  # made by context_for, not given by the user
 
     # -- membership -------------------------------------------------------------------
     def join(self, name: str, dirpath: str | os.PathLike | None = None, provides: tuple[str, ...] = (),
@@ -128,7 +130,7 @@ class RobustnessContext:
             rank_zero_info(f"robusttrain: writing the robustness files of this run to {self.run_dir}")
         return self.run_dir
 
-    def absorb(self, other: "RobustnessContext") -> None:
+    def absorb(self, other: RobustnessContext) -> None:
         """Take over what ``other``'s members registered (an auto-created context being replaced)."""
         for f in ("hooks", "suite", "violation_threshold", "every_n_epochs", "class_names", "train_probe"):
             if getattr(self, f) is None:
@@ -169,7 +171,7 @@ def context_for(trainer: Any, explicit: RobustnessContext | None = None) -> Robu
     """The trainer's context: ``explicit`` (stored on the trainer), the stored one, or a new one."""
     current = getattr(trainer, ATTR, None)
     if explicit is not None and current is not explicit:
-        if current is not None and not getattr(current, "_auto", False):
+        if current is not None and not current.auto:
             raise RobustnessConfigError("two different RobustnessContext objects in one trainer; pass "
                                         "the same context= to every robustness callback (or none)")
         if current is not None:  # callbacks without context= joined first: theirs becomes this one
@@ -177,6 +179,37 @@ def context_for(trainer: Any, explicit: RobustnessContext | None = None) -> Robu
         current = explicit
     if current is None:
         current = RobustnessContext()
-        current._auto = True
+        current.auto = True
     setattr(trainer, ATTR, current)
     return current
+
+
+class UsesContext:
+    """Mixin of the robustness callbacks: ``context`` is the shared :class:`RobustnessContext` the
+    callback joined in ``setup`` (the one given as ``context=``, else the trainer's).
+
+    Hooks read ``self.context``, never an Optional field: used before ``setup`` it raises one clear
+    :class:`RobustnessConfigError` instead of an ``AttributeError`` on ``None`` deep in a hook.
+
+    >>> class Cb(UsesContext): pass
+    >>> Cb().context
+    Traceback (most recent call last):
+    ...
+    robusttrain.callbacks.context.RobustnessConfigError: Cb.context is used before setup(): ...
+    """
+
+    _ctx: RobustnessContext | None = None
+    _context_arg: RobustnessContext | None = None  # the constructor's context= (None: the trainer's)
+
+    @property
+    def context(self) -> RobustnessContext:
+        if self._ctx is None:
+            raise RobustnessConfigError(
+                f"{type(self).__name__}.context is used before setup(): add the callback to a Trainer's "
+                "callbacks and run fit/validate (setup joins the shared RobustnessContext)")
+        return self._ctx
+
+    def join_context(self, trainer: Any) -> RobustnessContext:
+        """Join the trainer's shared context (``setup``); returns it."""
+        self._ctx = context_for(trainer, self._context_arg)
+        return self._ctx

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
-from .context import RobustnessContext, context_for
+from ._dist import barrier
+from .context import RobustnessContext, UsesContext
 
 NAME = "ema.ckpt"
 
 
-class EMACheckpoint(EMAWeightAveraging):
+class EMACheckpoint(UsesContext, EMAWeightAveraging):
     """:class:`~lightning.pytorch.callbacks.EMAWeightAveraging` plus ``<run_dir>/ema.ckpt`` at the end of fit.
 
     Args:
@@ -44,24 +45,24 @@ class EMACheckpoint(EMAWeightAveraging):
         (True, 10)
     """
 
-    def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, decay: float = 0.999,
+    def __init__(self, dirpath: str | os.PathLike | None = None, decay: float = 0.999,
                  context: RobustnessContext | None = None, **kwargs: Any) -> None:
         if not (isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0.0 <= decay < 1.0):
             raise ValueError(f"decay={decay!r}: expected a number in [0, 1)")
         super().__init__(decay=float(decay), **kwargs)
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.context = context
-        self._ctx: RobustnessContext | None = context
-        self._dir: Optional[Path] = self.dirpath
+        self._context_arg = context
+        self._ctx = context
+        self._dir: Path | None = self.dirpath
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
-            self._ctx = context_for(trainer, self.context)
-            self._ctx.join(type(self).__name__, self.dirpath)
+            self.join_context(trainer)
+            self.context.join(type(self).__name__, self.dirpath)
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self._dir = self._ctx.finalize(trainer)
+        self._dir = self.context.finalize(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         super().on_train_end(trainer, pl_module)  # Lightning copies the EMA weights into the model
@@ -70,4 +71,4 @@ class EMACheckpoint(EMAWeightAveraging):
         trainer.save_checkpoint(tmp, weights_only=True)  # collective: every rank calls it, rank 0 writes
         if trainer.is_global_zero:
             os.replace(tmp, dst)
-        trainer.strategy.barrier("EMACheckpoint.end")
+        barrier(trainer, "EMACheckpoint.end")

@@ -33,23 +33,24 @@ from typing import Any
 import pandas as pd
 from lightning.pytorch import Callback
 
-from robusttrain.io import atomic_write_csv, atomic_write_json
 from robusttrain.metamorphic.batch import iter_probe
 from robusttrain.metamorphic.check import checking_state
 from robusttrain.mining.bank import FailureBank
 from robusttrain.mining.replay import CleanDataset, ReplayDataset, check_round_trip
 from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr
 from robusttrain.rundir import failures as failures_files
+from robusttrain.rundir import mining as mining_file
+from robusttrain.rundir import sampling as sampling_file
+from robusttrain.validate import check_fraction, check_int
 
-from ._dist import is_global_zero
-from .context import RobustnessConfigError, RobustnessContext, TrainProbe, context_for
-from .validate import check_fraction, check_int
+from ._dist import barrier, is_global_zero
+from .context import RobustnessConfigError, RobustnessContext, TrainProbe, UsesContext
 
 MAX_REPLAY_RATIO = 0.9
 log = logging.getLogger(__name__)
 
 
-class FailureMiningCallback(Callback):
+class FailureMiningCallback(UsesContext, Callback):
     """Failure bank + replay + failure-driven sampling (see module doc).
 
     Args:
@@ -89,7 +90,7 @@ class FailureMiningCallback(Callback):
                  allow_val_mining: bool = False, max_size: int = 2000, n_thumbs: int = 32,
                  momentum: float = 0.5, floor: float = 0.05, min_clean_dice: float = 0.1,
                  train_dataset: Any = None,
-                 dirpath: str | None = None, context: RobustnessContext | None = None, enabled: bool = True):
+                 dirpath: str | os.PathLike | None = None, context: RobustnessContext | None = None, enabled: bool = True):
         self.replay_ratio = check_fraction("replay_ratio", replay_ratio, 0.0, MAX_REPLAY_RATIO)
         self.train_probe_size = check_int("train_probe_size", train_probe_size, 1)
         self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 1)
@@ -104,11 +105,11 @@ class FailureMiningCallback(Callback):
         self.min_clean_dice = check_fraction("min_clean_dice", min_clean_dice)
         self.below_floor = 0  # violations not mined for a clean Dice under the floor (this fit)
         self.allow_val_mining, self.enabled = bool(allow_val_mining), bool(enabled)
-        self.train_dataset, self.dirpath, self.context = train_dataset, dirpath, context
+        self.train_dataset, self.dirpath, self._context_arg = train_dataset, dirpath, context
         self.bank: FailureBank | None = None
         self.replay: ReplayDataset | None = None   # the dataset last returned by wrap()
         self.rows: list[dict[str, Any]] = []
-        self._ctx: RobustnessContext | None = context
+        self._ctx = context
         self._probe: TrainProbe | None = None
         self._val: Any = None
         self._counts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -135,7 +136,7 @@ class FailureMiningCallback(Callback):
         return self.replay
 
     def _bind(self, replay: ReplayDataset) -> None:
-        ctx = self._ctx
+        ctx = self.context
         replay.perturbation_kwargs = dict(getattr(ctx.suite, "perturbation_kwargs", {}) or {})
         replay.bind(ctx.run_dir, ctx.hooks, getattr(ctx.suite, "slice_axis", -1))
         if self.allow_val_mining and self._val is not None:
@@ -150,7 +151,7 @@ class FailureMiningCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not self.enabled or stage != "fit":
             return
-        ctx = self._ctx = context_for(trainer, self.context)
+        ctx = self.join_context(trainer)
         ctx.join(type(self).__name__, self.dirpath, requires=("mr",))
         ctx.subscribe(self._sink)  # called on rank 0 with the gathered failures
         dm = getattr(trainer, "datamodule", None)
@@ -162,7 +163,7 @@ class FailureMiningCallback(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if not self.enabled:
             return
-        run_dir = self._ctx.finalize(trainer)
+        run_dir = self.context.finalize(trainer)
         if self._restored is None:  # a fresh fit: its own, empty bank (never another run's, nor a
             self.bank = None        # previous fit's of this callback)
             self.rows, self._counts, self._weights_epoch = [], defaultdict(lambda: defaultdict(int)), -1
@@ -178,7 +179,7 @@ class FailureMiningCallback(Callback):
             self._restored = None
         if self.replay is not None:  # wrapped before fit (datamodule.setup / __init__)
             self._bind(self.replay)
-        trainer.strategy.barrier("failure_mining_resume")
+        barrier(trainer, "failure_mining_resume")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # the train loader exists now: the wrap must have happened, and its samples must round-trip
@@ -199,7 +200,7 @@ class FailureMiningCallback(Callback):
         # replay_ratio=0. No random stream moves (a resume must repeat the uninterrupted run).
         with checking_state(pl_module, 0), self._probe.dataset.streams_kept():
             if len(self._probe.dataset):
-                next(iter_probe(self._probe.dataset, [0], 1, self._ctx.hooks))
+                next(iter_probe(self._probe.dataset, [0], 1, self.context.hooks))
             if self.replay is not None and self.replay.view.pre is None:
                 # collated as the client's loader will collate replayed samples (MONAI: list_data_collate)
                 check_round_trip(self.replay.view, getattr(trainer.train_dataloader, "collate_fn", None))
@@ -244,8 +245,7 @@ class FailureMiningCallback(Callback):
         pl_module.log_dict({f"mining/{k}": float(v) for k, v in row.items() if k != "epoch"},
                            on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         if is_global_zero(trainer):
-            atomic_write_csv(self._ctx.run_dir / failures_files.DIR / failures_files.MINING_NAME,
-                             pd.DataFrame(self.rows))
+            mining_file.write(self.context.run_dir, pd.DataFrame(self.rows))
 
     def _sync(self, trainer: Any) -> None:
         # all ranks call this at the same hooks; only rank 0 has records (sinks run there)
@@ -255,10 +255,10 @@ class FailureMiningCallback(Callback):
             if pending:
                 self._new_this_epoch += self.bank.flush(epoch)
             self._update_weights(epoch, force_write=pending)
-        trainer.strategy.barrier("failure_mining_sync")
+        barrier(trainer, "failure_mining_sync")
 
     def _update_weights(self, epoch: int, force_write: bool) -> None:
-        ctx = self._ctx
+        ctx = self.context
         rates = rates_from_efr(ctx.efr, "train", "dice", ctx.violation_threshold, epoch) \
             if ctx.efr is not None else {}
         if not rates and self._counts.get(epoch):  # no EFR table: relative failure counts
@@ -272,9 +272,7 @@ class FailureMiningCallback(Callback):
             self._write_weights()
 
     def _write_weights(self) -> None:
-        atomic_write_json(self._ctx.run_dir / failures_files.DIR / failures_files.SAMPLING_NAME,
-                          {"epoch": self._weights_epoch, "weights": self.weights.weights(),
-                           "smoothed": self.weights.smoothed})
+        sampling_file.write(self.context.run_dir, self._weights_epoch, self.weights.weights(), self.weights.smoothed)
 
     # ---- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

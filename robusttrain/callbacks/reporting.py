@@ -24,7 +24,6 @@ At ``teardown`` the final ``corner_cases.json`` replaces the provisional corner 
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -34,6 +33,7 @@ import pandas as pd
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from robusttrain.metamorphic.records import failure_id
 from robusttrain.reporting import tables, wandb_charts
 from robusttrain.reporting.plots import write_plots
 from robusttrain.rundir import corner_cases as corners_file
@@ -41,15 +41,15 @@ from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir import failures as failures_file
 from robusttrain.rundir import history as history_file
 from robusttrain.rundir.corner_cases import Corners
+from robusttrain.validate import check_choice, check_int
 
 from .compat import fitting, wandb_logger
-from .context import RobustnessContext, context_for
-from .validate import check_choice, check_int
+from .context import RobustnessContext, UsesContext
 
 log = logging.getLogger(__name__)
 
 
-class RobustnessReporter(Callback):
+class RobustnessReporter(UsesContext, Callback):
     """Plots, W&B charts and console summary after each robustness check (see module doc).
 
     Args:
@@ -81,9 +81,9 @@ class RobustnessReporter(Callback):
         self.every_n_epochs = None if every_n_epochs is None else check_int("every_n_epochs", every_n_epochs, 1)
         self.max_failures_per_epoch = check_int("max_failures_per_epoch", max_failures_per_epoch, 0)
         self.plots = check_choice("plots", "epoch" if plots is True else plots, ("end", "epoch", False))
-        self.wandb, self.console, self.context = wandb, console, context
+        self.wandb, self.console, self._context_arg = wandb, console, context
         self.corners: Corners | None = None      # what the last report showed
-        self._ctx: RobustnessContext | None = context
+        self._ctx = context
         self._pending: list[tuple[Any, dict | None]] = []   # failures since the last report
         self._logged: set[str] = set()            # failure ids already in the W&B table
         self._validated = False
@@ -93,12 +93,12 @@ class RobustnessReporter(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        self._ctx = context_for(trainer, self.context)
-        self._ctx.join(type(self).__name__, self.dirpath)
-        self._ctx.subscribe(self._on_failure)
+        self.join_context(trainer)
+        self.context.join(type(self).__name__, self.dirpath)
+        self.context.subscribe(self._on_failure)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._ctx.finalize(trainer)
+        self.context.finalize(trainer)
 
     def _on_failure(self, record: Any, images: dict | None = None) -> None:
         # called by the MR callback on rank 0 for every violation; keep only the worst per epoch
@@ -108,7 +108,7 @@ class RobustnessReporter(Callback):
             del self._pending[self.max_failures_per_epoch:]
 
     def run_dir(self, trainer: Any) -> Path:
-        return self._ctx.finalize(trainer)
+        return self.context.finalize(trainer)
 
     # ------------------------------------------------------------------ hooks
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -120,7 +120,7 @@ class RobustnessReporter(Callback):
             return
         self._validated = False
         epoch = int(trainer.current_epoch)
-        every = self.every_n_epochs or int(self._ctx.every_n_epochs or 1)
+        every = self.every_n_epochs or int(self.context.every_n_epochs or 1)
         if (epoch + 1) % every == 0 and trainer.is_global_zero:
             self._report(trainer, epoch, final=False)
 
@@ -135,7 +135,7 @@ class RobustnessReporter(Callback):
     # ------------------------------------------------------------------ one report
     def _report(self, trainer: Any, epoch: int, final: bool) -> None:
         run_dir = self.run_dir(trainer)
-        ctx = self._ctx
+        ctx = self.context
         # the MR callback's tables in the context are the files' content, without re-reading them
         history = ctx.history if _rows(ctx.history) else history_file.read(run_dir)
         efr = ctx.efr if _rows(ctx.efr) else efr_file.read(run_dir)
@@ -158,7 +158,7 @@ class RobustnessReporter(Callback):
         run = logger.experiment
         payload: dict[str, Any] = {}
         # the MR callback logs mr/efr/... itself through pl_module.log; never log them twice
-        if not self._ctx.provides("mr") and efr is not None:
+        if not self.context.provides("mr") and efr is not None:
             payload.update(wandb_charts.efr_scalars(efr))
         if history is not None and corners is not None and corners.cases:
             payload.update(wandb_charts.corner_case_charts(history, corners))
@@ -179,11 +179,11 @@ class RobustnessReporter(Callback):
     def _new_failure_rows(self, run_dir: Path, trainer: Any) -> list[list[Any]]:
         names = self._class_names(trainer)
         rows = []
-        if self._ctx.provides("mr"):
+        if self.context.provides("mr"):
             pending, self._pending = self._pending, []
             pending.sort(key=lambda ri: -ri[0].drop)
             for rec, images in pending:
-                rid = _record_id(rec)
+                rid = failure_id(rec)
                 if rid in self._logged or len(rows) >= self.max_failures_per_epoch:
                     continue
                 self._logged.add(rid)
@@ -198,7 +198,7 @@ class RobustnessReporter(Callback):
         return rows
 
     def _class_names(self, trainer: Any) -> list[str] | None:
-        names = self._ctx.class_names or getattr(getattr(trainer, "datamodule", None), "class_names", None)
+        names = self.context.class_names or getattr(getattr(trainer, "datamodule", None), "class_names", None)
         return list(names) if names else None
 
     # ------------------------------------------------------------------ console
@@ -206,7 +206,7 @@ class RobustnessReporter(Callback):
                history: pd.DataFrame | None) -> None:
         lines = []
         # the MR callback prints its EFR table when verbose; print it only when nobody did
-        if efr is not None and not self._ctx.provides("mr"):
+        if efr is not None and not self.context.provides("mr"):
             table = tables.last_efr_by_perturbation(efr)
             lines += [f"EFR % (Dice) at epoch {int(efr['epoch'].max())}:", table.round(1).to_string()]
         if corners is None:
@@ -237,8 +237,3 @@ class RobustnessReporter(Callback):
 
 def _rows(frame: Any) -> bool:
     return isinstance(frame, pd.DataFrame) and len(frame) > 0
-
-
-def _record_id(record: Any) -> str:
-    # same spelling as the failure bank's ids, so both sources de-duplicate against each other
-    return hashlib.sha1(repr(record.key).encode()).hexdigest()[:16]

@@ -20,11 +20,13 @@ Policies (all choose among *inlier* candidate epochs, ties go to the later epoch
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
 
 import numpy as np
 import pandas as pd
+
+from robusttrain.validate import check_choice, check_fraction
 
 from .detect import NOT_ENOUGH, OK, CornerCaseResult, find_corner_cases, find_outlier_epochs
 from .history import HistoryLike, case_scores, load_history, metric_columns
@@ -35,11 +37,11 @@ NO_INLIER = "no_inlier_epoch"
 
 @dataclass
 class Selection:
-    epoch: Optional[int]
+    epoch: int | None
     policy: str
     status: str            # ok | not_enough_data | no_inlier_epoch
     reason: str
-    reference_epoch: Optional[int]
+    reference_epoch: int | None
     corner_cases: CornerCaseResult
     outlier_epochs: dict[str, list[int]] = field(default_factory=dict)
     candidates: list[int] = field(default_factory=list)
@@ -57,13 +59,7 @@ class Selection:
 
 def check_worst_fraction(worst_fraction: float) -> float:
     """``worst_fraction`` as a float in (0, 1]; ValueError naming the value otherwise."""
-    try:
-        k = float(worst_fraction)
-    except (TypeError, ValueError):
-        raise ValueError(f"worst_fraction must be a number in (0, 1], got {worst_fraction!r}") from None
-    if not (0.0 < k <= 1.0):  # also refuses NaN
-        raise ValueError(f"worst_fraction must be in (0, 1], got {worst_fraction!r}")
-    return k
+    return check_fraction("worst_fraction", worst_fraction, 0.0, 1.0, lo_open=True)
 
 
 def worst_fraction_mean(scores, worst_fraction: float = 0.1) -> float:
@@ -110,8 +106,8 @@ def _pareto_pick(tab: pd.DataFrame) -> tuple[int, str]:
 
 
 def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
-                          reference_epoch: Optional[int] = None,
-                          candidates: Optional[Iterable[int]] = None,
+                          reference_epoch: int | None = None,
+                          candidates: Iterable[int] | None = None,
                           contamination: float = 0.1, tail: str = "low", metric: str = "dice",
                           min_epoch: int = 0, worst_fraction: float = 0.1) -> Selection:
     """Pick the balanced epoch.
@@ -122,8 +118,7 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
     ``worst_fraction`` is the share of cases the ``cvar`` policy averages (in (0, 1]).
     Fewer than 5 cases → ``status="not_enough_data"`` and the last candidate epoch.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    check_choice("policy", policy, POLICIES)
     worst_fraction = check_worst_fraction(worst_fraction)
     h = load_history(history)
     cols = metric_columns(h, metric)

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 import pandas as pd
 
@@ -23,7 +22,7 @@ OK, NOT_ENOUGH = "ok", "not_enough_data"
 @dataclass
 class CornerCaseResult:
     """Flagged cases (most abnormal first) plus the scores of every analysed case."""
-    epoch: Optional[int]
+    epoch: int | None
     status: str
     reason: str
     metric: str
@@ -33,7 +32,7 @@ class CornerCaseResult:
     case_ids: list[str] = field(default_factory=list)
     scores: dict[str, float] = field(default_factory=dict)
     contributions: dict[str, dict[str, float]] = field(default_factory=dict)
-    threshold: Optional[float] = None
+    threshold: float | None = None
     skipped: list[str] = field(default_factory=list)  # cases with a NaN/missing value at this epoch
 
     @property
@@ -56,7 +55,7 @@ class OutlierEpochResult:
     epochs: list[int] = field(default_factory=list)
     scores: dict[int, float] = field(default_factory=dict)
     contributions: dict[int, dict[str, float]] = field(default_factory=dict)
-    threshold: Optional[float] = None
+    threshold: float | None = None
     skipped: list[int] = field(default_factory=list)
 
     @property
@@ -78,7 +77,7 @@ def _fit_rows(matrix: pd.DataFrame, contamination: float, tail: str):
     return scores, contrib, fit.threshold, flagged
 
 
-def find_corner_cases(history: HistoryLike, epoch: Optional[int] = None, contamination: float = 0.1,
+def find_corner_cases(history: HistoryLike, epoch: int | None = None, contamination: float = 0.1,
                       tail: str = "low", metric: str = "dice") -> CornerCaseResult:
     """ECOD across cases on their ``<metric>_<class>`` vectors at ``epoch`` (None = last epoch).
 
@@ -110,7 +109,7 @@ def find_corner_cases(history: HistoryLike, epoch: Optional[int] = None, contami
 
 def find_outlier_epochs(history: HistoryLike, case_id: str, contamination: float = 0.1,
                         tail: str = "low", metric: str = "dice", min_epoch: int = 0,
-                        epochs: Optional[list[int]] = None) -> OutlierEpochResult:
+                        epochs: list[int] | None = None) -> OutlierEpochResult:
     """ECOD across the epochs of one case (epochs × dims); refit from scratch on every call.
 
     ``tail="low"`` flags collapses only. ``min_epoch`` / ``epochs`` restrict the analysed epochs,

@@ -23,7 +23,10 @@ import numpy as np
 from pyod.models.ecod import ECOD
 from pyod.utils.stat_models import column_ecdf
 
+from robusttrain.validate import check_choice, check_fraction
+
 TAILS = ("low", "both")
+MAX_CONTAMINATION = 0.5  # PyOD's ECOD refuses more
 
 
 @dataclass
@@ -36,16 +39,9 @@ class EcodFit:
 
 def check_args(contamination: float, tail: str) -> float:
     """Validate the ECOD arguments; returns ``contamination`` as a float."""
-    if tail not in TAILS:
-        raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
-    try:
-        c = float(contamination)
-    except (TypeError, ValueError):
-        c = float("nan")
-    if isinstance(contamination, bool) or not (0.0 < c <= 0.5):  # NaN fails too
-        raise ValueError(f"contamination={contamination!r}: expected a number in (0, 0.5] "
-                         "(the share of outliers; PyOD's ECOD accepts at most 0.5)")
-    return c
+    check_choice("tail", tail, TAILS)
+    return check_fraction("contamination", contamination, 0.0, MAX_CONTAMINATION, lo_open=True,
+                          why="the share of outliers; PyOD's ECOD accepts at most 0.5")
 
 
 def ecod_fit(X: np.ndarray, contamination: float = 0.1, tail: str = "low") -> EcodFit:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import TypeAlias
 
 import pandas as pd
 
 from robusttrain.rundir import history as history_file
 
-HistoryLike = Union[pd.DataFrame, str, os.PathLike]
+HistoryLike: TypeAlias = "pd.DataFrame | str | os.PathLike"
 REQUIRED = ("case_id", "epoch")
 # Written by BalancedCheckpoint when it computes Dice itself (no MetamorphicCallback in the run).
 FALLBACK_NAME = history_file.FALLBACK_NAME
@@ -40,10 +40,7 @@ def load_history(source: HistoryLike) -> pd.DataFrame:
 
     When a resumed run logged an epoch twice, the *last* row wins (it is the newer measurement).
     """
-    if isinstance(source, pd.DataFrame):
-        df = source.copy()
-    else:
-        df = pd.read_csv(resolve_history_path(source))
+    df = source.copy() if isinstance(source, pd.DataFrame) else pd.read_csv(resolve_history_path(source))
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"history is missing column(s) {missing}; it has {list(df.columns)}")

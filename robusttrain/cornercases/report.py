@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Union
 
 import pandas as pd
 
@@ -26,7 +25,7 @@ from .history import load_history, metric_columns, resolve_history_path
 LOSS_COLUMNS = ("val/loss", "val_loss")
 
 
-def least_loss_from_run(run_dir: Path) -> tuple[Optional[int], str]:
+def least_loss_from_run(run_dir: Path) -> tuple[int | None, str]:
     """(epoch, where it came from) — ``(None, "unknown")`` when the run dir has no record of it."""
     saved = corners_file.read_raw(run_dir) or {}
     if saved.get("least_loss_epoch") is not None:
@@ -45,18 +44,18 @@ def least_loss_from_run(run_dir: Path) -> tuple[Optional[int], str]:
     return None, "unknown"
 
 
-def _fmt(v: Optional[float]) -> str:
+def _fmt(v: float | None) -> str:
     return "   n/a" if v is None or pd.isna(v) else f"{v:6.3f}"
 
 
-def _gain(a: Optional[float], b: Optional[float]) -> str:
+def _gain(a: float | None, b: float | None) -> str:
     return "    n/a" if a is None or b is None or pd.isna(a) or pd.isna(b) else f"{b - a:+7.3f}"
 
 
-def corners_report(path_or_history: Union[str, os.PathLike, pd.DataFrame], policy: str = "last_inlier",
+def corners_report(path_or_history: str | os.PathLike | pd.DataFrame, policy: str = "last_inlier",
                    contamination: float = 0.1, tail: str = "low", metric: str = "dice",
-                   least_loss_epoch: Optional[int] = None, min_epoch: Optional[int] = None,
-                   worst_fraction: Optional[float] = None) -> str:
+                   least_loss_epoch: int | None = None, min_epoch: int | None = None,
+                   worst_fraction: float | None = None) -> str:
     """The flagged cases with their Dice at the least-loss and balanced epochs, and the gain.
 
     ``min_epoch`` / ``worst_fraction`` (the ``cvar`` policy's share of worst cases) None → the value in

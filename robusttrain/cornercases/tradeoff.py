@@ -13,8 +13,8 @@ what an evaluation compares on held-out data: the epochs each policy would have 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
 
 import pandas as pd
 
@@ -27,13 +27,13 @@ class Tradeoff:
     """``table``: per analysed epoch ``cohort`` / ``worst`` (corner cases) / ``cvar``;
     ``choices``: policy → epoch, plus ``least_loss`` (the reference) and ``last``."""
     table: pd.DataFrame
-    choices: dict[str, Optional[int]] = field(default_factory=dict)
+    choices: dict[str, int | None] = field(default_factory=dict)
     selections: dict[str, Selection] = field(default_factory=dict)
     worst_fraction: float = 0.1
 
 
-def policy_tradeoff(history: HistoryLike, reference_epoch: Optional[int] = None,
-                     candidates: Optional[Iterable[int]] = None, contamination: float = 0.1,
+def policy_tradeoff(history: HistoryLike, reference_epoch: int | None = None,
+                     candidates: Iterable[int] | None = None, contamination: float = 0.1,
                      tail: str = "low", metric: str = "dice", min_epoch: int = 0,
                      worst_fraction: float = 0.1, policies: Iterable[str] = POLICIES) -> Tradeoff:
     """Run :func:`select_balanced_epoch` once per policy on the same history and arguments."""
@@ -46,6 +46,6 @@ def policy_tradeoff(history: HistoryLike, reference_epoch: Optional[int] = None,
                                      worst_fraction=worst_fraction) for p in policies}
     corner = next(iter(sels.values())).corner_cases.case_ids if sels else []
     table = epoch_table(h, metric_columns(h, metric), corner, worst_fraction).loc[epochs]
-    choices: dict[str, Optional[int]] = {"least_loss": ref, "last": epochs[-1] if epochs else None}
+    choices: dict[str, int | None] = {"least_loss": ref, "last": epochs[-1] if epochs else None}
     choices.update({p: s.epoch for p, s in sels.items()})
     return Tradeoff(table, choices, sels, float(worst_fraction))

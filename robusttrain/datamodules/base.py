@@ -8,53 +8,21 @@ of ``docs/design.md``.
 """
 from __future__ import annotations
 
-import math
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from robusttrain.validate import check_choice, check_fraction, check_int
+
 from .errors import DataError
 from .transforms import RESIZE_MODES, apply_pipeline, build_pipeline, seed_pipeline
-
-
-def check_int(owner: str, key: str, value: Any, lo: int | None, why: str = "") -> int:
-    """``value`` as an int ``>= lo``; ValueError naming ``owner``, ``key`` and the value otherwise."""
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if isinstance(value, float) and value.is_integer():
-        value, ok = int(value), True
-    if not ok or (lo is not None and value < lo):
-        want = "an int" if lo is None else f"an int >= {lo}"
-        raise ValueError(f"{owner}: {key}={value!r}: expected {want}" + (f" ({why})" if why else ""))
-    return int(value)
-
-
-def check_fraction(owner: str, key: str, value: Any, upper_open: bool = False, why: str = "") -> float:
-    """``value`` as a float in [0, 1] (or [0, 1) with ``upper_open``)."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if isinstance(value, bool) or not (0.0 <= v < 1.0 if upper_open else 0.0 <= v <= 1.0):
-        rng = "0 <= x < 1" if upper_open else "0 <= x <= 1"
-        raise ValueError(f"{owner}: {key}={value!r}: expected a number with {rng}" + (f" ({why})" if why else ""))
-    return v
-
-
-def check_number(owner: str, key: str, value: Any, lo: float = 0.0) -> float:
-    """``value`` as a finite float ``>= lo``."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if isinstance(value, bool) or not (math.isfinite(v) and v >= lo):
-        raise ValueError(f"{owner}: {key}={value!r}: expected a number >= {lo:g}")
-    return v
 
 
 def _folder(owner: str, key: str, value: Any) -> str:
@@ -170,23 +138,22 @@ class BaseSegDataModule(L.LightningDataModule):
         # every value is checked here, so a bad recipe fails before any data is read
         name = type(self).__name__
         self.root = None if root in (None, "", "null", "None") else _folder(name, "root", root)
-        self.image_size = check_int(name, "image_size", image_size, 1, "the square training size in pixels")
-        self.batch_size = check_int(name, "batch_size", batch_size, 1)
-        self.num_workers = check_int(name, "num_workers", num_workers, 0, "0 = load in the main process")
-        self.val_fraction = check_fraction(name, "val_fraction", val_fraction, upper_open=True,
+        self.image_size = check_int("image_size", image_size, 1, owner=name, why="the square training size in pixels")
+        self.batch_size = check_int("batch_size", batch_size, 1, owner=name)
+        self.num_workers = check_int("num_workers", num_workers, 0, owner=name, why="0 = load in the main process")
+        self.val_fraction = check_fraction("val_fraction", val_fraction, hi_open=True, owner=name,
                                            why="0 = validate on the training data")
-        self.seed = check_int(name, "seed", seed, None)
+        self.seed = check_int("seed", seed, None, owner=name)
         if extra_val is not None and not hasattr(extra_val, "items"):
             raise ValueError(f"{name}: extra_val={extra_val!r}: expected a mapping name -> folder")
         self.extra_val = {str(k): _folder(name, f"extra_val[{k!r}]", v) for k, v in dict(extra_val or {}).items()}
-        self.n_train = check_int(name, "n_train", n_train, 1, "synthetic training items")
-        self.n_val = check_int(name, "n_val", n_val, 1, "synthetic validation items")
-        self.hard_fraction = check_fraction(name, "hard_fraction", hard_fraction)
+        self.n_train = check_int("n_train", n_train, 1, owner=name, why="synthetic training items")
+        self.n_val = check_int("n_val", n_val, 1, owner=name, why="synthetic validation items")
+        self.hard_fraction = check_fraction("hard_fraction", hard_fraction, owner=name)
         self.train_transforms = self.default_train_transforms if train_transforms is None else train_transforms
         self.val_transforms = val_transforms or []
         self.resize = resize or self.default_resize
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(f"{name}: resize={self.resize!r}: expected one of {RESIZE_MODES}")
+        check_choice("resize", self.resize, RESIZE_MODES, owner=name)
         if not isinstance(pin_memory, bool):
             raise ValueError(f"{name}: pin_memory={pin_memory!r}: expected true or false")
         self.pin_memory = pin_memory

@@ -26,10 +26,12 @@ robusttrain.datamodules.errors.DataError: mask file b.png: values 0 (54 px), 1 (
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
+
+from robusttrain.validate import check_choice
 
 from .errors import DataError
 
@@ -43,9 +45,7 @@ _LABEL_DOMINANCE = 0.75
 
 
 def check_mask_mode(mask_mode: str) -> str:
-    if mask_mode not in MASK_MODES:
-        raise ValueError(f"mask_mode={mask_mode!r}: expected one of {MASK_MODES}")
-    return mask_mode
+    return check_choice("mask_mode", mask_mode, MASK_MODES)
 
 
 def _as_int(m: np.ndarray) -> np.ndarray | None:

@@ -1,7 +1,9 @@
 """Binary polyp segmentation datamodule (real folders or the procedural synthetic set)."""
 from __future__ import annotations
 
-from .base import BaseSegDataModule, check_number
+from robusttrain.validate import check_number
+
+from .base import BaseSegDataModule
 from .masks import check_mask_mode
 from .readers import FolderSource
 from .synthetic_polyp import SyntheticPolypSource
@@ -38,7 +40,7 @@ class PolypDataModule(BaseSegDataModule):
                  val_transforms=None, resize=None, pin_memory=False, cache_mb=1024.0, mask_mode="auto"):
         super().__init__(root, image_size, batch_size, num_workers, val_fraction, seed, extra_val, n_train, n_val,
                          hard_fraction, train_transforms, val_transforms, resize, pin_memory)
-        self.cache_mb = check_number(type(self).__name__, "cache_mb", cache_mb)
+        self.cache_mb = check_number("cache_mb", cache_mb, owner=type(self).__name__)
         self.mask_mode = check_mask_mode(mask_mode)
 
     def _synthetic_sources(self):

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import albumentations as A
 import cv2

@@ -11,8 +11,9 @@ is known; a case without ``case_id`` is named ``idx<dataset index>``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,9 +77,7 @@ def case_id_list(ids: Any) -> list[str]:
 
 
 def _case_id(c: Any) -> str:
-    if torch.is_tensor(c) and c.numel() == 1:
-        c = c.item()
-    elif isinstance(c, np.ndarray) and c.size == 1:
+    if torch.is_tensor(c) and c.numel() == 1 or isinstance(c, np.ndarray) and c.size == 1:
         c = c.item()
     if isinstance(c, np.generic):
         c = c.item()
@@ -101,7 +100,9 @@ def default_get_slice_indices(batch: Any) -> Sequence[int] | None:
     return None
 
 
-def _normalise_mask(m: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+def normalise_mask(m: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """Masks as (B,H,W) / (B,H,W,D) label maps matching ``images`` (a (B,1,...) channel dim dropped);
+    :class:`HookError` naming the hook to set otherwise."""
     if not torch.is_tensor(m):
         raise HookError(f"masks must be a tensor, got {type(m).__name__}; pass get_masks=")
     if m.ndim == images.ndim and m.shape[1] == 1:  # (B,1,H,W[,D]) binary masks are common
@@ -164,7 +165,7 @@ def read_batch(indices: list[int], batch: Any, hooks: BatchHooks, id_prefix: str
         shape = tuple(images.shape) if torch.is_tensor(images) else type(images).__name__
         raise HookError(f"images must be (B,C,H,W) images or (B,C,H,W,D) volumes, got {shape}; "
                         "pass get_images= returning one of those")
-    masks = _normalise_mask(hooks.get_masks(batch), images)
+    masks = normalise_mask(hooks.get_masks(batch), images)
     cids = hooks.get_case_ids(batch)
     cids = [f"{id_prefix}{i}" for i in indices] if cids is None else case_id_list(cids)
     sl = hooks.get_slice_indices(batch)

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch

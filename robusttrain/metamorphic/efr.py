@@ -17,10 +17,12 @@ how many test cases the full suite has in that row (``cases / suite_cases`` = co
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+
+from .records import relative_drops
 
 THRESHOLDS = (0.25, 0.5)
 EFR_COLUMNS = ["epoch", "split", "perturbation", "severity", "metric", "threshold",
@@ -48,13 +50,6 @@ def wilson_interval(errors: int, n: int, z: float = 1.96) -> tuple[float, float]
     half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     # clip: floating error may put a bound a hair outside [0, 1] at 0 or n errors
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
-
-
-def relative_drops(src: np.ndarray, fol: np.ndarray) -> np.ndarray:
-    """Vectorised :func:`robusttrain.metamorphic.records.relative_drop` (0 where src <= 0)."""
-    src = np.asarray(src, dtype=np.float64)
-    fol = np.asarray(fol, dtype=np.float64)
-    return np.where(src > 0, (src - fol) / np.where(src > 0, src, 1.0), 0.0)
 
 
 def is_error(src: np.ndarray, fol: np.ndarray, threshold: float) -> np.ndarray:
@@ -102,10 +97,19 @@ def efr_table(cases: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS,
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
+def efr_key(perturbation: str, metric: str, threshold: float, prefix: str = "mr/efr") -> str:
+    """The logger key of one pooled EFR: ``<prefix>/<perturbation>/<metric>@<t>`` (the one spelling).
+
+    >>> efr_key("blur", "dice", 0.25), efr_key("all", "iou", 0.5, prefix="mr/train_efr")
+    ('mr/efr/blur/dice@0.25', 'mr/train_efr/all/iou@0.5')
+    """
+    return f"{prefix}/{perturbation}/{metric}@{_fmt_t(threshold)}"
+
+
 def efr_metrics(table: pd.DataFrame, prefix: str = "mr/efr") -> dict[str, float]:
-    """The pooled-severity rows of an EFR table as logger keys ``<prefix>/<pert>/<metric>@<t>``."""
+    """The pooled-severity rows of an EFR table as logger keys (:func:`efr_key`)."""
     pooled = table[table["severity"] == 0]
-    return {f"{prefix}/{r.perturbation}/{r.metric}@{_fmt_t(r.threshold)}": float(r.efr)
+    return {efr_key(str(r.perturbation), str(r.metric), float(r.threshold), prefix): float(r.efr)
             for r in pooled.itertuples()}
 
 

@@ -9,7 +9,8 @@ slice in ``extra["slices"]`` so the whole follow-up volume can be re-created.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd

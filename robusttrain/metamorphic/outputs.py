@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -61,7 +62,7 @@ class NonFiniteOutputError(InputError):
                          f"(no EFR, corner cases or checkpoint choice from them)")
 
     def at(self, epoch: int | None = None, split: str | None = None,
-           case_ids: Sequence[str] = ()) -> "NonFiniteOutputError":
+           case_ids: Sequence[str] = ()) -> NonFiniteOutputError:
         """The same error with the context filled in (fields already set are kept)."""
         return NonFiniteOutputError(self.what, self.epoch if self.epoch is not None else epoch,
                                     self.split if self.split is not None else split,

@@ -1,6 +1,7 @@
 """FailureRecord: one metamorphic-relation violation, the unit the failure bank stores and replays."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,15 +56,39 @@ class FailureRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FailureRecord":
+    def from_dict(cls, d: dict[str, Any]) -> FailureRecord:
         d = dict(d)
         d.pop("drop", None)
         return cls(**d)
 
 
+def failure_id(record: FailureRecord) -> str:
+    """Short stable id of a record's de-duplication key: the failure bank's ids, its thumbnail names
+    and the W&B failure table's de-duplication all use it.
+
+    >>> r = FailureRecord("c1", "train", "blur", 4, {"sigma": [3.0]}, 7, 2, 0.9, 0.3, 0.8, 0.2)
+    >>> failure_id(r) == failure_id(FailureRecord.from_dict({**r.to_dict(), "epoch": 5}))  # epoch is not identity
+    True
+    """
+    return hashlib.sha1(repr(record.key).encode()).hexdigest()[:16]
+
+
+def relative_drops(src: Any, fol: Any) -> np.ndarray:
+    """The relative drop (src - fol) / src, element-wise; 0 where the source score is <= 0 (nothing
+    to lose, no error). The one definition of the quantity the MR threshold applies to (EFR, failure
+    records, the report, the W&B table).
+
+    >>> relative_drops([0.8, 0.0, 0.5], [0.4, 0.3, 0.5]).tolist()
+    [0.5, 0.0, 0.0]
+    """
+    s = np.asarray(src, dtype=np.float64)
+    f = np.asarray(fol, dtype=np.float64)
+    return np.where(s > 0, (s - f) / np.where(s > 0, s, 1.0), 0.0)
+
+
 def relative_drop(src: float, fol: float) -> float:
-    """(src - fol) / src; 0 when the source score is 0 (nothing to lose, no error)."""
-    return 0.0 if src <= 0 else (src - fol) / src
+    """:func:`relative_drops` of one pair, as a float."""
+    return float(relative_drops(src, fol))
 
 
 def _freeze(params: dict[str, Any]) -> tuple:

@@ -21,16 +21,16 @@ every probe sample, and ``tested`` records which pairs were scored.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
 from .batch import ProbeBatch
-from .efr import relative_drops
 from .outputs import NonFiniteOutputError, check_probabilities
+from .records import relative_drops
 from .scoring import dice_from_sums, iou_from_sums, probabilities_to_labels, slice_sums
 from .suite import MRSuite, to_uint8_list, volume_to_slices
 
@@ -64,7 +64,7 @@ class ProbeResult:
         return np.ones(self.fol.shape[:2], bool) if self.tested is None else np.asarray(self.tested, bool)
 
     @classmethod
-    def merge(cls, parts: Sequence["ProbeResult"]) -> "ProbeResult":
+    def merge(cls, parts: Sequence[ProbeResult]) -> ProbeResult:
         """Concatenate (e.g. gathered from ranks), drop duplicate indices, sort by index."""
         timing = _sum_timing(p.extra.get("timing") for p in parts)
         parts = [p for p in parts if len(p.index)] or list(parts[:1])

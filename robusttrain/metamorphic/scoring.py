@@ -15,7 +15,7 @@ perfect score (1.0).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -63,6 +63,26 @@ def slice_sums(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> to
     cm = torch.bincount(codes.flatten(), minlength=b * k * k).view(b, k, k)
     inter = torch.diagonal(cm, dim1=1, dim2=2)
     return torch.stack([inter, cm.sum(2), cm.sum(1)], dim=2)[:, 1:].long()
+
+
+def logits_sums(logits: torch.Tensor, mask: torch.Tensor, threshold: float = 0.5) -> np.ndarray:
+    """:func:`slice_sums` of raw logits, as int64 numpy (B, K-1, 3): intersection, prediction sum,
+    target sum per sample and foreground class.
+
+    K>1 channels: softmax classes (argmax of the logits, which is the argmax of the softmax);
+    1 channel: sigmoid > ``threshold`` against ``mask > 0``. Sums run over every spatial dim, so
+    a (B,K,H,W,D) volume gives one volume-level count per case.
+
+    >>> logits = torch.zeros(1, 2, 4, 4, 3); logits[:, 1, :2] = 1.0      # predicts the top half
+    >>> mask = torch.zeros(1, 4, 4, 3, dtype=torch.long); mask[:, :1] = 1  # the top quarter
+    >>> logits_sums(logits, mask)[0, 0].tolist()                          # I, P, T over 48 voxels
+    [12, 24, 12]
+    """
+    if logits.shape[1] == 1:
+        pred, target, k = (torch.sigmoid(logits[:, 0]) > threshold).long(), (mask > 0).long(), 2
+    else:
+        pred, target, k = logits.argmax(1), mask, logits.shape[1]
+    return slice_sums(pred, target, k).cpu().numpy()
 
 
 def dice_from_sums(s: np.ndarray | torch.Tensor) -> np.ndarray:

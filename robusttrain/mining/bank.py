@@ -37,28 +37,22 @@ warning is logged once.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
-from robusttrain.io import _json_default, atomic_write_bytes, atomic_write_text
-from robusttrain.metamorphic.records import FailureRecord
+from robusttrain.io import atomic_write_bytes, atomic_write_text, json_default
+from robusttrain.metamorphic.records import FailureRecord, failure_id
+from robusttrain.rundir import failures as failures_file
 
 log = logging.getLogger(__name__)
 
-LOG_NAME = "failures.jsonl"
-THUMB_DIR = "thumbs"
 _STRIP_KEYS = ("source", "followup", "gt", "pred_source", "pred_followup")
-
-
-def record_id(record: FailureRecord) -> str:
-    """Short stable id of a record's de-duplication key (file names, JSON references)."""
-    return hashlib.sha1(repr(record.key).encode()).hexdigest()[:16]
 
 
 class FailureBank:
@@ -68,7 +62,7 @@ class FailureBank:
                  n_thumbs: int = 32, allow_val_mining: bool = False, thumb_height: int = 96):
         if max_size < 2:
             raise ValueError("max_size must be >= 2")
-        self.dir = Path(run_dir) / "failures" if run_dir is not None else None
+        self.dir = Path(run_dir) / failures_file.DIR if run_dir is not None else None
         self.max_size, self.n_thumbs, self.thumb_height = max_size, n_thumbs, thumb_height
         self.allow_val_mining = allow_val_mining
         self.entries: dict[str, dict[str, Any]] = {}  # id -> {"record", "last_epoch", "count"}
@@ -85,7 +79,7 @@ class FailureBank:
 
     def add(self, record: FailureRecord, images: dict[str, np.ndarray] | None = None) -> bool:
         """Add one record; returns True when its key is new to the bank."""
-        rid = record_id(record)
+        rid = failure_id(record)
         if record.split != "train" and self.allow_val_mining and not self._warned:
             log.warning("allow_val_mining=True: failures on split %r will be trained on — the "
                         "validation scores of this run are no longer an unbiased estimate "
@@ -146,7 +140,7 @@ class FailureBank:
     # ---- persistence ------------------------------------------------------------------------
     @property
     def log_path(self) -> Path | None:
-        return self.dir / LOG_NAME if self.dir is not None else None
+        return self.dir / failures_file.LOG_NAME if self.dir is not None else None
 
     def flush(self, epoch: int) -> int:
         """Append this epoch's batch (new records + marker), evict, refresh thumbs.
@@ -163,8 +157,9 @@ class FailureBank:
         self.n_batches += 1
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
-            _truncate_torn_tail(self.log_path)
-            with open(self.log_path, "a", encoding="utf-8") as fh:
+            path = self.dir / failures_file.LOG_NAME
+            failures_file.truncate_torn_tail(path)
+            with open(path, "a", encoding="utf-8") as fh:
                 fh.write("\n".join(lines) + "\n")  # one write per batch
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -183,10 +178,12 @@ class FailureBank:
             return
         lines = [_line(i, e) for i, e in self.entries.items()]
         lines.append(json.dumps({"kind": "batch", "epoch": -1, "seen": [], "n": len(lines)}))
-        atomic_write_text(self.log_path, "\n".join(lines) + "\n")
+        atomic_write_text(self.dir / failures_file.LOG_NAME, "\n".join(lines) + "\n")
 
     def _write_thumbs(self) -> None:
-        tdir = self.dir / THUMB_DIR
+        if self.dir is None:
+            return
+        tdir = self.dir / failures_file.THUMB_DIR
         worst = set(self.worst(self.n_thumbs))
         for i in worst & set(self._images):
             strip = thumbnail_strip(self._images[i], self.thumb_height)
@@ -230,35 +227,29 @@ class FailureBank:
         run had never stopped. False when that is not the case (the caller compacts instead)."""
         if self.dir is None:
             return False
-        if not self.log_path.is_file():  # nothing flushed yet, then or now
+        path = self.dir / failures_file.LOG_NAME
+        if not path.is_file():  # nothing flushed yet, then or now
             return self.n_batches == 0 and not self.entries
-        data = self.log_path.read_bytes()
-        end = pos = batches = 0
-        for raw in data.split(b"\n")[:-1]:
-            pos += len(raw) + 1
-            if batches == self.n_batches:
-                break
-            try:
-                if json.loads(raw).get("kind") == "batch":
-                    batches, end = batches + 1, pos
-            except ValueError:
-                break
-        if batches != self.n_batches:
+        data = path.read_bytes()
+        ends = failures_file.batch_ends(data)
+        if len(ends) < self.n_batches:
             return False
+        end = ends[self.n_batches - 1] if self.n_batches else 0
+        kept = failures_file.parse_batches(data[:end])
         replay = FailureBank(None, max_size=self.max_size)
-        for batch in _parse_batches(data[:end]):
+        for batch in kept:
             replay._apply_batch(batch)
         if _snapshot(replay.entries) != _snapshot(self.entries):
             return False
         if end != len(data):
-            atomic_write_bytes(self.log_path, data[:end])
+            atomic_write_bytes(path, data[:end])
         return True
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike, **kw: Any) -> "FailureBank":
+    def load(cls, run_dir: str | os.PathLike, **kw: Any) -> FailureBank:
         """Read ``<run_dir>/failures/failures.jsonl`` back (complete batches only)."""
         bank = cls(run_dir, **kw)
-        for batch in read_batches(bank.log_path):
+        for batch in failures_file.read_batches(bank.log_path):
             bank._apply_batch(batch)
         return bank
 
@@ -275,73 +266,19 @@ class FailureBank:
 
 def _snapshot(entries: dict[str, dict[str, Any]]) -> dict[str, tuple]:
     return {i: (e["last_epoch"], e["count"], json.dumps(e["record"].to_dict(), sort_keys=True,
-                                                          default=_json_default))
+                                                          default=json_default))
             for i, e in entries.items()}
 
 
 def _line(rid: str, entry: dict[str, Any]) -> str:
     return json.dumps({"kind": "failure", "id": rid, "last_epoch": entry["last_epoch"],
                        "count": entry["count"], **entry["record"].to_dict()},
-                      default=_json_default)
+                      default=json_default)
 
 
 def _record_from_line(d: dict[str, Any]) -> FailureRecord:
     d = {k: v for k, v in d.items() if k not in ("kind", "id", "last_epoch", "count")}
     return FailureRecord.from_dict(d)
-
-
-def read_batches(path: str | os.PathLike | None) -> list[list[dict[str, Any]]]:
-    """Complete batches of a bank log; a torn or unterminated tail is ignored."""
-    if path is None or not os.path.exists(path):
-        return []
-    with open(path, "rb") as fh:
-        return _parse_batches(fh.read())
-
-
-def _parse_batches(data: bytes) -> list[list[dict[str, Any]]]:
-    batches, cur = [], []
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
-        try:
-            d = json.loads(raw)
-        except ValueError:
-            break  # torn line: only possible at the end of a killed write; drop the batch
-        cur.append(d)
-        if d.get("kind") == "batch":
-            batches.append(cur)
-            cur = []
-    return batches
-
-
-def log_signature(path: str | os.PathLike | None) -> tuple:
-    """Cheap change detector for readers in other processes (size, mtime)."""
-    try:
-        st = os.stat(path)
-        return (st.st_size, st.st_mtime_ns)
-    except (OSError, TypeError):
-        return (0, 0)
-
-
-def _truncate_torn_tail(path: Path) -> None:
-    # Keep only complete batches so an append never glues onto a half-written line.
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    end = 0
-    pos = 0
-    for raw in data.split(b"\n")[:-1]:  # last element: after the final newline (or torn)
-        pos += len(raw) + 1
-        try:
-            if json.loads(raw).get("kind") == "batch":
-                end = pos
-        except ValueError:
-            break
-    if end != len(data):
-        with open(path, "r+b") as fh:
-            fh.truncate(end)
-            fh.flush()
-            os.fsync(fh.fileno())
 
 
 def thumbnail_strip(images: dict[str, np.ndarray], height: int = 96) -> np.ndarray | None:

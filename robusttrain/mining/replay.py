@@ -46,10 +46,10 @@ other map-style dataset (``Subset`` included) its own dict / tuple with the imag
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,10 +57,11 @@ from torch.utils.data import Dataset
 
 from robusttrain.metamorphic.batch import BatchHooks, HookError
 from robusttrain.metamorphic.records import FailureRecord
-from robusttrain.mining.bank import LOG_NAME, FailureBank, log_signature
+from robusttrain.mining.bank import FailureBank
 from robusttrain.mining.crops import is_crop_list, read_seeded, rng_kept
 from robusttrain.mining.samples import SampleCodec
-from robusttrain.rundir.failures import SAMPLING_NAME
+from robusttrain.rundir import failures as failures_file
+from robusttrain.rundir import sampling as sampling_file
 
 _RESIZE_STEPS = ("Resize", "LongestMaxSize", "PadIfNeeded")
 
@@ -292,7 +293,7 @@ class _SlotDataset(Dataset):
     def _active(self) -> bool:
         return True
 
-    def set_random_state(self, seed: int | None = None, state: Any = None) -> "_SlotDataset":
+    def set_random_state(self, seed: int | None = None, state: Any = None) -> _SlotDataset:
         """MONAI's DataLoader seeds a dataset's random transforms by walking its attributes
         (``set_rnd``); walked through this wrapper, the base would be reached twice (``base`` and
         ``view.ds``) and seeded differently from the same dataset unwrapped. Seed the base once,
@@ -363,7 +364,7 @@ class ReplayDataset(_SlotDataset):
                 raise ValueError(f"{name}={v}: expected a probability in [0, 1]")
         if clean_mix + fresh_image > 1.0:
             raise ValueError("clean_mix + fresh_image must be <= 1")
-        self.dir = None if run_dir is None else Path(run_dir) / "failures"
+        self.dir = None if run_dir is None else Path(run_dir) / failures_file.DIR
         self.jitter, self.allow_val_mining = float(jitter), allow_val_mining
         self.clean_mix, self.fresh_image = float(clean_mix), float(fresh_image)
         self.views = {"train": self.view}
@@ -385,7 +386,7 @@ class ReplayDataset(_SlotDataset):
     def bind(self, run_dir: str | os.PathLike, hooks: BatchHooks | None = None, slice_axis: int = -1) -> None:
         """Read the bank of ``run_dir`` from now on (FailureMiningCallback, before the loader exists);
         ``hooks`` / ``slice_axis``: the MR check's, so samples and volume slices read as it read them."""
-        self.dir = Path(run_dir) / "failures"
+        self.dir = Path(run_dir) / failures_file.DIR
         for v in (self.view, *self.views.values()):
             v.codec.slice_axis = int(slice_axis)
             if hooks is not None:
@@ -400,7 +401,8 @@ class ReplayDataset(_SlotDataset):
         """Re-read the bank and sampling weights if their files changed; True when re-read."""
         if self.dir is None:  # not bound to a run yet: nothing to replay
             return False
-        sig = (log_signature(self.dir / LOG_NAME), log_signature(self.dir / SAMPLING_NAME))
+        sig = (failures_file.log_signature(failures_file.log_path(self.dir.parent)),
+               failures_file.log_signature(sampling_file.path(self.dir.parent)))
         if sig == self._sig and not force:
             return False
         self._sig = sig
@@ -408,13 +410,10 @@ class ReplayDataset(_SlotDataset):
                                 max_size=10**9)  # the writer already applied its bound
         by: dict[str, list[FailureRecord]] = {}
         for r in bank.trainable():
-            if r.split in self.views and 0 <= r.index:
+            if r.split in self.views and r.index >= 0:
                 by.setdefault(r.perturbation, []).append(r)
         self._by_pert = by
-        try:
-            w = json.loads((self.dir / SAMPLING_NAME).read_text()).get("weights", {})
-        except (OSError, ValueError):
-            w = {}
+        w = sampling_file.read_weights(self.dir.parent)
         self._weights = {p: float(w.get(p, 0.0)) for p in by}
         if not any(v > 0 for v in self._weights.values()):
             self._weights = {p: 1.0 for p in by}  # no weights yet: uniform over what failed
@@ -473,8 +472,7 @@ class ReplayDataset(_SlotDataset):
             return self.view.finish(out, msk, meta)
         img, msk, meta = self.recreate(rec, rng)
         view = self.views[rec.split]
-        sample = view.finish(img, msk, meta)
-        return sample
+        return view.finish(img, msk, meta)
 
 
 class RandomPerturbationDataset(_SlotDataset):

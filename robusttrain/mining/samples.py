@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from robusttrain.metamorphic.batch import BatchHooks, HookError, _normalise_mask, case_id_list
+from robusttrain.metamorphic.batch import BatchHooks, HookError, case_id_list, normalise_mask
 from robusttrain.metamorphic.suite import slices_to_volume, volume_to_slices
 
 
@@ -54,7 +54,7 @@ class SampleCodec:
             shape = tuple(getattr(images, "shape", ()))
             raise HookError(f"failure replay needs (C,H,W) images or (C,H,W,D) volumes; got batches of shape "
                             f"{shape} -- set get_images= or replay_ratio=0")
-        masks = _normalise_mask(self.hooks.get_masks(batch), images)
+        masks = normalise_mask(self.hooks.get_masks(batch), images)
         cids = self.hooks.get_case_ids(batch)
         cids = case_id_list(cids) if cids is not None else []  # a custom hook may return a tensor
         sl = self.hooks.get_slice_indices(batch)

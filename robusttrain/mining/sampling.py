@@ -19,20 +19,19 @@ so every ``w_p >= floor`` and the weights sum to 1 (``floor`` is capped at ``1/P
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from robusttrain.metamorphic.records import FailureRecord
+from robusttrain.validate import check_fraction
 
 
 class FailureDrivenWeights:
     """Smoothed per-perturbation failure rates -> draw weights with a floor (see module doc)."""
 
     def __init__(self, momentum: float = 0.5, floor: float = 0.05):
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum={momentum!r}: expected a number in [0, 1)")
-        if not 0.0 <= floor <= 1.0:
-            raise ValueError(f"floor={floor!r}: expected a number in [0, 1]")
-        self.momentum, self.floor = float(momentum), float(floor)
+        self.momentum = check_fraction("momentum", momentum, hi_open=True)
+        self.floor = check_fraction("floor", floor)
         self.smoothed: dict[str, float] = {}
 
     def update(self, rates: Mapping[str, float]) -> dict[str, float]:

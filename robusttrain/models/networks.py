@@ -1,7 +1,8 @@
 """MONAI 2-D segmentation networks selectable by name from a recipe."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 

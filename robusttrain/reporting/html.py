@@ -13,13 +13,15 @@ from __future__ import annotations
 import base64
 import html
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
 from robusttrain.io import atomic_write_text
-from robusttrain.reporting import plots, rundir, tables
+from robusttrain.reporting import load, plots, tables
+from robusttrain.rundir.history import dice_columns
 
 log = logging.getLogger(__name__)
 WORST_FAILURES = 12
@@ -65,17 +67,17 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
     if history is not None:
         facts["validation cases"] = history["case_id"].nunique()
         facts["epochs with history"] = history["epoch"].nunique()
-        facts["classes"] = ", ".join(c[5:] for c in rundir.dice_columns(history))
+        facts["classes"] = ", ".join(c[5:] for c in dice_columns(history))
     if efr is not None:
         facts["perturbations"] = ", ".join(p for p in dict.fromkeys(efr["perturbation"]) if p != "all")
         # severity 0 marks the MR callback's pooled rows, not a severity that was run
         facts["severities"] = ", ".join(str(s) for s in sorted(efr["severity"].unique()) if s > 0)
-    files = [n for n in (rundir.CONFIG, rundir.HISTORY, rundir.EFR, rundir.EFR_TABLE, rundir.CORNERS,
-                         rundir.FAILURES, "balanced.ckpt") if (run_dir / n).exists()]
+    files = [n for n in (load.CONFIG, load.HISTORY, load.EFR, load.EFR_TABLE, load.CORNERS,
+                         load.FAILURES, "balanced.ckpt") if (run_dir / n).exists()]
     facts["files"] = ", ".join(files) or "none"
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                    for k, v in facts.items())
-    config = rundir.load_config_text(run_dir)
+    config = load.load_config_text(run_dir)
     cfg = (f"<details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>"
            if config else _na("config.yaml missing"))
     return f"<table>{rows}</table>{cfg}"
@@ -84,7 +86,7 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
 def _clean_dice(run_dir, history, efr, ctx) -> str:
     if history is None:
         return _na("history.csv missing")
-    dice = rundir.clean_dice(history)
+    dice = load.clean_dice(history)
     corners = ctx["corners"]
     picks = {"last": int(dice.index.max())}
     if corners is not None:
@@ -97,7 +99,7 @@ def _clean_dice(run_dir, history, efr, ctx) -> str:
 
 
 def _efr_table(run_dir, history, efr, ctx) -> str:
-    given = rundir.load_efr_table(run_dir)
+    given = load.load_efr_table(run_dir)
     if given is not None:  # `robusttrain check` already laid it out; show it as written
         return "<p>From <code>efr_table.csv</code> (robusttrain check).</p>" + \
             given.to_html(index=False, border=0, na_rep="–")
@@ -156,12 +158,12 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
 
 
 def _thumb(run_dir: Path, rec: dict[str, Any]) -> Path | None:
-    # only files inside the run directory are ever embedded (rundir.inside)
-    return rundir.inside(run_dir, rec.get("thumb"))
+    # only files inside the run directory are ever embedded (robusttrain.rundir.paths.inside)
+    return load.inside(run_dir, rec.get("thumb"))
 
 
 def _failures(run_dir, history, efr, ctx) -> str:
-    records = rundir.load_failures(run_dir)
+    records = load.load_failures(run_dir)
     if records is None:
         return _na("failures/failures.jsonl missing")
     if not records:
@@ -199,14 +201,14 @@ def _source_tiles(run_dir: Path, records: list[dict[str, Any]], n: int) -> list:
 
 def _gallery(run_dir, history, efr, ctx) -> str:
     for cand in ("gallery.png", "plots/gallery.png"):
-        if (found := rundir.inside(run_dir, cand)) is not None:
+        if (found := load.inside(run_dir, cand)) is not None:
             return _img(found, "perturbation gallery")
     hint = " (write one with `python -m robusttrain gallery recipe=NAME out=RUN_DIR/gallery.png`)"
     try:
         from robusttrain.perturbations.gallery import render_gallery
     except ImportError:
         return _na("gallery.png missing and the perturbation gallery is not installed" + hint)
-    images = _source_tiles(run_dir, rundir.load_failures(run_dir) or [], 2)
+    images = _source_tiles(run_dir, load.load_failures(run_dir) or [], 2)
     if not images:
         return _na("gallery.png missing and no failure thumbnails to draw one from" + hint)
     from robusttrain.perturbations import available
@@ -228,9 +230,9 @@ BUILDERS: dict[str, Callable[..., str]] = {
 def render_report(run_dir: str | Path) -> str:
     """The report as an HTML string (plots are regenerated into ``plots/`` first)."""
     run_dir = Path(run_dir)
-    corners = rundir.load_corners(run_dir)
+    corners = load.load_corners(run_dir)
     ctx = {"corners": corners, "plots": plots.write_plots(run_dir, corners=corners)}
-    history, efr = rundir.load_history(run_dir), rundir.load_efr(run_dir)
+    history, efr = load.load_history(run_dir), load.load_efr(run_dir)
     body = []
     for anchor, title in SECTIONS:
         try:

@@ -23,8 +23,10 @@ from matplotlib.figure import Figure
 
 from robusttrain.io import atomic_write_bytes
 from robusttrain.metamorphic.efr import wilson_interval
-from robusttrain.reporting import rundir
-from robusttrain.reporting.rundir import Corners
+from robusttrain.reporting import load
+from robusttrain.rundir import efr as efr_file
+from robusttrain.rundir.corner_cases import Corners
+from robusttrain.rundir.history import dice_columns
 
 THRESHOLDS = (0.25, 0.5)
 LEAST_LOSS_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.5)
@@ -51,7 +53,7 @@ def efr_series(efr: pd.DataFrame, metric: str = "dice", split: str | None = None
     Pooling sums, not averaging rates, matches the paper's EFR = errors / generated test cases.
     ``split`` defaults to ``val`` when present, else the first split in the file.
     """
-    frame = rundir.pool_severities(efr[efr["metric"] == metric])
+    frame = efr_file.pool_severities(efr[efr["metric"] == metric])
     if "split" in frame and len(frame):
         splits = list(dict.fromkeys(frame["split"]))
         frame = frame[frame["split"] == (split or ("val" if "val" in splits else splits[0]))]
@@ -106,7 +108,7 @@ def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
 
 def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Figure:
     """Cohort-mean clean validation Dice per class and overall, over epochs."""
-    dice = rundir.clean_dice(history)
+    dice = load.clean_dice(history)
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.subplots()
     for col in dice.columns:
@@ -126,7 +128,7 @@ def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Fi
 
 def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | None = None) -> Figure:
     """One panel per class: the case's Dice over epochs against the cohort mean (and its IQR)."""
-    cols = rundir.dice_columns(history)
+    cols = dice_columns(history)
     case = history[history["case_id"] == str(case_id)].sort_values("epoch")
     # one panel per class, but never narrower than the legend and title need (1-class datasets)
     width = max(4.2 * max(len(cols), 1), 8.0)
@@ -220,13 +222,13 @@ def write_plots(run_dir: str | Path, corners: Corners | None = None,
     """
     run_dir = Path(run_dir)
     out_dir = run_dir / "plots"
-    corners = corners if corners is not None else rundir.load_corners(run_dir)
+    corners = corners if corners is not None else load.load_corners(run_dir)
     cases = list(corner_cases if corner_cases is not None else (corners.cases if corners else []))
-    history, efr = rundir.load_history(run_dir), rundir.load_efr(run_dir)
+    history, efr = load.load_history(run_dir), load.load_efr(run_dir)
     written: dict[str, Path] = {}
     if efr is not None:
         written["efr"] = save_png(plot_efr(efr, corners=corners), out_dir / "efr.png")
-    if history is not None and rundir.dice_columns(history):
+    if history is not None and dice_columns(history):
         written["clean_dice"] = save_png(plot_clean_dice(history, corners), out_dir / "clean_dice.png")
         if history["epoch"].nunique() >= 2:
             written["tradeoff"] = save_png(plot_tradeoff(run_tradeoff(history, corners)),

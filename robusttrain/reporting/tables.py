@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from robusttrain.reporting import rundir
+from robusttrain.rundir import efr as efr_file
+from robusttrain.rundir.corner_cases import Corners
+from robusttrain.rundir.history import dice_columns
 
 METRIC_LABEL = {"dice": "Dice", "iou": "IoU"}
 
@@ -26,7 +28,7 @@ def efr_tables(efr: pd.DataFrame, epoch: int | None = None) -> dict[float, pd.Da
     epoch = int(efr["epoch"].max()) if epoch is None else epoch
     frame = efr[(efr["epoch"] == epoch) & (efr["perturbation"] != "all")]
     order = list(dict.fromkeys(frame["perturbation"]))
-    per = rundir.pool_severities(frame)
+    per = efr_file.pool_severities(frame)
     pooled = per.groupby(["split", "metric", "threshold"])[["errors", "cases"]].sum().reset_index()
     pooled["perturbation"] = "All"
     both = pd.concat([per, pooled], ignore_index=True)
@@ -52,9 +54,9 @@ def last_efr_by_perturbation(efr: pd.DataFrame, metric: str = "dice") -> pd.Data
     return pd.DataFrame(cols)
 
 
-def corner_case_table(history: pd.DataFrame, corners: rundir.Corners) -> pd.DataFrame:
+def corner_case_table(history: pd.DataFrame, corners: Corners) -> pd.DataFrame:
     """Per flagged case: score, outlier epochs and per-class Dice at least-loss vs balanced epoch."""
-    cols = rundir.dice_columns(history)
+    cols = dice_columns(history)
     rows = []
     for cid in corners.cases:
         row: dict[str, object] = {"case": cid}
@@ -70,9 +72,9 @@ def corner_case_table(history: pd.DataFrame, corners: rundir.Corners) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def epoch_comparison(history: pd.DataFrame, corners: rundir.Corners) -> pd.DataFrame:
+def epoch_comparison(history: pd.DataFrame, corners: Corners) -> pd.DataFrame:
     """Cohort-mean and worst-corner-case mean Dice at the least-loss vs the balanced epoch."""
-    cols = rundir.dice_columns(history)
+    cols = dice_columns(history)
     score = history.assign(mean_dice=history[cols].mean(axis=1))
     rows = []
     for label, ep in (("least-loss", corners.least_loss_epoch), ("balanced", corners.balanced_epoch)):

@@ -4,7 +4,7 @@ No Lightning here (the callback in ``robusttrain.callbacks.reporting`` decides *
 ``wandb`` is imported lazily so the rest of reporting works without it.
 
 >>> import pandas as pd
->>> from robusttrain.reporting.rundir import Corners
+>>> from robusttrain.rundir.corner_cases import Corners
 >>> h = pd.DataFrame({"case_id": ["a", "b"] * 2, "epoch": [0, 0, 1, 1], "dice_lv": [.5, .9, .3, .9]})
 >>> sorted(corner_case_charts(h, Corners(cases=["a"], balanced_epoch=0)))
 ['corners/dice_lv']
@@ -18,8 +18,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from robusttrain.reporting import rundir
-from robusttrain.reporting.rundir import Corners
+from robusttrain.metamorphic.efr import efr_key
+from robusttrain.metamorphic.records import relative_drop
+from robusttrain.reporting import load
+from robusttrain.rundir import efr as efr_file
+from robusttrain.rundir.corner_cases import Corners
+from robusttrain.rundir.history import dice_columns
 
 FAILURE_COLUMNS = ["epoch", "case_id", "split", "perturbation", "severity", "src_dice", "fol_dice",
                    "dice_drop", "source", "followup"]
@@ -34,7 +38,7 @@ def corner_case_charts(history: pd.DataFrame, corners: Corners) -> dict[str, Any
     charts = {}
     epochs = sorted(int(e) for e in history["epoch"].unique())
     known = set(history["case_id"])
-    for col in rundir.dice_columns(history):
+    for col in dice_columns(history):
         xs, ys, keys = [], [], []
         for cid in corners.cases:
             if cid not in known:
@@ -45,7 +49,7 @@ def corner_case_charts(history: pd.DataFrame, corners: Corners) -> dict[str, Any
             keys.append(str(cid))
         if not keys:
             continue
-        mean = rundir.cohort_mean(history, col)
+        mean = load.cohort_mean(history, col)
         xs.append([int(e) for e in mean.index])
         ys.append(mean.astype(float).tolist())
         keys.append("cohort mean")
@@ -77,14 +81,14 @@ def summary_items(corners: Corners) -> dict[str, Any]:
 def efr_scalars(efr: pd.DataFrame, epoch: int | None = None, split: str = "val") -> dict[str, float]:
     """``mr/efr/<perturbation>/<metric>@<t>`` (severities pooled) of one epoch of ``efr.csv`` —
     the documented keys, for when no MetamorphicCallback logged them itself."""
-    frame = rundir.pool_severities(efr)
+    frame = efr_file.pool_severities(efr)
     if "split" in frame:
         frame = frame[frame["split"] == split]
     if not len(frame):
         return {}
     epoch = int(frame["epoch"].max()) if epoch is None else epoch
     frame = frame[frame["epoch"] == epoch]
-    return {f"mr/efr/{r.perturbation}/{r.metric}@{float(r.threshold):g}": float(r.efr)
+    return {efr_key(str(r.perturbation), str(r.metric), float(r.threshold)): float(r.efr)
             for r in frame.itertuples() if np.isfinite(r.efr)}
 
 
@@ -121,7 +125,7 @@ def failure_row(record: dict[str, Any], images: dict[str, np.ndarray] | None = N
 
     src, fol = float(record.get("src_dice", np.nan)), float(record.get("fol_dice", np.nan))
     drop = record.get("drop")
-    drop = float(drop) if drop is not None else (0.0 if src <= 0 else (src - fol) / src)
+    drop = float(drop) if drop is not None else relative_drop(src, fol)
     source = followup = None
     if images and images.get("source") is not None:
         gt = images.get("gt")

@@ -1,7 +1,9 @@
 """One module per run-directory file: its name, schema, atomic writer and reader.
 
-``history`` (history.csv), ``efr`` (efr.csv), ``mr_cases`` (mr_cases.csv), ``corner_cases``
-(corner_cases.json), ``balanced_average`` (balanced_average.json) and ``failures`` (failures/failures.jsonl). Writers are the callbacks; reporting,
+``history`` (history.csv), ``efr`` (efr.csv, efr_table.csv), ``mr_cases`` (mr_cases.csv), ``corner_cases``
+(corner_cases.json), ``balanced_average`` (balanced_average.json), ``failures`` (failures/failures.jsonl),
+``sampling`` (failures/sampling.json), ``mining`` (failures/mining.csv) and ``metamorphic_training``
+(metamorphic_training.csv / _samples.jsonl). Writers are the callbacks (and the bank); replay, reporting,
 ``robusttrain corners`` and ``robusttrain report`` read only through these modules. Readers return
 ``None`` when the file is missing or unreadable (so a report degrades section by section).
 
@@ -10,6 +12,17 @@
 >>> history.read(tempfile.mkdtemp()) is None
 True
 """
-from . import balanced_average, corner_cases, efr, failures, history, mr_cases
+from . import (
+           balanced_average,
+           corner_cases,
+           efr,
+           failures,
+           history,
+           metamorphic_training,
+           mining,
+           mr_cases,
+           sampling,
+)
 
-__all__ = ["balanced_average", "corner_cases", "efr", "failures", "history", "mr_cases"]
+__all__ = ["balanced_average", "corner_cases", "efr", "failures", "history", "metamorphic_training", "mining",
+           "mr_cases", "sampling"]

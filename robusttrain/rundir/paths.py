@@ -1,10 +1,11 @@
 """Paths named *inside* run-directory files are only trusted when they stay inside the run directory."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
-def inside(run_dir: str | Path, path: str | Path | None) -> Path | None:
+def inside(run_dir: str | os.PathLike, path: str | os.PathLike | None) -> Path | None:
     """``path`` (relative to ``run_dir`` or absolute) as an existing file inside ``run_dir``, else None.
 
     The report embeds files; which ones must not be up to the contents of a run's files (a path in

@@ -65,7 +65,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("build,exc,pattern", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("build", "exc", "pattern"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_callback_argument_is_refused_at_construction(build, exc, pattern):
     with pytest.raises(exc, match=pattern) as err:
         build()

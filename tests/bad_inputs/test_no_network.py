@@ -70,7 +70,7 @@ TINY = ["recipe=smoke", "data.n_train=8", "data.n_val=4", "data.image_size=32", 
         "callbacks.metamorphic.suite.perturbations=[blur,contrast]", "trainer.enable_progress_bar=false"]
 
 
-@pytest.fixture()
+@pytest.fixture
 def offline(tmp_path):
     site = tmp_path / "site"
     site.mkdir()

@@ -1,0 +1,144 @@
+"""Shared toy data and models for the callback tests: real Lightning modules, tiny synthetic data.
+
+Extend here instead of copying a ``Tiny`` / ``Blobs`` into a new test file:
+
+* :class:`Blobs` -- cases of ``slices`` slices, 3-channel images with a bright (red) rectangle as the
+  foreground; dict batches (``image, mask, case_id, slice_index``) or ``(image, mask)`` tuples.
+* :class:`Tiny` -- one 3x3 conv starting as a "red > 0.6" detector (good clean Dice, colour-fragile);
+  ``out=1`` for a one-channel sigmoid head; ``head="dict"`` returns ``{"aux": ..., "out": logits}``
+  (the main output under a key other than ``logits``, behind an auxiliary head).
+* :class:`Classes` / :class:`ClassNet` -- 1-channel 16x16 slices with three foreground classes
+  (class k where the image is about k/3) and a 4-class conv that learns them; logs ``val/loss``.
+* :class:`Snapshots` -- records the weights at every fitting validation.
+* :func:`fit` -- a quiet deterministic CPU trainer on :class:`Blobs`.
+"""
+from __future__ import annotations
+
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+COLOUR = ["saturation", "contrast", "white_balance"]
+
+
+class Blobs(Dataset):
+    """Cases of ``slices`` slices: a bright rectangle (foreground) on a dark noisy background."""
+
+    def __init__(self, n=8, slices=2, size=24, seed=0, tuples=False):
+        g = torch.Generator().manual_seed(seed)
+        self.x = 0.15 + 0.2 * torch.rand(n, 3, size, size, generator=g)
+        self.m = torch.zeros(n, size, size, dtype=torch.long)
+        for i in range(n):
+            r, c = 3 + i % 5, 2 + (i * 3) % 9
+            self.x[i, :, r:r + 6 + i % 4, c:c + 8] = torch.tensor([0.8, 0.5, 0.4]).view(3, 1, 1)
+            self.m[i, r:r + 6 + i % 4, c:c + 8] = 1
+        self.slices, self.tuples = slices, tuples
+
+    def __len__(self):
+        return len(self.x)
+
+    def case_ids(self):
+        return [f"p{i // self.slices}" for i in range(len(self))]
+
+    def __getitem__(self, i):
+        if self.tuples:
+            return self.x[i], self.m[i]
+        return {"image": self.x[i], "mask": self.m[i], "case_id": f"p{i // self.slices}",
+                "slice_index": i % self.slices}
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, lr=0.05, out=2, head="tensor"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Conv2d(3, out, 3, padding=1)
+        with torch.no_grad():  # start as a "red > 0.6" detector: good clean Dice, colour-fragile
+            self.net.weight.mul_(0.05)
+            self.net.weight[out - 1, 0, 1, 1] += 10.0
+            self.net.bias.zero_()
+            self.net.bias[out - 1] = -6.0
+        self.lr, self.out, self.head = lr, out, head
+
+    def forward(self, x):
+        z = self.net(x)
+        if self.head == "dict":  # an auxiliary head first: whoever reads "the first value" reads it
+            return {"aux": -z, "out": z}
+        return z
+
+    def _xy(self, b):
+        return (b["image"], b["mask"]) if isinstance(b, dict) else b
+
+    def training_step(self, b, i):
+        x, y = self._xy(b)
+        z = self.net(x)
+        if self.out == 1:
+            return torch.nn.functional.binary_cross_entropy_with_logits(z[:, 0], y.float())
+        return torch.nn.functional.cross_entropy(z, y)
+
+    def validation_step(self, b, i):
+        self.log("val/loss", self.training_step(b, i))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
+    ds = ds or Blobs()
+    trainer = L.Trainer(max_epochs=epochs, callbacks=[cb] + kw.pop("extra", []), logger=CSVLogger(tmp_path),
+                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                        accelerator="cpu", devices=1, deterministic=True, **kw)
+    trainer.fit(model or Tiny(), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
+    return trainer
+
+
+class Classes(Dataset):
+    """n_cases × 2 slices of 16×16; class k lives where the image is ≈ k/3."""
+
+    def __init__(self, n_cases=6, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for c in range(n_cases):
+            for s in range(2):
+                mask = torch.zeros(16, 16, dtype=torch.long)
+                for k in (1, 2, 3):
+                    y, x = torch.randint(0, 12, (2,), generator=g).tolist()
+                    mask[y:y + 4, x:x + 4] = k
+                img = mask.float()[None] / 3 + 0.05 * torch.randn(1, 16, 16, generator=g)
+                self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class ClassNet(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Conv2d(1, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, b, _):
+        return nn.functional.cross_entropy(self(b["image"]), b["mask"])
+
+    def validation_step(self, b, _):
+        self.log("val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+class Snapshots(L.Callback):
+    """Records the weights at every fitting validation, to check a saved checkpoint against."""
+
+    def __init__(self):
+        self.weights = {}
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.weights[trainer.current_epoch] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
