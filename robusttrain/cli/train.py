@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from robusttrain.checkpoints import check_file, check_fits, load_checkpoint
 from robusttrain.cli.build import build_run, write_config
+from robusttrain.cli.claim import prepare_fresh_fit, starts_clean
 from robusttrain.cli.errors import UsageError
 
 
@@ -37,7 +38,12 @@ def _say(text: str) -> None:
         print(text, flush=True)
 
 
-def run_stage(stage: str, cfg: DictConfig) -> int:
+def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False) -> int:
+    """Run ``fit``/``validate``/``test``. ``overwrite``: a fresh fit may replace a run directory's files.
+
+    ``validate``/``test`` load only the checkpoint's weights into the recipe's model: evaluating is not
+    resuming, so the training run's callback states (its MR suite, bank, ...) are neither needed nor checked.
+    """
     ckpt = str(cfg.get("ckpt")) if cfg.get("ckpt") not in (None, "") else None
     if stage != "fit" and ckpt is None:
         raise UsageError(f"{stage} needs ckpt=PATH (a .ckpt file written by fit)")
@@ -48,6 +54,8 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
     run = build_run(cfg, command=stage, write=False)
     _say(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}")
     resume_last = ckpt == "last"
+    if resume_last and stage == "fit" and starts_clean(run.run_dir):
+        ckpt, resume_last = None, False  # killed before its first last.ckpt: nothing to resume
     if resume_last:
         ckpt = _resolve_ckpt(ckpt, run.run_dir)
         state = load_checkpoint(ckpt)
@@ -57,6 +65,8 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         check_fits(ckpt, state["state_dict"], run.model)
         if stage == "fit":
             _check_callback_states(run.trainer, state)
+    if stage == "fit" and ckpt is None:
+        prepare_fresh_fit(run.run_dir, overwrite)
     # every check passed: only now is anything in the run directory changed
     write_config(cfg, run.run_dir, stage)
     if ckpt is not None:
@@ -69,10 +79,12 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         metrics = dict(trainer.callback_metrics)
         _say(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
     elif stage == "validate":
-        trainer.validate(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
+        run.model.load_state_dict(state["state_dict"])
+        trainer.validate(run.model, datamodule=run.datamodule)
         _say(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')}")
     else:
-        trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
+        run.model.load_state_dict(state["state_dict"])
+        trainer.test(run.model, datamodule=run.datamodule)
         _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
     _say(f"[robusttrain] run_dir={run.run_dir}")
     return 0
