@@ -120,6 +120,10 @@ class RobustnessContext:
                 + "); give them the same dirpath (one run directory)")
         d = next(iter(distinct), None) or getattr(trainer, "log_dir", None) or trainer.default_root_dir
         self.run_dir = Path(broadcast_object(trainer, str(d)))
+        if trainer.is_global_zero:  # the CLI's run-directory lock, also in the API (re-entrant)
+            from robusttrain.rundir.lock import hold
+
+            hold(self.run_dir, "fit")
         return self.run_dir
 
     def absorb(self, other: "RobustnessContext") -> None:

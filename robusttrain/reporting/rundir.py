@@ -21,7 +21,7 @@ from robusttrain.rundir import failures as failures_file
 from robusttrain.rundir import history as history_file
 from robusttrain.rundir._csv import read_csv
 from robusttrain.rundir.corner_cases import Corners  # noqa: F401 (re-exported)
-from robusttrain.rundir.paths import inside  # noqa: F401 (re-exported)
+from robusttrain.rundir.paths import inside, read_bytes, read_text  # noqa: F401 (re-exported)
 
 EFR_TABLE = "efr_table.csv"
 CONFIG = "config.yaml"
@@ -66,12 +66,11 @@ def pool_severities(efr: pd.DataFrame) -> pd.DataFrame:
 
 def load_efr_table(run_dir: str | Path) -> pd.DataFrame | None:
     """``efr_table.csv`` written by ``robusttrain check`` (already in the paper's layout)."""
-    return read_csv(Path(run_dir) / EFR_TABLE)
+    return read_csv(run_dir, EFR_TABLE)
 
 
 def load_config_text(run_dir: str | Path) -> str | None:
-    path = inside(run_dir, CONFIG)
-    return path.read_text() if path is not None else None
+    return read_text(run_dir, CONFIG)
 
 
 def load_failures(run_dir: str | Path) -> list[dict[str, Any]] | None:

@@ -29,4 +29,4 @@ def write(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:
 
 
 def read(run_dir: str | os.PathLike) -> pd.DataFrame | None:
-    return read_csv(Path(run_dir) / NAME)
+    return read_csv(run_dir, NAME)

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .paths import inside
+from .paths import inside, read_text
 
 DIR = "failures"
 LOG_NAME = "failures.jsonl"
@@ -29,11 +29,11 @@ MINING_NAME = "mining.csv"
 
 def read(run_dir: str | os.PathLike) -> list[dict[str, Any]] | None:
     """Every stored failure as a dict (with ``id``, ``drop`` and ``thumb`` when it has one)."""
-    path = Path(run_dir) / DIR / LOG_NAME
-    if not path.is_file():
+    text = read_text(run_dir, Path(DIR) / LOG_NAME)
+    if text is None:
         return None
     by_id: dict[str, dict[str, Any]] = {}
-    for n, line in enumerate(path.read_text().splitlines()):
+    for n, line in enumerate(text.splitlines()):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
