@@ -113,15 +113,16 @@ def check_pixels(path: Path) -> None:
 
     from PIL import Image, UnidentifiedImageError
 
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # only the header is read here
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 w, h = im.size
-    except Image.DecompressionBombError:
-        w, h = MAX_PIXELS, 2  # Pillow's own limit is above ours: refuse the same way
     except (UnidentifiedImageError, OSError, ValueError):
         return  # not a format Pillow knows: the decoder below reports it
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
     if w * h > MAX_PIXELS:
         raise DataError(f"image file {path} declares {w}x{h} pixels, more than the limit of {MAX_PIXELS:,} "
                         "(a decompression bomb or a mistaken file); resize it or remove it")
