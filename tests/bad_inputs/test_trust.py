@@ -351,3 +351,38 @@ def test_trust(s: S, trained, tmp_path, capsys, monkeypatch):
 
 def test_every_scenario_id_is_unique():
     assert len({s.id for s in SCENARIOS}) == len(SCENARIOS) >= 35
+
+
+def test_api_fit_takes_the_run_dir_lock(tmp_path):
+    """The callbacks' context takes the CLI's lock: a trainer whose dirpath another process holds is
+    refused before training; once that process is gone the same fit runs and writes its files."""
+    from user_project import make
+
+    from robusttrain.callbacks import BalancedCheckpoint
+    from robusttrain.rundir.lock import RunDirBusyError, release
+
+    L, Net, Data = make()
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = SimpleNamespace(run=run, proc=None)
+    _hold_lock(holder)
+
+    def fit():
+        trainer = L.Trainer(max_epochs=1, callbacks=[BalancedCheckpoint(dirpath=run, monitor="val_loss")],
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=tmp_path)
+        trainer.fit(Net(), datamodule=Data())
+
+    try:
+        with pytest.raises(RunDirBusyError, match="is in use by another robusttrain command"):
+            fit()
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]  # nothing written
+    finally:
+        holder.proc.kill()
+        holder.proc.wait()
+    fit()
+    try:
+        assert (run / "corner_cases.json").is_file() and (run / OWNER_NAME).is_file()
+    finally:
+        release(run)
+    assert not (run / OWNER_NAME).exists()
