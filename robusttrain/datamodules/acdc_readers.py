@@ -151,6 +151,9 @@ class H5Source(_VolumeSource):
                 if h["image"].shape != h["label"].shape:
                     raise DataError(f"HDF5 file {f}: image shape {h['image'].shape} differs from label "
                                     f"shape {h['label'].shape}")
+                if len(h["image"].shape) not in (2, 3):  # e.g. a trailing channel dimension (D, H, W, 1)
+                    raise DataError(f"HDF5 file {f}: image shape {h['image'].shape}; expected a (D, H, W) "
+                                    "volume or an (H, W) slice (drop extra dimensions)")
                 return h["image"].shape
         except OSError as e:
             raise DataError(f"cannot read HDF5 file {f} (corrupt or not HDF5: {e})") from None

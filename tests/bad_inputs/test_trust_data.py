@@ -128,3 +128,16 @@ def test_acdc_whole_number_float_labels_still_load(tmp_path):
     label[1, 1, 0] = 3.0
     _, lab = _check(np.ones((4, 4, 2), np.float32), label, tmp_path / "p1.h5")
     assert lab.dtype == np.uint8 and int(lab.max()) == 3
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 8, 1), (8,)], ids=["trailing-dimension", "one-dimensional"])
+def test_hdf5_volume_of_another_shape_is_refused_naming_the_file(shape, tmp_path):
+    import h5py
+
+    from robusttrain.datamodules.acdc_readers import H5Source
+
+    with h5py.File(tmp_path / "patient001_frame01.h5", "w") as h:
+        h["image"], h["label"] = np.zeros(shape, np.float32), np.zeros(shape, np.uint8)
+    with pytest.raises(DataError) as err:
+        H5Source(tmp_path)
+    assert f"patient001_frame01.h5: image shape {shape}; expected a (D, H, W) volume" in str(err.value)
