@@ -147,6 +147,23 @@ def _mathtext_case(c):
     (c.run / "corner_cases.json").write_text(json.dumps(cc))
 
 
+def _crafted_state(where: Callable[[dict], tuple[dict, str]], value):
+    """A real checkpoint of the run whose saved training state has ``value`` at one key."""
+    def prep(c):
+        import torch
+
+        ckpt = torch.load(c.run / "checkpoints" / "last.ckpt", weights_only=True)
+        node, key = where(ckpt)
+        node[key] = value
+        torch.save(ckpt, c.tmp / "crafted.ckpt")
+    return prep
+
+
+def _balanced_state(ckpt):
+    return ckpt["callbacks"][next(k for k in ckpt["callbacks"] if k.startswith("BalancedCheckpoint"))], \
+        "monitor_values"
+
+
 def _raise_in(target: str, exc: BaseException):
     def prep(c):
         def boom(*a, **k):
@@ -275,6 +292,12 @@ SCENARIOS = [
       text="checkpoints' is a file where robusttrain writes a folder",
       prep=lambda c: (shutil.copy(c.run / "checkpoints" / "last.ckpt", c.tmp / "last.ckpt"),
                       shutil.rmtree(c.run / "checkpoints"), (c.run / "checkpoints").write_text("mine"))),
+    S("fit-resume-crafted-callback-state", ["fit", *TINY, RUN, "ckpt={tmp}/crafted.ckpt", "trainer.max_epochs=3"],
+      text="crafted.ckpt': its saved training state cannot be restored (AttributeError",
+      prep=_crafted_state(_balanced_state, "abc")),
+    S("fit-resume-crafted-datamodule-state", ["fit", *TINY, RUN, "ckpt={tmp}/crafted.ckpt", "trainer.max_epochs=3"],
+      text="crafted.ckpt': its saved training state cannot be restored",
+      prep=_crafted_state(lambda ckpt: (ckpt, "PolypDataModule"), {"rng": 7, "augment": "x"})),
     # --- readers refuse what they cannot read correctly ---------------------------------------------
     S("corners-torn-history-row", ["corners", "{run}"], text="history.csv' line", prep=_write(
         "history.csv", "k9,1", append=True)),
