@@ -348,6 +348,15 @@ class BalancedCheckpoint(Callback):
             # stopped while removing the candidates, after corner_cases.json was committed
             shutil.rmtree(self._dir / CANDIDATES, ignore_errors=True)
 
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        # the fit is over: this trainer lets go of the run-directory lock its context took (the
+        # reporter does it when present: its teardown still writes the final plots)
+        if stage == "fit" and self._dir is not None and trainer.is_global_zero \
+                and "RobustnessReporter" not in self._ctx.members:
+            from robusttrain.rundir.lock import release
+
+            release(self._dir, holder=trainer)
+
     def _finish(self, trainer) -> None:
         """Select, then write ``balanced.ckpt``, the fallback history and ``corner_cases.json`` (the
         commit: written last but for the candidates' removal). Re-running it gives the same files."""

@@ -123,7 +123,7 @@ class RobustnessContext:
         if trainer.is_global_zero:  # the CLI's run-directory lock, also in the API (re-entrant)
             from robusttrain.rundir.lock import hold
 
-            hold(self.run_dir, "fit")
+            hold(self.run_dir, "fit", holder=trainer)
         return self.run_dir
 
     def absorb(self, other: "RobustnessContext") -> None:

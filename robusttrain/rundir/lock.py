@@ -6,13 +6,16 @@ Beside it, ``.robusttrain.owner`` (JSON: pid, host, command, since) says who hol
 on every orderly release, so finding one when the lock is free means the previous owner was killed
 (:attr:`RunLock.interrupted`).
 
-Within one process the lock is re-entrant (the CLI takes it, then the callbacks' context asks again).
+Within one process the lock is shared by its holders (the CLI command, each trainer whose callbacks
+ask for it); it is released when the last of them lets go.
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
->>> lock = hold(d, "fit"); lock.interrupted, hold(d, "fit") is lock
+>>> lock = hold(d, "fit"); lock.interrupted, hold(d, "fit", holder="trainer") is lock
 (None, True)
 >>> release(d); (Path(d) / OWNER_NAME).exists()
+True
+>>> release(d, holder="trainer"); (Path(d) / OWNER_NAME).exists()
 False
 """
 from __future__ import annotations
@@ -44,6 +47,7 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self.command = command
         self.interrupted: dict | None = None  # the owner record of a killed previous holder
+        self.holders: set = set()
         self._lock = FileLock(self.run_dir / LOCK_NAME, timeout=0, thread_local=False)
 
     def acquire(self) -> "RunLock":
@@ -100,23 +104,31 @@ def _read_owner(run_dir: Path) -> dict | None:
 _held: dict[str, RunLock] = {}
 
 
-def hold(run_dir: str | os.PathLike, command: str) -> RunLock:
-    """Take ``run_dir``'s lock for this process (re-entrant) or raise :class:`RunDirBusyError`.
+def hold(run_dir: str | os.PathLike, command: str, holder: object = "cli") -> RunLock:
+    """Take ``run_dir``'s lock for ``holder`` in this process, or raise :class:`RunDirBusyError`.
 
-    The callbacks' :class:`~robusttrain.callbacks.context.RobustnessContext` calls this, so two
-    trainers in two processes cannot write one ``dirpath``; the CLI calls it before writing anything.
-    Released by :func:`release` / :func:`release_all`, at the latest when the process exits.
+    The CLI calls it (holder ``"cli"``) before writing anything; the callbacks'
+    :class:`~robusttrain.callbacks.context.RobustnessContext` calls it with the trainer as holder, so
+    two trainers in two processes cannot write one ``dirpath``. Released by :func:`release` (the
+    last holder), :func:`release_all`, at the latest when the process exits.
     """
     key = str(Path(run_dir).resolve())
     if key not in _held:
         Path(key).mkdir(parents=True, exist_ok=True)
         _held[key] = RunLock(key, command).acquire()
+    _held[key].holders.add(id(holder) if not isinstance(holder, str) else holder)
     return _held[key]
 
 
-def release(run_dir: str | os.PathLike) -> None:
-    lock = _held.pop(str(Path(run_dir).resolve()), None)
-    if lock is not None:
+def release(run_dir: str | os.PathLike, holder: object = "cli") -> None:
+    """``holder`` lets go (idempotent); the lock is released when no holder is left."""
+    key = str(Path(run_dir).resolve())
+    lock = _held.get(key)
+    if lock is None:
+        return
+    lock.holders.discard(id(holder) if not isinstance(holder, str) else holder)
+    if not lock.holders:
+        del _held[key]
         lock.release()
 
 
