@@ -1,15 +1,23 @@
-"""Atomic file writes: a killed run never leaves a half-written file that a resume would trust."""
+"""Atomic file writes: a killed run never leaves a half-written file that a resume would trust.
+
+Temp files are named ``.<file name>.<8 random chars>.robusttrain.tmp`` in the target's folder
+(:data:`TMP_PATTERN`): the only names the run-directory cleanup ever removes.
+"""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+TMP_SUFFIX = ".robusttrain.tmp"
+TMP_PATTERN = re.compile(r"^\..+\.[A-Za-z0-9_]{8}" + re.escape(TMP_SUFFIX) + "$")
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -17,7 +25,7 @@ os.umask(_UMASK)
 def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, mode) as fh:
             write(fh)
@@ -34,12 +42,14 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
 
 
 KILL_ENV = "ROBUSTTRAIN_TEST_KILL_AT"
+KILL_SIGNAL_ENV = "ROBUSTTRAIN_TEST_KILL_SIGNAL"  # TERM: send SIGTERM instead (the graceful path)
 _kill_counts: dict[str, int] = {}
 
 
 def kill_point(name: str) -> None:
     """Fault injection for the kill tests: ``ROBUSTTRAIN_TEST_KILL_AT=NAME:N`` SIGKILLs this process
-    the N-th time it reaches ``kill_point(NAME)`` (no-op otherwise). Every atomic write passes
+    the N-th time it reaches ``kill_point(NAME)`` (no-op otherwise; ``ROBUSTTRAIN_TEST_KILL_SIGNAL=TERM``
+    sends SIGTERM instead). Every atomic write passes
     ``write:<file name>`` after its temp file is complete and before it replaces the file; the CSV
     logger passes ``log:metrics.csv`` before it writes each logged row (e.g. every training step).
 
@@ -50,7 +60,8 @@ def kill_point(name: str) -> None:
         return
     _kill_counts[name] = _kill_counts.get(name, 0) + 1
     if str(_kill_counts[name]) == spec.rpartition(":")[2]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        term = os.environ.get(KILL_SIGNAL_ENV) == "TERM"
+        os.kill(os.getpid(), signal.SIGTERM if term else signal.SIGKILL)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -67,6 +78,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically."""
     return _atomic(path, lambda fh: fh.write(data), "wb")
+
+
+def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Copy ``src`` to ``dst`` atomically (``write:<dst name>`` kill point included).
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = atomic_write_text(d / "a", "x")
+    >>> atomic_copy(d / "a", d / "b").read_text()
+    'x'
+    """
+    with open(src, "rb") as fh:
+        return _atomic(dst, lambda out: shutil.copyfileobj(fh, out), "wb")
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

@@ -28,6 +28,7 @@ from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_
 from robusttrain.cornercases.balanced import check_worst_fraction
 from robusttrain.cornercases.ecod import MAX_CONTAMINATION, TAILS
 from robusttrain.cornercases.margin import selection_margin
+from robusttrain.io import atomic_copy
 from robusttrain.metamorphic.batch import BatchHooks, case_id_list, normalise_mask
 from robusttrain.metamorphic.outputs import NonFiniteOutputError, main_output
 from robusttrain.metamorphic.scoring import dice_from_sums, iou_from_sums, logits_sums
@@ -110,6 +111,7 @@ class BalancedCheckpoint(UsesContext, Callback):
         self._dir: Path | None = self.dirpath
         self._computing = False
         self._warned_monitor = False
+        self._finished = False                 # end-of-fit work done in this fit
         self.selection = None                  # the last Selection, for programmatic use
 
     @property
@@ -120,6 +122,7 @@ class BalancedCheckpoint(UsesContext, Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
+        self._finished = False
         self.join_context(trainer)
         self.context.join(type(self).__name__, self.dirpath, provides=("corners",))
 
@@ -280,17 +283,42 @@ class BalancedCheckpoint(UsesContext, Callback):
 
     # ------------------------------------------------------------------ decision
     def on_train_end(self, trainer, pl_module) -> None:
+        self._finish(trainer)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        # A fit resumed from a run that was stopped after its last epoch's checkpoint (kill -9,
+        # SIGTERM during the end-of-fit work) has no epoch left: Lightning skips the training loop
+        # and on_train_end. The end-of-fit work is idempotent, so it is simply done here when missing.
+        if self._finished or self._ctx is None or self._dir is None:
+            return
+        done = (self._dir / corners_file.NAME).is_file() if trainer.is_global_zero else None
+        if not trainer.strategy.broadcast(done, src=0):
+            self._finish(trainer)
+        elif trainer.is_global_zero and not self.keep_candidates:
+            # stopped while removing the candidates, after corner_cases.json was committed
+            shutil.rmtree(self._dir / CANDIDATES, ignore_errors=True)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        # the fit is over: this trainer lets go of the run-directory lock its context took (the
+        # reporter does it when present: its teardown still writes the final plots)
+        if stage == "fit" and self._dir is not None and trainer.is_global_zero \
+                and "RobustnessReporter" not in self._ctx.members:
+            from robusttrain.rundir.lock import release
+
+            release(self._dir, holder=trainer)
+
+    def _finish(self, trainer) -> None:
+        """Select, then write ``balanced.ckpt``, the fallback history and ``corner_cases.json`` (the
+        commit: written last but for the candidates' removal). Re-running it gives the same files."""
+        self._finished = True
         report = None
         if trainer.is_global_zero:
             report = self._decide()
         chosen = trainer.strategy.broadcast(None if report is None else report["balanced_epoch"], src=0)
         if trainer.is_global_zero:
             if chosen is not None and self._candidate(chosen).is_file():
-                dst = self._dir / "balanced.ckpt"
-                tmp = dst.with_name(f".{dst.name}.tmp")
-                shutil.copyfile(self._candidate(chosen), tmp)
-                os.replace(tmp, dst)
-                report["checkpoint"] = dst.name
+                atomic_copy(self._candidate(chosen), self._dir / "balanced.ckpt")
+                report["checkpoint"] = "balanced.ckpt"
             if self._rows:
                 history_file.write(self._dir, self.case_history, history_file.FALLBACK_NAME)
             corners_file.write(self._dir, report)

@@ -128,7 +128,24 @@ class RobustnessContext:
         self.run_dir = Path(broadcast_object(trainer, str(d)))
         if getattr(trainer, "is_global_zero", True):
             rank_zero_info(f"robusttrain: writing the robustness files of this run to {self.run_dir}")
+            # the CLI's run-directory lock, also in the API (re-entrant)
+            from robusttrain.rundir.lock import hold
+
+            hold(self.run_dir, "fit", holder=trainer)
         return self.run_dir
+
+    def release_lock(self, trainer: Any, member: str) -> None:
+        """Let go of this trainer's run-directory lock when the fit is over (``teardown``, rank 0).
+
+        RobustnessReporter (whose teardown still writes the final plots) or else BalancedCheckpoint does it
+        when they are members; any other member only when neither is."""
+        if self.run_dir is None or not getattr(trainer, "is_global_zero", True):
+            return
+        last = next((m for m in ("RobustnessReporter", "BalancedCheckpoint") if m in self.members), member)
+        if last == member:
+            from robusttrain.rundir.lock import release
+
+            release(self.run_dir, holder=trainer)
 
     def absorb(self, other: RobustnessContext) -> None:
         """Take over what ``other``'s members registered (an auto-created context being replaced)."""

@@ -160,6 +160,10 @@ class FailureMiningCallback(UsesContext, Callback):
         self._probe = ctx.train_probe = TrainProbe(None if base is None else CleanDataset(base),
                                                    self.train_probe_size, self.every_n_epochs)
 
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit" and self._ctx is not None:
+            self._ctx.release_lock(trainer, type(self).__name__)
+
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if not self.enabled:
             return

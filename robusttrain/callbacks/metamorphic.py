@@ -163,6 +163,10 @@ class MetamorphicCallback(Callback):
         if ds is not None and len(ds):  # refuse shapes the check cannot read now, not after an epoch
             next(iter_probe(ds, [0], 1, self.hooks))
 
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit" and self._ctx is not None:
+            self._ctx.release_lock(trainer, type(self).__name__)
+
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._ctx.finalize(trainer)
         self._publish()

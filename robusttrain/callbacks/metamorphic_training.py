@@ -135,6 +135,10 @@ class MetamorphicTraining(Callback):
         self._ctx = context_for(trainer, self.context)
         self._ctx.join(type(self).__name__, self.dirpath)
 
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit" and self._ctx is not None:
+            self._ctx.release_lock(trainer, type(self).__name__)
+
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._ctx.finalize(trainer)
         self._steps_seen = 0

@@ -131,6 +131,10 @@ class RobustnessReporter(UsesContext, Callback):
                 self._report(trainer, int(trainer.current_epoch) - 1, final=True)
             except Exception:  # reporting must never turn a finished fit into a failure
                 log.exception("RobustnessReporter: final report failed")
+        if stage == "fit" and self._ctx is not None and self._ctx.run_dir is not None and trainer.is_global_zero:
+            from robusttrain.rundir.lock import release
+
+            release(self._ctx.run_dir, holder=trainer)  # this trainer lets go of the run-directory lock
 
     # ------------------------------------------------------------------ one report
     def _report(self, trainer: Any, epoch: int, final: bool) -> None:

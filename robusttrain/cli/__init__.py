@@ -1,7 +1,8 @@
 """Command line: ``python -m robusttrain <command> recipe=NAME [key=value ...]``.
 
-Each command composes a recipe with Hydra and hands off to library code; errors the user can
-fix (bad recipe, key, value, path) are printed as one line with exit code 2.
+Each command composes a recipe with Hydra and hands off to library code. Every command runs inside
+one error boundary (:mod:`robusttrain.cli.boundary`): errors the user can fix are one line with exit
+code 2, refused file operations one line with exit code 3, Ctrl-C 130 and SIGTERM 143.
 """
 from __future__ import annotations
 
@@ -22,16 +23,22 @@ commands:
   gallery    render the perturbation gallery       gallery [recipe=polyp] [out=gallery.png] [n=2] [tile=192] [colors=256]
   report     self-contained HTML report of a run   report RUN_DIR
 
+exit codes: 0 done, 2 bad input (one line names it), 3 file system refused (disk full, read-only,
+permission, a file where a folder should be), 130 Ctrl-C, 143 SIGTERM (resume a fit with ckpt=last)
+
 recipes: {recipes}
 Overrides use Hydra syntax (data.batch_size=4, logger=wandb, callbacks.metamorphic.enabled=false).
 """
 
 
-def _split(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
-    """(recipe, overrides, positional) from raw args."""
+def _split(argv: list[str], paths: bool = False) -> tuple[str | None, list[str], list[str]]:
+    """(recipe, overrides, positional) from raw args; with ``paths``, an argument naming an existing
+    file or folder is positional even when it contains ``=`` (Hydra sweep folders such as ``lr=0.01``)."""
     recipe, overrides, positional = None, [], []
     for a in argv:
-        if a.startswith("recipe="):
+        if paths and os.path.exists(a):
+            positional.append(a)
+        elif a.startswith("recipe="):
             recipe = a.split("=", 1)[1]
         elif "=" in a:
             overrides.append(a)
@@ -48,7 +55,13 @@ def _stage(name: str) -> Callable[[list[str]], int]:
         recipe, overrides, positional = _split(argv)
         if positional:
             raise UsageError(f"unexpected argument '{positional[0]}' (expected key=value)")
-        return run_stage(name, compose_recipe(recipe, overrides))
+        overwrite = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "overwrite"]
+        if overwrite and (name != "fit" or overwrite[-1] not in ("true", "false")):
+            raise UsageError(f"bad value for 'overwrite': {overwrite[-1]!r} (expected true/false, fit only)"
+                             if name == "fit" else f"overwrite= is for fit only, not {name}")
+        overrides = [o for o in overrides if o.split("=", 1)[0] != "overwrite"]
+        return run_stage(name, compose_recipe(recipe, overrides),
+                         overwrite=bool(overwrite) and overwrite[-1] == "true")
     return run
 
 
@@ -56,7 +69,7 @@ def _tool(name: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
         from robusttrain.cli import tools
 
-        return getattr(tools, name)(*_split(argv))
+        return getattr(tools, name)(*_split(argv, paths=name in ("corners", "report")))
     return run
 
 
@@ -88,15 +101,53 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # W&B never reaches for the network unless the user asks for it (WANDB_MODE=online).
     os.environ.setdefault("WANDB_MODE", "offline")
-    from robusttrain.checkpoints import CheckpointError
-    from robusttrain.cli.rundir import release_all
-    from robusttrain.errors import InputError  # DataError, HookError, NonFiniteOutputError, ...
+    return _run_guarded(command, rest)
+
+
+def _run_guarded(command: str, rest: list[str]) -> int:
+    """The error boundary (see :mod:`robusttrain.cli.boundary`)."""
+    from robusttrain.cli import boundary
+
+    stopped = boundary.Stopped().install()
+
+    def fail(text: str, code: int) -> int:
+        print(f"robusttrain {command}: error: {_one_line(text)}", file=sys.stderr, flush=True)
+        return code
 
     try:
-        return COMMANDS[command](rest)
-    except (UsageError, InputError, CheckpointError) as e:
-        # Bad input the user can fix: one line, no traceback from deep inside torch.
-        print(f"robusttrain {command}: error: {e}", file=sys.stderr)
-        return 2
+        from robusttrain.checkpoints import CheckpointError
+        from robusttrain.errors import InputError  # DataError, HookError, NonFiniteOutputError, ...
+
+        try:
+            return COMMANDS[command](rest)
+        except (UsageError, InputError, CheckpointError) as e:
+            # Bad input the user can fix: one line, no traceback from deep inside torch.
+            return fail(str(e), boundary.EXIT_INPUT)
+        except OSError as e:
+            if not boundary.is_system_error(e):
+                raise
+            return fail(boundary.os_error_line(e), boundary.EXIT_SYSTEM)
+        except MemoryError as e:
+            return fail(f"out of memory ({e or 'MemoryError'}); use smaller inputs or batch sizes",
+                        boundary.EXIT_INPUT)
+    except (KeyboardInterrupt, SystemExit) as e:
+        # Lightning turns the KeyboardInterrupt our signal handler raises into sys.exit(1) after its
+        # graceful shutdown; a real SystemExit of another origin keeps its code
+        if stopped.signal is None and not isinstance(e, KeyboardInterrupt):
+            raise
+        if stopped.signal is None:
+            import signal
+
+            stopped.signal = signal.SIGINT
+        hint = "; resume with ckpt=last" if command == "fit" else ""
+        return fail(f"stopped by {stopped.name()}{hint}", stopped.exit_code())
     finally:
+        stopped.restore()
+        from robusttrain.cli.claim import release_all
+
         release_all()
+
+
+def _one_line(text: str) -> str:
+    text = str(text).strip()
+    return text.splitlines()[0] if text else "failed"

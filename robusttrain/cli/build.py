@@ -17,7 +17,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from robusttrain.cli import rundir
+from robusttrain.cli import claim
 from robusttrain.cli.errors import UsageError
 from robusttrain.io import atomic_write_text
 
@@ -36,7 +36,7 @@ class Run:
 
 def resolve_run_dir(cfg: DictConfig, command: str) -> Path:
     """Fill ``cfg.run_dir`` (default ``runs/<recipe>/<timestamp>/``), create and lock it for ``command``
-    (see :mod:`robusttrain.cli.rundir`), and resolve the config."""
+    (see :mod:`robusttrain.cli.claim`), and resolve the config."""
     with open_dict(cfg):
         if not cfg.get("run_dir"):
             # Lightning's DDP launcher re-runs this command for the other ranks seconds later; they
@@ -54,7 +54,7 @@ def resolve_run_dir(cfg: DictConfig, command: str) -> Path:
         raise UsageError(f"cannot create run_dir '{run_dir}': {e.strerror}") from None
     if not os.access(run_dir, os.W_OK):
         raise UsageError(f"run_dir '{run_dir}' is not writable")
-    rundir.claim(run_dir, command)  # before anything is written into it
+    claim.claim(run_dir, command)  # before anything is written into it
     try:
         OmegaConf.resolve(cfg)
     except Exception as e:  # an interpolation typo in a user recipe
@@ -64,7 +64,7 @@ def resolve_run_dir(cfg: DictConfig, command: str) -> Path:
 
 def write_config(cfg: DictConfig, run_dir: Path, command: str = "fit") -> Path:
     """``config.yaml`` for fit; other commands write ``config.<command>.yaml`` beside it."""
-    return atomic_write_text(run_dir / rundir.config_name(command), OmegaConf.to_yaml(cfg))
+    return atomic_write_text(run_dir / claim.config_name(command), OmegaConf.to_yaml(cfg))
 
 
 def build(section: str, node: Any) -> Any:
@@ -136,7 +136,7 @@ def build_loggers(cfg: DictConfig, command: str = "fit") -> list | bool:
             continue
         node = OmegaConf.to_container(node, resolve=True)
         if command != "fit" and "version" in node:
-            node["version"] = rundir.logger_version(command)
+            node["version"] = claim.logger_version(command)
         loggers.append(build(f"logger.{name}", node))
     return loggers or False
 

@@ -2,10 +2,14 @@
 
 A ``recipes/`` folder in the working directory is searched before the packaged recipes,
 so a user recipe can reuse the packaged groups (data/, model/, trainer/, callbacks/, logger/).
+A local file that shadows a packaged one (``./recipes/polyp.yaml``) is announced on stderr every
+time: its ``_target_`` s run, so the user must know it is not the packaged recipe. A YAML error in
+any recipe file (``!!python/...`` tags included) is one line naming the file and line.
 """
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,32 @@ def _compose_raw(recipe: str, overrides: list[str]) -> DictConfig:
         return compose(config_name=recipe, overrides=extra + overrides)
 
 
+def shadowed() -> list[str]:
+    """Files of ./recipes that replace a packaged recipe file of the same relative path."""
+    user = user_recipes_dir()
+    if user is None:
+        return []
+    return sorted(str(p.relative_to(user)) for p in user.rglob("*.yaml")
+                  if (PACKAGE_RECIPES / p.relative_to(user)).is_file())
+
+
+def _yaml_error(e: BaseException) -> str | None:
+    """One line for a YAML error anywhere in ``e``'s chain (Hydra wraps some), else None."""
+    import yaml
+
+    seen = e
+    while seen is not None and not isinstance(seen, yaml.YAMLError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    mark = getattr(seen, "problem_mark", None) or getattr(seen, "context_mark", None)
+    where = f"'{mark.name}:{mark.line + 1}'" if mark is not None else "a recipe file"
+    problem = str(getattr(seen, "problem", None) or str(seen).strip().splitlines()[0])
+    if "python/" in problem:
+        problem += " (Python tags are not allowed: recipes are plain YAML)"
+    return f"cannot read {where}: {problem}"
+
+
 def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
     """Compose ``recipes/<recipe>.yaml`` with ``key=value`` overrides; raise UsageError on bad input.
 
@@ -47,6 +77,21 @@ def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
     >>> cfg.trainer.max_epochs, cfg.recipe
     (1, 'smoke')
     """
+    for name in shadowed():
+        print(f"[robusttrain] ./recipes/{name} replaces the packaged recipe file {name} (its _target_s run "
+              "as written there)", file=sys.stderr, flush=True)
+    try:
+        return _compose_checked(recipe, overrides)
+    except UsageError:
+        raise
+    except Exception as e:
+        line = _yaml_error(e)
+        if line is None:
+            raise
+        raise UsageError(line) from None
+
+
+def _compose_checked(recipe: str | None, overrides: list[str]) -> DictConfig:
     choices = available_recipes()
     if not recipe:
         raise UsageError(f"missing recipe=NAME; available recipes: {', '.join(choices)}")
@@ -62,6 +107,8 @@ def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
     except MissingConfigException as e:
         raise UsageError(_missing_group_message(str(e))) from None
     except ConfigCompositionException as e:
+        if _yaml_error(e):
+            raise
         m = re.search(r"Could not override '([^']+)'", str(e))
         if m:
             raise UsageError(_unknown_key_message(recipe, m.group(1))) from None

@@ -140,20 +140,86 @@ def output_file(value: str, key: str, suffix: str) -> Path:
     return path
 
 
-def _training_suite(ckpt: Path, mr: Any, overridden: bool) -> Any:
-    """The MR suite the checkpoint's run trained with (its ``config.yaml``), else the recipe's;
-    the recipe's when the command line sets ``callbacks.metamorphic.suite.*`` itself."""
-    from omegaconf import OmegaConf
+SUITE_TARGET = "robusttrain.metamorphic.suite.MRSuite"
+SUITE_KEYS = {"perturbations", "severities", "seed", "perturbation_kwargs", "slice_axis"}
 
+
+def _plain(value: Any, where: str, source: Path) -> Any:
+    """``value`` if it is plain data (str, number, bool, None, lists / mappings of them) without a
+    ``_target_`` anywhere; else UsageError naming the key."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str) or k.startswith("_"):
+                raise UsageError(f"'{source}': key '{where}.{k}' is not allowed (a run directory's config is read "
+                                 "as plain values, never instantiated)")
+            _plain(v, f"{where}.{k}", source)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _plain(v, f"{where}[{i}]", source)
+    elif not isinstance(value, (str, int, float, bool, type(None))):
+        raise UsageError(f"'{source}': '{where}' holds a {type(value).__name__}; expected plain values")
+    return value
+
+
+def suite_from_run_config(source: Path) -> Any:
+    """The MR suite a run trained with, from its ``config.yaml``, as plain validated values.
+
+    The file comes from a run directory, possibly someone else's: it is parsed with ``yaml.safe_load``
+    (no Python tags), only ``callbacks.metamorphic.suite`` is used, its ``_target_`` must be
+    robusttrain's MRSuite and its keys MRSuite's own, and the suite is built by calling MRSuite
+    directly -- nothing from the file is ever instantiated. None when the run had no MR suite.
+    """
+    import yaml
+
+    from robusttrain.metamorphic.suite import MRSuite
+    from robusttrain.rundir.paths import read_text
+
+    try:
+        run_cfg = yaml.safe_load(read_text(source.parent, source.name) or "")
+    except yaml.YAMLError as e:
+        raise UsageError(yaml_error_line(source, e)) from None
+    node = run_cfg
+    for key in ("callbacks", "metamorphic", "suite"):
+        node = node.get(key) if isinstance(node, dict) else None
+    if node is None:
+        return None
+    where = "callbacks.metamorphic.suite"
+    if not isinstance(node, dict):
+        raise UsageError(f"'{source}': '{where}' is a {type(node).__name__}, expected a mapping")
+    target = node.get("_target_", SUITE_TARGET)
+    if target != SUITE_TARGET:
+        raise UsageError(f"'{source}': '{where}._target_' is {target!r}; expected {SUITE_TARGET} (a run "
+                         "directory's config is read as plain values, never instantiated)")
+    values = {k: v for k, v in node.items() if k != "_target_"}
+    unknown = sorted(set(values) - SUITE_KEYS)
+    if unknown:
+        raise UsageError(f"'{source}': unknown key '{where}.{unknown[0]}'; valid keys: {', '.join(sorted(SUITE_KEYS))}")
+    _plain(values, where, source)
+    try:
+        return MRSuite(**{k: v for k, v in values.items() if v is not None or k == "perturbations"})
+    except (ValueError, TypeError, KeyError) as e:
+        raise UsageError(f"'{source}': bad '{where}': {str(e).strip().splitlines()[0]}") from None
+
+
+def yaml_error_line(source: Path, e: Exception) -> str:
+    """One line naming the YAML file and line of a parse error (``!!python/...`` tags included)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    line = f":{mark.line + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    return f"cannot read '{source}{line}': {problem}"
+
+
+def _training_suite(ckpt: Path, mr: Any, overridden: bool) -> Any:
+    """The MR suite the checkpoint's run trained with (its ``config.yaml``, as plain values), else
+    the recipe's; the recipe's when the command line sets ``callbacks.metamorphic.suite.*`` itself."""
     from robusttrain.cli.build import build
 
     for d in () if overridden else (ckpt.parent, ckpt.parent.parent):
-        if (d / "config.yaml").is_file():
-            run_cfg = OmegaConf.load(d / "config.yaml")
-            node = OmegaConf.select(run_cfg, "callbacks.metamorphic.suite")
-            if node is not None:
+        if (d / "config.yaml").exists() or (d / "config.yaml").is_symlink():
+            suite = suite_from_run_config(d / "config.yaml")
+            if suite is not None:
                 print(f"[robusttrain] check: the MR suite of {d / 'config.yaml'}", flush=True)
-                return build("callbacks.metamorphic.suite", node)
+                return suite
     node = mr.get("suite") if hasattr(mr, "get") else None
     return build("callbacks.metamorphic.suite", node) if node is not None else None
 

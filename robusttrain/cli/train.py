@@ -1,14 +1,18 @@
 """``fit``, ``validate`` and ``test``: compose, build, run, report the run directory and Dice."""
 from __future__ import annotations
 
+import contextlib
 import os
+import traceback
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from robusttrain.checkpoints import check_file, check_fits, load_checkpoint
 from robusttrain.cli.build import build_run, write_config
+from robusttrain.cli.claim import prepare_fresh_fit, starts_clean
 from robusttrain.cli.errors import UsageError
+from robusttrain.errors import InputError
 
 
 def _resolve_ckpt(ckpt: str, run_dir: Path | None) -> Path:
@@ -37,7 +41,12 @@ def _say(text: str) -> None:
         print(text, flush=True)
 
 
-def run_stage(stage: str, cfg: DictConfig) -> int:
+def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False) -> int:
+    """Run ``fit``/``validate``/``test``. ``overwrite``: a fresh fit may replace a run directory's files.
+
+    ``validate``/``test`` load only the checkpoint's weights into the recipe's model: evaluating is not
+    resuming, so the training run's callback states (its MR suite, bank, ...) are neither needed nor checked.
+    """
     ckpt = str(cfg.get("ckpt")) if cfg.get("ckpt") not in (None, "") else None
     if stage != "fit" and ckpt is None:
         raise UsageError(f"{stage} needs ckpt=PATH (a .ckpt file written by fit)")
@@ -48,6 +57,8 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
     run = build_run(cfg, command=stage, write=False)
     _say(f"[robusttrain] {stage} recipe={cfg.recipe} run_dir={run.run_dir}")
     resume_last = ckpt == "last"
+    if resume_last and stage == "fit" and starts_clean(run.run_dir):
+        ckpt, resume_last = None, False  # killed before its first last.ckpt: nothing to resume
     if resume_last:
         ckpt = _resolve_ckpt(ckpt, run.run_dir)
         state = load_checkpoint(ckpt)
@@ -56,7 +67,10 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         # (Lightning then reads the file through the same loader: robusttrain.checkpoints.checkpoint_io).
         check_fits(ckpt, state["state_dict"], run.model)
         if stage == "fit":
-            _check_callback_states(run.trainer, state)
+            with _restoring(ckpt):
+                _check_callback_states(run.trainer, state)
+    if stage == "fit" and ckpt is None:
+        prepare_fresh_fit(run.run_dir, overwrite)
     # every check passed: only now is anything in the run directory changed
     write_config(cfg, run.run_dir, stage)
     if ckpt is not None:
@@ -65,17 +79,43 @@ def run_stage(stage: str, cfg: DictConfig) -> int:
         ckpt = str(ckpt)
     trainer = run.trainer
     if stage == "fit":
-        trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
+        with _restoring(ckpt):
+            trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
         metrics = dict(trainer.callback_metrics)
         _say(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
     elif stage == "validate":
-        trainer.validate(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
+        run.model.load_state_dict(state["state_dict"])
+        trainer.validate(run.model, datamodule=run.datamodule)
         _say(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')}")
     else:
-        trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
+        run.model.load_state_dict(state["state_dict"])
+        trainer.test(run.model, datamodule=run.datamodule)
         _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
     _say(f"[robusttrain] run_dir={run.run_dir}")
     return 0
+
+
+RESTORE_FRAMES = {"check_resume", "restore_callbacks", "restore_datamodule", "restore_training_state",
+                  "_restore_modules_and_callbacks", "restore_loops", "_check_callback_states",
+                  "_apply_resume_state"}  # the datamodule applies its restored RNG state lazily
+
+
+@contextlib.contextmanager
+def _restoring(ckpt):
+    """A checkpoint's saved training state that does not fit what restores it (a crafted or foreign
+    file: a string where a mapping is expected) is the checkpoint's fault: one line naming the file.
+    Only errors raised while restoring count; the same error types later in training stay bugs."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        if ckpt is None or isinstance(e, InputError):
+            raise
+        frames = {f.name for f in traceback.extract_tb(e.__traceback__)}
+        if not frames & RESTORE_FRAMES:
+            raise
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UsageError(f"checkpoint '{ckpt}': its saved training state cannot be restored ({type(e).__name__}"
+                         f"{': ' + text if text else ''}); resume from a checkpoint this recipe's fit wrote") from None
 
 
 def _check_callback_states(trainer, state: dict) -> None:

@@ -14,6 +14,8 @@ from typing import TypeAlias
 import pandas as pd
 
 from robusttrain.rundir import history as history_file
+from robusttrain.rundir._csv import read_csv
+from robusttrain.rundir.paths import locate
 
 HistoryLike: TypeAlias = "pd.DataFrame | str | os.PathLike"
 REQUIRED = ("case_id", "epoch")
@@ -23,14 +25,15 @@ SCORE_PREFIXES = ("dice_", "iou_")
 
 
 def resolve_history_path(path: str | os.PathLike) -> Path:
-    """A CSV path, or a run directory holding ``history.csv`` (else ``balanced_history.csv``)."""
+    """A CSV path, or a run directory holding ``history.csv`` (else ``balanced_history.csv``); read
+    later through the run-directory reader (:mod:`robusttrain.rundir.paths`)."""
     p = Path(path)
     if p.is_dir():
         found = history_file.path_in(p)
         if found is None:
             raise FileNotFoundError(f"no {history_file.NAME} (or {FALLBACK_NAME}) in run directory {p}")
         return found
-    if not p.is_file():
+    if locate(p.parent, p.name) is None:
         raise FileNotFoundError(f"history file not found: {p}")
     return p
 
@@ -40,7 +43,13 @@ def load_history(source: HistoryLike) -> pd.DataFrame:
 
     When a resumed run logged an epoch twice, the *last* row wins (it is the newer measurement).
     """
-    df = source.copy() if isinstance(source, pd.DataFrame) else pd.read_csv(resolve_history_path(source))
+    if isinstance(source, pd.DataFrame):
+        df = source.copy()
+    else:
+        p = resolve_history_path(source)
+        df = read_csv(p.parent, p.name)
+        if df is None:
+            raise ValueError(f"history file {p} is empty")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"history is missing column(s) {missing}; it has {list(df.columns)}")

@@ -18,11 +18,13 @@ from pathlib import Path
 import pandas as pd
 
 from robusttrain.rundir import corner_cases as corners_file
+from robusttrain.rundir._csv import read_csv
 
 from .balanced import select_balanced_epoch
 from .history import load_history, metric_columns, resolve_history_path
 
 LOSS_COLUMNS = ("val/loss", "val_loss")
+METRICS_FILES = ("metrics.csv", "logs/metrics.csv", "lightning_logs/version_0/metrics.csv")
 
 
 def least_loss_from_run(run_dir: Path) -> tuple[int | None, str]:
@@ -30,17 +32,17 @@ def least_loss_from_run(run_dir: Path) -> tuple[int | None, str]:
     saved = corners_file.read_raw(run_dir) or {}
     if saved.get("least_loss_epoch") is not None:
         return int(saved["least_loss_epoch"]), corners_file.NAME
-    for m in [run_dir / "metrics.csv", *sorted(run_dir.rglob("metrics.csv"))]:
-        if not m.is_file():
+    for name in METRICS_FILES:  # known places only: a shared run directory is not walked
+        df = read_csv(run_dir, name)
+        if df is None:
             continue
-        df = pd.read_csv(m)
         col = next((c for c in LOSS_COLUMNS if c in df.columns), None)
         if col is None or "epoch" not in df.columns:
             continue
         df = df.dropna(subset=[col])
         if len(df):
             # idxmin returns the first minimum: ties go to the earliest epoch, like ModelCheckpoint
-            return int(df.loc[df[col].idxmin(), "epoch"]), f"{m.relative_to(run_dir)}:{col}"
+            return int(df.loc[df[col].idxmin(), "epoch"]), f"{name}:{col}"
     return None, "unknown"
 
 

@@ -61,7 +61,14 @@ def _check(image: np.ndarray, label: np.ndarray, path: Path) -> tuple[np.ndarray
         raise DataError(f"{path}: image shape {image.shape} differs from label shape {label.shape}")
     if not np.isfinite(image).all():
         raise DataError(f"{path}: image contains NaN or inf values")
+    if not np.isfinite(label).all():
+        raise DataError(f"{path}: label contains NaN or inf values (expected class indices 0..{NUM_CLASSES - 1})")
     lab = np.rint(label)
+    if not np.array_equal(lab, label):
+        odd = np.asarray(label)[lab != label]
+        raise DataError(f"{path}: label values are not whole numbers (e.g. {float(odd.flat[0]):g}, {odd.size} "
+                        "voxels); a label map resampled with linear interpolation? resample labels with "
+                        "nearest neighbour")
     if lab.size and (lab.min() < 0 or lab.max() >= NUM_CLASSES):
         raise DataError(f"{path}: label values {sorted(np.unique(lab).astype(int).tolist())} outside the class "
                         f"range 0..{NUM_CLASSES - 1} (bg, RV, MYO, LV)")
@@ -144,6 +151,9 @@ class H5Source(_VolumeSource):
                 if h["image"].shape != h["label"].shape:
                     raise DataError(f"HDF5 file {f}: image shape {h['image'].shape} differs from label "
                                     f"shape {h['label'].shape}")
+                if len(h["image"].shape) not in (2, 3):  # e.g. a trailing channel dimension (D, H, W, 1)
+                    raise DataError(f"HDF5 file {f}: image shape {h['image'].shape}; expected a (D, H, W) "
+                                    "volume or an (H, W) slice (drop extra dimensions)")
                 return h["image"].shape
         except OSError as e:
             raise DataError(f"cannot read HDF5 file {f} (corrupt or not HDF5: {e})") from None

@@ -76,6 +76,24 @@ class SegmentationDataset(Dataset):
         return {c: k for c, k in planted.items() if c in mine}
 
 
+def collate_samples(batch: list) -> Any:
+    """torch's default collate, after checking that the batch's images have one size: with
+    ``resize='none'`` and images of several sizes it would fail deep inside torch.stack.
+
+    >>> collate_samples([{"image": torch.zeros(3, 4, 4), "case_id": "a"}])["image"].shape
+    torch.Size([1, 3, 4, 4])
+    """
+    if batch and all(isinstance(b, dict) and torch.is_tensor(b.get("image")) for b in batch):
+        first = batch[0]
+        odd = next((b for b in batch if b["image"].shape != first["image"].shape), None)
+        if odd is not None:
+            raise DataError(f"images of different sizes in one batch: case {first.get('case_id')!r} is "
+                            f"{tuple(first['image'].shape)}, case {odd.get('case_id')!r} is "
+                            f"{tuple(odd['image'].shape)}; set data.resize=stretch or letterbox (with "
+                            "data.image_size), or data.batch_size=1")
+    return torch.utils.data.default_collate(batch)
+
+
 def seed_worker(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: seed numpy, ``random`` and the dataset's Albumentations pipeline.
 
@@ -270,7 +288,8 @@ class BaseSegDataModule(L.LightningDataModule):
         drop_last = shuffle and len(ds) > self.batch_size and len(ds) % self.batch_size == 1
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=g, drop_last=drop_last,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          pin_memory=self.pin_memory, worker_init_fn=seed_worker if self.num_workers else None)
+                          pin_memory=self.pin_memory, worker_init_fn=seed_worker if self.num_workers else None,
+                          collate_fn=collate_samples)
 
     def wrap_train(self, wrap: Any) -> None:
         """Build the train loader over ``wrap(train_dataset)`` (e.g. ``FailureMiningCallback.wrap``,

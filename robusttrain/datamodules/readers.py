@@ -10,6 +10,14 @@ Masks are read as grey (RGB masks: channel maximum) and decoded by their encodin
 (detected from a sample of the folder's masks; see :mod:`robusttrain.datamodules.masks`).
 Truncated JPEGs (libjpeg would only warn and return a part-grey image) raise DataError.
 
+Refused with a DataError naming the file(s), because they cannot be read correctly:
+  * two image files with one case id (``a.jpg`` + ``a.png``), or more than one mask for an image
+    (``a.png`` + ``a_mask.png``): which one is meant is unknown;
+  * a 16-bit image using more than 8 significant bits (12-bit data would be cut to near-black
+    8-bit): pass ``image_bits=N`` to scale ``0..2**N-1`` to 0..255;
+  * an image or mask of more than :data:`MAX_PIXELS` pixels (decompression bombs), checked from the
+    file header before anything is decoded.
+
 Example::
 
     >>> src = FolderSource("/path/to/kvasir_seg")                 # doctest: +SKIP
@@ -26,6 +34,7 @@ from .errors import DataError
 from .masks import check_mask_mode, decode_mask, detect_mask_mode
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
+MAX_PIXELS = 100_000_000  # 100 megapixels (10000 x 10000): far above any endoscopy or X-ray frame
 IMAGE_DIRS = ("images", "image", "Original", "imgs")
 MASK_DIRS = ("masks", "mask", "Ground Truth", "GroundTruth", "GT", "labels")
 
@@ -45,9 +54,17 @@ def _pairs_in(img_dir: Path, mask_dir: Path, prefix: str = "") -> list[tuple[Pat
     masks: dict[str, Path] = {}
     for m in _files(mask_dir):
         stem = m.stem[:-5] if m.stem.endswith("_mask") else m.stem
-        masks.setdefault(stem, m)
+        if stem in masks:
+            raise DataError(f"more than one mask for image '{stem}': {masks[stem]} and {m} (expected one; "
+                            "remove or rename the other)")
+        masks[stem] = m
     pairs = []
+    seen: dict[str, Path] = {}
     for im in _files(img_dir):
+        if im.stem in seen:
+            raise DataError(f"two images with case id '{prefix + im.stem}': {seen[im.stem]} and {im} "
+                            "(expected one file per case; remove or rename one)")
+        seen[im.stem] = im
         if im.stem not in masks:
             raise DataError(f"image {im} has no mask in {mask_dir} "
                             f"(expected {im.stem}.<jpg|png|tif> or {im.stem}_mask.<ext>)")
@@ -82,14 +99,66 @@ def find_pairs(root: str | Path) -> list[tuple[Path, Path, str]]:
     return pairs
 
 
-def read_image(path: Path, grey: bool = False) -> np.ndarray:
-    """RGB (H,W,3) or grey (H,W,1) uint8; DataError naming the file if it cannot be decoded."""
-    flag = cv2.IMREAD_GRAYSCALE if grey else cv2.IMREAD_COLOR
+def check_image_bits(image_bits: int | None) -> int | None:
+    """``image_bits`` if it is None or an integer in 8..16, else ValueError naming it."""
+    if image_bits is not None and (isinstance(image_bits, bool) or not isinstance(image_bits, int)
+                                   or not 8 <= image_bits <= 16):
+        raise ValueError(f"image_bits={image_bits!r}: expected null or an integer in 8..16")
+    return image_bits
+
+
+def check_pixels(path: Path) -> None:
+    """DataError if the file's header declares more than :data:`MAX_PIXELS` pixels (read before decoding)."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # only the header is read here
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                w, h = im.size
+    except (UnidentifiedImageError, OSError, ValueError):
+        return  # not a format Pillow knows: the decoder below reports it
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    if w * h > MAX_PIXELS:
+        raise DataError(f"image file {path} declares {w}x{h} pixels, more than the limit of {MAX_PIXELS:,} "
+                        "(a decompression bomb or a mistaken file); resize it or remove it")
+
+
+def read_image(path: Path, grey: bool = False, image_bits: int | None = None) -> np.ndarray:
+    """RGB (H,W,3) or grey (H,W,1) uint8; DataError naming the file if it cannot be read correctly.
+
+    16-bit files: values up to 255 are taken as they are; more significant bits are refused unless
+    ``image_bits`` says how many there are (then ``0..2**image_bits-1`` is scaled to 0..255).
+    """
+    check_pixels(path)
+    flag = (cv2.IMREAD_GRAYSCALE if grey else cv2.IMREAD_COLOR) | cv2.IMREAD_ANYDEPTH
     img = cv2.imread(str(path), flag)
     if img is None or img.size == 0:
         raise DataError(f"cannot read image file {path} (corrupt or not an image)")
     check_not_truncated(path)
+    if img.dtype != np.uint8:
+        img = _to_8bit(img, path, image_bits)
     return img[..., None] if grey else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+def _to_8bit(img: np.ndarray, path: Path, image_bits: int | None) -> np.ndarray:
+    top = int(img.max()) if img.size else 0
+    if image_bits is None:
+        if top <= 255:
+            return img.astype(np.uint8)
+        bits = int(top).bit_length()
+        raise DataError(f"image file {path} is {img.dtype.itemsize * 8}-bit with values up to {top} ({bits} "
+                        f"significant bits); set data.image_bits={bits} (or the scanner's bit depth) to scale "
+                        "it to 8 bits, or convert the files")
+    full = 2 ** int(image_bits) - 1
+    if top > full:
+        raise DataError(f"image file {path} has values up to {top}, above image_bits={image_bits} "
+                        f"(max {full})")
+    return np.round(img.astype(np.float64) * (255.0 / full)).astype(np.uint8)
 
 
 def check_not_truncated(path: Path) -> None:
@@ -120,6 +189,7 @@ def check_not_truncated(path: Path) -> None:
 
 def read_raw_mask(path: Path) -> np.ndarray:
     """(H,W) mask values as stored (RGB(A): channel maximum); DataError if it cannot be decoded."""
+    check_pixels(path)
     m = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if m is None or m.size == 0:
         raise DataError(f"cannot read mask file {path} (corrupt or not an image)")
@@ -143,7 +213,8 @@ class FolderSource:
     """
 
     def __init__(self, root: str | Path, grey: bool = False, mask_mode: str = "auto",
-                 num_classes: int = 2, cache_mb: float = 1024):
+                 num_classes: int = 2, cache_mb: float = 1024, image_bits: int | None = None):
+        self.image_bits = check_image_bits(image_bits)
         self.root = Path(root)
         check_mask_mode(mask_mode)
         self.pairs = find_pairs(self.root)
@@ -169,7 +240,7 @@ class FolderSource:
         if i in self._cache:
             return self._cache[i]
         ip, mp, _ = self.pairs[i]
-        img = read_image(ip, self.grey)
+        img = read_image(ip, self.grey, self.image_bits)
         mask = read_mask(mp, self.mask_mode, self.num_classes)
         if img.shape[:2] != mask.shape:
             raise DataError(f"image {ip} is {img.shape[1]}x{img.shape[0]} but its mask {mp} is "

@@ -1,9 +1,15 @@
 """One self-contained ``report.html`` per run: every image inlined as base64, no scripts, no network.
 
 Each section reads its own file and, when that file is missing, says so ("not available: efr.csv
-missing") instead of failing — a report of a half-finished run is still useful.
+missing") instead of failing — a report of a half-finished run is still useful. A run directory is
+untrusted data (it may come from someone else): every file is read through
+:mod:`robusttrain.rundir.paths` (no symlinks, nothing outside it; a corrupt file is an error naming it),
+nothing is written into it, and all HTML comes from Jinja2 templates with autoescape on, so a value
+from a run's files is text in the page, never markup. At most :data:`MAX_CASE_PLOTS` per-case plots
+are drawn (the first flagged cases); the others are listed in the table.
 
 >>> import tempfile
+from collections.abc import Callable
 >>> path = write_report(tempfile.mkdtemp())
 >>> "not available: history.csv missing" in path.read_text()
 True
@@ -11,20 +17,30 @@ True
 from __future__ import annotations
 
 import base64
-import html
 import logging
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from jinja2 import Environment
+from markupsafe import Markup
 
+from robusttrain.errors import InputError
 from robusttrain.io import atomic_write_text
 from robusttrain.reporting import load, plots, tables
+from robusttrain.reporting.plots import MAX_CASE_PLOTS
 from robusttrain.rundir.history import dice_columns
 
 log = logging.getLogger(__name__)
 WORST_FAILURES = 12
+# autoescape on for every template: a value is escaped unless it is Markup built here
+_ENV = Environment(autoescape=True, keep_trailing_newline=True)
+
+
+def _render(template: str, **values: Any) -> Markup:
+    return Markup(_ENV.from_string(template).render(**values))
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;
@@ -48,18 +64,28 @@ SECTIONS = [("summary", "Run summary"), ("clean-dice", "Clean Dice"), ("efr-tabl
             ("failures", "Worst failures"), ("gallery", "Perturbation gallery")]
 
 
-def _na(what: str) -> str:
-    return f'<p class="na">not available: {html.escape(what)}</p>'
+def _na(what: str) -> Markup:
+    return _render('<p class="na">not available: {{ what }}</p>', what=what)
 
 
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+def _png(data: bytes, alt: str) -> Markup:
+    return _render('<img alt="{{ alt }}" src="data:image/png;base64,{{ data }}">', alt=alt,
+                   data=base64.b64encode(data).decode("ascii"))
 
 
-def _table(frame: pd.DataFrame, float_format: str = "{:.1f}", index: bool = True) -> str:
-    return frame.to_html(float_format=lambda v: float_format.format(v), na_rep="–", border=0,
-                         escape=True, index=index)
+def _img(run_dir: Path, rel: str | Path, alt: str) -> Markup:
+    """A PNG of the run directory, inlined (read through the run-directory reader)."""
+    return _png(load.read_bytes(run_dir, rel) or b"", alt)
+
+
+def _plot(ctx, key: str, alt: str) -> Markup:
+    return _png(ctx["plots"][key][1], alt)
+
+
+def _table(frame: pd.DataFrame, float_format: str = "{:.1f}", index: bool = True) -> Markup:
+    # pandas escapes every cell and header (escape=True): its HTML is safe to insert as it is
+    return Markup(frame.to_html(float_format=lambda v: float_format.format(v), na_rep="–", border=0,
+                                escape=True, index=index))
 
 
 def _summary(run_dir: Path, history, efr, ctx) -> str:
@@ -75,12 +101,10 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
     files = [n for n in (load.CONFIG, load.HISTORY, load.EFR, load.EFR_TABLE, load.CORNERS,
                          load.FAILURES, "balanced.ckpt") if (run_dir / n).exists()]
     facts["files"] = ", ".join(files) or "none"
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in facts.items())
-    config = load.load_config_text(run_dir)
-    cfg = (f"<details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>"
-           if config else _na("config.yaml missing"))
-    return f"<table>{rows}</table>{cfg}"
+    return _render("<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>"
+                   "{% endfor %}</table>{% if config %}<details><summary>config.yaml</summary><pre>{{ config }}"
+                   "</pre></details>{% else %}{{ na }}{% endif %}", facts=facts,
+                   config=load.load_config_text(run_dir), na=_na("config.yaml missing"))
 
 
 def _clean_dice(run_dir, history, efr, ctx) -> str:
@@ -94,49 +118,52 @@ def _clean_dice(run_dir, history, efr, ctx) -> str:
     rows = {f"{k} (epoch {e})": dice.loc[e] for k, e in picks.items() if e is not None and e in dice.index}
     out = _table(pd.DataFrame(rows).T, "{:.4f}")
     if "clean_dice" in ctx["plots"]:
-        out += _img(ctx["plots"]["clean_dice"], "clean Dice over epochs")
+        out += _plot(ctx, "clean_dice", "clean Dice over epochs")
     return out
 
 
 def _efr_table(run_dir, history, efr, ctx) -> str:
     given = load.load_efr_table(run_dir)
     if given is not None:  # `robusttrain check` already laid it out; show it as written
-        return "<p>From <code>efr_table.csv</code> (robusttrain check).</p>" + \
-            given.to_html(index=False, border=0, na_rep="–")
+        return Markup("<p>From <code>efr_table.csv</code> (robusttrain check).</p>") + \
+            _table(given, "{}", index=False)
     if efr is None:
         return _na("efr.csv missing (and no efr_table.csv)")
-    epoch = int(efr["epoch"].max())
-    out = f"<p>EFR (%) at the last checked epoch ({epoch}), severities pooled (errors / cases).</p>"
-    for t, table in tables.efr_tables(efr).items():
-        out += f"<h3>t = {t:g}</h3>" + _table(table)
-    return out
+    return _render("<p>EFR (%) at the last checked epoch ({{ epoch }}), severities pooled (errors / cases).</p>"
+                   "{% for t, table in tabs %}<h3>t = {{ t }}</h3>{{ table }}{% endfor %}",
+                   epoch=int(efr["epoch"].max()),
+                   tabs=[(f"{t:g}", _table(table)) for t, table in tables.efr_tables(efr).items()])
 
 
 def _efr_curves(run_dir, history, efr, ctx) -> str:
     if "efr" not in ctx["plots"]:
         return _na("efr.csv missing")
-    return _img(ctx["plots"]["efr"], "EFR over epochs per perturbation")
+    return _plot(ctx, "efr", "EFR over epochs per perturbation")
 
 
 def _corner_cases(run_dir, history, efr, ctx) -> str:
     corners = ctx["corners"]
     if corners is None:
         return _na("corner_cases.json missing")
-    head = (f"<p>Policy <b>{html.escape(str(corners.policy or '?'))}</b>: balanced epoch "
-            f"<b>{corners.balanced_epoch}</b>, least-loss epoch <b>{corners.least_loss_epoch}</b>."
-            + (f" {html.escape(str(corners.reason))}" if corners.reason else "") + "</p>")
+    head = _render("<p>Policy <b>{{ c.policy or '?' }}</b>: balanced epoch <b>{{ c.balanced_epoch }}</b>, "
+                   "least-loss epoch <b>{{ c.least_loss_epoch }}</b>.{% if c.reason %} {{ c.reason }}{% endif %}</p>",
+                   c=corners)
     if not corners.cases:
-        return head + "<p>No corner cases flagged.</p>"
+        return head + Markup("<p>No corner cases flagged.</p>")
     if history is None:
-        return head + "<p>Flagged: " + html.escape(", ".join(corners.cases)) + "</p>" + \
+        return head + _render("<p>Flagged: {{ cases }}</p>", cases=", ".join(corners.cases)) + \
             _na("history.csv missing (no curves)")
-    out = head + "<h3>Least-loss vs balanced</h3>"
+    out = head + Markup("<h3>Least-loss vs balanced</h3>")
     out += _table(tables.epoch_comparison(history, corners), "{:.4f}", index=False)
-    out += "<h3>Flagged cases</h3>"
+    out += Markup("<h3>Flagged cases</h3>")
     out += _table(tables.corner_case_table(history, corners), "{:.3f}", index=False)
-    for cid in corners.cases:
+    shown = corners.cases[:MAX_CASE_PLOTS]
+    if len(corners.cases) > len(shown):
+        out += _render("<p>Curves of the first {{ n }} of {{ total }} flagged cases (the report draws at most "
+                       "{{ n }}; all are in the table above).</p>", n=len(shown), total=len(corners.cases))
+    for cid in shown:
         key = f"corner_{cid}"
-        out += _img(ctx["plots"][key], f"corner case {cid}") if key in ctx["plots"] else \
+        out += _plot(ctx, key, f"corner case {cid}") if key in ctx["plots"] else \
             _na(f"{cid} not in history.csv")
     return out
 
@@ -150,16 +177,28 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
     rows = [{"policy": name, "epoch": "-" if e is None else e,
              "cohort mean Dice": trade.table["cohort"].get(e), "worst-k mean Dice": trade.table["cvar"].get(e)}
             for name, e in trade.choices.items()]
-    pct = f"{100 * trade.worst_fraction:g}"
-    return (f"<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice of "
-            f"the worst {pct} % of cases. A policy only helps if it also holds on held-out data "
-            f"(<code>benchmarks/evidence.py</code>).</p>"
-            + _table(pd.DataFrame(rows), "{:.4f}", index=False) + _img(ctx["plots"]["tradeoff"], "trade-off"))
+    return (_render("<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice "
+                    "of the worst {{ pct }} % of cases. A policy only helps if it also holds on held-out data "
+                    "(<code>benchmarks/evidence.py</code>).</p>", pct=f"{100 * trade.worst_fraction:g}")
+            + _table(pd.DataFrame(rows), "{:.4f}", index=False) + _plot(ctx, "tradeoff", "trade-off"))
 
 
 def _thumb(run_dir: Path, rec: dict[str, Any]) -> Path | None:
-    # only files inside the run directory are ever embedded (robusttrain.rundir.paths.inside)
-    return load.inside(run_dir, rec.get("thumb"))
+    # only files inside the run directory, reached without symlinks, are ever embedded (load.inside)
+    thumb = load.inside(run_dir, rec.get("thumb"))
+    return thumb.relative_to(Path(run_dir).resolve()) if thumb is not None else None
+
+
+def _num(v: Any, fmt: str) -> str:
+    try:
+        return format(float(v), fmt)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+STRIP = ('<div class="strip"><div class="meta"><b>{{ r.case_id }}</b><br>{{ r.perturbation }} severity '
+         '{{ r.severity }}<br>epoch {{ r.epoch }}, split {{ r.split }}<br>Dice {{ src }} → {{ fol }} '
+         '(drop {{ drop }} %)</div>{{ pic }}</div>')
 
 
 def _failures(run_dir, history, efr, ctx) -> str:
@@ -168,30 +207,37 @@ def _failures(run_dir, history, efr, ctx) -> str:
         return _na("failures/failures.jsonl missing")
     if not records:
         return "<p>No failures recorded.</p>"
-    worst = sorted(records, key=lambda r: r.get("drop", 0.0), reverse=True)[:WORST_FAILURES]
-    out = f"<p>{len(records)} failures recorded; the {len(worst)} largest relative Dice drops:</p>"
+    worst = sorted(records, key=lambda r: _drop(r), reverse=True)[:WORST_FAILURES]
+    out = _render("<p>{{ n }} failures recorded; the {{ k }} largest relative Dice drops:</p>",
+                  n=len(records), k=len(worst))
     for rec in worst:
-        meta = (f"<b>{html.escape(str(rec.get('case_id')))}</b><br>{html.escape(str(rec.get('perturbation')))}"
-                f" severity {rec.get('severity')}<br>epoch {rec.get('epoch')}, split {html.escape(str(rec.get('split')))}"
-                f"<br>Dice {rec.get('src_dice', float('nan')):.3f} → {rec.get('fol_dice', float('nan')):.3f}"
-                f" (drop {100 * rec.get('drop', 0.0):.1f} %)")
         thumb = _thumb(run_dir, rec)
-        pic = _img(thumb, f"failure {rec.get('case_id')}") if thumb else _na("thumbnail missing")
-        out += f'<div class="strip"><div class="meta">{meta}</div>{pic}</div>'
-    return out + ("<p>Strips: source | follow-up | ground truth | prediction on source | "
-                  "prediction on follow-up.</p>")
+        pic = _img(run_dir, thumb, f"failure {rec.get('case_id')}") if thumb else _na("thumbnail missing")
+        out += _render(STRIP, r=rec, pic=pic, src=_num(rec.get("src_dice", float("nan")), ".3f"),
+                       fol=_num(rec.get("fol_dice", float("nan")), ".3f"), drop=_num(100 * _drop(rec), ".1f"))
+    return out + Markup("<p>Strips: source | follow-up | ground truth | prediction on source | "
+                        "prediction on follow-up.</p>")
+
+
+def _drop(rec: dict[str, Any]) -> float:
+    try:
+        return float(rec.get("drop", 0.0))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _source_tiles(run_dir: Path, records: list[dict[str, Any]], n: int) -> list:
     """Source images cut from the worst failures' thumbnail strips (first of five equal tiles)."""
+    import io
+
     import matplotlib.image
     import numpy as np
 
     out = []
-    for rec in sorted(records, key=lambda r: -r.get("drop", 0.0)):
+    for rec in sorted(records, key=lambda r: -_drop(r)):
         thumb = _thumb(run_dir, rec)
         if thumb is not None and len(out) < n:
-            strip = matplotlib.image.imread(thumb)
+            strip = matplotlib.image.imread(io.BytesIO(load.read_bytes(run_dir, thumb)), format="png")
             w = strip.shape[1] // 5
             if w > 8 and strip.shape[1] % 5 == 0:
                 tile = strip[:, :w, :3]
@@ -201,8 +247,8 @@ def _source_tiles(run_dir: Path, records: list[dict[str, Any]], n: int) -> list:
 
 def _gallery(run_dir, history, efr, ctx) -> str:
     for cand in ("gallery.png", "plots/gallery.png"):
-        if (found := load.inside(run_dir, cand)) is not None:
-            return _img(found, "perturbation gallery")
+        if load.read_bytes(run_dir, cand) is not None:
+            return _img(run_dir, cand, "perturbation gallery")
     hint = " (write one with `python -m robusttrain gallery recipe=NAME out=RUN_DIR/gallery.png`)"
     try:
         from robusttrain.perturbations.gallery import render_gallery
@@ -217,9 +263,11 @@ def _gallery(run_dir, history, efr, ctx) -> str:
     names = [p for p in dict.fromkeys(efr["perturbation"]) if p in known] if efr is not None else []
     names = names or None  # None: the gallery's default families
     sev = sorted(int(s) for s in efr["severity"].unique() if s > 0) if efr is not None else (1, 3, 5)
-    out = render_gallery(images, run_dir / "plots" / "gallery.png", names=names, severities=sev, tile=128)
-    return ("<p>Drawn from the source images of the worst failures, with this run's perturbations "
-            "and severities.</p>" + _img(out, "perturbation gallery"))
+    with tempfile.TemporaryDirectory() as tmp:  # never written into the run directory
+        out = render_gallery(images, Path(tmp) / "gallery.png", names=names, severities=sev, tile=128)
+        data = Path(out).read_bytes()
+    return (Markup("<p>Drawn from the source images of the worst failures, with this run's perturbations "
+                   "and severities.</p>") + _png(data, "perturbation gallery"))
 
 
 BUILDERS: dict[str, Callable[..., str]] = {
@@ -227,25 +275,32 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "corner-cases": _corner_cases, "tradeoff": _tradeoff, "failures": _failures, "gallery": _gallery}
 
 
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title><link rel="icon" href="data:,">\
+<style>{{ css }}</style></head><body><h1>{{ title }}</h1><nav>{% for a, t in sections %}\
+<a href="#{{ a }}">{{ t }}</a>{% endfor %}</nav>{% for a, t, content in body %}<section id="{{ a }}">\
+<h2>{{ t }}</h2>{{ content }}</section>{% endfor %}</body></html>
+"""
+
+
 def render_report(run_dir: str | Path) -> str:
-    """The report as an HTML string (plots are regenerated into ``plots/`` first)."""
+    """The report as an HTML string (plots are drawn in memory; nothing is written)."""
     run_dir = Path(run_dir)
     corners = load.load_corners(run_dir)
-    ctx = {"corners": corners, "plots": plots.write_plots(run_dir, corners=corners)}
+    ctx = {"corners": corners, "plots": plots.render_plots(run_dir, corners=corners, max_cases=MAX_CASE_PLOTS)}
     history, efr = load.load_history(run_dir), load.load_efr(run_dir)
     body = []
     for anchor, title in SECTIONS:
         try:
             content = BUILDERS[anchor](run_dir, history, efr, ctx)
-        except Exception as err:  # one broken file must not take the whole report down
-            log.exception("report section %s failed", anchor)
+        except InputError:  # a bad run-directory file is the command's error, named in one line
+            raise
+        except Exception as err:  # one broken section must not take the whole report down
+            log.warning("report section %s failed: %s: %s", anchor, type(err).__name__, err)
             content = _na(f"{title} could not be built ({type(err).__name__}: {err})")
-        body.append(f'<section id="{anchor}"><h2>{title}</h2>{content}</section>')
-    nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS)
-    title = f"robusttrain report — {html.escape(run_dir.resolve().name)}"
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f'<link rel="icon" href="data:,"><style>{CSS}</style></head>'
-            f"<body><h1>{title}</h1><nav>{nav}</nav>{''.join(body)}</body></html>\n")
+        body.append((anchor, title, content))
+    return _ENV.from_string(PAGE).render(title=f"robusttrain report — {run_dir.resolve().name}",
+                                         css=Markup(CSS), sections=SECTIONS, body=body)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:

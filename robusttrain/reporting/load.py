@@ -21,13 +21,14 @@ from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir import failures as failures_file
 from robusttrain.rundir import history as history_file
 from robusttrain.rundir.corner_cases import Corners
-from robusttrain.rundir.paths import inside
+from robusttrain.rundir.history import dice_columns
+from robusttrain.rundir.paths import inside, read_bytes, read_text
 
 CONFIG = "config.yaml"
 HISTORY, EFR, EFR_TABLE, CORNERS = history_file.NAME, efr_file.NAME, efr_file.TABLE_NAME, corners_file.NAME
 FAILURES = f"{failures_file.DIR}/{failures_file.LOG_NAME}"
 
-__all__ = ["Corners", "inside", "load_history", "load_efr", "load_efr_table", "load_config_text", "load_failures",
+__all__ = ["Corners", "dice_columns", "inside", "read_bytes", "load_history", "load_efr", "load_efr_table", "load_config_text", "load_failures",
            "load_corners", "cohort_mean", "clean_dice"]
 
 
@@ -47,8 +48,8 @@ def load_efr_table(run_dir: str | Path) -> pd.DataFrame | None:
 
 
 def load_config_text(run_dir: str | Path) -> str | None:
-    path = inside(run_dir, CONFIG)
-    return path.read_text() if path is not None else None
+    """``config.yaml`` as text, read through the run-dir reader (no symlinks, nothing outside)."""
+    return read_text(run_dir, CONFIG)
 
 
 def load_failures(run_dir: str | Path) -> list[dict[str, Any]] | None:

@@ -12,10 +12,13 @@ process, in threads, and without a display. Every file is written atomically.
 """
 from __future__ import annotations
 
+import functools
 import io
 import re
+from collections.abc import Callable
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -33,13 +36,29 @@ LEAST_LOSS_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.5)
 BALANCED_STYLE = dict(color="tab:green", linestyle="-", linewidth=2.0, alpha=0.7)
 
 
-def save_png(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
-    """Render ``fig`` to PNG bytes, then write them atomically (a reader never sees half a PNG)."""
+def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
+    """``fig`` rendered to PNG bytes."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     # layout is fixed by each plot function (subplots_adjust): bbox_inches="tight" would draw twice
     fig.savefig(buf, format="png", dpi=dpi)
-    return atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def save_png(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """Render ``fig`` to PNG bytes, then write them atomically (a reader never sees half a PNG)."""
+    return atomic_write_bytes(path, png_bytes(fig, dpi))
+
+
+def plain_text(fn: Callable[..., Figure]) -> Callable[..., Figure]:
+    """Case ids and file names go into titles and labels as they are: ``$...$`` in one must not be
+    parsed as mathtext (a parse error would fail the plot; a valid one would print something else).
+    ``parse_math`` is read when a Text is created, so the whole figure is built with it off."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 def safe_name(text: str) -> str:
@@ -71,6 +90,7 @@ def _mark_epochs(ax, least_loss: int | None, balanced: int | None) -> None:
         ax.axvline(balanced, label=f"balanced epoch {balanced}", **BALANCED_STYLE)
 
 
+@plain_text
 def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
              corners: Corners | None = None) -> Figure:
     """One panel per threshold: EFR (%) over epochs, one line per perturbation."""
@@ -106,6 +126,7 @@ def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
     return fig
 
 
+@plain_text
 def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Figure:
     """Cohort-mean clean validation Dice per class and overall, over epochs."""
     dice = load.clean_dice(history)
@@ -126,6 +147,7 @@ def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Fi
     return fig
 
 
+@plain_text
 def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | None = None) -> Figure:
     """One panel per class: the case's Dice over epochs against the cohort mean (and its IQR)."""
     cols = dice_columns(history)
@@ -183,6 +205,7 @@ def run_tradeoff(history: pd.DataFrame, corners: Corners | None = None):
         worst_fraction=float(raw.get("worst_fraction") or 0.1))
 
 
+@plain_text
 def plot_tradeoff(trade) -> Figure:
     """Cohort mean vs mean of the worst k % of cases, one point per epoch (joined in epoch order),
     with the epoch each checkpoint policy picks marked. Up and right is better on both axes."""
@@ -213,29 +236,38 @@ def plot_tradeoff(trade) -> Figure:
     return fig
 
 
-def write_plots(run_dir: str | Path, corners: Corners | None = None,
-                corner_cases: list[str] | None = None) -> dict[str, Path]:
-    """(Re)generate every plot the run directory's files allow; returns {name: path}.
+MAX_CASE_PLOTS = 24  # per-case curves drawn for a report: a run may flag hundreds of cases
 
-    ``corners``/``corner_cases`` override ``corner_cases.json`` (the live callback passes the
-    currently flagged cases before the file exists at fit end).
-    """
+
+def render_plots(run_dir: str | Path, corners: Corners | None = None, corner_cases: list[str] | None = None,
+                 max_cases: int | None = None) -> dict[str, tuple[str, bytes]]:
+    """Every plot the run directory's files allow, as ``{name: (file name, PNG bytes)}``; nothing is
+    written (a report of a shared or read-only run directory leaves it untouched). ``max_cases`` bounds
+    the per-case plots (the first ``max_cases`` flagged cases, in the file's order)."""
     run_dir = Path(run_dir)
-    out_dir = run_dir / "plots"
     corners = corners if corners is not None else load.load_corners(run_dir)
     cases = list(corner_cases if corner_cases is not None else (corners.cases if corners else []))
     history, efr = load.load_history(run_dir), load.load_efr(run_dir)
-    written: dict[str, Path] = {}
+    out: dict[str, tuple[str, bytes]] = {}
     if efr is not None:
-        written["efr"] = save_png(plot_efr(efr, corners=corners), out_dir / "efr.png")
-    if history is not None and dice_columns(history):
-        written["clean_dice"] = save_png(plot_clean_dice(history, corners), out_dir / "clean_dice.png")
+        out["efr"] = ("efr.png", png_bytes(plot_efr(efr, corners=corners)))
+    if history is not None and load.dice_columns(history):
+        out["clean_dice"] = ("clean_dice.png", png_bytes(plot_clean_dice(history, corners)))
         if history["epoch"].nunique() >= 2:
-            written["tradeoff"] = save_png(plot_tradeoff(run_tradeoff(history, corners)),
-                                           out_dir / "tradeoff.png")
+            out["tradeoff"] = ("tradeoff.png", png_bytes(plot_tradeoff(run_tradeoff(history, corners))))
         known = set(history["case_id"])
-        for cid in cases:
-            if str(cid) in known:
-                written[f"corner_{cid}"] = save_png(plot_corner_case(history, cid, corners),
-                                                    out_dir / f"corner_{safe_name(cid)}.png")
-    return written
+        for cid in [c for c in cases if str(c) in known][:max_cases]:
+            out[f"corner_{cid}"] = (f"corner_{safe_name(cid)}.png",
+                                    png_bytes(plot_corner_case(history, cid, corners)))
+    return out
+
+
+def write_plots(run_dir: str | Path, corners: Corners | None = None,
+                corner_cases: list[str] | None = None) -> dict[str, Path]:
+    """(Re)generate every plot the run directory's files allow into ``<run_dir>/plots/``; returns
+    {name: path}. ``corners``/``corner_cases`` override ``corner_cases.json`` (the live callback passes
+    the currently flagged cases before the file exists at fit end).
+    """
+    out_dir = Path(run_dir) / "plots"
+    return {name: atomic_write_bytes(out_dir / fname, data)
+            for name, (fname, data) in render_plots(run_dir, corners, corner_cases).items()}

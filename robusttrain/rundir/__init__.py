@@ -4,8 +4,11 @@
 (corner_cases.json), ``balanced_average`` (balanced_average.json), ``failures`` (failures/failures.jsonl),
 ``sampling`` (failures/sampling.json), ``mining`` (failures/mining.csv) and ``metamorphic_training``
 (metamorphic_training.csv / _samples.jsonl). Writers are the callbacks (and the bank); replay, reporting,
-``robusttrain corners`` and ``robusttrain report`` read only through these modules. Readers return
-``None`` when the file is missing or unreadable (so a report degrades section by section).
+``robusttrain corners`` and ``robusttrain report`` read only through these modules, and they read only
+through :mod:`~robusttrain.rundir.paths` (no symlinks, nothing outside the run directory, torn rows
+and garbage bytes refused with :class:`~robusttrain.rundir.paths.RunDirFileError`). Readers return
+``None`` when the file is missing (so a report degrades section by section). ``lock`` is the
+run-directory lock.
 
 >>> import tempfile
 >>> from robusttrain.rundir import history

@@ -1,21 +1,41 @@
-"""Shared CSV reading for the run-directory modules."""
+"""Shared CSV reading for the run-directory modules: through the safe reader, torn rows refused."""
 from __future__ import annotations
 
-import logging
-from pathlib import Path
+import csv
+import io
+import os
 
 import pandas as pd
 
-log = logging.getLogger(__name__)
+from .paths import RunDirFileError, read_text
 
 
-def read_csv(path: Path) -> pd.DataFrame | None:
-    """The table, or None when the file is missing, empty or unreadable (logged)."""
-    if not path.is_file():
+def read_csv(run_dir: str | os.PathLike, name: str | os.PathLike) -> pd.DataFrame | None:
+    """The table, or None when the file is missing or empty.
+
+    Raises :class:`RunDirFileError` naming the file and line for a row whose number of fields
+    differs from the header's (a torn or hand-edited row: pandas would pad it with NaN and use it).
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "h.csv").write_text("a,b\\n1,2\\n3")
+    >>> read_csv(d, "h.csv")
+    Traceback (most recent call last):
+    ...
+    robusttrain.rundir.paths.RunDirFileError: run-directory file '...h.csv' line 3 has 1 field(s), expected 2 (a torn or edited row)
+    """
+    text = read_text(run_dir, name)
+    if text is None or not text.strip():
         return None
+    path = f"{os.path.realpath(run_dir)}{os.sep}{name}"
     try:
-        frame = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, OSError) as err:
-        log.warning("cannot read %s: %s", path, err)
-        return None
+        rows = csv.reader(io.StringIO(text))
+        header = next(rows)
+        for row in rows:
+            if row and len(row) != len(header):
+                raise RunDirFileError(f"run-directory file '{path}' line {rows.line_num} has {len(row)} "
+                                      f"field(s), expected {len(header)} (a torn or edited row)")
+        frame = pd.read_csv(io.StringIO(text))
+    except (csv.Error, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise RunDirFileError(f"run-directory file '{path}' is not a readable CSV table: "
+                              f"{str(err).strip().splitlines()[0]}") from None
     return frame if len(frame) else None

@@ -24,6 +24,8 @@ from typing import Any
 
 from robusttrain.io import atomic_write_json
 
+from .paths import RunDirFileError, read_text
+
 log = logging.getLogger(__name__)
 
 NAME = "corner_cases.json"
@@ -72,24 +74,28 @@ def write(run_dir: str | os.PathLike, report: dict[str, Any]) -> Path:
 
 
 def read_raw(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    path = Path(run_dir) / NAME
-    if not path.is_file():
+    """The JSON object, None when absent; :class:`RunDirFileError` when it is not one."""
+    text = read_text(run_dir, NAME)
+    if text is None:
         return None
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        log.warning("cannot read %s: %s", path, err)
-        return None
-    return obj if isinstance(obj, dict) else None
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RunDirFileError(f"run-directory file '{Path(run_dir).resolve() / NAME}' is not valid JSON "
+                              f"(line {err.lineno}: {err.msg})") from None
+    if not isinstance(obj, dict):
+        raise RunDirFileError(f"run-directory file '{Path(run_dir).resolve() / NAME}' holds a "
+                              f"{type(obj).__name__}, expected a JSON object")
+    return obj
 
 
 def read(run_dir: str | os.PathLike) -> Corners | None:
-    """``corner_cases.json`` -> :class:`Corners`, or None when absent/unreadable."""
+    """``corner_cases.json`` -> :class:`Corners`, or None when absent; RunDirFileError when malformed."""
     obj = read_raw(run_dir)
     if obj is None:
         return None
     try:
         return parse(obj)
-    except (KeyError, TypeError, ValueError) as err:
-        log.warning("cannot read %s: %s", Path(run_dir) / NAME, err)
-        return None
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise RunDirFileError(f"run-directory file '{Path(run_dir).resolve() / NAME}' does not follow "
+                              f"the corner_cases.json schema ({type(err).__name__}: {err})") from None

@@ -43,12 +43,12 @@ def write(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:
 
 
 def read(run_dir: str | os.PathLike) -> pd.DataFrame | None:
-    return read_csv(Path(run_dir) / NAME)
+    return read_csv(run_dir, NAME)
 
 
 def read_table(run_dir: str | os.PathLike) -> pd.DataFrame | None:
     """``efr_table.csv`` written by ``robusttrain check`` (already in the paper's layout)."""
-    return read_csv(Path(run_dir) / TABLE_NAME)
+    return read_csv(run_dir, TABLE_NAME)
 
 
 def pool_severities(efr: pd.DataFrame) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from typing import Any
 
 from robusttrain.metamorphic.records import relative_drop
 
-from .paths import inside
+from .paths import inside, read_bytes
 
 DIR = "failures"
 LOG_NAME = "failures.jsonl"
@@ -119,12 +119,12 @@ def log_signature(path: str | os.PathLike | None) -> tuple[int, int]:
 def read(run_dir: str | os.PathLike) -> list[dict[str, Any]] | None:
     """Every stored failure of the complete batches as a dict (with ``id``, ``drop`` and ``thumb``
     when it has one); a later line for an id replaces the earlier one."""
-    path = log_path(run_dir)
-    if not path.is_file():
+    data = read_bytes(run_dir, Path(DIR) / LOG_NAME)  # no symlinks, nothing outside the run directory
+    if data is None:
         return None
     by_id: dict[str, dict[str, Any]] = {}
     n = 0
-    for batch in read_batches(path):
+    for batch in parse_batches(data):
         for rec in batch[:-1]:
             n += 1
             if not isinstance(rec, dict) or rec.get("kind", "failure") != "failure":

@@ -20,6 +20,7 @@ import pandas as pd
 from robusttrain.io import atomic_write_csv
 
 from ._csv import read_csv
+from .paths import locate
 
 NAME = "history.csv"
 FALLBACK_NAME = "balanced_history.csv"
@@ -31,17 +32,17 @@ def write(run_dir: str | os.PathLike, frame: pd.DataFrame, name: str = NAME) -> 
 
 
 def path_in(run_dir: str | os.PathLike) -> Path | None:
-    """``history.csv``, else ``balanced_history.csv``, else None."""
+    """``history.csv``, else ``balanced_history.csv``, else None (through the safe reader)."""
     for name in (NAME, FALLBACK_NAME):
-        if (Path(run_dir) / name).is_file():
-            return Path(run_dir) / name
+        if (found := locate(run_dir, name)) is not None:
+            return found
     return None
 
 
 def read(run_dir: str | os.PathLike) -> pd.DataFrame | None:
     """The history (``case_id`` as str), from either file name; None when absent."""
     p = path_in(run_dir)
-    frame = read_csv(p) if p is not None else None
+    frame = read_csv(p.parent, p.name) if p is not None else None
     if frame is not None and "case_id" in frame:
         frame["case_id"] = frame["case_id"].astype(str)
     return frame

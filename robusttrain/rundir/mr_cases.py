@@ -27,7 +27,7 @@ def write(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:
 
 
 def read(run_dir: str | os.PathLike) -> pd.DataFrame | None:
-    frame = read_csv(Path(run_dir) / NAME)
+    frame = read_csv(run_dir, NAME)
     if frame is not None and "case_id" in frame:
         frame["case_id"] = frame["case_id"].astype(str)
     return frame

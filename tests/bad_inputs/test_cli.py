@@ -15,9 +15,6 @@ import base64
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +24,6 @@ import pytest
 import torch
 
 from robusttrain.cli import main
-from robusttrain.cli.rundir import process_start
 
 TINY = ["recipe=smoke", "data.n_train=8", "data.n_val=4", "data.image_size=32", "data.batch_size=4",
         "callbacks.metamorphic.max_cases=4", "callbacks.mining.train_probe_size=4",
@@ -163,35 +159,9 @@ def _exists(*names: str):
     return then
 
 
-def _lock_by(pid_of: Callable[[SimpleNamespace], int], host: str | None = None, start_of=None):
-    def prep(c):
-        pid = pid_of(c)
-        owner = {"pid": pid, "host": host or socket.gethostname(), "command": "fit", "since": "earlier"}
-        if start_of is not None:
-            owner["start"] = start_of(pid)
-        (c.run / ".robusttrain.lock").write_text(json.dumps(owner))
-    return prep
-
-
-def _other_start(pid: int) -> int:
-    """A start time that is not the live process's: the lock's pid has been given to another process."""
-    return (process_start(pid) or 0) + 12345
-
-
-def _live_pid(c) -> int:
-    c.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    return c.proc.pid
-
-
-def _dead_pid(c) -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
 def _leftover_tmps(c):
-    (c.run / ".history.csv.abc123.tmp").write_text("half")
-    (c.run / "checkpoints" / ".last.ckpt.xyz.tmp").write_bytes(b"half")
+    (c.run / ".history.csv.abc123de.robusttrain.tmp").write_text("half")
+    (c.run / "checkpoints" / ".last.ckpt.xyz123ab.robusttrain.tmp").write_bytes(b"half")
 
 
 def _no_tmps_no_lock(c, out, err):
@@ -260,21 +230,6 @@ SCENARIOS = [
     S("check-beside-run", ["check", *TINY, RUN, CK], code=0,
       then=_also(_unchanged("config.yaml", "logs/metrics.csv", "history.csv", "efr.csv"),
                  _exists("config.check.yaml", "efr_table.csv"))),
-    S("run-dir-locked-by-live-process", ["fit", *TINY, RUN, "ckpt=last", "trainer.max_epochs=2"],
-      text="is in use by another robusttrain command (pid", prep=_lock_by(_live_pid),
-      then=_unchanged("logs/metrics.csv", "history.csv", ".robusttrain.lock")),
-    S("run-dir-locked-by-live-process-same-start", ["validate", *TINY, RUN, "ckpt=last"],
-      text="is in use by another robusttrain command (pid",
-      prep=_lock_by(_live_pid, start_of=lambda pid: process_start(pid))),
-    S("stale-lock-whose-pid-was-reused", ["validate", *TINY, RUN, "ckpt=last"], code=0,
-      prep=_lock_by(_live_pid, start_of=_other_start),
-      then=_also(_no_tmps_no_lock, lambda c, o, e: "took over the lock of an interrupted run" in e or
-                 pytest.fail(e))),
-    S("run-dir-locked-on-other-host", ["validate", *TINY, RUN, "ckpt=last"], text="on host elsewhere",
-      prep=_lock_by(lambda c: 1, host="elsewhere")),
-    S("stale-lock-taken-over", ["validate", *TINY, RUN, "ckpt=last"], code=0, prep=_lock_by(_dead_pid),
-      then=_also(_no_tmps_no_lock, lambda c, o, e: "took over the lock of an interrupted run" in e or
-                 pytest.fail(e))),
     S("leftover-tmp-files-removed", ["validate", *TINY, RUN, "ckpt=last"], code=0, prep=_leftover_tmps,
       then=_also(_no_tmps_no_lock, lambda c, o, e: "removed 2 temporary file(s)" in e or pytest.fail(e))),
     S("lock-released-after-error", ["validate", *TINY, RUN, "ckpt={tmp}/empty.ckpt"], text="is empty",

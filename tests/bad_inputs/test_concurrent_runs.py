@@ -94,7 +94,8 @@ def _assert_refused(command: str, rc: int, err: str, run: Path, holder: int) -> 
     assert rc == 2, f"{command}: rc={rc}\n{err[-3000:]}"
     lines = [line for line in err.splitlines() if line.startswith(f"robusttrain {command}: error:")]
     assert len(lines) == 1, err[-3000:]
-    assert f"run_dir '{run}' is in use by another robusttrain command (pid {holder}, fit since" in lines[0], lines[0]
+    assert f"run_dir '{run}' is in use by another robusttrain command (pid {holder} on " in lines[0], lines[0]
+    assert ", fit since " in lines[0], lines[0]
 
 
 def _assert_equals_reference(run: Path, ref: Path) -> None:
@@ -161,10 +162,10 @@ def test_commands_on_a_run_in_progress_are_refused_and_change_nothing(base):
 
 
 def test_two_fits_started_together_one_trains_and_one_is_refused(base):
-    """Both start at once on a fresh run directory: the lock (``O_CREAT | O_EXCL``) lets exactly one
-    through. The other exits 2 with one line: in use by the winner's pid or, if it read the lock file
-    in the instant it was being written, being locked right now. The winner's files equal the
-    undisturbed run's."""
+    """Both start at once on a fresh run directory: the OS-level lock (``flock``) lets exactly one
+    through. The other exits 2 with one line: in use by the winner's pid or, if it looked in the instant
+    between the winner's lock and its owner record, by an owner not yet known. The winner's files equal
+    the undisturbed run's."""
     run, logs = base / "run", base / "logs2"
     logs.mkdir(exist_ok=True)
     names = [logs / "a", logs / "b"]
@@ -181,8 +182,8 @@ def test_two_fits_started_together_one_trains_and_one_is_refused(base):
         assert "Traceback" not in err
         lines = [line for line in err.splitlines() if line.startswith("robusttrain fit: error:")]
         assert len(lines) == 1, err[-3000:]
-        assert (f"is in use by another robusttrain command (pid {winner.pid}, fit since" in lines[0]
-                or f"run_dir '{run}' is being locked by another command right now" in lines[0]), lines[0]
+        assert (f"is in use by another robusttrain command (pid {winner.pid} on " in lines[0]
+                or f"run_dir '{run}' is in use by another robusttrain command (owner unknown)" in lines[0]), lines[0]
         _wait_until(lambda: (base / "paused").exists(), "the winner holding epoch 1", [winner], [wlog])
         assert (base / "paused").read_text() == str(winner.pid)
         _finish(winner, base, wlog)

@@ -4,7 +4,10 @@ uninterrupted run of the same seed -- every file, nothing duplicated, nothing mi
 The kill comes from ``ROBUSTTRAIN_TEST_KILL_AT=NAME:N`` (robusttrain.io.kill_point): SIGKILL the N-th
 time the process reaches NAME. Points: mid-epoch (before a training step's metrics row is appended),
 inside the metamorphic check's writes (history.csv already replaced, efr.csv not yet), and inside a
-checkpoint save (the new last.ckpt fully written to its temp file, not yet renamed).
+checkpoint save (the new last.ckpt fully written to its temp file, not yet renamed), and the end-of-fit
+window (after the last epoch's last.ckpt: inside the writes of balanced.ckpt and corner_cases.json, where
+Lightning has no epoch left to run on resume). The same with SIGTERM instead of SIGKILL
+(``ROBUSTTRAIN_TEST_KILL_SIGNAL=TERM``): exit 143 after the graceful path, then the same resume.
 
 Compared byte for byte: every file except the ``.ckpt`` files and ``config.yaml``. Checkpoints embed
 pickled Lightning/optimizer bookkeeping, so their weights, optimizer state, epoch and step are compared
@@ -41,12 +44,21 @@ KILLS = {
     "mr-write": "write:efr.csv:2",                # epoch 1's MR check: history.csv replaced, efr.csv not
     "checkpoint-save": "write:last.ckpt:2",       # epoch 1's last.ckpt written to its temp file, not renamed
     "last-epoch-mr-write": "write:mr_cases.csv:3",  # the final epoch, after efr.csv
+    # the end-of-fit window: the last epoch's last.ckpt is saved, Lightning has no epoch left to run
+    "end-of-fit-balanced-ckpt": "write:balanced.ckpt:1",    # balanced.ckpt complete in its temp file
+    "end-of-fit-corner-cases": "write:corner_cases.json:1",  # balanced.ckpt written, corner_cases.json not
+    # SIGTERM (docker stop, SLURM preemption, timeout): the graceful path, exit 143, then ckpt=last
+    "sigterm-mid-epoch": "TERM:log:metrics.csv:5",
+    "sigterm-end-of-fit": "TERM:write:corner_cases.json:1",
 }
 
 
 def _fit(run_dir: Path, *extra: str, kill: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", WANDB_MODE="offline")
     env.pop("ROBUSTTRAIN_TEST_KILL_AT", None)
+    env.pop("ROBUSTTRAIN_TEST_KILL_SIGNAL", None)
+    if kill and kill.startswith("TERM:"):
+        env["ROBUSTTRAIN_TEST_KILL_SIGNAL"], kill = "TERM", kill[len("TERM:"):]
     if kill:
         env["ROBUSTTRAIN_TEST_KILL_AT"] = kill
     return subprocess.run([sys.executable, "-m", "robusttrain", "fit", *ARGS, f"run_dir={run_dir}", *extra],
@@ -89,11 +101,18 @@ def _same_checkpoint(a: Path, b: Path) -> None:
 def test_killed_and_resumed_run_equals_uninterrupted(base, where):
     run, ref = base / "run", base / "reference"
     killed = _fit(run, kill=KILLS[where])
-    assert killed.returncode == -9, f"not killed at {KILLS[where]}: rc={killed.returncode}\n{killed.stderr[-2000:]}"
-    assert (run / ".robusttrain.lock").exists()  # what a kill leaves behind
+    term = KILLS[where].startswith("TERM:")
+    if term:  # the graceful path: one line, exit 143, the lock released
+        assert killed.returncode == 143, f"rc={killed.returncode}\n{killed.stderr[-2000:]}"
+        assert "robusttrain fit: error: stopped by SIGTERM; resume with ckpt=last" in killed.stderr
+        assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
+        assert not (run / ".robusttrain.owner").exists()
+    else:
+        assert killed.returncode == -9, f"not killed at {KILLS[where]}: rc={killed.returncode}\n{killed.stderr[-2000:]}"
+        assert (run / ".robusttrain.owner").exists()  # what a kill leaves behind
     resumed = _fit(run, "ckpt=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "took over the lock of an interrupted run" in resumed.stderr
+    assert term or "took over the lock of an interrupted run" in resumed.stderr
     try:
         assert _files(run) == _files(ref)  # nothing missing, nothing extra (no .tmp, no lock)
         for name in sorted(_files(ref)):
