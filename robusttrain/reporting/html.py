@@ -9,7 +9,6 @@ from a run's files is text in the page, never markup. At most :data:`MAX_CASE_PL
 are drawn (the first flagged cases); the others are listed in the table.
 
 >>> import tempfile
-from collections.abc import Callable
 >>> path = write_report(tempfile.mkdtemp())
 >>> "not available: history.csv missing" in path.read_text()
 True

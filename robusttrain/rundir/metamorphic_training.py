@@ -32,6 +32,7 @@ import pandas as pd
 from robusttrain.io import atomic_write_csv, atomic_write_text
 
 from ._csv import read_csv
+from .paths import read_text
 
 STATS = "metamorphic_training.csv"
 SAMPLES = "metamorphic_training_samples.jsonl"
@@ -44,7 +45,7 @@ def write_stats(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:
 
 
 def read_stats(run_dir: str | os.PathLike) -> pd.DataFrame | None:
-    return read_csv(Path(run_dir) / STATS)
+    return read_csv(run_dir, STATS)
 
 
 def write_samples(run_dir: str | os.PathLike, records: Sequence[dict[str, Any]]) -> Path:
@@ -53,12 +54,13 @@ def write_samples(run_dir: str | os.PathLike, records: Sequence[dict[str, Any]])
 
 
 def read_samples(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The recorded samples; a line that is not a JSON object ends the read (a torn write)."""
-    p = Path(run_dir) / SAMPLES
-    if not p.is_file() or p.is_symlink():
+    """The recorded samples; a line that is not a JSON object ends the read (a torn write). Read through
+    the run-directory reader (no symlinks, nothing outside the run directory, UTF-8 only)."""
+    text = read_text(run_dir, SAMPLES)
+    if text is None:
         return []
     out = []
-    for line in p.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             rec = json.loads(line)
         except ValueError:

@@ -31,4 +31,4 @@ def write(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:
 
 
 def read(run_dir: str | os.PathLike) -> pd.DataFrame | None:
-    return read_csv(Path(run_dir) / DIR / NAME)
+    return read_csv(run_dir, Path(DIR) / NAME)
