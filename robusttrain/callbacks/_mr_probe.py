@@ -66,8 +66,9 @@ def progress_bar(trainer: Any, total: int, desc: str):
 
         TQDMProgressBar, tqdm_cls = tqdm_bar_class(trainer)
     except (ImportError, AttributeError):  # pragma: no cover - lightning always ships both
-        from tqdm import tqdm as tqdm_cls
-        TQDMProgressBar = ()
+        import tqdm
+
+        TQDMProgressBar, tqdm_cls = (), tqdm.tqdm
     pos = 2 * getattr(bar_cb, "process_position", 0) + 1 if isinstance(bar_cb, TQDMProgressBar) else 0
     return tqdm_cls(total=total, desc=desc, leave=False, disable=disabled, position=pos,
                     dynamic_ncols=True, file=sys.stdout, smoothing=0)

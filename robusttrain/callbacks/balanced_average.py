@@ -144,7 +144,7 @@ class BalancedAverage(UsesContext, Callback):
         self._dir = self.context.finalize(trainer)
 
     def _snapshot(self, epoch: int) -> Path:
-        return self._dir / average_file.WINDOW_DIR / f"epoch={epoch:04d}.pt"
+        return self.fit_dir / average_file.WINDOW_DIR / f"epoch={epoch:04d}.pt"
 
     # ------------------------------------------------------------------ per validation
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -168,7 +168,9 @@ class BalancedAverage(UsesContext, Callback):
         if self._ctx is None or self._dir is None:
             return
         payload = self._average() if trainer.is_global_zero else None
-        state, report = broadcast_object(trainer, payload, src=0)
+        received = broadcast_object(trainer, payload, src=0)
+        assert received is not None  # rank 0's payload, which _average always returns
+        state, report = received
         if state is not None:  # collective from here: every rank loads the average and saves
             report["bn"] = self._save(trainer, pl_module, state)
             report["checkpoint"] = average_file.CHECKPOINT
@@ -193,7 +195,7 @@ class BalancedAverage(UsesContext, Callback):
         if missing:
             log.warning("BalancedAverage: the weights of window epoch(s) %s are not in %s (that fit ended, or the "
                         "folder was removed); balanced_average.ckpt leaves them out", missing,
-                        self._dir / average_file.WINDOW_DIR)
+                        self.fit_dir / average_file.WINDOW_DIR)
         bad: dict[int, int] = {}
         for eps in flags.values():
             for e in set(eps):
@@ -220,7 +222,7 @@ class BalancedAverage(UsesContext, Callback):
 
     def _save(self, trainer, pl_module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         own = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
-        dst = self._dir / average_file.CHECKPOINT
+        dst = self.fit_dir / average_file.CHECKPOINT
         tmp = dst.with_name(f".{dst.name}.tmp")
         try:
             pl_module.load_state_dict(state)

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from lightning.pytorch import Callback
 
-from robusttrain.cornercases import POLICIES, load_history, max_flagged, select_balanced_epoch
+from robusttrain.cornercases import POLICIES, Selection, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
 from robusttrain.cornercases.ecod import MAX_CONTAMINATION, TAILS
 from robusttrain.cornercases.margin import selection_margin
@@ -106,13 +106,13 @@ class BalancedCheckpoint(UsesContext, Callback):
         self._rows: list[dict] = []            # self-computed history (standalone mode)
         self._monitor_values: dict[int, float] = {}
         self._saved: list[int] = []            # epochs with a candidate checkpoint on disk
-        self._sums: dict[tuple[str, int], np.ndarray] = {}
+        self._sums: dict[tuple[str, int | str], np.ndarray] = {}  # (case, slice index or sample key)
         self._ctx = context
         self._dir: Path | None = self.dirpath
         self._computing = False
         self._warned_monitor = False
         self._finished = False                 # end-of-fit work done in this fit
-        self.selection = None                  # the last Selection, for programmatic use
+        self.selection: Selection | None = None  # the last Selection, for programmatic use
 
     @property
     def state_key(self) -> str:
@@ -134,7 +134,7 @@ class BalancedCheckpoint(UsesContext, Callback):
         self._read = self.hooks or self.context.hooks or BatchHooks()
 
     def _candidate(self, epoch: int) -> Path:
-        return self._dir / CANDIDATES / f"epoch={epoch:04d}.ckpt"
+        return self.fit_dir / CANDIDATES / f"epoch={epoch:04d}.ckpt"
 
     @property
     def case_history(self) -> pd.DataFrame:
@@ -147,7 +147,7 @@ class BalancedCheckpoint(UsesContext, Callback):
             return h
         if self._rows:
             return self.case_history
-        return history_file.read(self._dir)
+        return history_file.read(self.fit_dir)
 
     # ------------------------------------------------------------------ standalone per-case Dice
     def _active(self, trainer) -> bool:
@@ -185,7 +185,7 @@ class BalancedCheckpoint(UsesContext, Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not self._computing or not self._active(trainer):
             return
-        merged: dict[tuple[str, int], np.ndarray] = {}
+        merged: dict[tuple[str, int | str], np.ndarray] = {}
         for part in gather_objects(trainer, self._sums):
             merged.update(part)
         per_case: dict[str, np.ndarray] = {}
@@ -302,7 +302,7 @@ class BalancedCheckpoint(UsesContext, Callback):
         # the fit is over: this trainer lets go of the run-directory lock its context took (the
         # reporter does it when present: its teardown still writes the final plots)
         if stage == "fit" and self._dir is not None and trainer.is_global_zero \
-                and "RobustnessReporter" not in self._ctx.members:
+                and "RobustnessReporter" not in self.context.members:
             from robusttrain.rundir.lock import release
 
             release(self._dir, holder=trainer)
@@ -316,17 +316,18 @@ class BalancedCheckpoint(UsesContext, Callback):
             report = self._decide()
         chosen = trainer.strategy.broadcast(None if report is None else report["balanced_epoch"], src=0)
         if trainer.is_global_zero:
+            assert report is not None  # rank 0 decided just above
             if chosen is not None and self._candidate(chosen).is_file():
-                atomic_copy(self._candidate(chosen), self._dir / "balanced.ckpt")
+                atomic_copy(self._candidate(chosen), self.fit_dir / "balanced.ckpt")
                 report["checkpoint"] = "balanced.ckpt"
             if self._rows:
-                history_file.write(self._dir, self.case_history, history_file.FALLBACK_NAME)
-            corners_file.write(self._dir, report)
+                history_file.write(self.fit_dir, self.case_history, history_file.FALLBACK_NAME)
+            corners_file.write(self.fit_dir, report)
             if self.selection is not None:
-                self._ctx.corners = corners_file.from_selection(self.selection, report["least_loss_epoch"])
+                self.context.corners = corners_file.from_selection(self.selection, report["least_loss_epoch"])
             if not self.keep_candidates:
                 # the fit is over: its candidates (one checkpoint per kept epoch) are no longer needed
-                shutil.rmtree(self._dir / CANDIDATES, ignore_errors=True)
+                shutil.rmtree(self.fit_dir / CANDIDATES, ignore_errors=True)
         trainer.strategy.barrier("BalancedCheckpoint.end")
 
     def _decide(self) -> dict:

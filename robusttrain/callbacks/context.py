@@ -134,6 +134,15 @@ class RobustnessContext:
             hold(self.run_dir, "fit", holder=trainer)
         return self.run_dir
 
+    @property
+    def resolved_run_dir(self) -> Path:
+        """``run_dir`` where :meth:`finalize` must have run (hooks after ``on_fit_start``): one clear
+        :class:`RobustnessConfigError` instead of ``None`` deep in a hook when it has not."""
+        if self.run_dir is None:
+            raise RobustnessConfigError("the run directory is used before on_fit_start() resolved it "
+                                        "(RobustnessContext.finalize); run the callbacks through trainer.fit")
+        return self.run_dir
+
     def release_lock(self, trainer: Any, member: str) -> None:
         """Let go of this trainer's run-directory lock when the fit is over (``teardown``, rank 0).
 
@@ -208,15 +217,30 @@ class UsesContext:
     Hooks read ``self.context``, never an Optional field: used before ``setup`` it raises one clear
     :class:`RobustnessConfigError` instead of an ``AttributeError`` on ``None`` deep in a hook.
 
+    ``fit_dir`` is the same for the run directory the callback's ``on_fit_start`` resolved (``_dir``).
+
     >>> class Cb(UsesContext): pass
     >>> Cb().context
     Traceback (most recent call last):
     ...
     robusttrain.callbacks.context.RobustnessConfigError: Cb.context is used before setup(): ...
+    >>> Cb().fit_dir
+    Traceback (most recent call last):
+    ...
+    robusttrain.callbacks.context.RobustnessConfigError: Cb.fit_dir is used before on_fit_start(): ...
     """
 
     _ctx: RobustnessContext | None = None
     _context_arg: RobustnessContext | None = None  # the constructor's context= (None: the trainer's)
+    _dir: Path | None = None  # the run directory: the dirpath= given, then on_fit_start's context.finalize()
+
+    @property
+    def fit_dir(self) -> Path:
+        if self._dir is None:
+            raise RobustnessConfigError(
+                f"{type(self).__name__}.fit_dir is used before on_fit_start(): add the callback to a Trainer's "
+                "callbacks and run fit (on_fit_start resolves the run directory)")
+        return self._dir
 
     @property
     def context(self) -> RobustnessContext:

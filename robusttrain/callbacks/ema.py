@@ -66,7 +66,7 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
 
     def on_train_end(self, trainer, pl_module) -> None:
         super().on_train_end(trainer, pl_module)  # Lightning copies the EMA weights into the model
-        dst = self._dir / NAME
+        dst = self.fit_dir / NAME
         tmp = dst.with_name(f".{dst.name}.tmp")
         trainer.save_checkpoint(tmp, weights_only=True)  # collective: every rank calls it, rank 0 writes
         if trainer.is_global_zero:

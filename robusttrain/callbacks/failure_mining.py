@@ -138,7 +138,7 @@ class FailureMiningCallback(UsesContext, Callback):
     def _bind(self, replay: ReplayDataset) -> None:
         ctx = self.context
         replay.perturbation_kwargs = dict(getattr(ctx.suite, "perturbation_kwargs", {}) or {})
-        replay.bind(ctx.run_dir, ctx.hooks, getattr(ctx.suite, "slice_axis", -1))
+        replay.bind(ctx.resolved_run_dir, ctx.hooks, getattr(ctx.suite, "slice_axis", -1))
         if self.allow_val_mining and self._val is not None:
             from robusttrain.mining.replay import CleanView
 
@@ -195,16 +195,18 @@ class FailureMiningCallback(UsesContext, Callback):
                 "through mining.wrap(dataset), so nothing would be replayed; build the train loader over "
                 "mining.wrap(train_dataset) (robusttrain datamodules: datamodule.wrap_train(mining.wrap)) "
                 "or set replay_ratio=0")
-        if self._probe.dataset is None:
+        probe = self._probe
+        assert probe is not None  # setup("fit") made it, and on_train_start runs after setup
+        if probe.dataset is None:
             raise RobustnessConfigError(
                 "FailureMiningCallback: no training dataset to check; pass train_dataset= (a map-style "
                 "dataset) or build the train loader over mining.wrap(train_dataset)")
         # The MR callback reads the train probe through its hooks only after the first epoch: read one
         # sample now, so samples the hooks cannot read (no mask) fail before training, also with
         # replay_ratio=0. No random stream moves (a resume must repeat the uninterrupted run).
-        with checking_state(pl_module, 0), self._probe.dataset.streams_kept():
-            if len(self._probe.dataset):
-                next(iter_probe(self._probe.dataset, [0], 1, self.context.hooks))
+        with checking_state(pl_module, 0), probe.dataset.streams_kept():
+            if len(probe.dataset):
+                next(iter_probe(probe.dataset, [0], 1, self.context.hooks))
             if self.replay is not None and self.replay.view.pre is None:
                 # collated as the client's loader will collate replayed samples (MONAI: list_data_collate)
                 check_round_trip(self.replay.view, getattr(trainer.train_dataloader, "collate_fn", None))
@@ -217,6 +219,8 @@ class FailureMiningCallback(UsesContext, Callback):
                             self.min_clean_dice, record.case_id, record.src_dice, record.fol_dice)
             self.below_floor += 1
             return
+        # subscribed in setup("fit"); violations come from checks, which run after on_fit_start made the bank
+        assert self.bank is not None
         self.bank.add(record, images)
         self._counts[record.epoch][record.perturbation] += 1
 
@@ -249,22 +253,27 @@ class FailureMiningCallback(UsesContext, Callback):
         pl_module.log_dict({f"mining/{k}": float(v) for k, v in row.items() if k != "epoch"},
                            on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         if is_global_zero(trainer):
-            mining_file.write(self.context.run_dir, pd.DataFrame(self.rows))
+            mining_file.write(self.context.resolved_run_dir, pd.DataFrame(self.rows))
 
     def _sync(self, trainer: Any) -> None:
         # all ranks call this at the same hooks; only rank 0 has records (sinks run there)
         epoch = int(trainer.current_epoch)
+        bank = self.bank
+        assert bank is not None  # every caller returns early without a bank
         if is_global_zero(trainer):
-            pending = bool(self.bank._new or self.bank._seen)
+            pending = bool(bank._new or bank._seen)
             if pending:
-                self._new_this_epoch += self.bank.flush(epoch)
+                self._new_this_epoch += bank.flush(epoch)
             self._update_weights(epoch, force_write=pending)
         barrier(trainer, "failure_mining_sync")
 
     def _update_weights(self, epoch: int, force_write: bool) -> None:
         ctx = self.context
-        rates = rates_from_efr(ctx.efr, "train", "dice", ctx.violation_threshold, epoch) \
-            if ctx.efr is not None else {}
+        rates: dict[str, float] = {}
+        if ctx.efr is not None:
+            # the MR callback sets violation_threshold in its setup, before any check fills efr
+            assert ctx.violation_threshold is not None
+            rates = rates_from_efr(ctx.efr, "train", "dice", ctx.violation_threshold, epoch)
         if not rates and self._counts.get(epoch):  # no EFR table: relative failure counts
             c = self._counts[epoch]
             rates = {p: n / max(c.values()) for p, n in c.items()}
@@ -276,7 +285,7 @@ class FailureMiningCallback(UsesContext, Callback):
             self._write_weights()
 
     def _write_weights(self) -> None:
-        sampling_file.write(self.context.run_dir, self._weights_epoch, self.weights.weights(), self.weights.smoothed)
+        sampling_file.write(self.context.resolved_run_dir, self._weights_epoch, self.weights.weights(), self.weights.smoothed)
 
     # ---- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from lightning.pytorch import Callback
@@ -45,6 +45,9 @@ from robusttrain.validate import check_choice, check_int
 
 from .compat import fitting, wandb_logger
 from .context import RobustnessContext, UsesContext
+
+if TYPE_CHECKING:  # imported where W&B logs (an optional logger)
+    from wandb import Table as WandbTable
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ class RobustnessReporter(UsesContext, Callback):
         self._pending: list[tuple[Any, dict | None]] = []   # failures since the last report
         self._logged: set[str] = set()            # failure ids already in the W&B table
         self._validated = False
-        self._table = None
+        self._table: WandbTable | None = None
 
     # ------------------------------------------------------------------ wiring
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -170,7 +173,9 @@ class RobustnessReporter(UsesContext, Callback):
         if rows:
             if self._table is None:
                 # INCREMENTAL: each log uploads only the rows added since the previous log
-                self._table = wandb.Table(columns=wandb_charts.FAILURE_COLUMNS, log_mode="INCREMENTAL")
+                # wandb's stub types columns as list[str | int], which a list[str] is not (invariance)
+                self._table = wandb.Table(columns=wandb_charts.FAILURE_COLUMNS,  # type: ignore[arg-type]
+                                          log_mode="INCREMENTAL")
             for row in rows:
                 self._table.add_data(*row)
             payload["failures/table"] = self._table
@@ -182,7 +187,7 @@ class RobustnessReporter(UsesContext, Callback):
 
     def _new_failure_rows(self, run_dir: Path, trainer: Any) -> list[list[Any]]:
         names = self._class_names(trainer)
-        rows = []
+        rows: list[list[Any]] = []
         if self.context.provides("mr"):
             pending, self._pending = self._pending, []
             pending.sort(key=lambda ri: -ri[0].drop)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy.stats import bootstrap
 
 from .history import HistoryLike, case_scores, load_history, metric_columns
@@ -80,7 +81,7 @@ def selection_margin(history: HistoryLike, selection: Any, confidence: float = 0
         return {**base, "status": "not_available",
                 "reason": f"no case has a score at both epoch {selection.epoch} and epoch {base['last_epoch']}"}
     corners = [c for c in selection.corner_cases.case_ids if c in pair.index]
-    groups = {"cohort": (pair, np.mean), "worst": (pair.loc[corners] if corners else pair, np.min),
+    groups: dict[str, tuple[pd.DataFrame, Callable[..., Any]]] = {"cohort": (pair, np.mean), "worst": (pair.loc[corners] if corners else pair, np.min),
               "cvar": (pair, _cvar(selection.worst_fraction))}
     margins = {}
     for name, (sub, stat) in groups.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -141,6 +141,20 @@ class ProbeBatch:
     slice_indices: list[int]
 
 
+class SizedDataset(Protocol):
+    """A map-style dataset with a length (``len(ds)``, ``ds[i]``): what the probes and failure replay
+    read. torch's ``Dataset`` declares no ``__len__``; a map-style dataset defines one.
+
+    >>> def size(ds: SizedDataset) -> int: return len(ds)
+    >>> size([{"image": 0}, {"image": 1}])
+    2
+    """
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
 class _Indexed(Dataset):
     def __init__(self, ds: Dataset, indices: Sequence[int]):
         self.ds, self.indices = ds, list(indices)
@@ -196,7 +210,7 @@ def iter_probe(dataset: Dataset, indices: Sequence[int], batch_size: int, hooks:
         yield read_batch(idx, batch, hooks, id_prefix)
 
 
-def case_ids_of(dataset: Dataset) -> list[str] | None:
+def case_ids_of(dataset: SizedDataset) -> list[str] | None:
     """Per-index case ids when the dataset can tell them cheaply (``case_ids()``), else None."""
     fn = getattr(dataset, "case_ids", None)
     if callable(fn):

@@ -32,7 +32,7 @@ import contextlib
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -87,7 +87,8 @@ def select_probe(case_ids: Sequence[str], max_cases: int | None, seed: int, spli
         keep = [c for c in cases if c in set(always)][:max_cases]
         rest = [c for c in cases if c not in set(keep)]
         rng = np.random.default_rng(stable_seed(seed, split, "probe"))
-        pick = rng.choice(len(rest), size=max_cases - len(keep), replace=False) if max_cases > len(keep) else []
+        pick: np.ndarray | list[int] = (rng.choice(len(rest), size=max_cases - len(keep), replace=False)
+                                        if max_cases > len(keep) else [])
         chosen = set(keep) | {rest[int(i)] for i in pick}
     else:
         chosen = set(cases)
@@ -172,18 +173,26 @@ def prepare_suite(suite: MRSuite, probe: Probe, hooks: BatchHooks) -> None:
     suite.prepare(pb.images.shape[1], probe=pb.images)
 
 
+class ProgressBar(Protocol):
+    """What :func:`run_check` uses of the bar ``progress`` returns (tqdm's interface)."""
+
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> object: ...
+
+
 def run_check(predict: Callable[[torch.Tensor], torch.Tensor], probes: Mapping[str, Probe], suite: MRSuite, *,
               path: str = "torch", device: torch.device | str | None = None, batch_size: int = 8,
               num_workers: int = 0, hooks: BatchHooks | None = None, epoch: int | None = None,
               rank: int = 0, world_size: int = 1, gather: Callable[[Any], list[Any]] | None = None,
-              progress: Callable[[str, int], Callable[[int], None]] | None = None) -> dict[str, ProbeResult]:
+              progress: Callable[[str, int], ProgressBar] | None = None) -> dict[str, ProbeResult]:
     """Score every probe (split) under ``suite``; call inside :func:`checking_state`.
 
     Each rank scores its shard (``indices[rank::world_size]``); ``gather(obj) -> [every rank's obj]``
     (a collective; default: this process only) brings the shards together, so every rank returns the
     same merged results. A probe's ``plan`` limits the follow-ups; a train probe (split != "val") then
-    also limits its clean pass to the planned cases. ``progress(split, total)`` returns a per-sample
-    callback (a progress bar); its ``close`` is called when the split is done.
+    also limits its clean pass to the planned cases. ``progress(split, total)`` returns a progress bar
+    (:class:`ProgressBar`: ``update(n)`` per sample, ``close()`` when the split is done).
     """
     hooks = hooks or BatchHooks()
     gather = gather or (lambda obj: [obj])

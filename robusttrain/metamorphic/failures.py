@@ -48,7 +48,7 @@ def build_failures(res: ProbeResult, cases: pd.DataFrame, suite: MRSuite, datase
         k = test_of[(r.perturbation, int(r.severity))]
         w = worst_slice(res, r.case_id, k)
         load = lambda i: next(iter_probe(dataset, [int(res.index[i])], 1, hooks, id_prefix=id_prefix))
-        slices = []
+        slices: list[dict[str, Any]] = []
         for i in rows_of[r.case_id]:
             si = int(res.slice_index[i])
             p = suite.cached(res.split, k, r.case_id, si)

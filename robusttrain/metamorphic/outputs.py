@@ -95,8 +95,8 @@ def main_output(outputs: Any) -> torch.Tensor:
 
 def _range(t: torch.Tensor, what: str) -> tuple[float, float]:
     # min/max propagate NaN, so one reduction answers "finite?" and "in [0,1]?"
-    lo, hi = torch.aminmax(t.detach())
-    lo, hi = float(lo), float(hi)
+    lo_t, hi_t = torch.aminmax(t.detach())
+    lo, hi = float(lo_t), float(hi_t)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise NonFiniteOutputError(what)
     return lo, hi

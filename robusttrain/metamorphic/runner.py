@@ -80,17 +80,17 @@ class ProbeResult:
 def _sum_timing(items: Iterable[dict | None]) -> dict:
     # ranks run in parallel: the slowest rank's seconds, the sum of samples (per-sample cost
     # then reads as wall time per sample of the whole check)
-    items = [t for t in items if t]
-    if not items:
+    ts = [t for t in items if t]
+    if not ts:
         return {}
-    return {"clean_s": max(t["clean_s"] for t in items), "followup_s": max(t["followup_s"] for t in items),
-            "n_clean": sum(t["n_clean"] for t in items), "n_followup": sum(t["n_followup"] for t in items)}
+    return {"clean_s": max(t["clean_s"] for t in ts), "followup_s": max(t["followup_s"] for t in ts),
+            "n_clean": sum(t["n_clean"] for t in ts), "n_followup": sum(t["n_followup"] for t in ts)}
 
 
 class _Followups:
     """Follow-up images waiting for a forward pass, so sparse (budgeted) tests still run in full batches."""
 
-    def __init__(self, predict: Predict, size: int, progress: Callable[[int], None] | None, where: dict):
+    def __init__(self, predict: Predict, size: int, progress: Callable[[int], object] | None, where: dict):
         self.predict, self.size, self.progress, self.where = predict, max(1, int(size)), progress, where
         self.items: list[tuple] = []
         self.n = 0
@@ -122,7 +122,7 @@ class _Followups:
 
 def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, split: str,
               path: str = "torch", device: torch.device | str | None = None,
-              progress: Callable[[int], None] | None = None, epoch: int | None = None,
+              progress: Callable[[int], object] | None = None, epoch: int | None = None,
               selection: Selection | None = None, forward_batch: int | None = None) -> ProbeResult:
     """Score every probe slice clean, and under every test of ``suite`` (or the ``selection``).
 

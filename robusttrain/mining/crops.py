@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ import torch
 _SKIP = (str, bytes, int, float, bool, type(None), np.ndarray, torch.Tensor)
 
 
-def is_crop_list(sample: Any) -> bool:
+def is_crop_list(sample: Any) -> TypeGuard[list[Any] | tuple[Any, ...]]:
     """A list/tuple of dict samples (MONAI's ``num_samples=k`` crops), not an ``(image, mask)`` pair."""
     return isinstance(sample, (list, tuple)) and len(sample) > 0 and all(isinstance(s, dict) for s in sample)
 

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from robusttrain.metamorphic.batch import BatchHooks, HookError
+from robusttrain.metamorphic.batch import BatchHooks, HookError, SizedDataset
 from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.mining.bank import FailureBank
 from robusttrain.mining.crops import is_crop_list, read_seeded, rng_kept
@@ -122,7 +122,7 @@ class CleanView:
     (:class:`~robusttrain.mining.samples.SampleCodec`), and no extra steps.
     """
 
-    def __init__(self, ds: Dataset, hooks: BatchHooks | None = None):
+    def __init__(self, ds: SizedDataset, hooks: BatchHooks | None = None):
         self.ds = ds
         self.codec = SampleCodec(hooks)
         pipe = getattr(ds, "pipeline", None)
@@ -175,7 +175,8 @@ class CleanView:
             sample, extra = self.sample(i)
             img, msk, meta = self.codec.read(sample, i)
             return img, msk, {**meta, **extra}
-        src, j = self.ds.source, self.ds.indices[i]
+        seg: Any = self.ds  # pre is set only for a dataset with source and indices (see __init__)
+        src, j = seg.source, seg.indices[i]
         img, msk = src.load(j)
         out = self.pre(image=img, mask=msk)
         img, msk = np.asarray(out["image"]), np.asarray(out["mask"])
@@ -187,7 +188,7 @@ class CleanView:
         return img, msk.astype(np.int64), meta
 
     def finish(self, image: np.ndarray, mask: np.ndarray, meta: dict[str, Any],
-               augment: bool = True) -> dict[str, Any]:
+               augment: bool = True) -> Any:
         """Run the augmentations (unless ``augment=False``) and build the sample: robusttrain's dict,
         or (any other dataset) the loaded sample with ``image`` in place of its image."""
         if "sample" in meta:
@@ -236,7 +237,7 @@ class CleanDataset(Dataset):
     """Index-aligned, un-augmented view of a training dataset: what the train probe should check,
     so that a failure's ``index`` + params re-create exactly the image that failed."""
 
-    def __init__(self, base: Dataset):
+    def __init__(self, base: SizedDataset):
         self.base, self.view = base, CleanView(base)
 
     def __len__(self) -> int:
@@ -281,7 +282,7 @@ def _forward(wrapper: Any, name: str) -> Any:
 
 
 class _SlotDataset(Dataset):
-    def __init__(self, base: Dataset, ratio: float, hooks: BatchHooks | None = None):
+    def __init__(self, base: SizedDataset, ratio: float, hooks: BatchHooks | None = None):
         self.base, self.ratio = base, float(ratio)
         self.n_base = len(base)
         self.n_slots = n_slots_for(self.n_base, self.ratio)
@@ -353,9 +354,9 @@ class ReplayDataset(_SlotDataset):
     matching entry in ``sources``.
     """
 
-    def __init__(self, base: Dataset, run_dir: str | os.PathLike | None, replay_ratio: float = 0.2,
+    def __init__(self, base: SizedDataset, run_dir: str | os.PathLike | None, replay_ratio: float = 0.2,
                  jitter: float = 0.1, allow_val_mining: bool = False,
-                 sources: dict[str, Dataset] | None = None,
+                 sources: dict[str, SizedDataset] | None = None,
                  perturbation_kwargs: dict[str, dict] | None = None,
                  clean_mix: float = 0.0, fresh_image: float = 0.0, hooks: BatchHooks | None = None):
         super().__init__(base, replay_ratio, hooks)
@@ -452,7 +453,7 @@ class ReplayDataset(_SlotDataset):
         out = apply_image(op, img, msk, params=jitter_params(record.params, fresh, alpha))
         return out, msk, meta
 
-    def _slot(self, rng: np.random.Generator) -> dict[str, Any]:
+    def _slot(self, rng: np.random.Generator) -> Any:  # a training sample, in the dataset's format
         self.refresh()
         w = self.weights()
         if not w:
@@ -478,7 +479,7 @@ class ReplayDataset(_SlotDataset):
 class RandomPerturbationDataset(_SlotDataset):
     """Baseline: slots hold a random perturbation x severity with random params (see module doc)."""
 
-    def __init__(self, base: Dataset, perturbations: Sequence[str], severities: Sequence[int] = (2, 4),
+    def __init__(self, base: SizedDataset, perturbations: Sequence[str], severities: Sequence[int] = (2, 4),
                  ratio: float = 0.2, perturbation_kwargs: dict[str, dict] | None = None,
                  hooks: BatchHooks | None = None):
         super().__init__(base, ratio, hooks)
@@ -486,7 +487,7 @@ class RandomPerturbationDataset(_SlotDataset):
         self.perturbation_kwargs = dict(perturbation_kwargs or {})
         self._ops: dict[tuple[str, int], Any] = {}
 
-    def _slot(self, rng: np.random.Generator) -> dict[str, Any]:
+    def _slot(self, rng: np.random.Generator) -> Any:  # a training sample, in the dataset's format
         if not self.tests:
             return self._clean_slot(rng)
         name, sev = self.tests[int(rng.integers(len(self.tests)))]

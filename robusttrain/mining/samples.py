@@ -112,8 +112,8 @@ def _like(leaf: Any, image: np.ndarray) -> Any:
             return out
         return t
     arr = np.asarray(leaf)
-    out = chw.astype(arr.dtype) if arr.dtype == np.uint8 else (chw / 255.0).astype(arr.dtype)
-    return out.reshape(shape)
+    new = chw.astype(arr.dtype) if arr.dtype == np.uint8 else (chw / 255.0).astype(arr.dtype)
+    return new.reshape(shape)
 
 
 def _replace_leaf(obj: Any, leaf: Any, new: Any) -> tuple[Any, bool]:

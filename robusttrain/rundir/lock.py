@@ -66,8 +66,10 @@ class RunLock:
                                       f"({who}); use another run_dir or wait for it to finish") from None
             # the file may have been unlinked by the previous holder between our open and flock:
             # then we hold a lock nobody else can see -- drop it and try again
+            fd = self._lock._context.lock_file_fd
+            assert fd is not None  # acquire() returned: filelock holds the lock file open
             try:
-                same = os.path.samestat(os.fstat(self._lock._context.lock_file_fd), os.stat(lock_path))
+                same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
             except OSError:
                 same = False
             if same:
