@@ -435,3 +435,18 @@ def test_kept_family_shares_reach_the_loggers(tmp_path):
     logged = pd.read_csv(tmp_path / "logs" / "version_0" / "metrics.csv")
     shares = logged[[c for c in logged.columns if c.startswith("mt/kept_share/")]].dropna(how="all")
     assert len(shares) == 2 and np.allclose(shares.fillna(0).sum(1), 1.0)
+
+
+@pytest.mark.slow
+def test_normalised_training_images_are_refused_in_one_line(tmp_path):
+    class Normalised(Blobs):
+        def __getitem__(self, i):
+            s = dict(super().__getitem__(i))
+            s["image"] = (s["image"] - 0.5) / 0.25   # mean/std normalised before the callback sees it
+            return s
+
+    mt = MetamorphicTraining(perturbations=COLOUR, dirpath=tmp_path)
+    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", enable_checkpointing=False)
+    with pytest.raises(RobustnessConfigError, match=r"perturbs images in \[0, 1\], but the training images span"):
+        trainer.fit(Tiny(), DataLoader(Normalised(8, slices=1, size=32), batch_size=4))

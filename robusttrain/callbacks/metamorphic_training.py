@@ -163,10 +163,9 @@ class MetamorphicTraining(Callback):
         step = int(trainer.global_step)
         rates = self._rates() if self._probs is None else self._probs
         score = self._scorer(trainer, pl_module)
-        try:
-            fol = self.wok(images.detach(), masks, score, step=step, rank=int(trainer.global_rank), rates=rates)
-        except (ValueError, TypeError) as err:  # e.g. images not in [0, 1]
-            raise RobustnessConfigError(f"MetamorphicTraining cannot perturb the training images: {err}") from None
+        if self._steps_seen == 0:  # what the perturbations need, said once before anything is drawn
+            _check_images(images)
+        fol = self.wok(images.detach(), masks, score, step=step, rank=int(trainer.global_rank), rates=rates)
         self._account(fol, rates)
         self._record(trainer, batch, fol)
         if self.pair:
@@ -421,6 +420,19 @@ def scoring_state(module: torch.nn.Module) -> Iterator[None]:
 def _forward_context(trainer: Any) -> Any:
     plugin = getattr(trainer, "precision_plugin", None)
     return plugin.forward_context() if plugin is not None else contextlib.nullcontext()
+
+
+def _check_images(images: Any) -> None:
+    """Training images the perturbations can take: float (B,C,H,W[,D]) in [0, 1]."""
+    if not torch.is_tensor(images) or not images.is_floating_point() or images.ndim not in (4, 5):
+        raise RobustnessConfigError(
+            f"MetamorphicTraining needs float (B,C,H,W) or (B,C,H,W,D) training images, got "
+            f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}")
+    lo, hi = float(images.min()), float(images.max())
+    if lo < 0.0 or hi > 1.0:
+        raise RobustnessConfigError(
+            f"MetamorphicTraining perturbs images in [0, 1], but the training images span [{lo:.3g}, {hi:.3g}] "
+            "(normalise after the perturbation, e.g. in the model's forward, or pass hooks=BatchHooks(get_images=...))")
 
 
 def _index_masks(masks: torch.Tensor) -> torch.Tensor:

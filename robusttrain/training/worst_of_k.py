@@ -285,17 +285,21 @@ def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str
 def scaled_for_scoring(images: torch.Tensor, masks: torch.Tensor | None, scale: float, multiple: int = 16
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Candidates at ``scale`` of their size for the scoring forward (area-averaged images, nearest
-    masks) when the scaled size stays a multiple of ``multiple`` (U-Nets downsample 4x by 2); else as is.
+    masks) when the scaled size stays a multiple of ``multiple`` and at least twice it (a U-Net
+    downsamples 4x by 2 and instance norm needs more than one pixel at the bottom); else as is.
 
     >>> x, m = torch.rand(2, 3, 64, 64), torch.zeros(2, 64, 64, dtype=torch.long)
     >>> [t.shape[-1] for t in scaled_for_scoring(x, m, 0.5)], scaled_for_scoring(x, m, 0.5, 48)[0].shape[-1]
     ([32, 32], 64)
+    >>> scaled_for_scoring(torch.rand(1, 3, 32, 32), None, 0.5)[0].shape[-1]   # 16 px would be too small
+    32
     """
     if scale >= 1.0 or images.ndim != 4:
         return images, masks
     h, w = images.shape[-2:]
     sh, sw = h * scale, w * scale
-    if sh != int(sh) or sw != int(sw) or int(sh) % multiple or int(sw) % multiple:
+    if sh != int(sh) or sw != int(sw) or int(sh) % multiple or int(sw) % multiple \
+            or min(sh, sw) < 2 * multiple:
         return images, masks
     size = (int(sh), int(sw))
     x = F.interpolate(images, size=size, mode="area")
