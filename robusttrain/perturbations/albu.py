@@ -37,6 +37,7 @@ from pydantic import create_model
 
 from . import family_class, get
 from .base import Perturbation
+from .seeding import Reseeder
 
 _P = inspect.Parameter
 TRANSFORMS: dict[str, type[PerturbationTransform]] = {}  # family -> its transform class (filled by _FamilyMeta)
@@ -97,15 +98,17 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
             if k not in _taken():
                 setattr(self, k, v)
         self.perturbation: Perturbation = get(self.family, **self.family_args)
+        self._reseed = Reseeder()
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         image = data["image"] if "image" in data else data["images"][0]
         mask = data.get("mask")
         if mask is not None and mask.ndim == 3:
             mask = mask[:, :, 0]
-        # One seed from the pipeline's generator, expanded by default_rng as in every earlier version, so the
-        # same Compose seed keeps giving the same images (any cheaper expansion would give other ones).
-        rng = np.random.default_rng(int(self.random_generator.integers(0, 2**32)))
+        # One seed from the pipeline's generator and the params drawn from default_rng(seed)'s stream, as in
+        # every earlier version, so a Compose seed keeps giving the same images; the Reseeder gives that
+        # stream without building a new Generator per call.
+        rng = self._reseed(int(self.random_generator.integers(0, 2**32)))
         return {"perturbation_params": self.perturbation.sample_numpy(image, mask, rng), "lesion": mask}
 
     def apply(self, img: np.ndarray, perturbation_params: dict[str, Any] | None = None,
