@@ -166,9 +166,9 @@ def _family_spec(family: str) -> tuple[inspect.Signature, type, tuple[str, ...],
     except Exception:  # unresolvable annotation: validate nothing rather than fail the import
         hints = {}
     name = _class_name(family)
-    schema = create_model(f"{name}InitSchema", __base__=BaseTransformInitSchema,
-                          **{q.name: (hints.get(q.name, Any), ... if q.default is _P.empty else q.default)
-                             for q in params})
+    fields: dict[str, Any] = {q.name: (hints.get(q.name, Any), ... if q.default is _P.empty else q.default)
+                              for q in params}
+    schema = create_model(f"{name}InitSchema", __base__=BaseTransformInitSchema, **fields)
     sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)]
                             + [q.replace(kind=_P.KEYWORD_ONLY) if q.kind is _P.KEYWORD_ONLY
                                else q.replace(kind=_P.POSITIONAL_OR_KEYWORD) for q in params]
