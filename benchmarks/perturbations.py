@@ -22,10 +22,19 @@ transforms applied per sample (their usual use, in a Dataset's transform chain):
 call; per-sample callers take the batch's images in turn, so no image stays cache-hot), ``torch`` (ours, B images per call on CPU) and the ratios ``t/monai``, ``t/tio``. Target: the
 batched torch path at least 3x MONAI's per-sample transform on CPU. TorchIO is a benchmark-only
 dependency (``pip install -e .[bench]``). Default size 256 (ACDC's grid; radiographs 512 with ``--size``).
+
+``--adapter`` measures the Albumentations adapter (issue 19.3) instead: for every family with a transform, at
+512² and 128² (or ``--size``), µs per call of the bare kernel (``apply_numpy``, params sampled per call) and of
+the transform called as Albumentations calls it (``t(image=..., mask=...)``), on the same stream of params
+(each bare call gets ``default_rng`` of the seed the transform draws, so both do identical work; the first
+outputs are checked equal; an untimed pass over each round's params warms the param-keyed caches first), plus the closest Albumentations transform for the colour families. The overhead
+column is the median over rounds of the per-round ratio; the header states the library versions and
+``os.getloadavg()`` at start and end, since both move the figures. Run it with ``OMP_NUM_THREADS=1``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -133,7 +142,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    ap.add_argument("--adapter", action="store_true", help="Albumentations adapter vs bare kernel (issue 19.3)")
     args = ap.parse_args()
+    if args.adapter:
+        return main_adapter(args)
     if args.modality != "endoscopy":
         return main_grey(args)
     args.size = args.size or 512
@@ -329,6 +341,118 @@ def main_grey(args: argparse.Namespace) -> None:
         line = f"{label:<15}{f('numpy')}{f('monai')}{f('tio')}{f('torch')}{r('torch', 'monai')}{r('torch', 'tio')}"
         print(line + (f(
             "cuda", 10) if cuda else ""), flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# the Albumentations adapter vs the bare kernel (issue 19.3)
+# --------------------------------------------------------------------------------------
+ADAPTER_MAX_OVERHEAD = 0.15  # target: the adapter costs at most 15 % over apply_numpy
+COLOUR_MIN_SPEEDUP = 2.0     # target: colour families through the adapter >= 2x Albumentations' equivalents
+
+
+def colour_references() -> dict[str, tuple[str, A.BasicTransform]]:
+    """The closest built-in Albumentations transform of each colour family (severity 3)."""
+    return {
+        "saturation": ("ColorJitter(sat)", A.ColorJitter(0, 0, (1.5, 1.5), 0, p=1.0)),
+        "contrast": ("ColorJitter(b,c,s)", A.ColorJitter((0.7, 0.7), (0.7, 0.7), (0.7, 0.7), 0, p=1.0)),
+        "white_balance": ("RGBShift", A.RGBShift((-60, -60), (0, 0), (-60, -60), p=1.0)),
+    }
+
+
+def _per_call(fn: Callable[[], object], calls: int) -> float:
+    """µs of this thread's CPU time per call: everything runs on one thread, and CPU time, unlike wall time,
+    does not count the slices the OS gives other processes on a shared machine."""
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    return (time.thread_time() - t0) / calls * 1e6
+
+
+def adapter_rounds(pert: P.Perturbation, t: A.BasicTransform, img: np.ndarray, mask: np.ndarray,
+                   ref: A.BasicTransform | None, repeats: int, min_time: float) -> dict[str, list[float]]:
+    """Per round: µs/call of the bare kernel, the adapter and the reference, on the same param stream."""
+    def seeds(r: int, n: int) -> list[np.random.Generator]:
+        g = np.random.default_rng(r)  # what t.set_random_seed(r) gives t.random_generator
+        return [np.random.default_rng(int(g.integers(0, 2**32))) for _ in range(n)]
+
+    t.set_random_seed(0)
+    first = t(image=img, mask=mask)["image"]
+    if not np.array_equal(first, pert.apply_numpy(img, mask, rng=seeds(0, 1)[0])[0]):
+        raise SystemExit(f"{pert.name}: the adapter's output differs from apply_numpy's for the same seed")
+    t0 = time.perf_counter()
+    pert.apply_numpy(img, mask, rng=seeds(1, 1)[0])
+    calls = max(3, min(20000, int(min_time / max(time.perf_counter() - t0, 1e-6))))
+    res: dict[str, list[float]] = {"bare": [], "adapter": [], "ref": []}
+    for r in range(repeats):
+        for g in seeds(r, calls):  # untimed pass over the round's params: caches keyed by params (glyph atlases,
+            pert.apply_numpy(img, mask, rng=g)  # blur kernels) are warm for both, not only for whoever runs second
+        gens = iter(seeds(r, calls))
+        runs = {"bare": lambda: pert.apply_numpy(img, mask, rng=next(gens)),
+                "adapter": lambda: t(image=img, mask=mask)}
+        if ref is not None:
+            runs["ref"] = lambda: ref(image=img)
+        order = list(runs) if r % 2 == 0 else list(runs)[::-1]  # neither always runs first
+        for k in order:
+            if k == "adapter":
+                t.set_random_seed(r)
+            res[k].append(_per_call(runs[k], calls))
+    return res
+
+
+def main_adapter(args: argparse.Namespace) -> None:
+    from robusttrain.perturbations import albu as PA
+    from robusttrain.perturbations.seeding import Reseeder
+    repeats = args.repeats or (3 if args.quick else 7)
+    min_time = 0.1 if args.quick else 0.3
+    sizes = [args.size] if args.size else [512, 128]
+    cv2.setNumThreads(1)  # one thread everywhere (ours, Albumentations'): per-call costs, not core counts
+    load0 = os.getloadavg()
+    print(f"# Albumentations adapter vs bare kernel: opencv {cv2.__version__}, numpy {np.__version__}, "
+          f"albumentations {A.__version__}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+          f"cv2 threads {cv2.getNumThreads()}, {os.cpu_count()} CPUs; load average (1/5/15 min) at start "
+          f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; medians of {repeats} rounds, >= {min_time} s per figure")
+    print("# us = CPU time per call (one thread); bare = apply_numpy(image, mask, rng); adapter = "
+          "t(image=..., mask=...) on the same params; overhead = median per-round adapter/bare - 1")
+    refs = colour_references()
+    misses: list[str] = []
+    for size in sizes:
+        rgb, mask64 = frame(size)
+        mask = mask64.astype(np.uint8)
+        grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[:, :, None]
+        noop, g, reseed = A.NoOp(p=1.0), np.random.default_rng(0), Reseeder()
+        fixed = {k: statistics.median(_per_call(f, 20000) for _ in range(3)) for k, f in {
+            "call": lambda: noop(image=rgb, mask=mask),
+            "reseed": lambda: reseed(int(g.integers(0, 2**32))),
+            "default_rng": lambda: np.random.default_rng(int(g.integers(0, 2**32)))}.items()}
+        print(f"\n## {size}x{size}: fixed costs of any adapter call, in a tight loop: Albumentations' call itself "
+              f"(A.NoOp, image+mask) {fixed['call']:.1f} us; seed draw + Reseeder {fixed['reseed']:.1f} us "
+              f"(a new default_rng(seed), as before issue 19: {fixed['default_rng']:.1f} us)")
+        print(f"{'family':<15}{'ch':>3}{'bare us':>10}{'adapter us':>12}{'overhead':>10}  "
+              f"{'albumentations ref':<20}{'ref us':>9}{'adapter x ref':>14}")
+        for family in PA.TRANSFORMS:
+            if args.only and family not in args.only:
+                continue
+            pert = P.get(family, 3)
+            img = rgb if family in P.available(channels=3) else grey
+            name, ref = refs.get(family, ("-", None))
+            res = adapter_rounds(pert, PA.transform_for(pert), img, mask, ref, repeats, min_time)
+            bare, ad = statistics.median(res["bare"]), statistics.median(res["adapter"])
+            over = statistics.median(a / b for a, b in zip(res["adapter"], res["bare"])) - 1
+            flag = "" if over <= ADAPTER_MAX_OVERHEAD else " >15%"
+            line = f"{family:<15}{img.shape[2]:>3}{bare:>10.1f}{ad:>12.1f}{over:>+9.1%}{flag:<5}  {name:<20}"
+            if ref is not None:
+                refus = statistics.median(res["ref"])
+                speed = statistics.median(r / a for r, a in zip(res["ref"], res["adapter"]))
+                line += f"{refus:>9.1f}{speed:>13.2f}x" + ("" if speed >= COLOUR_MIN_SPEEDUP else " <2x")
+                if speed < COLOUR_MIN_SPEEDUP:
+                    misses.append(f"{family}@{size}: {speed:.2f}x Albumentations")
+            if over > ADAPTER_MAX_OVERHEAD:
+                misses.append(f"{family}@{size}: {over:+.1%}")
+            print(line, flush=True)
+    load1 = os.getloadavg()
+    print(f"\n# load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    print(f"# targets (overhead <= {ADAPTER_MAX_OVERHEAD:.0%}, colour >= {COLOUR_MIN_SPEEDUP:.0f}x Albumentations): "
+          + ("all met" if not misses else f"{len(misses)} missed: " + "; ".join(misses)))
 
 
 if __name__ == "__main__":

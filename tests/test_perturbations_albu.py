@@ -135,6 +135,30 @@ def test_every_family_has_a_transform_except_those_needing_a_model():
     assert albu.transform_class("motion_blur").__name__ == "MotionBlurTransform"
 
 
+def test_transform_classes_are_declared_statically_for_exactly_the_registry():
+    """IDEs and type checkers read the source: every family's class must be a module-level class statement."""
+    import ast
+
+    tree = ast.parse(Path(albu.__file__).read_text())
+    declared = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and [b.id for b in node.bases if isinstance(b, ast.Name)] == [
+                "PerturbationTransform"]:
+            fam = [st.value.value for st in node.body if isinstance(st, ast.Assign)
+                   and [t.id for t in st.targets if isinstance(t, ast.Name)] == ["family"]]
+            declared[node.name] = fam[0] if fam else None
+    need_model = {f for f in P.available() if any(q.name == "model" for q in _family_args(f))}
+    assert declared == {albu._class_name(f): f for f in P.available() if f not in need_model}
+    assert list(declared.values()) == [f for f in P.available() if f not in need_model]  # registry order
+    static_all = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                      and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"])
+    assert set(ast.literal_eval(static_all)) == {*declared, "PerturbationTransform", "TRANSFORMS",
+                                                 "transform_class", "transform_for"}
+    assert "globals()" not in Path(albu.__file__).read_text()
+    with pytest.raises(TypeError, match="must be called BlurTransform"):
+        type("Blurry", (albu.PerturbationTransform,), {"family": "blur", "__module__": __name__})
+
+
 @pytest.mark.parametrize("family", sorted(albu.TRANSFORMS))
 def test_each_family_in_compose_uint8_and_float_replay_and_pickle(family):
     img, m = _img(family=family), _mask()

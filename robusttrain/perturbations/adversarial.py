@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Perturbation, check_image, check_mask_np, image_to_batch
+from .base import Perturbation, image_to_batch
 
 
 class Adversarial(Perturbation):
@@ -70,8 +70,7 @@ class Adversarial(Perturbation):
         return {"delta": delta.detach()}
 
     def sample_numpy(self, image, mask=None, rng=None):
-        image = check_image(image, self.name, self.rgb)
-        mask = check_mask_np(mask, image, self.name)
+        image, mask = self.check_numpy(image, mask)
         dev = next(iter(self.model.parameters())).device if isinstance(self.model, torch.nn.Module) and \
             any(True for _ in self.model.parameters()) else torch.device("cpu")
         t = image_to_batch(image).to(dev)

@@ -1,15 +1,17 @@
 """Albumentations 2.x transforms for every registered perturbation family (image + untouched mask).
 
-One generic adapter, :class:`PerturbationTransform`, is specialised per family by :func:`transform_class`:
-``<Family>Transform`` (``BlurTransform``, ``WhiteBalanceTransform``, ... one per name in
-:func:`~robusttrain.perturbations.available`, made when this module is imported) takes exactly the family's
+One generic adapter, :class:`PerturbationTransform`, is specialised per family by a short class statement
+at the end of this module (``class BlurTransform(PerturbationTransform): family = "blur"``), one per name
+in :func:`~robusttrain.perturbations.available` except those that need a model. They are declared
+statically so that IDEs, type checkers and ``from robusttrain.perturbations.albu import BlurTransform``
+see them; a test checks the declarations against the registry. Each takes exactly the family's
 constructor arguments plus ``p``, validates them with a pydantic schema built from the family's signature
 and lists every one in ``get_transform_init_args_names()``, so ``A.to_dict`` / ``A.from_dict`` round-trip
 all of them (``A.from_dict`` finds the class by its full name once this module is imported).
 
 Params are drawn in ``get_params_dependent_on_data`` from the transform's seeded ``random_generator`` —
 so ``A.Compose(..., seed=...)`` is reproducible and ``A.ReplayCompose`` replays exactly — and the image
-goes through the perturbation's numpy path. The lesion ``mask`` (if passed) keeps objects, spots and text
+goes through the perturbation's numpy kernel. The lesion ``mask`` (if passed) keeps objects, spots and text
 off the lesion; it is returned unchanged. Families that need a model (``adversarial``) have no transform.
 
 Example:
@@ -33,14 +35,52 @@ import numpy as np
 from albumentations.core.transforms_interface import BaseTransformInitSchema
 from pydantic import create_model
 
-from . import available, family_class, get
+from . import family_class, get
 from .base import Perturbation
+from .seeding import Reseeder
 
 _P = inspect.Parameter
+TRANSFORMS: dict[str, type[PerturbationTransform]] = {}  # family -> its transform class (filled by _FamilyMeta)
 
 
-class PerturbationTransform(A.DualTransform):
-    """Base of the per-family transforms; build them with :func:`transform_class`, not directly.
+class _FamilyMeta(type(A.DualTransform)):  # type: ignore[misc]
+    """Turns ``class XTransform(PerturbationTransform): family = "x"`` into family x's transform.
+
+    Before Albumentations' own metaclass reads them from the class body, it adds an ``InitSchema`` and an
+    ``__init__`` with the family's constructor signature (plus keyword-only ``p``); it then makes that
+    ``__init__`` strict (a misspelt argument is an error, not a warning) and records the class in
+    :data:`TRANSFORMS`.
+    """
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], dct: dict[str, Any], **kwargs: Any):
+        family = dct.get("family")
+        if not family:
+            return super().__new__(mcs, name, bases, dct, **kwargs)
+        if name != _class_name(family):
+            raise TypeError(f"{name}: the transform of family {family!r} must be called {_class_name(family)}")
+        sig, schema, arg_names, doc = _family_spec(family)
+
+        def __init__(self: PerturbationTransform, *args: Any, **kw: Any) -> None:
+            bound = sig.bind(self, *args, **kw)
+            bound.apply_defaults()
+            PerturbationTransform.__init__(**bound.arguments)
+
+        __init__.__signature__ = sig  # type: ignore[attr-defined]  # read by the metaclass and by help()
+        dct = {"__doc__": doc, **dct, "arg_names": arg_names, "InitSchema": schema, "__init__": __init__}
+        cls = super().__new__(mcs, name, bases, dct, **kwargs)
+        validating_init = cls.__init__  # Albumentations' validating wrapper around the __init__ above
+
+        def strict_init(self: PerturbationTransform, *args: Any, strict: bool = True, **kw: Any) -> None:
+            validating_init(self, *args, strict=strict, **kw)
+
+        strict_init.__signature__ = sig  # type: ignore[attr-defined]
+        cls.__init__ = strict_init
+        TRANSFORMS[family] = cls
+        return cls
+
+
+class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
+    """Base of the per-family transforms (``BlurTransform``, ...); not used directly.
 
     ``family_args`` holds the family's constructor arguments (paths as strings, so the dict is JSON-ready);
     each is also an attribute (``t.severity``) unless Albumentations already uses that name.
@@ -58,21 +98,31 @@ class PerturbationTransform(A.DualTransform):
             if k not in _taken():
                 setattr(self, k, v)
         self.perturbation: Perturbation = get(self.family, **self.family_args)
+        self._reseed = Reseeder()
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         image = data["image"] if "image" in data else data["images"][0]
         mask = data.get("mask")
         if mask is not None and mask.ndim == 3:
             mask = mask[:, :, 0]
-        seed = int(self.random_generator.integers(0, 2**32))
-        pp = self.perturbation.sample_numpy(image, mask, np.random.default_rng(seed))
-        return {"perturbation_params": pp, "lesion": mask}
+        # One seed from the pipeline's generator and the params drawn from default_rng(seed)'s stream, as in
+        # every earlier version, so a Compose seed keeps giving the same images; the Reseeder gives that
+        # stream without building a new Generator per call.
+        rng = self._reseed(int(self.random_generator.integers(0, 2**32)))
+        return {"perturbation_params": self.perturbation.sample_numpy(image, mask, rng), "lesion": mask}
 
     def apply(self, img: np.ndarray, perturbation_params: dict[str, Any] | None = None,
               lesion: np.ndarray | None = None, **params: Any) -> np.ndarray:
-        squeeze = img.ndim == 2
-        out, _ = self.perturbation.apply_numpy(img, lesion, params=perturbation_params)
-        return out[:, :, 0] if squeeze and out.ndim == 3 else out
+        pert = self.perturbation
+        if perturbation_params is None:  # called outside __call__: sample, as apply_numpy does
+            out, _ = pert.apply_numpy(img, lesion)
+        else:
+            # The params are those sample_numpy just drew (or ReplayCompose kept): straight to the kernel,
+            # without apply_numpy's conversion and key check. The image is still checked: "images" and
+            # replays bring other arrays than the one the params were drawn on.
+            image, mask = pert.check_numpy(img, lesion)
+            out = pert._apply_np(image, mask, perturbation_params)
+        return out[:, :, 0] if img.ndim == 2 and out.ndim == 3 else out
 
     def apply_to_mask(self, mask: np.ndarray, **params: Any) -> np.ndarray:
         return mask  # masks are never changed
@@ -94,23 +144,14 @@ def _taken() -> frozenset[str]:
 
 
 _TAKEN: frozenset[str] | None = None
-TRANSFORMS: dict[str, type[PerturbationTransform]] = {}  # family -> its transform class
 
 
 def _class_name(family: str) -> str:
     return "".join(w[:1].upper() + w[1:] for w in family.split("_")) + "Transform"
 
 
-def transform_class(family: str) -> type[PerturbationTransform]:
-    """The Albumentations transform class of a registered family (made once, then cached).
-
-    Its ``__init__`` signature is the family's constructor signature plus keyword-only ``p`` (default 1).
-
-    >>> transform_class("white_balance").__name__, transform_class("white_balance")(cast="green").cast
-    ('WhiteBalanceTransform', 'green')
-    """
-    if family in TRANSFORMS:
-        return TRANSFORMS[family]
+def _family_spec(family: str) -> tuple[inspect.Signature, type, tuple[str, ...], str]:
+    """(``__init__`` signature, pydantic InitSchema, argument names, docstring) of a family's transform."""
     fam = family_class(family)
     params = list(inspect.signature(fam.__init__).parameters.values())[1:]
     if any(q.name == "model" for q in params):
@@ -125,44 +166,30 @@ def transform_class(family: str) -> type[PerturbationTransform]:
     except Exception:  # unresolvable annotation: validate nothing rather than fail the import
         hints = {}
     name = _class_name(family)
-    schema = create_model(f"{name}InitSchema", __base__=BaseTransformInitSchema,
-                          **{q.name: (hints.get(q.name, Any), ... if q.default is _P.empty else q.default)
-                             for q in params})
+    fields: dict[str, Any] = {q.name: (hints.get(q.name, Any), ... if q.default is _P.empty else q.default)
+                              for q in params}
+    schema = create_model(f"{name}InitSchema", __base__=BaseTransformInitSchema, **fields)
     sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)]
                             + [q.replace(kind=_P.KEYWORD_ONLY) if q.kind is _P.KEYWORD_ONLY
                                else q.replace(kind=_P.POSITIONAL_OR_KEYWORD) for q in params]
                             + [_P("p", _P.KEYWORD_ONLY, default=1.0, annotation=float)])
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        bound = sig.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        PerturbationTransform.__init__(**bound.arguments)
-
-    __init__.__signature__ = sig  # read by Albumentations' validating metaclass and by help()
     doc = (f"Albumentations transform for the ``{family}`` perturbation: arguments as "
            f":class:`{fam.__module__}.{fam.__qualname__}`, plus ``p``.")
-    cls = type(name, (PerturbationTransform,), {
-        "family": family, "arg_names": tuple(q.name for q in params), "InitSchema": schema,
-        "__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc})
-    validating_init = cls.__init__  # the metaclass's wrapper; strict: a misspelt argument is an error, not a warning
-
-    def strict_init(self: PerturbationTransform, *args: Any, strict: bool = True, **kwargs: Any) -> None:
-        validating_init(self, *args, strict=strict, **kwargs)
-
-    strict_init.__signature__ = sig
-    cls.__init__ = strict_init
-    # a module-level name: importable (``_target_`` configs), picklable (spawned data-loader workers)
-    TRANSFORMS[family] = globals()[name] = cls
-    return cls
+    return sig, schema, tuple(q.name for q in params), doc
 
 
-for _family in available():  # made at import, so A.from_dict finds every family's class by its full name
-    try:
-        transform_class(_family)
-    except ValueError:
-        pass  # needs a model
-__all__ = ["PerturbationTransform", "TRANSFORMS", "transform_class", "transform_for",
-           *(c.__name__ for c in TRANSFORMS.values())]
+def transform_class(family: str) -> type[PerturbationTransform]:
+    """The Albumentations transform class of a registered family.
+
+    Its ``__init__`` signature is the family's constructor signature plus keyword-only ``p`` (default 1).
+
+    >>> transform_class("white_balance").__name__, transform_class("white_balance")(cast="green").cast
+    ('WhiteBalanceTransform', 'green')
+    """
+    if family not in TRANSFORMS:
+        _family_spec(family)  # an unknown family, or one that needs a model: its own clear error
+        raise LookupError(f"{family}: registered, but {__name__} declares no {_class_name(family)}")
+    return TRANSFORMS[family]
 
 
 def transform_for(perturbation: Perturbation, p: float = 1.0) -> PerturbationTransform:
@@ -175,3 +202,99 @@ def transform_for(perturbation: Perturbation, p: float = 1.0) -> PerturbationTra
     t = transform_class(perturbation.name)(p=p, **perturbation.init_args())
     t.perturbation = perturbation  # same arguments; keep the caller's instance (and its caches)
     return t
+
+
+# --------------------------------------------------------------------------------------
+# One class per family, in registry order (tests/perturbations check this list against available()).
+# The signature, schema and docstring come from the family's constructor, through _FamilyMeta.
+# --------------------------------------------------------------------------------------
+class SaturationTransform(PerturbationTransform):
+    family = "saturation"
+
+
+class ContrastTransform(PerturbationTransform):
+    family = "contrast"
+
+
+class WhiteBalanceTransform(PerturbationTransform):
+    family = "white_balance"
+
+
+class BlurTransform(PerturbationTransform):
+    family = "blur"
+
+
+class MotionBlurTransform(PerturbationTransform):
+    family = "motion_blur"
+
+
+class SpecularityTransform(PerturbationTransform):
+    family = "specularity"
+
+
+class InstrumentTransform(PerturbationTransform):
+    family = "instrument"
+
+
+class FecesTransform(PerturbationTransform):
+    family = "feces"
+
+
+class BloodTransform(PerturbationTransform):
+    family = "blood"
+
+
+class TextTransform(PerturbationTransform):
+    family = "text"
+
+
+class MeltTransform(PerturbationTransform):
+    family = "melt"
+
+
+class BiasFieldTransform(PerturbationTransform):
+    family = "bias_field"
+
+
+class GhostingTransform(PerturbationTransform):
+    family = "ghosting"
+
+
+class GibbsTransform(PerturbationTransform):
+    family = "gibbs"
+
+
+class SpikeTransform(PerturbationTransform):
+    family = "spike"
+
+
+class RicianNoiseTransform(PerturbationTransform):
+    family = "rician_noise"
+
+
+class GammaTransform(PerturbationTransform):
+    family = "gamma"
+
+
+class QuantumNoiseTransform(PerturbationTransform):
+    family = "quantum_noise"
+
+
+class ExposureTransform(PerturbationTransform):
+    family = "exposure"
+
+
+class XrayMarkersTransform(PerturbationTransform):
+    family = "xray_markers"
+
+
+class CollimationTransform(PerturbationTransform):
+    family = "collimation"
+
+
+__all__ = ["PerturbationTransform", "TRANSFORMS", "transform_class", "transform_for",
+           "SaturationTransform", "ContrastTransform", "WhiteBalanceTransform", "BlurTransform",
+           "MotionBlurTransform", "SpecularityTransform", "InstrumentTransform", "FecesTransform",
+           "BloodTransform", "TextTransform", "MeltTransform", "BiasFieldTransform", "GhostingTransform",
+           "GibbsTransform", "SpikeTransform", "RicianNoiseTransform", "GammaTransform", "QuantumNoiseTransform",
+           "ExposureTransform", "XrayMarkersTransform", "CollimationTransform"]

@@ -349,13 +349,26 @@ class Perturbation:
     def sample_numpy(self, image: np.ndarray, mask: np.ndarray | None = None,
                      rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         """Draw the params of one HWC image (the numpy schema: ``index_params`` of a batch)."""
-        image = check_image(image, self.name, self.rgb)
-        mask = check_mask_np(mask, image, self.name)
+        image, mask = self.check_numpy(image, mask)
         draws = {k: np.asarray(v)[0] for k, v in self._draw(NumpyRandom(rng), 1).items()}
         draws.update(self._content_numpy(image, mask, draws))
         return draws
 
     # -- applying ---------------------------------------------------------------------
+    def check_numpy(self, image: Any, mask: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Validate one HWC image (uint8, or float32 in [0,1]) and its lesion mask for this family.
+
+        Returns them as the numpy path uses them: an (H,W) image of a grey-capable family as (H,W,1), an
+        (H,W,1) mask as (H,W). Raises one clear ValueError / TypeError otherwise.
+
+        >>> from robusttrain.perturbations import get
+        >>> img, m = get("gamma").check_numpy(np.zeros((4, 5), np.uint8), np.zeros((4, 5, 1), np.uint8))
+        >>> img.shape, m.shape
+        ((4, 5, 1), (4, 5))
+        """
+        image = check_image(image, self.name, self.rgb)
+        return image, check_mask_np(mask, image, self.name)
+
     def apply_batch(self, images: torch.Tensor, masks: torch.Tensor | None = None,
                     generator: torch.Generator | None = None, params: Params | None = None
                     ) -> tuple[torch.Tensor, Params]:
@@ -374,8 +387,7 @@ class Perturbation:
                     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Apply to one HWC image (uint8 or float32 in [0,1]); returns the same dtype and the params used."""
         squeeze = isinstance(image, np.ndarray) and image.ndim == 2 and not self.rgb
-        image = check_image(image, self.name, self.rgb)
-        mask = check_mask_np(mask, image, self.name)
+        image, mask = self.check_numpy(image, mask)
         if params is None:
             params = self.sample_numpy(image, mask, rng)
         else:

@@ -57,13 +57,9 @@ class GreyPerturbation(Perturbation):
         self._check_channels_torch(images)
         return super().apply_batch(images, masks, generator, params)
 
-    def sample_numpy(self, image, mask=None, rng=None):
+    def check_numpy(self, image, mask=None):
         self._check_channels_np(image)
-        return super().sample_numpy(image, mask, rng)
-
-    def apply_numpy(self, image, mask=None, params=None, rng=None):
-        self._check_channels_np(image)
-        return super().apply_numpy(image, mask, params, rng)
+        return super().check_numpy(image, mask)
 
     def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
         if (self.cpu_planes and images.device.type == "cpu" and images.dtype == torch.float32

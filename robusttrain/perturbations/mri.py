@@ -344,7 +344,11 @@ class RicianNoise(GreyPerturbation):
         s = float(params["sigma"])
         re = cv2.scaleAdd(noise_window_np(params["offset"], h, w, 0), s, x)
         im = cv2.multiply(noise_window_np(params["offset"], h, w, 1), s)
-        cv2.magnitude(re, im, magnitude=out)
+        # sqrt(re^2 + im^2) in numpy, not cv2.magnitude: OpenCV's result depended on the buffers' memory
+        # alignment (1 ulp in a few pixels), so the same seed could give different float32 images.
+        np.multiply(re, re, out=out)
+        out += cv2.multiply(im, im)
+        np.sqrt(out, out=out)
         return np.minimum(out, 1.0, out=out)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import NumpyRandom, TorchRandom, check_image, check_mask_np, torch_generator_from
+from .base import NumpyRandom, TorchRandom, torch_generator_from
 from .border import cell_means, cell_means_np, cell_size, dilate3, fov_from_cells, fov_from_cells_np
 from .colour import LUMA
 
@@ -180,8 +180,7 @@ class PlacedSampling:
                            **extra)
 
     def sample_numpy(self, image, mask=None, rng=None):
-        image = check_image(image, self.name, self.rgb)
-        mask = check_mask_np(mask, image, self.name)
+        image, mask = self.check_numpy(image, mask)
         luma, free, k = maps_np_arrays(image, mask)
         extra = {"fov": maps_np_arrays(image, None)[1] if mask is not None else free} if self.needs_fov else {}
         p = self._place(luma, free, k, image.shape[0], image.shape[1], NumpyRandom(rng), **extra)

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import torch
 
-from .base import REF_SIDE, Perturbation, TorchRandom, check_image, check_mask_np, short_side
+from .base import REF_SIDE, Perturbation, TorchRandom, short_side
 
 CHARS = " 0123456789/:<>%.-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _IDX = {c: i for i, c in enumerate(CHARS)}
@@ -206,8 +206,7 @@ class Text(Perturbation):
     def sample_numpy(self, image, mask=None, rng=None):
         # Hand-written numpy twin of _draw/_corners: this family's numpy path is meant to cost about as
         # much as one cv2.putText call, so it avoids generic helpers.
-        image = check_image(image, self.name, self.rgb)
-        mask = check_mask_np(mask, image, self.name)
+        image, mask = self.check_numpy(image, mask)
         rng = rng if rng is not None else np.random.default_rng()
         u = rng.random(2 * 5 * L + 5)  # one draw: characters, corner order keys, level (as _draw)
         codes = (np.where(_FIXED >= 0, _FIXED, (u[:-5].reshape(2, 5, L) * _SPAN).astype(np.int64) + _LO + 1)
