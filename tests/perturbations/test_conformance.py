@@ -75,7 +75,7 @@ def torch_paths(p: P.Perturbation, device: torch.device) -> list[bool | None]:
     return [True, False] if hasattr(p, "cpu_planes") and device.type == "cpu" else [None]
 
 
-@pytest.mark.parametrize("name,channels", CASES, ids=IDS)
+@pytest.mark.parametrize(("name", "channels"), CASES, ids=IDS)
 def test_numpy_and_torch_paths_agree_and_keep_shape_dtype_range(name, channels, device):
     imgs, masks = images(channels)
     x, m = batch(imgs, device), torch.from_numpy(np.stack(masks)).to(device)
@@ -96,7 +96,7 @@ def test_numpy_and_torch_paths_agree_and_keep_shape_dtype_range(name, channels, 
                 o8, _ = p.apply_numpy(u8, masks[i], params=pi)
                 of, _ = p.apply_numpy(imgs[i].astype(np.float32) / 255, masks[i], params=pi)
                 assert o8.dtype == np.uint8 and o8.shape == u8.shape
-                assert of.dtype == np.float32 and of.shape == imgs[i].shape and 0 <= of.min() and of.max() <= 1
+                assert of.dtype == np.float32 and of.shape == imgs[i].shape and of.min() >= 0 and of.max() <= 1
                 assert np.abs(o8.reshape(ref.shape).astype(np.float32) / 255 - ref).max() <= TOL, (severity, i)
                 assert np.abs(of - ref).max() <= TOL, (severity, i)
             if device.type != "cpu":  # an accelerator gives what the CPU gives, and samples on itself
@@ -112,7 +112,7 @@ def test_numpy_and_torch_paths_agree_and_keep_shape_dtype_range(name, channels, 
     assert torch.equal(x, x0) and torch.equal(m, m0)  # inputs and masks untouched
 
 
-@pytest.mark.parametrize("name,channels", CASES, ids=IDS)
+@pytest.mark.parametrize(("name", "channels"), CASES, ids=IDS)
 def test_params_replay_exactly_on_both_paths_and_schemas(name, channels, device):
     imgs, masks = images(channels)
     x, m = batch(imgs, device), torch.from_numpy(np.stack(masks)).to(device)
@@ -133,7 +133,7 @@ def test_params_replay_exactly_on_both_paths_and_schemas(name, channels, device)
     assert np.abs(t[0].permute(1, 2, 0).cpu().numpy() - a.astype(np.float32) / 255).max() <= TOL
 
 
-@pytest.mark.parametrize("name,channels", CASES, ids=IDS)
+@pytest.mark.parametrize(("name", "channels"), CASES, ids=IDS)
 def test_each_sample_depends_on_its_own_params_only(name, channels, device):
     imgs, masks = images(channels, seed=2)
     x, m = batch(imgs, device), torch.from_numpy(np.stack(masks)).to(device)
@@ -150,7 +150,7 @@ def test_each_sample_depends_on_its_own_params_only(name, channels, device):
             assert torch.allclose(one[0], out[i], atol=1e-6)
 
 
-@pytest.mark.parametrize("name,channels", CASES, ids=IDS)
+@pytest.mark.parametrize(("name", "channels"), CASES, ids=IDS)
 def test_numpy_path_leaves_image_and_mask_untouched(name, channels):
     imgs, masks = images(channels, b=2, seed=3)
     p = make(name, channels, 5)
@@ -160,7 +160,7 @@ def test_numpy_path_leaves_image_and_mask_untouched(name, channels):
         assert np.array_equal(img, imgs[i]) and np.array_equal(mask, masks[i])
 
 
-@pytest.mark.parametrize("name,channels", CASES, ids=IDS)
+@pytest.mark.parametrize(("name", "channels"), CASES, ids=IDS)
 def test_nan_is_refused(name, channels, device):
     if device.type != "cpu":
         pytest.skip("by design the value-range check runs on CPU tensors only (no device->host sync per batch)")
@@ -183,7 +183,7 @@ def test_severity_outside_1_to_5_is_refused(name, severity):
         make(name, 3, severity)
 
 
-@pytest.mark.parametrize("name,channels", [c for c in CASES if c[0] in albu.TRANSFORMS],
+@pytest.mark.parametrize(("name", "channels"), [c for c in CASES if c[0] in albu.TRANSFORMS],
                          ids=[i for c, i in zip(CASES, IDS) if c[0] in albu.TRANSFORMS])
 def test_albumentations_transform_round_trips_and_keeps_the_mask(name, channels):
     imgs, masks = images(channels, b=1)
