@@ -190,9 +190,13 @@ class MetamorphicTraining(Callback):
         rows = self._epoch_rows(int(trainer.current_epoch))
         parts = gather_objects(trainer, {"rows": rows, "samples": self._epoch_samples})
         self._epoch_samples = []
+        merged = _merge_rows([r for p in parts for r in p["rows"]])  # the same on every rank
+        kept = sum(r["chosen"] for r in merged)
+        if kept:  # which artifacts the model trained on this epoch: one curve per family (W&B, CSV)
+            pl_module.log_dict({f"mt/kept_share/{r['family']}": r["chosen"] / kept for r in merged},
+                               on_step=False, on_epoch=True, sync_dist=False)
         if not trainer.is_global_zero:
             return
-        merged = _merge_rows([r for p in parts for r in p["rows"]])
         new = pd.DataFrame(merged, columns=records_file.STATS_COLUMNS)
         keep = self.stats[self.stats["epoch"] != int(trainer.current_epoch)] if len(self.stats) else self.stats
         self.stats = pd.concat([keep, new], ignore_index=True) if len(keep) else new
@@ -201,11 +205,6 @@ class MetamorphicTraining(Callback):
         records_file.write_stats(self._ctx.run_dir, self.stats)
         records_file.write_samples(self._ctx.run_dir, self.samples)
         self._probs = None
-        kept = sum(r["chosen"] for r in merged)
-        if kept:  # which artifacts the model trained on this epoch: one curve per family (W&B, CSV)
-            shares = {f"mt/kept_share/{r['family']}": r["chosen"] / kept for r in merged}
-            for lg in trainer.loggers:
-                lg.log_metrics(shares, step=trainer.global_step)
 
     # -- the consistency term ------------------------------------------------------------
     def loss(self, pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None) -> torch.Tensor:

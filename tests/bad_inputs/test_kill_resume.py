@@ -91,7 +91,9 @@ def _same_checkpoint(a: Path, b: Path) -> None:
     assert x["state_dict"].keys() == y["state_dict"].keys()
     for k in x["state_dict"]:
         assert torch.equal(x["state_dict"][k], y["state_dict"][k]), f"{a.name}: {k}"
-    for ox, oy in zip(x["optimizer_states"], y["optimizer_states"]):
+    # weights-only checkpoints (balanced_average.ckpt, ema.ckpt) carry no optimizer state
+    assert ("optimizer_states" in x) == ("optimizer_states" in y), a.name
+    for ox, oy in zip(x.get("optimizer_states", []), y.get("optimizer_states", [])):
         for i in ox["state"]:
             for k, v in ox["state"][i].items():
                 assert torch.equal(torch.as_tensor(v), torch.as_tensor(oy["state"][i][k])), f"{a.name}: opt {i}.{k}"
