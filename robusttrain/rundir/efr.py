@@ -1,7 +1,11 @@
 """``efr.csv``: error-finding rates of every check.
 
 Schema: ``epoch, split, perturbation, severity, metric, threshold, errors, cases, efr``; ``metric``
-is ``dice``/``iou``; a row with ``severity == 0`` pools a perturbation's severities. Written by
+is ``dice``/``iou``; a row with ``severity == 0`` pools a perturbation's severities. Also (when
+written by a budgeted run) ``efr_low, efr_high`` (95 % Wilson), ``suite_cases``, ``final`` (the final
+table), ``basis`` (``subset``: a budgeted check's pairs; ``suite``: the whole suite in one check;
+``rotation``: every pair's latest score over the run's checks) and ``from_epoch`` (the earliest epoch
+whose weights scored a pair of the row). Written by
 MetamorphicCallback (a re-check of an epoch replaces its rows).
 
 >>> import tempfile, pandas as pd

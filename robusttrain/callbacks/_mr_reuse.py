@@ -1,0 +1,97 @@
+"""MetamorphicCallback's clean pass without a second forward: the validation loop has just forwarded
+every validation image with the very weights the check scores; its outputs, keyed by the exact bytes
+of each input, stand in for the check's clean forward.
+
+A forward hook on the LightningModule (attached during validation only) records, per input sample, a
+digest of its bytes -> its labels. The check asks for a probe batch's labels and gets them only when
+every sample's digest is known **and** the weights are still the ones that produced them (every
+parameter's and buffer's storage and version counter: an optimiser step, a weight swap or a load
+changes them) and the module was in eval mode; otherwise None, and the check forwards the batch
+itself. Same inputs, same weights, same forward -> the same labels, so nothing reported changes; a
+dataset that draws random numbers in ``__getitem__``, a ``validation_step`` that does not call
+``self(x)`` or transforms applied on the device simply miss the cache.
+
+>>> import torch
+>>> net = torch.nn.Conv2d(3, 2, 1).eval()
+>>> reuse = ValidationOutputs(lambda out: out.softmax(1))
+>>> reuse.attach(net); x = torch.rand(4, 3, 8, 8); _ = net(x); reuse.detach()
+>>> labels, k = reuse.lookup(net, x[1:3]); labels.shape, k
+(torch.Size([2, 8, 8]), 2)
+>>> with torch.no_grad(): _ = net.weight.add_(1.0)   # the weights moved: nothing is reused
+>>> reuse.lookup(net, x[1:3]) is None
+True
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from robusttrain.metamorphic.scoring import probabilities_to_labels
+
+
+def _digest(x: torch.Tensor) -> bytes:
+    a = x.detach().cpu().contiguous().numpy()
+    h = hashlib.blake2b(a.tobytes(), digest_size=16)
+    h.update(f"{a.dtype}{a.shape}".encode())
+    return h.digest()
+
+
+def _weights(module: torch.nn.Module) -> tuple:
+    # storage + in-place version of every tensor: changes with any optimiser step, copy_ or swap
+    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
+
+
+class ValidationOutputs:
+    """Labels the validation loop's forwards produced, by input digest (module doc)."""
+
+    def __init__(self, to_probabilities: Callable[[Any], torch.Tensor]):
+        self.to_probabilities = to_probabilities
+        self.labels: dict[bytes, tuple[np.ndarray, int]] = {}
+        self.weights: tuple | None = None
+        self._handle = None
+
+    def attach(self, module: torch.nn.Module) -> None:
+        self.detach()
+        self._handle = module.register_forward_hook(self._record)
+
+    def detach(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def clear(self) -> None:
+        self.labels, self.weights = {}, None
+
+    def _record(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        x = args[0] if args else None
+        if not torch.is_tensor(x) or x.ndim not in (4, 5) or not x.is_floating_point():
+            return
+        if any(m.training for m in module.modules()):
+            return
+        try:
+            probs = self.to_probabilities(output)
+            labels = probabilities_to_labels(probs)
+        except Exception:  # noqa: BLE001 -- anything odd: the check forwards (and reports) it itself
+            return
+        if labels.shape[0] != x.shape[0]:
+            return
+        weights = _weights(module)
+        if weights != self.weights:
+            self.labels, self.weights = {}, weights
+        k = max(2, int(probs.shape[1]))
+        lab = labels.detach().cpu().numpy()
+        lab = lab.astype(np.uint8) if k <= 255 else lab
+        for xi, li in zip(x, lab):
+            self.labels[_digest(xi)] = (li, k)
+
+    def lookup(self, module: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+        """(labels (B,...) int64, classes) of ``images`` under ``module``'s current weights, or None."""
+        if not self.labels or _weights(module) != self.weights:
+            return None
+        got = [self.labels.get(_digest(xi)) for xi in images]
+        if any(g is None for g in got) or len({g[1] for g in got}) != 1:
+            return None
+        return torch.from_numpy(np.stack([g[0] for g in got]).astype(np.int64)), got[0][1]
