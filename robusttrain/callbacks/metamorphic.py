@@ -230,8 +230,8 @@ class MetamorphicCallback(Callback):
         self._last_trained_epoch = int(trainer.current_epoch)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        # stopped early (or by steps / time): the final EFR table still comes from the whole suite,
-        # on the weights training ended with
+        # stopped early (or by steps / time): the final EFR table is still made (the rotation completed,
+        # or the whole suite), on the weights training ended with
         if self.budget.enabled and not self._last_val_full and self._last_check_epoch >= 0:
             epoch = max(self._last_check_epoch, self._last_trained_epoch)
             self.check(trainer, pl_module, epoch, ["val"], full=True, log=False)
