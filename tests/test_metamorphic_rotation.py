@@ -31,14 +31,25 @@ class Crash(L.Callback):
             raise RuntimeError("killed")
 
 
-def _fit(root, epochs=4, ckpt=None, extra=(), **kw):
+class Counting(Tiny):
+    """Tiny that counts the samples it forwards in eval mode (validation, checks, failure strips)."""
+
+    n_eval = 0
+
+    def forward(self, x):
+        if not self.training:
+            Counting.n_eval += len(x)
+        return super().forward(x)
+
+
+def _fit(root, epochs=4, ckpt=None, extra=(), model=None, **kw):
     ds = Blobs(n=8)
     cb = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4), seed=5), dirpath=root, verbose=False, budget=0.5,
                              class_names=["polyp"], **kw)
     trainer = L.Trainer(max_epochs=epochs, logger=CSVLogger(root, name="logs"), enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", devices=1, deterministic=True,
                         callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True), *extra])
-    trainer.fit(Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
+    trainer.fit(model or Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
     return cb
 
 
@@ -93,14 +104,26 @@ def test_resume_mid_rotation_equals_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_clean_pass_reuses_validation_forwards_and_reports_the_same(tmp_path, monkeypatch):
-    _fit(tmp_path / "reused", epochs=2)
+def test_clean_pass_and_failure_strips_reuse_forwards_and_report_the_same(tmp_path, monkeypatch):
+    runs = {}
+    for name in ("reused", "forwarded"):
+        if name == "forwarded":  # nothing known: every clean pass and failure strip forwards
+            monkeypatch.setattr(ValidationOutputs, "lookup", lambda self, module, images: None)
+        Counting.n_eval = 0
+        cb = _fit(tmp_path / name, epochs=2, model=Counting(lr=0.5))
+        runs[name] = (cb, Counting.n_eval)
     assert _logged(tmp_path / "reused", "mr/clean_reused") == [1.0, 1.0]  # no second clean forward
-    monkeypatch.setattr(ValidationOutputs, "lookup", lambda self, module, images: None)
-    _fit(tmp_path / "forwarded", epochs=2)
     assert _logged(tmp_path / "forwarded", "mr/clean_reused") == [0.0, 0.0]
     for f in FILES:
         assert (tmp_path / "reused" / f).read_bytes() == (tmp_path / "forwarded" / f).read_bytes(), f
+    (cb, n_reused), (cb_fwd, n_fwd) = runs["reused"], runs["forwarded"]
+    strips = [imgs for _, imgs in cb.last_failures if imgs]
+    assert strips and len(strips) == len([1 for _, imgs in cb_fwd.last_failures if imgs])
+    for got, want in zip(strips, [imgs for _, imgs in cb_fwd.last_failures if imgs]):
+        for key in want:
+            assert np.array_equal(got[key], want[key]), key
+    # spared: the clean pass (8 samples x 2 checks) and both predictions of every failure strip
+    assert n_fwd - n_reused >= 8 * 2 + 2 * len(strips)
 
 
 def test_reuse_refuses_other_weights_other_inputs_and_train_mode():

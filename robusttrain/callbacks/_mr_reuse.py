@@ -1,8 +1,9 @@
 """MetamorphicCallback's clean pass without a second forward: the validation loop has just forwarded
 every validation image with the very weights the check scores; its outputs, keyed by the exact bytes
-of each input, stand in for the check's clean forward.
+of each input, stand in for the check's clean forward. The check's own follow-up forwards are recorded
+too, so the image strips of its worst violations (source and follow-up predictions) need no forward.
 
-A forward hook on the LightningModule (attached during validation only) records, per input sample, a
+A forward hook on the LightningModule (attached during validation and the check) records, per input sample, a
 digest of its bytes -> its labels. The check asks for a probe batch's labels and gets them only when
 every sample's digest is known **and** the weights are still the ones that produced them (every
 parameter's and buffer's storage and version counter: an optimiser step, a weight swap or a load
@@ -47,8 +48,10 @@ def _weights(module: torch.nn.Module) -> tuple:
 class ValidationOutputs:
     """Labels the validation loop's forwards produced, by input digest (module doc)."""
 
-    def __init__(self, to_probabilities: Callable[[Any], torch.Tensor]):
+    def __init__(self, to_probabilities: Callable[[Any], torch.Tensor], max_bytes: int = 256 * 2**20):
         self.to_probabilities = to_probabilities
+        self.max_bytes = int(max_bytes)  # large volumes: stop recording (the check then forwards)
+        self.nbytes = 0
         self.labels: dict[bytes, tuple[np.ndarray, int]] = {}
         self.weights: tuple | None = None
         self._handle = None
@@ -63,7 +66,7 @@ class ValidationOutputs:
             self._handle = None
 
     def clear(self) -> None:
-        self.labels, self.weights = {}, None
+        self.labels, self.weights, self.nbytes = {}, None, 0
 
     def _record(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         x = args[0] if args else None
@@ -80,10 +83,14 @@ class ValidationOutputs:
             return
         weights = _weights(module)
         if weights != self.weights:
-            self.labels, self.weights = {}, weights
+            self.clear()
+            self.weights = weights
         k = max(2, int(probs.shape[1]))
         lab = labels.detach().cpu().numpy()
         lab = lab.astype(np.uint8) if k <= 255 else lab
+        if self.nbytes + lab.nbytes > self.max_bytes:
+            return
+        self.nbytes += lab.nbytes
         for xi, li in zip(x, lab):
             self.labels[_digest(xi)] = (li, k)
 
@@ -95,3 +102,14 @@ class ValidationOutputs:
         if any(g is None for g in got) or len({g[1] for g in got}) != 1:
             return None
         return torch.from_numpy(np.stack([g[0] for g in got]).astype(np.int64)), got[0][1]
+
+    def predict_fn(self, module: torch.nn.Module, predict: Callable[[torch.Tensor], torch.Tensor]
+                   ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``predict`` for consumers of labels only (failure strips): recorded labels as one-hot
+        probabilities (the same labels back), else ``predict`` itself."""
+        def run(images: torch.Tensor) -> torch.Tensor:
+            known = self.lookup(module, images.cpu())
+            if known is None:
+                return predict(images)
+            return torch.nn.functional.one_hot(known[0], known[1]).movedim(-1, 1).float().to(images.device)
+        return run

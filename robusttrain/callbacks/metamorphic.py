@@ -209,7 +209,6 @@ class MetamorphicCallback(Callback):
         self.clock.resume()
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self.reuse.detach()  # the check's own forwards need no recording
         if not fitting(trainer):
             return
         epoch = int(trainer.current_epoch)
@@ -249,6 +248,7 @@ class MetamorphicCallback(Callback):
         predict = make_predict(trainer, pl_module, self.to_probabilities)
         metrics: dict[str, float] = {}
         t_start, train_s, train_px = time.perf_counter(), self.clock.take(), self.work.take()
+        self.reuse.attach(pl_module)  # the follow-ups' labels too: the failure strips reuse them
         with checking_state(pl_module, self.seed):
             probes: dict[str, Probe] = {}
             for split in splits:
@@ -285,6 +285,7 @@ class MetamorphicCallback(Callback):
         elif metrics and trainer.is_global_zero:  # on_train_end: self.log is not allowed there
             for lg in trainer.loggers:
                 lg.log_metrics(metrics, step=trainer.global_step)
+        self.reuse.detach()
         self._publish()
         if trainer.is_global_zero:
             self._write()
@@ -378,7 +379,8 @@ class MetamorphicCallback(Callback):
             keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
             self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
         if trainer.is_global_zero and sinks:
-            self.last_failures = build_failures(res, scored, self.suite, ds, self.hooks, predict, path,
+            self.last_failures = build_failures(res, scored, self.suite, ds, self.hooks,
+                                                self.reuse.predict_fn(pl_module, predict), path,
                                                 self.violation_threshold, self.failure_images, epoch,
                                                 device=next(pl_module.parameters()).device,
                                                 id_prefix=id_prefix(split))
