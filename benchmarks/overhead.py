@@ -9,7 +9,7 @@ the robustness *monitoring*: ``MetamorphicTraining`` (on in the recipe) is switc
 it is a training method, not monitoring, and its cost is measured by ``benchmarks/training_step.py``.
 
 Reports the wall time of each run (process start to exit), the ratio on/off (target <= 1.3 at the
-defaults; best of the repeats, and per repeat), the load average before and after (the machine may be
+defaults; best of the repeats, and per repeat with their median), the load average before and after (the machine may be
 shared), and from the "on" run's logs: the training seconds each check followed, the check's own
 seconds, the share of its clean pass reused from validation, how many test cases of the suite it
 scored and what the final table rests on (``basis``, ``from_epoch``).
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,9 +101,11 @@ def main() -> None:
             walls[on].append(w)
             print(f"  repeat {r}: callbacks {'on ' if on else 'off'} {w:7.1f} s (load {_load()})", flush=True)
     off, on = min(walls[False]), min(walls[True])
+    # the load may drift between repeats: a pair run back to back shares it, the best-of may not
+    ratios = [b / a for a, b in zip(walls[False], walls[True])]
     print(f"\nwall time (best of {args.repeats}): off {off:.1f} s | on {on:.1f} s | ratio {on / off:.2f}x "
-          f"(target <= 1.3x); per repeat: "
-          + ", ".join(f"{b / a:.2f}x" for a, b in zip(walls[False], walls[True]))
+          f"(target <= 1.3x); per repeat (off/on back to back): "
+          + ", ".join(f"{r:.2f}x" for r in ratios) + f", median {statistics.median(ratios):.2f}x"
           + f"; load average (1/5/15 min) {load0} before, {_load()} after")
     per = check_log(root / f"on{args.repeats - 1}")
     print("\nper check, callbacks on (last repeat):")
