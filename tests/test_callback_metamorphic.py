@@ -33,7 +33,9 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
     assert hist.groupby("epoch").size().tolist() == [4, 4] and set(hist.case_id) == {"p0", "p1", "p2", "p3"}
     efr = pd.read_csv(run / "efr.csv")
     assert list(efr.columns) == ["epoch", "split", "perturbation", "severity", "metric", "threshold",
-                                 "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final"]
+                                 "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final",
+                                 "basis", "from_epoch"]
+    assert set(efr.basis) == {"suite"} and (efr.from_epoch == efr.epoch).all()  # each check's own weights
     assert set(efr.split) == {"val"} and set(efr.perturbation) == set(COLOUR) | {"all"}
     pooled = efr[(efr.perturbation == "all") & (efr.epoch == 1)]
     assert set(pooled.cases) == {4 * 6}  # one test case per (case, perturbation, severity)

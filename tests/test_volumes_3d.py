@@ -138,7 +138,8 @@ def test_fit_3d_unet_with_budgeted_metamorphic_check_and_balanced_checkpoint(tmp
     assert hist.groupby("epoch").size().to_dict() == {0: 4, 1: 4}  # every volume, every epoch
     efr = pd.read_csv(tmp_path / "efr.csv")
     pooled = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index("epoch")
-    # epoch 0: a budgeted subset, at least one volume per test; epoch 1 (the last): the whole suite
+    # epoch 0: a budgeted subset, at least one volume per test; epoch 1 (the last): every pair (the rotation
+    # completed, each pair's latest score)
     assert 4 <= pooled.loc[0, "cases"] < pooled.loc[0, "suite_cases"] == 16 and not pooled.loc[0, "final"]
     assert pooled.loc[1, "cases"] == pooled.loc[1, "suite_cases"] == 16 and pooled.loc[1, "final"]
     assert (efr.efr_low <= efr.efr).all() and (efr.efr <= efr.efr_high).all()

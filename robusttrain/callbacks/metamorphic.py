@@ -13,10 +13,20 @@ subset of the (case, perturbation x severity) pairs sized so that the check cost
 x the training since the previous one (the train probe shares it), rotating through all pairs over
 the epochs (:mod:`robusttrain.metamorphic.budget`). Costs are counted in forward passes scaled by
 pixels, never in seconds, so the subset depends on (seed, epoch, data, settings) only: the same
-under any machine load and after a kill + resume. The last epoch's check -- or, after
-an early stop, one at the end of training -- runs the whole suite: its ``efr.csv`` rows carry
-``final=True``. Every EFR row has a 95 % Wilson interval (``efr_low``, ``efr_high``) and
-``suite_cases`` (``cases / suite_cases`` = how much of the suite was scored).
+under any machine load and after a kill + resume. The last epoch's check -- or, after an early
+stop, one at the end of training -- makes the final EFR table (``efr.csv`` rows with ``final=True``):
+by default (``final="rotation"``) it scores its budgeted share plus every (case, test) pair no check
+of the run has scored yet, and the table takes every pair's latest score exactly once -- the whole
+suite's coverage and Wilson intervals without a whole-suite check on top of the rotation
+(:mod:`robusttrain.metamorphic.rotation`; ``basis="rotation"``, ``from_epoch`` = the earliest epoch
+whose weights scored one of its pairs); ``final="suite"`` runs the whole suite on the final weights
+instead (``basis="suite"``). Every EFR row has a 95 % Wilson interval (``efr_low``, ``efr_high``),
+``suite_cases`` (``cases / suite_cases`` = how much of the suite was scored) and ``basis``
+(``subset`` | ``suite`` | ``rotation``).
+
+The clean pass over the validation probe reuses the validation loop's own forwards when they were of
+the very same inputs and weights (:mod:`._mr_reuse`), so the complete per-case clean history costs
+no second forward.
 
 Volumes (B,C,H,W,D) work as images do: the suite perturbs them slice-wise (``MRSuite(slice_axis=)``),
 the model predicts whole volumes and Dice is per volume (failure mining replays them slice-wise too).
@@ -46,6 +56,7 @@ from robusttrain.metamorphic.check import (
 )
 from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
 from robusttrain.metamorphic.failures import build_failures
+from robusttrain.metamorphic.rotation import complete_plan, latest_scores
 from robusttrain.metamorphic.runner import ProbeResult, aggregate
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.rundir import efr as efr_file
@@ -55,6 +66,7 @@ from robusttrain.rundir import mr_cases as cases_file
 from ._dist import broadcast_object, gather_objects
 from ._mr_budget import TrainClock, TrainWork
 from ._mr_probe import decide_outputs, make_predict, make_to_probabilities, progress_bar
+from ._mr_reuse import ValidationOutputs
 from .compat import fitting
 from .context import RobustnessContext, context_for
 from .validate import check_choice, check_fraction, check_int
@@ -81,6 +93,9 @@ class MetamorphicCallback(Callback):
         max_cases: a seeded subset of this many validation cases (None: all).
         budget: fraction of training time the checks may take, in (0, 1] (None: the whole suite
             every check; see the module doc).
+        final: with a budget, what the final EFR table rests on: ``"rotation"`` (every pair's
+            latest score, the last check completing the rotation) or ``"suite"`` (the whole suite
+            on the final weights, its cost reserved from every epoch's budget).
         thresholds: EFR thresholds reported (relative Dice / IoU drop).
         violation_threshold: a test case whose Dice drops by more than this is a violation (a
             failure record; the failure mining's rates use the same value).
@@ -109,6 +124,7 @@ class MetamorphicCallback(Callback):
 
     def __init__(self, suite: MRSuite | None = None, hooks: BatchHooks | None = None,
                  every_n_epochs: int = 1, max_cases: int | None = None, budget: float | None = None,
+                 final: str = "rotation",
                  thresholds: Sequence[float] = THRESHOLDS, violation_threshold: float = 0.25,
                  failure_images: int = 16, batch_size: int = 8, num_workers: int = 0, path: str = "auto",
                  dirpath: str | None = None, val_dataset: Any = None,
@@ -136,9 +152,11 @@ class MetamorphicCallback(Callback):
         self.batch_size = check_int("batch_size", batch_size, 1)
         self.num_workers = check_int("num_workers", num_workers, 0)
         self.path = check_choice("path", path, ("auto", "torch", "numpy"))
+        self.final = check_choice("final", final, ("rotation", "suite"))
         self.dirpath, self.val_dataset, self.context = dirpath, val_dataset, context
         self.class_names = list(class_names) if class_names is not None else None
         self.to_probabilities = make_to_probabilities(self.hooks.to_probabilities)
+        self.reuse = ValidationOutputs(self.to_probabilities)  # the validation loop's clean labels
         self.verbose = verbose
         self.history = pd.DataFrame(columns=["case_id", "epoch"])
         self.efr = pd.DataFrame(columns=EFR_COLUMNS)
@@ -186,8 +204,12 @@ class MetamorphicCallback(Callback):
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.clock.pause()
+        self.reuse.clear()
+        if fitting(trainer):
+            self.reuse.attach(pl_module)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.reuse.detach()
         self.clock.resume()
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -211,8 +233,8 @@ class MetamorphicCallback(Callback):
         self._last_trained_epoch = int(trainer.current_epoch)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        # stopped early (or by steps / time): the final EFR table still comes from the whole suite,
-        # on the weights training ended with
+        # stopped early (or by steps / time): the final EFR table is still made (the rotation completed,
+        # or the whole suite), on the weights training ended with
         if self.budget.enabled and not self._last_val_full and self._last_check_epoch >= 0:
             epoch = max(self._last_check_epoch, self._last_trained_epoch)
             self.check(trainer, pl_module, epoch, ["val"], full=True, log=False)
@@ -230,13 +252,15 @@ class MetamorphicCallback(Callback):
         predict = make_predict(trainer, pl_module, self.to_probabilities)
         metrics: dict[str, float] = {}
         t_start, train_s, train_px = time.perf_counter(), self.clock.take(), self.work.take()
+        self.reuse.attach(pl_module)  # the follow-ups' labels too: the failure strips reuse them
         with checking_state(pl_module, self.seed):
             probes: dict[str, Probe] = {}
             for split in splits:
                 ds = self._dataset(trainer, split)
                 if ds is not None:
                     idx, ids = self._probe(trainer, split, ds)
-                    probes[split] = Probe(ds, idx, ids, id_prefix=id_prefix(split))
+                    reuse = (lambda pb: self.reuse.lookup(pl_module, pb.images)) if split == "val" else None
+                    probes[split] = Probe(ds, idx, ids, id_prefix=id_prefix(split), clean=reuse)
             plan = self._plan(trainer, probes, train_px, epoch, full)
             for split, p in probes.items():
                 p.plan = plan.get(split)
@@ -247,18 +271,25 @@ class MetamorphicCallback(Callback):
                                 progress=lambda split, n: progress_bar(trainer, n, f"MR check ({split})"))
             for split, res in results.items():
                 n_cases = len(dict.fromkeys(probes[split].case_ids))
+                final = full and self.budget.enabled
+                basis = "rotation" if final and self.final == "rotation" else \
+                    "suite" if probes[split].plan is None else "subset"
                 metrics.update(self._record(trainer, pl_module, probes[split].dataset, res, epoch, split, predict,
-                                            path, n_cases=n_cases, final=full and self.budget.enabled,
-                                            sinks=log))
+                                            path, n_cases=n_cases, final=final, basis=basis, sinks=log))
                 if split == "val":
-                    self._last_check_epoch, self._last_val_full = epoch, probes[split].plan is None
-        if metrics:  # reported only: this check's wall time and the training it follows
+                    self._last_check_epoch = epoch
+                    self._last_val_full = final or probes[split].plan is None
+        if metrics:  # reported only: this check's wall time, the training it follows, clean forwards spared
             metrics.update({"mr/check_s": time.perf_counter() - t_start, "mr/train_s": train_s})
+            timing = results["val"].extra.get("timing", {}) if "val" in results else {}
+            if timing.get("n_clean"):
+                metrics["mr/clean_reused"] = timing.get("n_reused", 0) / timing["n_clean"]
         if metrics and log:
             pl_module.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False)
         elif metrics and trainer.is_global_zero:  # on_train_end: self.log is not allowed there
             for lg in trainer.loggers:
                 lg.log_metrics(metrics, step=trainer.global_step)
+        self.reuse.detach()
         self._publish()
         if trainer.is_global_zero:
             self._write()
@@ -269,7 +300,8 @@ class MetamorphicCallback(Callback):
 
         Work, not seconds: every rank's pixels count (ranks train on their own shards), in forwards
         of one probe sample, so the plan is the same under any load (module doc)."""
-        if not self.budget.enabled or full or not probes:
+        rotation = full and self.final == "rotation"
+        if not self.budget.enabled or (full and not rotation) or not probes:
             return {}
         px = gather_objects(trainer, int(train_px))
         plan = None
@@ -282,9 +314,14 @@ class MetamorphicCallback(Callback):
             since = epoch - self._last_check_epoch if self._last_check_epoch >= 0 else epoch + 1
             if self.suite.in_channels is None:  # the number of tests depends on the data's channels
                 prepare_suite(self.suite, first, self.hooks)
-            reserve = final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
+            # the rotation's final table needs no whole suite at the end: nothing to set aside for it
+            reserve = 0.0 if self.final == "rotation" else \
+                final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
             plan = self.budget.plan(work, {s: p.case_ids for s, p in probes.items()}, len(self.suite.tests),
                                     reserve=reserve)
+            if rotation and "val" in probes:  # the last check completes the rotation: every pair not scored yet
+                done = self.cases[self.cases["split"] == "val"] if len(self.cases) else self.cases
+                plan["val"] = complete_plan(plan.get("val"), probes["val"].case_ids, self.suite.tests, done)
         return broadcast_object(trainer, plan)
 
     # -- internals ---------------------------------------------------------------------
@@ -320,19 +357,34 @@ class MetamorphicCallback(Callback):
         return ["fg"] if kf == 1 else [f"class{i + 1}" for i in range(kf)]
 
     def _record(self, trainer, pl_module, ds, res, epoch, split, predict, path, n_cases=None,
-                final=False, sinks=True) -> dict[str, float]:
-        hist, cases = aggregate(res, self._names(trainer, res), epoch, self.suite)
-        table = efr_table(cases, self.thresholds, suite_cases=n_cases)
+                final=False, basis="subset", sinks=True) -> dict[str, float]:
+        hist, scored = aggregate(res, self._names(trainer, res), epoch, self.suite)
+        cases = scored
+        if basis == "rotation" and len(self.cases):  # a top-up of an epoch already checked adds to it
+            old = self.cases[(self.cases["epoch"] == epoch) & (self.cases["split"] == split)]
+            if len(old):
+                new = set(map(tuple, scored[["case_id", "perturbation", "severity"]].astype(str).values))
+                keep = [tuple(r) not in new for r in old[["case_id", "perturbation", "severity"]]
+                        .astype(str).values]
+                cases = pd.concat([old[keep], scored], ignore_index=True)
+        self.cases = _replace(self.cases, cases, epoch, split)
+        basis_cases, from_epoch = cases, epoch
+        if basis == "rotation":  # every pair once, its latest score (metamorphic/rotation.py)
+            basis_cases = latest_scores(self.cases[self.cases["split"] == split])
+            from_epoch = int(basis_cases["epoch"].min()) if len(basis_cases) else epoch
+        table = efr_table(basis_cases, self.thresholds, suite_cases=n_cases)
         table.insert(0, "split", split)
         table.insert(0, "epoch", epoch)
         table["final"] = bool(final)
+        table["basis"] = basis
+        table["from_epoch"] = from_epoch
         self.efr = _replace(self.efr, table, epoch, split)
-        self.cases = _replace(self.cases, cases, epoch, split)
         if split == "val":  # history.csv is the clean validation history (corner-case input)
             keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
             self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
         if trainer.is_global_zero and sinks:
-            self.last_failures = build_failures(res, cases, self.suite, ds, self.hooks, predict, path,
+            self.last_failures = build_failures(res, scored, self.suite, ds, self.hooks,
+                                                self.reuse.predict_fn(pl_module, predict), path,
                                                 self.violation_threshold, self.failure_images, epoch,
                                                 device=next(pl_module.parameters()).device,
                                                 id_prefix=id_prefix(split))
@@ -342,7 +394,9 @@ class MetamorphicCallback(Callback):
             n_all = table[(table.perturbation == "all")]
             scored = (f"{int(n_all.cases.iloc[0])}/{int(n_all.suite_cases.iloc[0])} test cases"
                       if len(n_all) else "no test cases")
-            kind = "final, whole suite" if final else split
+            kind = {"rotation": f"final: every test case once, its latest score, weights of epochs "
+                                f"{from_epoch}-{epoch}", "suite": "final, whole suite"}.get(basis, split) \
+                if final else split
             rank_zero_info(format_efr_console(table, f"MR check, epoch {epoch} ({kind}): EFR % over "
                                                      f"{len(hist)} cases, {scored}"))
         prefix = "mr/efr" if split == "val" else f"mr/{split}_efr"

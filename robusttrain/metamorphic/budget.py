@@ -117,6 +117,7 @@ class CheckBudget:
         c_clean, c_fol = self.costs()
         cases = {s: list(dict.fromkeys(ids)) for s, ids in probes.items()}
         per_case = {s: len(ids) / max(1, len(cases[s])) for s, ids in probes.items()}
+        assert self.budget is not None  # enabled (checked above)
         avail = self.budget * max(0.0, train_work) - reserve - len(probes.get("val", ())) * c_clean
         full = {s: len(c) * n_tests for s, c in cases.items()}
         total = sum(full.values()) or 1

@@ -49,6 +49,8 @@ class Probe:
 
     ``plan``: per test index, the case ids to score under it (a budget's plan), None = every test on
     every case. ``id_prefix`` names samples without case ids (``idx5``; ``train/idx5`` in a train probe).
+    ``clean(batch) -> (labels, classes) | None``: clean labels already computed for these very inputs and
+    weights (the training-time check reuses the validation loop's forwards), None: forward them.
     """
 
     dataset: Any
@@ -56,6 +58,7 @@ class Probe:
     case_ids: list[str]
     plan: Mapping[int, set[str]] | None = None
     id_prefix: str = "idx"
+    clean: Callable[[Any], tuple[torch.Tensor, int] | None] | None = None
 
 
 def id_prefix(split: str) -> str:
@@ -212,7 +215,8 @@ def run_check(predict: Callable[[torch.Tensor], torch.Tensor], probes: Mapping[s
         bar = progress(split, len(shard) + n_fol) if progress is not None else None
         batches = iter_probe(p.dataset, shard, batch_size, hooks, num_workers, p.id_prefix)
         res = run_probe(predict, batches, suite, split, path=path, device=device,
-                        progress=None if bar is None else bar.update, epoch=epoch, selection=sel)
+                        progress=None if bar is None else bar.update, epoch=epoch, selection=sel,
+                        clean=p.clean)
         if bar is not None:
             bar.close()
         out[split] = ProbeResult.merge([ProbeResult(**part) for part in gather(res.to_obj())])

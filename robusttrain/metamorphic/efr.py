@@ -26,8 +26,9 @@ from .records import relative_drops
 
 THRESHOLDS = (0.25, 0.5)
 EFR_COLUMNS = ["epoch", "split", "perturbation", "severity", "metric", "threshold",
-               "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final"]
-TABLE_COLUMNS = EFR_COLUMNS[2:-1]  # what efr_table returns (the callback adds epoch, split, final)
+               "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final", "basis", "from_epoch"]
+# what efr_table returns (the callback adds epoch, split, final, basis, from_epoch)
+TABLE_COLUMNS = EFR_COLUMNS[2:-3]
 
 
 def wilson_interval(errors: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -84,7 +84,8 @@ def _sum_timing(items: Iterable[dict | None]) -> dict:
     if not ts:
         return {}
     return {"clean_s": max(t["clean_s"] for t in ts), "followup_s": max(t["followup_s"] for t in ts),
-            "n_clean": sum(t["n_clean"] for t in ts), "n_followup": sum(t["n_followup"] for t in ts)}
+            "n_clean": sum(t["n_clean"] for t in ts), "n_followup": sum(t["n_followup"] for t in ts),
+            "n_reused": sum(t.get("n_reused", 0) for t in ts)}
 
 
 class _Followups:
@@ -123,17 +124,20 @@ class _Followups:
 def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, split: str,
               path: str = "torch", device: torch.device | str | None = None,
               progress: Callable[[int], object] | None = None, epoch: int | None = None,
-              selection: Selection | None = None, forward_batch: int | None = None) -> ProbeResult:
+              selection: Selection | None = None, forward_batch: int | None = None,
+              clean: Callable[[ProbeBatch], tuple[torch.Tensor, int] | None] | None = None) -> ProbeResult:
     """Score every probe slice clean, and under every test of ``suite`` (or the ``selection``).
 
     ``progress(n)`` is called with the number of samples forwarded; ``forward_batch``: follow-ups
     per forward pass (default: the probe batch size). NaN/inf outputs raise
-    :class:`NonFiniteOutputError` naming ``epoch``, ``split`` and the cases.
+    :class:`NonFiniteOutputError` naming ``epoch``, ``split`` and the cases. ``clean(batch)``: the
+    batch's clean labels and class count when already known (the validation loop's own forward of the
+    very same inputs and weights), else None: then the clean pass forwards the batch itself.
     """
     blocks: list[dict] = []
     queue: _Followups | None = None
     t_clean = t_fol = 0.0
-    n_clean = n_fol = 0
+    n_clean = n_fol = n_reused = 0
     where: dict = {}
     predict = _checked(predict, where, epoch, split)
     for pb in batches:
@@ -146,11 +150,16 @@ def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, s
         if queue is None:
             queue = _Followups(predict, forward_batch or len(pb.indices), progress, where)
         where["case_ids"] = pb.case_ids
-        probs = predict(images)
-        src_lab = probabilities_to_labels(probs)
-        # K from the probability channels (1 channel = binary): a batch's label range would
-        # under-count classes that neither the model nor this batch's masks contain
-        k_classes = max(2, int(probs.shape[1]))
+        known = clean(pb) if clean is not None else None
+        if known is not None:
+            src_lab, k_classes = known[0].to(images.device), int(known[1])
+            n_reused += len(pb.indices)
+        else:
+            probs = predict(images)
+            src_lab = probabilities_to_labels(probs)
+            # K from the probability channels (1 channel = binary): a batch's label range would
+            # under-count classes that neither the model nor this batch's masks contain
+            k_classes = max(2, int(probs.shape[1]))
         n = len(pb.indices)
         block = {"pb": pb, "k_classes": k_classes, "src": slice_sums(src_lab, masks, k_classes).cpu().numpy(),
                  "fol": np.zeros((n, n_tests, k_classes - 1, 3), np.int64),
@@ -183,7 +192,8 @@ def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, s
         t2 = time.perf_counter()
         queue.flush()
         t_fol += time.perf_counter() - t2
-    timing = {"clean_s": t_clean, "followup_s": t_fol, "n_clean": n_clean, "n_followup": n_fol}
+    timing = {"clean_s": t_clean, "followup_s": t_fol, "n_clean": n_clean, "n_followup": n_fol,
+              "n_reused": n_reused}
     n_tests = len(suite.tests)
     if not blocks:
         z = np.zeros((0, 1, 3), np.int64)

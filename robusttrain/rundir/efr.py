@@ -1,11 +1,13 @@
 """``efr.csv`` (error-finding rates of every check) and ``efr_table.csv`` (``robusttrain check``'s tables).
 
-``efr.csv`` schema (13 columns, :data:`COLUMNS`): ``epoch, split, perturbation, severity, metric,
-threshold, errors, cases, efr, efr_low, efr_high, suite_cases, final``. ``metric`` is ``dice``/``iou``;
+``efr.csv`` schema (:data:`COLUMNS`): ``epoch, split, perturbation, severity, metric, threshold, errors,
+cases, efr, efr_low, efr_high, suite_cases, final, basis, from_epoch``. ``metric`` is ``dice``/``iou``;
 a row with ``severity == 0`` pools a perturbation's severities and ``perturbation == "all"`` pools
 every test case; ``cases`` = test cases scored, ``suite_cases`` = test cases of the whole suite in that
-row, ``efr_low``/``efr_high`` = 95 % Wilson interval, ``final`` = the whole-suite check at the end of a
-budgeted run. Written by MetamorphicCallback (a re-check of an epoch replaces its rows); the rows
+row, ``efr_low``/``efr_high`` = 95 % Wilson interval, ``final`` = the run's final table, ``basis``
+(``subset``: a budgeted check's pairs; ``suite``: the whole suite in one check; ``rotation``: every
+pair's latest score over the run's checks) and ``from_epoch`` (the earliest epoch whose weights scored
+a pair of the row). Written by MetamorphicCallback (a re-check of an epoch replaces its rows); the rows
 come from :func:`robusttrain.metamorphic.efr.efr_table`.
 
 ``efr_table.csv``: the paper-layout EFR table of an audit (written by ``robusttrain check``).
