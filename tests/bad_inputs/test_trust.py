@@ -64,7 +64,8 @@ def _failure_with(**fields):
     def prep(c):
         rec = {"kind": "failure", "id": "x0", "case_id": "c", "perturbation": "blur", "severity": 4, "epoch": 0,
                "split": "val", "src_dice": 0.9, "fol_dice": 0.1, "drop": 0.9, **fields}
-        (c.run / "failures" / "failures.jsonl").write_text(json.dumps(rec) + "\n")
+        marker = {"kind": "batch", "epoch": 0, "seen": [], "n": 1}  # a complete batch (rundir/failures.py)
+        (c.run / "failures" / "failures.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(marker) + "\n")
     return prep
 
 
@@ -267,7 +268,7 @@ SCENARIOS = [
       prep=_recipe("broken", "a: [1\nb: 2\n")),
     # --- every stop is recoverable; nothing replaced ------------------------------------------------
     S("fresh-fit-into-finished-run", ["fit", *TINY, RUN, "trainer.max_epochs=1"],
-      text="is not empty (balanced.ckpt, checkpoints, config.yaml", then=_unchanged(
+      text="is not empty (balanced.ckpt, balanced_average.ckpt, balanced_average.json, checkpoints, config.yaml", then=_unchanged(
           "config.yaml", "history.csv", "efr.csv", "corner_cases.json", "logs/metrics.csv")),
     S("fresh-fit-overwrite-true", ["fit", *TINY, RUN, "trainer.max_epochs=1", "overwrite=true"], code=0,
       then=_fresh_epochs([0]), stderr="overwrite=true: removed config.yaml, logs, checkpoints"),
