@@ -142,6 +142,23 @@ class BalancedAverage(UsesContext, Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._dir = self.context.finalize(trainer)
+        self._finished = False
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        # A fit resumed after its last epoch's checkpoint (kill -9 or SIGTERM in the end-of-fit window)
+        # runs no training loop and no on_train_end: the average is made here when its report is missing
+        # (BalancedCheckpoint, earlier in the list, has re-made the corner cases by then).
+        if getattr(self, "_finished", True) or self._ctx is None or self._dir is None:
+            return
+        done = (self._dir / average_file.NAME).is_file() if trainer.is_global_zero else None
+        if trainer.strategy.broadcast(done, src=0):
+            return
+        if trainer.train_dataloader is None:  # the skipped loop never built it; BN re-estimation reads it
+            try:
+                trainer.fit_loop.setup_data()
+            except Exception:  # noqa: BLE001 -- then BN statistics stay averaged (said in the report)
+                log.warning("BalancedAverage: could not rebuild the training dataloader at the end of the fit")
+        self.on_train_end(trainer, pl_module)
 
     def _snapshot(self, epoch: int) -> Path:
         return self.fit_dir / average_file.WINDOW_DIR / f"epoch={epoch:04d}.pt"
@@ -167,6 +184,7 @@ class BalancedAverage(UsesContext, Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if self._ctx is None or self._dir is None:
             return
+        self._finished = True
         payload = self._average() if trainer.is_global_zero else None
         received = broadcast_object(trainer, payload, src=0)
         assert received is not None  # rank 0's payload, which _average always returns
