@@ -2,7 +2,7 @@
 
 Trains ``--steps`` real optimiser steps (Lightning, the conditions of ``conditions.py``, the Kvasir
 training split of ``evidence.py --dataset polyp256``) after ``--warmup`` untimed ones, and
-extrapolates one epoch (the training split plus the slots) and one run (``--epochs``). Ratios
+extrapolates one epoch (the training split; the slots replace samples) and one run (``--epochs``). Ratios
 within one invocation are what to compare: the machine is shared.
 
     python benchmarks/evidence_sizing.py --sizes 96,128 --features 16,16,32,64,128,16 --conditions plain,metamorphic
@@ -49,7 +49,7 @@ def time_steps(cond: str, size: int, features: tuple[int, ...], args) -> dict:
                    enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1)
     tr.fit(model, datamodule=dm)
     per_step = (stamps[-1] - stamps[args.warmup - 1]) / args.steps
-    steps_epoch = -(-int(len(dm.train_dataset) * 1.2) // args.batch_size)
+    steps_epoch = -(-len(dm.train_dataset) // args.batch_size)  # the slots replace samples, add none
     return {"condition": cond, "size": size, "features": list(features), "params": n_params,
             "s_per_step": round(per_step, 3), "steps_per_epoch": steps_epoch,
             "epoch_min": round(per_step * steps_epoch / 60, 2),

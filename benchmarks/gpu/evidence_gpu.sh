@@ -22,7 +22,7 @@ BUDGET_S="${BUDGET_S:-540}"
 OUTDIR=runs/evidence_gpu
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 rc=0
-timeout -s INT -k 30 "$BUDGET_S" python benchmarks/evidence.py --dataset pranet256 --data-root .gpudata \
+timeout -s INT -k 30 "$BUDGET_S" python3 benchmarks/evidence.py --dataset pranet256 --data-root .gpudata \
   --accelerator gpu --precision bf16-mixed --jobs 3 --threads 4 \
   --conditions plain,mt_random,metamorphic,mined,consistency_only,worst_of_k_only --seeds 0,1,2 \
   --size 256 --epochs 30 --features 32,32,64,128,256,32 --batch-size 16 --lr 3e-3 \
@@ -30,7 +30,7 @@ timeout -s INT -k 30 "$BUDGET_S" python benchmarks/evidence.py --dataset pranet2
   --efr-policies least_loss,last --resume --out "$OUTDIR" > "$OUTDIR.log" 2>&1 || rc=$?
 mkdir -p "${OUT:-/tmp/out}"
 cp "$OUTDIR.log" "${OUT:-/tmp/out}/" 2>/dev/null || true
-python benchmarks/evidence.py --dataset pranet256 --data-root .gpudata --report-only --out "$OUTDIR" \
+python3 benchmarks/evidence.py --dataset pranet256 --data-root .gpudata --report-only --out "$OUTDIR" \
   --epochs 30 --size 256 --features 32,32,64,128,256,32 --batch-size 16 > /dev/null 2>&1 || true
 cp "$OUTDIR"/pranet256/results.md "$OUTDIR"/pranet256/summary.json "${OUT:-/tmp/out}/" 2>/dev/null || true
 grep -h '"condition"' "$OUTDIR.log" | tail -20 || true
