@@ -9,6 +9,15 @@ Every condition trains on ``N`` samples per epoch, a fraction ``ratio`` of which
 - ``mined``  — failures found by a MetamorphicCallback train probe, replayed by
   ``FailureMiningCallback`` (its ``jitter`` / ``fresh_image`` / ``clean_mix`` settings).
 
+Evidence v3 adds the :class:`~robusttrain.callbacks.MetamorphicTraining` conditions (``MT_CONDITIONS``):
+the slots hold clean samples (as ``plain``), and the callback perturbs a fraction ``q`` of every
+batch (same dose in every MT condition):
+
+- ``mt_random``        — ``k=1, epsilon=1, consistency=0``: random augmentation, uniform families;
+- ``metamorphic``      — ``k=4, epsilon=0.3, consistency=1``: the new default (worst-of-k + MR loss);
+- ``consistency_only`` — the default with ``k=1`` (ablation: no worst-of-k selection);
+- ``worst_of_k_only``  — the default with ``consistency=0`` (ablation: follow-ups replace in place).
+
 Used by ``mining_evidence.py`` and ``evidence.py``.
 """
 from __future__ import annotations
@@ -22,7 +31,15 @@ from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.mining import RandomPerturbationDataset
 
-CONDITIONS = ("plain", "random", "mined")
+# the MetamorphicTraining conditions: keyword arguments over MT_DEFAULTS (the recipe's defaults)
+MT_DEFAULTS = {"k": 4, "q": 0.5, "epsilon": 0.3, "consistency": 1.0}
+MT_CONDITIONS = {
+    "mt_random": {"k": 1, "epsilon": 1.0, "consistency": 0.0},
+    "metamorphic": {},
+    "consistency_only": {"k": 1},
+    "worst_of_k_only": {"consistency": 0.0},
+}
+CONDITIONS = ("plain", "random", "mined", *MT_CONDITIONS)
 # the recipe's "family replay" (robusttrain/recipes/callbacks/robust.yaml), the best Kvasir/synthetic
 # trade-off in docs/results.md (Failure mining)
 MINING_DEFAULTS = {"jitter": 0.3, "fresh_image": 0.4, "clean_mix": 0.2}
@@ -38,23 +55,35 @@ def usable_families(names: Sequence[str] | None, in_channels: int) -> list[str]:
 def training_callbacks(cond: str, dm: Any, perturbations: Sequence[str], severities: Sequence[int], *,
                        seed: int, ratio: float = 0.2, probe: int = 64, mine_every: int = 1,
                        val_every: int = 0, run_dir: str | None = None, mining: dict | None = None,
-                       batch_size: int = 8) -> tuple[list, MetamorphicCallback]:
+                       batch_size: int = 8, train_seed: int = 0, mt: dict | None = None,
+                       val_cases: int | None = None) -> tuple[list, MetamorphicCallback]:
     """Callbacks of one condition; the train loader of ``dm`` is built over the condition's wrapper
     (``dm.wrap_train``: FailureMiningCallback.wrap or a RandomPerturbationDataset).
 
     ``dm`` must be set up. The MetamorphicCallback's suite (seeded by ``seed``, the data seed, so
     follow-ups do not depend on the training seed) checks the validation set every ``val_every``
-    epochs (0 = never) and, for ``mined`` only, ``probe`` training cases every ``mine_every`` epochs.
+    epochs (0 = never; at most ``val_cases`` cases) and, for ``mined`` only, ``probe`` training cases
+    every ``mine_every`` epochs. The MT conditions draw with ``train_seed``; ``mt`` overrides
+    :data:`MT_DEFAULTS` for every MT condition (e.g. ``q``), the condition's own keys win.
     """
     if cond not in CONDITIONS:
         raise ValueError(f"condition must be one of {CONDITIONS}, got {cond!r}")
     mr = MetamorphicCallback(suite=MRSuite(list(perturbations), tuple(severities), seed=seed),
-                             every_n_epochs=val_every, dirpath=run_dir, verbose=False, batch_size=batch_size)
+                             every_n_epochs=val_every, dirpath=run_dir, verbose=False, batch_size=batch_size,
+                             max_cases=val_cases)
     if cond == "mined":
         mining_cb = FailureMiningCallback(replay_ratio=ratio, train_probe_size=probe, every_n_epochs=mine_every,
                                           **{**MINING_DEFAULTS, **(mining or {})})
         dm.wrap_train(mining_cb.wrap)
         return [mr, mining_cb], mr
+    if cond in MT_CONDITIONS:
+        from robusttrain.callbacks import MetamorphicTraining
+
+        kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
+        dm.wrap_train(lambda ds: RandomPerturbationDataset(ds, [], tuple(severities), ratio=ratio))
+        mt_cb = MetamorphicTraining(perturbations=list(perturbations), severity_caps=max(severities),
+                                    seed=train_seed, dirpath=run_dir, **kw)
+        return [mr, mt_cb], mr
     # same slot layout as ReplayDataset
     names = list(perturbations) if cond == "random" else []
     dm.wrap_train(lambda ds: RandomPerturbationDataset(ds, names, tuple(severities), ratio=ratio))

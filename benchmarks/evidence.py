@@ -42,29 +42,60 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # shared benchmark modules
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # --data-root overrides
 KEY_COLS = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5"]
 THRESHOLDS = (0.25, 0.5)
 
 
 # ----------------------------------------------------------------------------------- data
+def three_way_indices(keys: list[str], test_fraction: float, val_fraction: float, seed: int):
+    """(train, val, test) sample indices; every key (case, patient, video sequence) on one side:
+    ``test_fraction`` of all keys is held out, then ``val_fraction`` of all keys from the rest."""
+    from robusttrain.datamodules.base import split_by_case
+
+    rest, test = split_by_case(keys, test_fraction, seed)
+    rest_keys = [keys[i] for i in rest]
+    tr, va = split_by_case(rest_keys, val_fraction / (1.0 - test_fraction), seed + 1)
+    tr, va = [rest[i] for i in tr], [rest[i] for i in va]
+    assert not ({keys[i] for i in tr} & {keys[i] for i in va + test}), "split leaks a case"
+    return tr, va, test
+
+
 def three_way_split(dm, test_fraction: float, val_fraction: float, seed: int):
     """Set ``dm.train_dataset`` / ``dm.val_dataset`` and return the held-out test view.
 
     Split by the datamodule's split key (case; ACDC: patient): ``test_fraction`` of all keys is
     held out, then ``val_fraction`` of all keys is taken from the rest for validation.
     """
-    from robusttrain.datamodules.base import split_by_case
-
     source = dm._read(dm.root)
     keys = [dm._split_key(source.case_id(i)) for i in range(len(source))]
-    rest, test = split_by_case(keys, test_fraction, seed)
-    rest_keys = [keys[i] for i in rest]
-    tr, va = split_by_case(rest_keys, val_fraction / (1.0 - test_fraction), seed + 1)
-    tr, va = [rest[i] for i in tr], [rest[i] for i in va]
-    assert not ({keys[i] for i in tr} & {keys[i] for i in va + test}), "split leaks a case"
+    tr, va, test = three_way_indices(keys, test_fraction, val_fraction, seed)
     dm.train_dataset, dm.val_dataset = dm._view(source, tr, True), dm._view(source, va, False)
     return dm._view(source, test, False)
+
+
+class ConcatSource:
+    """Several sources as one (a datamodule source: ``load``, ``case_id``, ``slice_index``); case ids
+    get the part's name as prefix (``kvasir-<id>``, ``clinicdb-<id>``), so they stay unique."""
+
+    def __init__(self, parts: dict):
+        self.parts = list(parts.items())
+        self.index = [(k, i) for k, (_, src) in enumerate(self.parts) for i in range(len(src))]
+        self.mask_mode = getattr(self.parts[0][1], "mask_mode", None)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def load(self, i: int):
+        k, j = self.index[i]
+        return self.parts[k][1].load(j)
+
+    def case_id(self, i: int) -> str:
+        k, j = self.index[i]
+        return f"{self.parts[k][0]}-{self.parts[k][1].case_id(j)}"
+
+    def slice_index(self, i: int) -> int:
+        return 0
 
 
 def polypgen_by_centre(dm, root: Path) -> dict:
@@ -78,9 +109,70 @@ def polypgen_by_centre(dm, root: Path) -> dict:
     return {name: dm._view(source, idx, False) for name, idx in sorted(out.items())}
 
 
+def clinicdb_sequences(root: Path) -> dict[str, str]:
+    """``{case id (file stem): "seqN"}`` from CVC-ClinicDB's ``sequences.csv`` (frames of one video
+    sequence show one polyp: they are resampled together)."""
+    with open(root / "sequences.csv", newline="") as f:
+        return {Path(r["file"]).stem: f"seq{int(r['sequence']):02d}" for r in csv.DictReader(f)}
+
+
+def build_polyp256(args, kw):
+    """Evidence v3 data: Kvasir-SEG (998, polyp_256) split by file id into train / validation /
+    held-out test; all 609 CVC-ClinicDB frames (clustered by sequence) and ColonDB, ETIS and the
+    PolypGen centres held out. ``dm.clusters`` maps ``(set, case id)`` to its bootstrap cluster."""
+    from robusttrain.datamodules.polyp import PolypDataModule
+
+    data = Path(getattr(args, "data_root", None) or DATA)
+    root = data / "polyp_256"
+    dm = PolypDataModule(root=str(root / "kvasir_seg"), **kw)
+    held = {"kvasir_test": three_way_split(dm, args.test_fraction, args.val_fraction, args.data_seed)}
+    held["cvc_clinicdb"] = dm._view(dm._read(str(root / "cvc_clinicdb")), None, False)
+    for name, folder in (("cvc_colondb", "cvc_colondb"), ("etis", "etis_larib")):
+        held[name] = dm._view(dm._read(str(data / folder)), None, False)
+    held.update(polypgen_by_centre(dm, data / "polypgen"))
+    seqs = clinicdb_sequences(root / "cvc_clinicdb")
+    dm.clusters = {("cvc_clinicdb", c): f"cvc_clinicdb/{seqs[c]}" for c in held["cvc_clinicdb"].case_ids()}
+    return dm, held, ["kvasir_test"]
+
+
+def build_pranet256(args, kw):
+    """GPU protocol (PraNet-style): train on Kvasir-SEG **and** CVC-ClinicDB. Kvasir split by file
+    id, ClinicDB by video sequence (``sequences.csv``), each into train / validation / test with
+    ``--test-fraction`` / ``--val-fraction``; validation = both validation parts; held out: both test
+    parts (``kvasir_test``, ``cvc_clinicdb`` = the held-out sequences), ColonDB, ETIS, PolypGen."""
+    from robusttrain.datamodules.polyp import PolypDataModule
+
+    root = Path(args.data_root) / "polyp_256"
+    dm = PolypDataModule(root=str(root / "kvasir_seg"), **kw)
+    src = ConcatSource({"kvasir": dm._read(str(root / "kvasir_seg")), "clinicdb": dm._read(str(root / "cvc_clinicdb"))})
+    seqs = clinicdb_sequences(root / "cvc_clinicdb")
+    ids = [src.case_id(i) for i in range(len(src))]
+    parts = {"kvasir": [i for i, c in enumerate(ids) if c.startswith("kvasir-")],
+             "clinicdb": [i for i, c in enumerate(ids) if c.startswith("clinicdb-")]}
+    key = lambda c: f"clinicdb-{seqs[c.split('-', 1)[1]]}" if c.startswith("clinicdb-") else c
+    split = {}
+    for name, idx in parts.items():
+        tr, va, te = three_way_indices([key(ids[i]) for i in idx], args.test_fraction, args.val_fraction,
+                                       args.data_seed)
+        split[name] = ([idx[i] for i in tr], [idx[i] for i in va], [idx[i] for i in te])
+    dm.train_dataset = dm._view(src, split["kvasir"][0] + split["clinicdb"][0], True)
+    dm.val_dataset = dm._view(src, split["kvasir"][1] + split["clinicdb"][1], False)
+    held = {"kvasir_test": dm._view(src, split["kvasir"][2], False),
+            "cvc_clinicdb": dm._view(src, split["clinicdb"][2], False)}
+    for name, folder in (("cvc_colondb", "cvc_colondb"), ("etis", "etis_larib")):
+        held[name] = dm._view(dm._read(str(Path(args.data_root) / folder)), None, False)
+    held.update(polypgen_by_centre(dm, Path(args.data_root) / "polypgen"))
+    dm.clusters = {("cvc_clinicdb", c): f"cvc_clinicdb/{key(c)}" for c in held["cvc_clinicdb"].case_ids()}
+    return dm, held, ["kvasir_test"]
+
+
 def build_data(args):
     """(datamodule with train/val set up, {held-out name: dataset}, in-domain names)."""
     kw = dict(image_size=args.size, batch_size=args.batch_size, seed=args.data_seed, num_workers=0)
+    if args.dataset == "polyp256":
+        return build_polyp256(args, kw)
+    if args.dataset == "pranet256":
+        return build_pranet256(args, kw)
     if args.dataset == "polyp":
         from robusttrain.datamodules.polyp import PolypDataModule
 
@@ -106,25 +198,35 @@ def per_case_dice(model, dataset, class_names, batch_size: int = 16) -> list[dic
 
     from robusttrain.metamorphic.scoring import dice_from_sums, logits_sums
 
+    dev = next(model.parameters()).device
     sums: dict[str, np.ndarray] = {}
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        for cid, s in zip(batch["case_id"], logits_sums(model(batch["image"]), batch["mask"])):
+        logits = model(batch["image"].to(dev)).float().cpu()
+        for cid, s in zip(batch["case_id"], logits_sums(logits, batch["mask"])):
             sums[cid] = sums.get(cid, 0) + s
     return [{"case_id": cid, **{f"dice_{c}": float(v) for c, v in zip(class_names, dice_from_sums(s))}}
             for cid, s in sums.items()]
 
 
-def make_recorder(class_names: list[str]):
+def make_recorder(class_names: list[str], weights_dir: Path | None = None):
     from lightning.pytorch import Callback
 
     class EpochRecorder(Callback):
         """After every fitting validation: validation loss, clean per-case validation Dice and a CPU
-        copy of the weights (so any epoch picked at the end can be evaluated on held-out data)."""
+        copy of the weights (so any epoch picked at the end can be evaluated on held-out data).
+
+        With ``weights_dir`` the weights go to ``epoch=NNN.pt`` files (atomic) instead of memory, and
+        rows / losses / training seconds travel in the Lightning checkpoint: a killed run resumes."""
 
         def __init__(self):
             self.rows: list[dict] = []
             self.val_loss: dict[int, float] = {}
             self.weights: dict[int, dict] = {}
+            self.train_seconds = 0.0
+            self._t = None
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            self._t = time.time()
 
         def on_validation_end(self, trainer, pl_module):
             if trainer.sanity_checking or trainer.state.fn != "fit":
@@ -134,56 +236,126 @@ def make_recorder(class_names: list[str]):
             was = pl_module.training
             pl_module.eval()
             try:
+                self.rows = [r for r in self.rows if r["epoch"] != epoch]
                 self.rows += [{"split": "val", "epoch": epoch, **r}
                               for r in per_case_dice(pl_module, trainer.datamodule.val_dataset, class_names)]
             finally:
                 pl_module.train(was)
-            self.weights[epoch] = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+            state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+            if weights_dir is None:
+                self.weights[epoch] = state
+            else:
+                from evidence_artifacts import save_weights
+
+                save_weights(weights_dir / f"epoch={epoch:03d}.pt", state, epoch=epoch)
+            if self._t is not None:
+                self.train_seconds += time.time() - self._t
+                self._t = None
+            val_dice = float(np.mean([np.mean([r[f"dice_{c}"] for c in class_names])
+                                      for r in self.rows if r["epoch"] == epoch]))
+            print(f"[evidence] epoch {epoch} val_loss={self.val_loss[epoch]:.4f} val_dice={val_dice:.4f} "
+                  f"train_s={self.train_seconds:.0f}", flush=True)
+
+        def epoch_weights(self, epoch: int) -> dict:
+            if weights_dir is None:
+                return self.weights[epoch]
+            from evidence_artifacts import load_weights
+
+            return load_weights(weights_dir / f"epoch={epoch:03d}.pt")
+
+        def state_dict(self):
+            return {"rows": self.rows, "val_loss": {str(k): v for k, v in self.val_loss.items()},
+                    "train_seconds": self.train_seconds}
+
+        def load_state_dict(self, state):
+            self.rows = list(state["rows"])
+            self.val_loss = {int(k): float(v) for k, v in state["val_loss"].items()}
+            self.train_seconds = float(state.get("train_seconds", 0.0))
 
     return EpochRecorder()
 
 
 # ----------------------------------------------------------------------------------- one run
+def per_case_mr(cases: pd.DataFrame) -> dict:
+    """``{split: {case: {tests, errors_<m>@<t>, corrupted_dice, errors_dice@0.25_by_perturbation}}}``
+    from the audit's per-test rows (a drop counts relative to the clean source score)."""
+    from robusttrain.metamorphic.records import relative_drops
+
+    mr: dict = {}
+    for (split, cid), g in cases.groupby(["split", "case_id"], sort=False):
+        d = {"tests": int(len(g)), "corrupted_dice": round(float(g["fol_dice"].mean()), 6)}
+        for m in ("dice", "iou"):
+            drop = relative_drops(g[f"src_{m}"], g[f"fol_{m}"])  # one home for the relative drop
+            for t in THRESHOLDS:
+                d[f"errors_{m}@{t:g}"] = int((drop > t).sum())
+        d["errors_dice@0.25_by_perturbation"] = {
+            p: int((relative_drops(gp["src_dice"], gp["fol_dice"]) > 0.25).sum()) for p, gp in g.groupby("perturbation")}
+        mr.setdefault(split, {})[cid] = d
+    return mr
+
+
 def run_one(cond: str, seed: int, args_dict: dict) -> dict:
-    """Train one (condition, seed), pick every checkpoint on validation, report on held-out data."""
+    """Train one (condition, seed), pick every checkpoint on validation, report on held-out data.
+
+    With ``--resume``: a finished run (``result.json``) is read back; an interrupted one (v3: its
+    ``fit/last.ckpt``, written after every epoch) continues from its last epoch."""
     import lightning.pytorch as L
-    from conditions import training_callbacks, usable_families
+    from conditions import MT_CONDITIONS, MT_DEFAULTS, training_callbacks, usable_families
 
     from robusttrain.cornercases.tradeoff import policy_tradeoff
     from robusttrain.metamorphic.audit import audit
-    from robusttrain.metamorphic.records import relative_drops
     from robusttrain.metamorphic.suite import MRSuite
     from robusttrain.models.segmentation import SegmentationModule
 
     args = argparse.Namespace(**args_dict)
+    v3 = args.dataset in ("polyp256", "pranet256")
+    device = "cuda" if getattr(args, "accelerator", "cpu") == "gpu" else "cpu"
     run_dir = Path(args.out) / args.dataset / f"{cond}_s{seed}"
     done = run_dir / "result.json"
     if args.resume and done.is_file():  # finished by an earlier, interrupted invocation
         return json.loads(done.read_text())
     torch.set_num_threads(args.threads)
-    L.seed_everything(seed, workers=True)
-    if run_dir.exists():  # a fresh failure bank per run
+    last_ckpt = run_dir / "fit" / "last.ckpt"
+    resume_from = str(last_ckpt) if (v3 and args.resume and last_ckpt.is_file()) else None
+    if run_dir.exists() and resume_from is None:  # a fresh failure bank per run
         import shutil
         shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(seed, workers=True)
     dm, held, _ = build_data(args)
     names = dm.class_names
     n_train_cases, n_val_cases = len(dm.train_dataset.case_ids()), len(dm.val_dataset.case_ids())
     perts = usable_families(args.perturbations.split(","), dm.in_channels)
     sevs = tuple(int(s) for s in args.severities.split(","))
     mining = {k: getattr(args, k) for k in ("jitter", "fresh_image", "clean_mix") if getattr(args, k, None) is not None}
+    mt = {"q": args.q} if getattr(args, "q", None) is not None else None
     cbs, _ = training_callbacks(cond, dm, perts, sevs, seed=args.data_seed, ratio=args.ratio, probe=args.probe,
-                                mine_every=args.mine_every, run_dir=str(run_dir), mining=mining)
-    rec = make_recorder(names)
+                                mine_every=args.mine_every, run_dir=str(run_dir), mining=mining,
+                                val_every=getattr(args, "mr_every", 0), val_cases=getattr(args, "mr_val_cases", None),
+                                train_seed=seed, mt=mt)
     feats = tuple(int(f) for f in args.features.split(","))
+    rec = make_recorder(names, run_dir / "epochs" if v3 else None)
+    extra = []
+    if v3:
+        from evidence_artifacts import write_config
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        # top_k=1 (the latest epoch): Lightning writes last.ckpt only in a step that saved a checkpoint
+        extra = [ModelCheckpoint(dirpath=run_dir / "fit", save_last=True, save_top_k=1, every_n_epochs=1)]
+        kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]} if cond in MT_CONDITIONS else None
+        write_config(run_dir, args, cond, seed, feats, perts, sevs, kw)
     model = SegmentationModule(in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names,
                                lr=args.lr, features=feats)
-    trainer = L.Trainer(max_epochs=args.epochs, callbacks=[*cbs, rec], logger=False, default_root_dir=run_dir,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, accelerator="cpu", devices=1, deterministic=False)
+    trainer = L.Trainer(max_epochs=args.epochs, callbacks=[*cbs, rec, *extra], logger=False, default_root_dir=run_dir,
+                        enable_checkpointing=bool(extra), enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, accelerator=getattr(args, "accelerator", "cpu"), devices=1,
+                        deterministic=False, precision=getattr(args, "precision", "32-true"))
     t0 = time.time()
-    trainer.fit(model, datamodule=dm)
-    train_s = time.time() - t0
+    trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+    if trainer.interrupted or int(trainer.current_epoch) < args.epochs:  # never score a half-trained run
+        raise SystemExit(f"evidence: {cond}_s{seed} stopped at epoch {trainer.current_epoch} of {args.epochs} "
+                         "(interrupted); run again with --resume to continue it")
+    train_s = rec.train_seconds if v3 else time.time() - t0
 
     rows = pd.DataFrame(rec.rows)
     cols = [f"dice_{c}" for c in names]
@@ -196,14 +368,20 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     choices = dict(trade.choices)
     cohort = val.groupby("epoch")["dice"].mean()
     choices["best_val_dice"] = int(max(cohort.index, key=lambda e: (round(float(cohort[e]), 12), e)))
+    # HOOK (issue 21 §5, robusttrain/callbacks/balanced_average.py, built elsewhere): add the
+    # "balanced_average" and "ema" checkpoints here as extra weights, e.g.
+    #   extra_weights = {"balanced_average": <uniform average of rec.epoch_weights(e) over the inlier
+    #                    epochs of the later window, BN statistics re-estimated>, "ema": <WeightAveraging>}
+    # and evaluate them below exactly like the picked epochs (they are reported against "last").
+    extra_weights: dict[str, dict] = {}
 
     # held-out per-case Dice at every pick, from the weights kept for that epoch
     t1 = time.time()
-    need = sorted(rec.weights) if args.heldout_curve else sorted(set(choices.values()))
+    need = sorted(rec.val_loss) if args.heldout_curve else sorted(set(choices.values()))
     held_rows = []
-    model.eval()
+    model.to(device).eval()
     for e in need:
-        model.load_state_dict(rec.weights[e])
+        model.load_state_dict(rec.epoch_weights(e))
         for split, ds in held.items():
             held_rows += [{"split": split, "epoch": e, **r} for r in per_case_dice(model, ds, names)]
     held_rows = pd.DataFrame(held_rows)
@@ -214,26 +392,29 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         picks[pol] = {"epoch": int(e), "val_cohort": float(cohort[e]),
                       "val_worst_k": float(trade.table["cvar"].get(e, np.nan)) if e in trade.table.index else None,
                       "dice": {s: dict(zip(g["case_id"], g["dice"].round(6))) for s, g in at.groupby("split")}}
+    for pol, weights in extra_weights.items():  # the balanced-average hook (empty until it is built)
+        model.load_state_dict(weights)
+        picks[pol] = {"epoch": None, "dice": {s: {r["case_id"]: round(float(np.mean([r[c] for c in cols])), 6)
+                                                  for r in per_case_dice(model, ds, names)} for s, ds in held.items()}}
 
-    # EFR on the held-out sets at the least-loss checkpoint, one fixed suite for every run
-    model.load_state_dict(rec.weights[least])
+    # EFR on the held-out sets (v3: at every --efr-policies pick), one fixed suite for every run
     suite = MRSuite(perts, sevs, seed=args.data_seed)
-    res = audit(model, held, suite, out_dir=None, device="cpu", batch_size=16, path="numpy", class_names=names)
-    cases = res["cases"]
-    mr = {}
-    for (split, cid), g in cases.groupby(["split", "case_id"], sort=False):
-        d = {"tests": int(len(g))}
-        for m in ("dice", "iou"):
-            drop = relative_drops(g[f"src_{m}"], g[f"fol_{m}"])
-            for t in THRESHOLDS:
-                d[f"errors_{m}@{t:g}"] = int((drop > t).sum())
-        d["errors_dice@0.25_by_perturbation"] = {
-            p: int((relative_drops(gp["src_dice"], gp["fol_dice"]) > 0.25).sum()) for p, gp in g.groupby("perturbation")}
-        mr.setdefault(split, {})[cid] = d
-    # the audit's clean source scores must be the recorder's at the same epoch (same weights, same data)
-    src = cases.groupby(["split", "case_id"])["src_dice"].first()
-    rec_at = held_rows[held_rows["epoch"] == least].set_index(["split", "case_id"])["dice"]
-    consistency = float((src - rec_at.reindex(src.index)).abs().max())
+    efr_pols = getattr(args, "efr_policies", "least_loss").split(",")
+    mr_by: dict = {}
+    consistency = 0.0
+    for pol in efr_pols:
+        e = choices[pol]
+        model.load_state_dict(rec.epoch_weights(e))
+        res = audit(model, held, suite, out_dir=None, device=device, batch_size=16,
+                    path="torch" if device == "cuda" else "numpy", class_names=names,
+                    max_cases=getattr(args, "efr_cases", None))
+        cases = res["cases"]
+        mr_by[pol] = per_case_mr(cases)
+        # the audit's clean source scores must be the recorder's at the same epoch (same weights, same data)
+        src = cases.groupby(["split", "case_id"])["src_dice"].first()
+        rec_at = held_rows[held_rows["epoch"] == e].set_index(["split", "case_id"])["dice"]
+        consistency = max(consistency, float((src - rec_at.reindex(src.index)).abs().max()))
+    mr = mr_by[efr_pols[0]]
 
     # trade-off plots: the validation picks drawn on validation and on the pooled held-out cases
     from robusttrain.cornercases import epoch_table
@@ -254,6 +435,18 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
            "choices": choices, "picks": picks, "mr": mr, "tests": [list(t) for t in suite.tests],
            "audit_clean_max_abs_diff": consistency,
            "selection_reasons": {p: s.reason for p, s in trade.selections.items()}}
+    if v3:
+        from evidence_artifacts import save_weights, write_rescore
+
+        for pol, e in choices.items():  # the checkpoints of the tables, loadable by the product's CLI
+            save_weights(run_dir / "checkpoints" / f"{pol}.ckpt", rec.epoch_weights(e), epoch=int(e), policy=pol)
+        write_rescore(run_dir, args, feats, sorted(choices))
+        out.update(mr_by_policy=mr_by, efr_policies=efr_pols, clusters={f"{s}/{c}": g for (s, c), g in dm.clusters.items()},
+                   n_held_out_cases={s: len(ds) for s, ds in held.items()},
+                   n_efr_cases={s: len(v) for s, v in mr.items()}, params=sum(p.numel() for p in model.parameters()),
+                   resumed=resume_from is not None, run_dir=str(run_dir))
+        if cond in MT_CONDITIONS:
+            out["mt_kwargs"] = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
     if cond == "mined":
         bank = cbs[-1].bank
         out.update(bank_size=len(bank), trainable=len(bank.trainable()),
@@ -273,7 +466,13 @@ def _run_star(job):
 # ----------------------------------------------------------------------------------- summary
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", choices=["polyp", "acdc"], required=True)
+    ap.add_argument("--dataset", choices=["polyp", "acdc", "polyp256", "pranet256"], required=True,
+                    help="polyp256 = Evidence v3 (issue 22): train on Kvasir-SEG (polyp_256), CVC-ClinicDB held out; "
+                         "pranet256 = the GPU protocol: train on Kvasir-SEG + CVC-ClinicDB (split by sequence)")
+    ap.add_argument("--data-root", default=str(DATA), help="folder holding polyp_256/, cvc_colondb/, ... "
+                    "(the GPU machine: .gpudata from benchmarks/gpu/pack.py)")
+    ap.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--precision", default="32-true", help="Lightning precision (GPU: bf16-mixed)")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds")
     ap.add_argument("--conditions", default="plain,random,mined")
     ap.add_argument("--epochs", type=int, default=30)
@@ -292,6 +491,15 @@ def main(argv=None) -> dict:
     for flag in ("jitter", "fresh-image", "clean-mix"):
         ap.add_argument(f"--{flag}", type=float, default=None,
                         help=f"FailureMiningCallback {flag.replace('-', '_')} (mined; default: conditions.MINING_DEFAULTS)")
+    ap.add_argument("--q", type=float, default=None, help="MetamorphicTraining dose (MT conditions; default 0.5)")
+    ap.add_argument("--mr-every", type=int, default=0,
+                    help="MetamorphicCallback validation check every N epochs (0 = never; it steers the MT families)")
+    ap.add_argument("--mr-val-cases", type=int, default=None, help="validation cases the check probes")
+    ap.add_argument("--efr-policies", default="least_loss", help="checkpoints scored with the MR suite")
+    ap.add_argument("--efr-cases", type=int, default=None,
+                    help="MR suite on a fixed seeded subset of at most N cases per held-out set (clean Dice on all)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="summarise the finished runs under <out>/<dataset> (no training)")
     ap.add_argument("--min-epoch", type=int, default=3, help="warm-up epochs the balanced policies skip")
     ap.add_argument("--contamination", type=float, default=0.1)
     ap.add_argument("--worst-fraction", type=float, default=0.1, help="k of the worst-k / cvar numbers")
@@ -305,31 +513,58 @@ def main(argv=None) -> dict:
     ap.add_argument("--resume", action="store_true",
                     help="reuse <out>/<dataset>/<cond>_s<seed>/result.json of runs that already finished")
     args = ap.parse_args(argv)
-    defaults = {"polyp": (0.25, 0.15), "acdc": (0.3, 0.3)}[args.dataset]
+    defaults = {"polyp": (0.25, 0.15), "acdc": (0.3, 0.3), "polyp256": (0.15, 0.1), "pranet256": (0.15, 0.1)}[
+        args.dataset]
     args.test_fraction = defaults[0] if args.test_fraction is None else args.test_fraction
     args.val_fraction = defaults[1] if args.val_fraction is None else args.val_fraction
-    args.perturbations = args.perturbations or {"polyp": "endoscopy", "acdc": "mri"}[args.dataset]
+    args.perturbations = args.perturbations or "mri" if args.dataset == "acdc" else "endoscopy"
 
     jobs = [(c, int(s), vars(args)) for s in args.seeds.split(",") for c in args.conditions.split(",")]
     t0 = time.time()
-    if args.jobs > 1:
+    out = Path(args.out) / args.dataset
+    if args.report_only:
+        results = finished(out)
+    elif args.jobs > 1:
         import multiprocessing as mp
 
         with mp.get_context("spawn").Pool(args.jobs) as pool:
             results = pool.map(_run_star, jobs, chunksize=1)
     else:
-        results = [_run_star(j) for j in jobs]
-    from evidence_report import summarise, write_tables
+        results = []
+        for j in jobs:  # the tables are re-written after every run: partial results are readable
+            results.append(_run_star(j))
+            if args.dataset in ("polyp256", "pranet256"):
+                write_summary(finished(out), args, out, time.time() - t0)
+    return write_summary(results, args, out, time.time() - t0)
 
-    summary = summarise(results, args)
-    out = Path(args.out) / args.dataset
+
+def finished(out: Path) -> list[dict]:
+    """Every finished run (``result.json``) under ``out``, in (seed, condition) order."""
+    rs = [json.loads(p.read_text()) for p in sorted(out.glob("*_s*/result.json"))]
+    return sorted(rs, key=lambda r: (r["seed"], r["condition"]))
+
+
+def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
+    """``results.json`` (summary + per-run numbers) and ``results.md`` (tables), both atomic."""
+    from robusttrain.io import atomic_write_text
+
+    if args.dataset in ("polyp256", "pranet256"):
+        from evidence_report_v3 import summarise_v3, write_tables_v3
+
+        summary = summarise_v3(results, args)
+        md = write_tables_v3(summary, args)
+    else:
+        from evidence_report import summarise, write_tables
+
+        summary = summarise(results, args)
+        md = write_tables(summary, args)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"args": vars(args), "wall_seconds": round(time.time() - t0, 1), "summary": summary,
-               "results": results}
-    (out / "results.json").write_text(json.dumps(payload, indent=1, default=float))
-    md = write_tables(summary, args)
-    (out / "results.md").write_text(md)
-    print(md)
+    payload = {"args": vars(args), "wall_seconds": round(wall, 1), "summary": summary, "results": results}
+    atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=float))
+    atomic_write_text(out / "summary.json", json.dumps({"args": vars(args), "summary": summary}, indent=1,
+                                                       default=float))
+    atomic_write_text(out / "results.md", md)
+    print(md, flush=True)
     return payload
 
 

@@ -42,8 +42,19 @@ def worst_fraction_difference(k: float) -> Stat:
     return stat
 
 
-def paired_bootstrap(a, b, stat: Stat, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> dict:
-    """``{"estimate", "lo", "hi", "n_cases", "n_seeds"}``: ``stat(A, B)`` and its case-bootstrap CI."""
+def paired_bootstrap(a, b, stat: Stat, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
+                     clusters=None) -> dict:
+    """``{"estimate", "lo", "hi", "n_cases", "n_seeds", "n_clusters"}``: ``stat(A, B)`` and its bootstrap CI.
+
+    ``clusters`` (one label per case column, e.g. the CVC-ClinicDB video sequence): the bootstrap
+    draws whole clusters with replacement, every case of a drawn cluster comes along (frames of one
+    sequence are not independent). None: every case is its own cluster.
+
+    >>> a = np.array([[1.0, 1.0, 0.0, 0.0]]); b = np.zeros((1, 4))
+    >>> r = paired_bootstrap(a, b, mean_difference, n_boot=300, clusters=["s1", "s1", "s2", "s2"])
+    >>> r["n_clusters"], sorted({round(x, 2) for x in (r["lo"], r["hi"])})
+    (2, [0.0, 1.0])
+    """
     a, b = np.atleast_2d(np.asarray(a, dtype=np.float64)), np.atleast_2d(np.asarray(b, dtype=np.float64))
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"paired matrices must have the same non-empty shape, got {a.shape} and {b.shape}")
@@ -51,8 +62,20 @@ def paired_bootstrap(a, b, stat: Stat, n_boot: int = 2000, seed: int = 0, alpha:
         raise ValueError("paired values must be finite (a NaN Dice or EFR would be reported as a number)")
     rng = np.random.default_rng(seed)
     n = a.shape[1]
-    boots = np.array([stat(a[:, idx], b[:, idx]) for idx in rng.integers(0, n, size=(n_boot, n))])
+    if clusters is None:
+        draws = (idx for idx in rng.integers(0, n, size=(n_boot, n)))
+        n_clusters = n
+    else:
+        if len(clusters) != n:
+            raise ValueError(f"clusters has {len(clusters)} labels for {n} cases")
+        labels = list(dict.fromkeys(clusters))
+        members = [np.flatnonzero(np.asarray(clusters, dtype=object) == g) for g in labels]
+        n_clusters = len(labels)
+        draws = (np.concatenate([members[j] for j in pick])
+                 for pick in rng.integers(0, n_clusters, size=(n_boot, n_clusters)))
+    boots = np.array([stat(a[:, idx], b[:, idx]) for idx in draws])
     boots = boots[np.isfinite(boots)]
     lo, hi = (np.percentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)]) if boots.size
               else (float("nan"), float("nan")))
-    return {"estimate": stat(a, b), "lo": float(lo), "hi": float(hi), "n_cases": int(n), "n_seeds": int(a.shape[0])}
+    return {"estimate": stat(a, b), "lo": float(lo), "hi": float(hi), "n_cases": int(n), "n_seeds": int(a.shape[0]),
+            "n_clusters": int(n_clusters)}

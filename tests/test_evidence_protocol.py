@@ -39,3 +39,167 @@ def test_acdc_split_keeps_both_phases_of_a_patient_together():
     assert [len(p) for p in pats] == [4, 3, 3]
     assert not (pats[0] & pats[1] or pats[0] & pats[2] or pats[1] & pats[2])
     assert len(held["acdc_test"].case_ids()) == 6  # ED and ES of each held-out patient
+
+
+# ----------------------------------------------------------------------------------- Evidence v3
+POLYP256 = evidence.DATA / "polyp_256"
+needs_polyp256 = pytest.mark.skipif(not POLYP256.is_dir(), reason="no ../shared/data/polyp_256")
+
+
+def args256(dataset="polyp256", **kw):
+    base = dict(dataset=dataset, size=32, batch_size=4, data_seed=0, test_fraction=0.15, val_fraction=0.1,
+                data_root=str(evidence.DATA))
+    return argparse.Namespace(**{**base, **kw})
+
+
+@needs_polyp256
+def test_polyp256_split_sizes_disjoint_and_clinicdb_clustered_by_sequence():
+    dm, held, in_domain = evidence.build_data(args256())
+    tr, va, te = (set(d.case_ids()) for d in (dm.train_dataset, dm.val_dataset, held["kvasir_test"]))
+    assert len(tr) >= 700 and len(va) == 100 and len(te) >= 100 and len(tr | va | te) == 998
+    assert not (tr & va or tr & te or va & te) and in_domain == ["kvasir_test"]
+    clinic = held["cvc_clinicdb"].case_ids()
+    assert len(clinic) == 609 and {s for s, _ in dm.clusters} == {"cvc_clinicdb"}
+    seqs = {dm.clusters[("cvc_clinicdb", c)] for c in clinic}
+    assert len(seqs) == 29  # every frame mapped to its video sequence
+    # the original-resolution Kvasir copy is a subset of the 998: only polyp_256 is read, so no image
+    # is on two sides whatever the file ids of ../kvasir_seg are
+    old = {p.stem for p in (evidence.DATA / "kvasir_seg" / "images").iterdir()}
+    assert old <= tr | va | te
+
+
+@needs_polyp256
+def test_pranet256_keeps_every_clinicdb_sequence_on_one_side():
+    seqs = evidence.clinicdb_sequences(POLYP256 / "cvc_clinicdb")
+    dm, held, _ = evidence.build_data(args256("pranet256", test_fraction=0.2))
+    side = {}
+    for name, ds in (("train", dm.train_dataset), ("val", dm.val_dataset), ("test", held["cvc_clinicdb"])):
+        for c in ds.case_ids():
+            if c.startswith("clinicdb-"):
+                side.setdefault(seqs[c.split("-", 1)[1]], set()).add(name)
+    assert len(side) == 29 and all(len(v) == 1 for v in side.values())
+    assert {n for v in side.values() for n in v} == {"train", "val", "test"}
+    kv = [set(d.case_ids()) for d in (dm.train_dataset, dm.val_dataset, held["kvasir_test"])]
+    assert sum(len({c for c in s if c.startswith("kvasir-")}) for s in kv) == 998
+
+
+def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
+    from conditions import CONDITIONS, MT_CONDITIONS, training_callbacks
+
+    from robusttrain.callbacks import MetamorphicTraining
+    from robusttrain.datamodules.polyp import PolypDataModule
+
+    expected = {"mt_random": (1, 1.0, 0.0), "metamorphic": (4, 0.3, 1.0), "consistency_only": (1, 0.3, 1.0),
+                "worst_of_k_only": (4, 0.3, 0.0)}
+    assert set(MT_CONDITIONS) == set(expected) and set(expected) < set(CONDITIONS)
+    lengths = {}
+    for cond in CONDITIONS:
+        if cond == "random":
+            continue
+        dm = PolypDataModule(image_size=32, batch_size=4, n_train=20, n_val=4)
+        dm.setup("fit")
+        cbs, _ = training_callbacks(cond, dm, ["blur", "contrast"], (2, 4), seed=0, ratio=0.2, probe=4,
+                                    train_seed=3, mt={"q": 0.5})
+        mts = [c for c in cbs if isinstance(c, MetamorphicTraining)]
+        if cond in expected:
+            (mt,) = mts
+            assert (mt.k, mt.epsilon, mt.consistency, mt.q, mt.seed) == (*expected[cond], 0.5, 3)
+        else:
+            assert not mts
+        lengths[cond] = len(dm.train_dataloader().dataset)
+    assert len(set(lengths.values())) == 1, lengths  # the same samples per epoch -> the same optimiser steps
+
+
+def test_cluster_bootstrap_resamples_whole_sequences():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import numpy as np
+    from paired_stats import mean_difference, paired_bootstrap
+
+    rng = np.random.default_rng(0)
+    # 6 sequences x 20 frames; the effect is shared within a sequence (frames are not independent)
+    effect = np.repeat(rng.normal(0.02, 0.1, size=6), 20)
+    b = rng.uniform(0.5, 0.9, size=(1, 120))
+    a = b + effect + 0.001 * rng.standard_normal((1, 120))
+    labels = [f"s{i // 20}" for i in range(120)]
+    per_case = paired_bootstrap(a, b, mean_difference, n_boot=400)
+    per_seq = paired_bootstrap(a, b, mean_difference, n_boot=400, clusters=labels)
+    assert per_seq["n_clusters"] == 6 and per_case["n_clusters"] == 120
+    assert per_seq["estimate"] == pytest.approx(per_case["estimate"])
+    # treating 120 correlated frames as independent understates the uncertainty several-fold
+    assert (per_seq["hi"] - per_seq["lo"]) > 2.5 * (per_case["hi"] - per_case["lo"])
+    with pytest.raises(ValueError, match="labels"):
+        paired_bootstrap(a, b, mean_difference, clusters=labels[:-1])
+
+
+@needs_polyp256
+@pytest.mark.slow
+def test_v3_run_resumes_after_a_kill_keeps_checkpoints_and_rescores_with_the_cli(tmp_path):
+    """One small real run (64 px, 2 epochs): killed after its first epoch, resumed from fit/last.ckpt,
+    then its kept checkpoint re-scored by ``python -m robusttrain check`` on a folder: the CLI's
+    clean Dice equals the run's own per-case number."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    import numpy as np
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(repo / "benchmarks" / "evidence.py"), "--dataset", "polyp256", "--seeds", "0",
+           "--conditions", "metamorphic", "--size", "64", "--epochs", "2", "--min-epoch", "0", "--efr-cases", "4",
+           "--n-boot", "50", "--out", str(tmp_path), "--resume"]
+    run = tmp_path / "polyp256" / "metamorphic_s0"
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 600
+        while not (run / "fit" / "last.ckpt").is_file() and time.time() < deadline and p.poll() is None:
+            time.sleep(0.5)
+        assert (run / "fit" / "last.ckpt").is_file(), "no fit/last.ckpt after the first epoch"
+    finally:
+        p.kill()
+        p.wait()
+    assert not (run / "result.json").exists()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    r = json.loads((run / "result.json").read_text())
+    assert r["resumed"] is True and r["optimizer_steps"] == 2 * -(-748 // 8)  # slots replace samples
+    assert sorted(r["mr_by_policy"]) == ["least_loss"] and r["mt_kwargs"]["k"] == 4
+    assert (run / "checkpoints" / "least_loss.ckpt").is_file() and (run / "rescore.sh").is_file()
+    out = subprocess.run([sys.executable, "-m", "robusttrain", "check", "recipe=polyp", "data.image_size=64",
+                          "model.features=[16,16,32,64,128,16]", f"data.root={evidence.DATA / 'etis_larib'}",
+                          "data.val_fraction=0", f"ckpt={run / 'checkpoints' / 'least_loss.ckpt'}",
+                          f"run_dir={tmp_path / 'check'}"], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("[robusttrain] clean"))
+    cli = float(line.split("Dice=")[1].split()[0])
+    mine = float(np.mean(list(r["picks"]["least_loss"]["dice"]["etis"].values())))
+    assert cli == pytest.approx(mine, abs=1e-3)
+
+
+def _fake_run(cond, seed, errors, dice):
+    """A result.json shaped like evidence.py's (3 Kvasir cases, 4 ClinicDB frames in 2 sequences)."""
+    sets = {"kvasir_test": ["k1", "k2", "k3"], "cvc_clinicdb": ["1", "2", "3", "4"], "etis": ["e1"]}
+    picks = {p: {"epoch": 1, "dice": {s: {c: dice for c in cs} for s, cs in sets.items()}} for p in ("last", "least_loss")}
+    mr = {s: {c: {"tests": 18, "errors_dice@0.25": errors, "corrupted_dice": dice - 0.1} for c in cs}
+          for s, cs in sets.items()}
+    return {"condition": cond, "seed": seed, "picks": picks, "mr_by_policy": {"least_loss": mr, "last": mr},
+            "clusters": {"cvc_clinicdb/1": "s1", "cvc_clinicdb/2": "s1", "cvc_clinicdb/3": "s2", "cvc_clinicdb/4": "s2"}}
+
+
+def test_v3_summary_checks_the_issue_targets_on_the_numbers():
+    from evidence_report_v3 import summarise_v3, write_tables_v3
+
+    ns = argparse.Namespace(worst_fraction=0.1, n_boot=100, epochs=2, size=64, features="8", batch_size=4, lr=1e-3)
+    runs = [_fake_run("mt_random", s, 6, 0.80) for s in (0, 1)] + [_fake_run("metamorphic", s, 4, 0.80) for s in (0, 1)]
+    s = summarise_v3(runs, ns)
+    assert s["groups"]["cvc_clinicdb"] == {"sets": ["cvc_clinicdb"], "cases": 4, "clusters": 2}
+    pr = s["paired"]["cvc_clinicdb"]["least_loss"]["metamorphic-mt_random"]
+    assert pr["efr_dice@0.25_relative_pct"]["estimate"] == pytest.approx(-100 / 3, abs=0.01)
+    assert pr["clean_dice_points"]["n_clusters"] == 2 and pr["seeds"] == [0, 1]
+    t = s["targets"]["metamorphic_vs_random/least_loss"]
+    assert t["met"] and t["kvasir_test"]["met"] and t["cvc_clinicdb"]["met"]
+    assert s["targets"]["dice_floor_0.70_kvasir"]["metamorphic"] == {"clean_dice": 80.0, "met": True}
+    # a clean-Dice cost above 1 point fails the target although the EFR fell
+    worse = [_fake_run("mt_random", 0, 6, 0.80), _fake_run("metamorphic", 0, 4, 0.75)]
+    assert not summarise_v3(worse, ns)["targets"]["metamorphic_vs_random/least_loss"]["met"]
+    assert "metamorphic-mt_random" in write_tables_v3(s, ns)
