@@ -10,6 +10,7 @@ Side by side in one run (median over ``--repeats`` rounds, variants back to back
 
 On the CPU unless ``--device cuda``. Run: ``python benchmarks/augment_overhead.py [--size 256] [--batch 16]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def batch(b: int, s: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.stack([0.6 + 0.2 * torch.sin(xx / 20), 0.35 + 0.15 * torch.cos(yy / 15), 0.25 + 0 * xx])
     x = (x[None].repeat(b, 1, 1, 1) + 0.03 * torch.randn(b, 3, s, s, generator=g)).clamp(0, 1)
     m = torch.zeros(b, s, s, dtype=torch.long)
-    m[:, s // 3: s // 2, s // 3: s // 2] = 1
+    m[:, s // 3 : s // 2, s // 3 : s // 2] = 1
     return x.to(device), m.to(device)
 
 
@@ -60,18 +61,24 @@ def main() -> None:
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     rgb, m = batch(a.batch, a.size, a.device)
     grey, colour = rgb.mean(1, keepdim=True), set(P.available(channels=3))
-    names = a.families or [f for f in P.available()
-                           if "model" not in inspect.signature(P.family_class(f).__init__).parameters]
-    print(f"images/s, {a.batch} x C x {a.size} x {a.size} on {a.device}, median of {a.repeats}, "
-          f"torch threads {torch.get_num_threads()}")
+    names = a.families or [
+        f for f in P.available() if "model" not in inspect.signature(P.family_class(f).__init__).parameters
+    ]
+    print(
+        f"images/s, {a.batch} x C x {a.size} x {a.size} on {a.device}, median of {a.repeats}, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"{'family':14s} {'apply_batch':>12s} {'aug p=1':>10s} {'ratio':>6s} {'aug p=.5 1-5':>13s}")
     for name in names:
         x = rgb if name in colour else grey  # MRI / X-ray families take single-channel batches
         pert = P.get(name, severity=3)
         aug1 = BatchAugmentation(name, severity=3, p=1.0)
         aug_mix = BatchAugmentation(name, severity=(1, 5), p=0.5)
-        variants = {"fn": lambda: pert.apply_batch(x, m), "p1": lambda: aug1(x, mask=m),  # noqa: B023
-                    "mix": lambda: aug_mix(x, mask=m)}  # noqa: B023 (used within this iteration only)
+        variants = {
+            "fn": lambda: pert.apply_batch(x, m),
+            "p1": lambda: aug1(x, mask=m),  # noqa: B023
+            "mix": lambda: aug_mix(x, mask=m),
+        }  # noqa: B023 (used within this iteration only)
         times: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(a.repeats):
             for k, fn in variants.items():

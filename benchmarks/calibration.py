@@ -17,6 +17,7 @@ over the mean effect, at 128 and 256 px).
 Run: ``python benchmarks/calibration.py [--frames 2] [--sizes 128 256 512] [--markdown] [--downsize]``
 (about a minute on 2 cores with the defaults).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,9 @@ def endoscopy_frames(n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
     for sub, pat, k in (("kvasir_seg", "*.jpg", (n + 1) // 2), ("cvc_clinicdb", "*.png", n // 2)):
         for f in sorted((DATA / sub / "images").glob(pat))[:k]:
             m = cv2.imread(str(DATA / sub / "masks" / f.name), cv2.IMREAD_GRAYSCALE)
-            out.append((cv2.imread(str(f))[:, :, ::-1].copy(), None if m is None else (m > 127).astype(np.uint8)))
+            out.append(
+                (cv2.imread(str(f))[:, :, ::-1].copy(), None if m is None else (m > 127).astype(np.uint8))
+            )
     return out
 
 
@@ -55,7 +58,9 @@ def mri_frames(n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
             img, lab = np.asarray(h["image"]), np.asarray(h["label"])
         k = img.shape[0] // 2  # a mid-ventricular slice
         s = img[k]
-        s = (np.clip((s - s.min()) / max(float(np.percentile(s, 99.5) - s.min()), 1e-6), 0, 1) * 255).astype(np.uint8)
+        s = (np.clip((s - s.min()) / max(float(np.percentile(s, 99.5) - s.min()), 1e-6), 0, 1) * 255).astype(
+            np.uint8
+        )
         out.append((s[:, :, None], lab[k].astype(np.uint8)))
     return out
 
@@ -76,7 +81,11 @@ LOADERS = {"endoscopy": endoscopy_frames, "mri": mri_frames, "xray": xray_frames
 def resize(img: np.ndarray, mask: np.ndarray | None, size: int):
     r = cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA)
     r = r[:, :, None] if r.ndim == 2 else r
-    m = None if mask is None else cv2.resize(mask, (size, size), interpolation=cv2.INTER_NEAREST).astype(np.int64)
+    m = (
+        None
+        if mask is None
+        else cv2.resize(mask, (size, size), interpolation=cv2.INTER_NEAREST).astype(np.int64)
+    )
     return np.ascontiguousarray(r), m
 
 
@@ -99,7 +108,7 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 99.0 if mse == 0 else min(99.0, 10 * np.log10(255.0 ** 2 / mse))
+    return 99.0 if mse == 0 else min(99.0, 10 * np.log10(255.0**2 / mse))
 
 
 def changed(a: np.ndarray, b: np.ndarray) -> float:
@@ -161,7 +170,9 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=2, help="frames per modality (default 2)")
     ap.add_argument("--sizes", type=int, nargs="*", default=[128, 256, 512])
     ap.add_argument("--modalities", nargs="*", default=list(LOADERS))
-    ap.add_argument("--markdown", action="store_true", help="print markdown tables (for docs/perturbations.md)")
+    ap.add_argument(
+        "--markdown", action="store_true", help="print markdown tables (for docs/perturbations.md)"
+    )
     ap.add_argument("--downsize", action="store_true", help="also print the downsize-consistency ratios")
     args = ap.parse_args()
     if not DATA.is_dir():
@@ -177,7 +188,9 @@ def main() -> None:
         names = [n for n in SUITES[mod] + EXTRA.get(mod, ()) if n in P.available()]
         res = measure(frames, names, args.sizes)
         head = ["family", "sev"] + [f"{m}@{s}" for s in args.sizes for m in ("SSIM", "PSNR", "chg%")]
-        print(f"\n## {mod} ({len(frames)} frames; SSIM / PSNR dB / % pixels changed > {CHANGED} grey levels)\n")
+        print(
+            f"\n## {mod} ({len(frames)} frames; SSIM / PSNR dB / % pixels changed > {CHANGED} grey levels)\n"
+        )
         if args.markdown:
             print("| " + " | ".join(head) + " |")
             print("|" + "---|" * len(head))
@@ -200,14 +213,20 @@ def main() -> None:
         if args.downsize:
             ratios = downsize_ratios(frames, names)
             print(f"\n## {mod}: mean |down(P(x_512)) - P(down(x_512))| / mean effect (target <= 0.3)\n")
-            print(("| family | " + " | ".join(f"s{v}@128 | s{v}@256" for v in range(1, 6)) + " |") if args.markdown
-                  else f"{'family':<14}" + "".join(f"{f's{v}@128':>9}{f's{v}@256':>9}" for v in range(1, 6)))
+            print(
+                ("| family | " + " | ".join(f"s{v}@128 | s{v}@256" for v in range(1, 6)) + " |")
+                if args.markdown
+                else f"{'family':<14}" + "".join(f"{f's{v}@128':>9}{f's{v}@256':>9}" for v in range(1, 6))
+            )
             if args.markdown:
                 print("|" + "---|" * 11)
             for name in names:
                 cells = [f"{ratios[(name, v)][s]:.2f}" for v in range(1, 6) for s in (128, 256)]
-                print(("| " + name + " | " + " | ".join(cells) + " |") if args.markdown
-                      else f"{name:<14}" + "".join(f"{c:>9}" for c in cells))
+                print(
+                    ("| " + name + " | " + " | ".join(cells) + " |")
+                    if args.markdown
+                    else f"{name:<14}" + "".join(f"{c:>9}" for c in cells)
+                )
     print(f"\n# {time.perf_counter() - t0:.0f} s")
 
 

@@ -20,6 +20,7 @@ batch (same dose in every MT condition):
 
 Used by ``mining_evidence.py`` and ``evidence.py``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -52,11 +53,24 @@ def usable_families(names: Sequence[str] | None, in_channels: int) -> list[str]:
     return [n for n in suite.names if n not in suite.skipped]
 
 
-def training_callbacks(cond: str, dm: Any, perturbations: Sequence[str], severities: Sequence[int], *,
-                       seed: int, ratio: float = 0.2, probe: int = 64, mine_every: int = 1,
-                       val_every: int = 0, run_dir: str | None = None, mining: dict | None = None,
-                       batch_size: int = 8, train_seed: int = 0, mt: dict | None = None,
-                       val_cases: int | None = None) -> tuple[list, MetamorphicCallback]:
+def training_callbacks(
+    cond: str,
+    dm: Any,
+    perturbations: Sequence[str],
+    severities: Sequence[int],
+    *,
+    seed: int,
+    ratio: float = 0.2,
+    probe: int = 64,
+    mine_every: int = 1,
+    val_every: int = 0,
+    run_dir: str | None = None,
+    mining: dict | None = None,
+    batch_size: int = 8,
+    train_seed: int = 0,
+    mt: dict | None = None,
+    val_cases: int | None = None,
+) -> tuple[list, MetamorphicCallback]:
     """Callbacks of one condition; the train loader of ``dm`` is built over the condition's wrapper
     (``dm.wrap_train``: FailureMiningCallback.wrap or a RandomPerturbationDataset).
 
@@ -68,12 +82,21 @@ def training_callbacks(cond: str, dm: Any, perturbations: Sequence[str], severit
     """
     if cond not in CONDITIONS:
         raise ValueError(f"condition must be one of {CONDITIONS}, got {cond!r}")
-    mr = MetamorphicCallback(suite=MRSuite(list(perturbations), tuple(severities), seed=seed),
-                             every_n_epochs=val_every, dirpath=run_dir, verbose=False, batch_size=batch_size,
-                             max_cases=val_cases)
+    mr = MetamorphicCallback(
+        suite=MRSuite(list(perturbations), tuple(severities), seed=seed),
+        every_n_epochs=val_every,
+        dirpath=run_dir,
+        verbose=False,
+        batch_size=batch_size,
+        max_cases=val_cases,
+    )
     if cond == "mined":
-        mining_cb = FailureMiningCallback(replay_ratio=ratio, train_probe_size=probe, every_n_epochs=mine_every,
-                                          **{**MINING_DEFAULTS, **(mining or {})})
+        mining_cb = FailureMiningCallback(
+            replay_ratio=ratio,
+            train_probe_size=probe,
+            every_n_epochs=mine_every,
+            **{**MINING_DEFAULTS, **(mining or {})},
+        )
         dm.wrap_train(mining_cb.wrap)
         return [mr, mining_cb], mr
     if cond in MT_CONDITIONS:
@@ -81,8 +104,13 @@ def training_callbacks(cond: str, dm: Any, perturbations: Sequence[str], severit
 
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
         dm.wrap_train(lambda ds: RandomPerturbationDataset(ds, [], tuple(severities), ratio=ratio))
-        mt_cb = MetamorphicTraining(perturbations=list(perturbations), severity_caps=max(severities),
-                                    seed=train_seed, dirpath=run_dir, **kw)
+        mt_cb = MetamorphicTraining(
+            perturbations=list(perturbations),
+            severity_caps=max(severities),
+            seed=train_seed,
+            dirpath=run_dir,
+            **kw,
+        )
         return [mr, mt_cb], mr
     # same slot layout as ReplayDataset
     names = list(perturbations) if cond == "random" else []
@@ -93,5 +121,7 @@ def training_callbacks(cond: str, dm: Any, perturbations: Sequence[str], severit
 def mean_std(values: Sequence[float], digits: int = 2) -> dict[str, float]:
     """Mean and sample std (0 for one value), rounded."""
     v = np.asarray(list(values), dtype=np.float64)
-    return {"mean": round(float(v.mean()), digits),
-            "std": round(float(v.std(ddof=1)) if v.size > 1 else 0.0, digits)}
+    return {
+        "mean": round(float(v.mean()), digits),
+        "std": round(float(v.std(ddof=1)) if v.size > 1 else 0.0, digits),
+    }

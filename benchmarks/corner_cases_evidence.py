@@ -9,6 +9,7 @@ planted cases, the corner-case and cohort Dice at both epochs, and the ``corners
     python benchmarks/corner_cases_evidence.py --root /work/shared/data/acdc/volumes --epochs 15 \
         --image-size 96 --val-fraction 0.3 --out runs/evidence_acdc
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ class UNet(pl.LightningModule):
         super().__init__()
         from monai.losses import DiceCELoss
         from monai.networks.nets import BasicUNet
+
         self.net = BasicUNet(spatial_dims=2, in_channels=1, out_channels=4, features=(8, 8, 16, 32, 64, 8))
         self.loss = DiceCELoss(to_onehot_y=True, softmax=True, include_background=False)
         self.lr = lr
@@ -71,16 +73,33 @@ def main(argv=None) -> dict:
 
     pl.seed_everything(a.seed, workers=True)
     torch.set_num_threads(a.threads)
-    dm = ACDCDataModule(root=a.root, image_size=a.image_size, batch_size=a.batch_size, n_train=a.n_train,
-                        n_val=a.n_val, val_fraction=a.val_fraction, seed=a.seed)
+    dm = ACDCDataModule(
+        root=a.root,
+        image_size=a.image_size,
+        batch_size=a.batch_size,
+        n_train=a.n_train,
+        n_val=a.n_val,
+        val_fraction=a.val_fraction,
+        seed=a.seed,
+    )
     model = UNet(a.lr)
     out = Path(a.out)
-    cb = BalancedCheckpoint(dirpath=out, policy=a.policy, contamination=a.contamination,
-                            min_epoch=a.min_epoch, retention="all")
+    cb = BalancedCheckpoint(
+        dirpath=out, policy=a.policy, contamination=a.contamination, min_epoch=a.min_epoch, retention="all"
+    )
     logger = pl.loggers.CSVLogger(out, name="", version="")
-    trainer = pl.Trainer(max_epochs=a.epochs, callbacks=[cb], logger=logger, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                         deterministic=True, num_sanity_val_steps=0, default_root_dir=out)
+    trainer = pl.Trainer(
+        max_epochs=a.epochs,
+        callbacks=[cb],
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        deterministic=True,
+        num_sanity_val_steps=0,
+        default_root_dir=out,
+    )
     t0 = time.time()
     trainer.fit(model, datamodule=dm)
     rep = json.loads((out / "corner_cases.json").read_text())
@@ -88,35 +107,56 @@ def main(argv=None) -> dict:
     # the datamodule lists planted cases of both splits; only validation cases can be flagged
     planted = sorted(set(getattr(dm, "planted_hard_cases", []) or []) & set(hist["case_id"]))
     flagged = [c["case_id"] for c in rep["corner_cases"]]
-    summary = {"train_seconds": round(time.time() - t0, 1), "val_cases": int(hist["case_id"].nunique()),
-               "epochs": a.epochs, "least_loss_epoch": rep["least_loss_epoch"],
-               "balanced_epoch": rep["balanced_epoch"], "status": rep["status"], "flagged": flagged,
-               "outlier_epochs": rep["outlier_epochs"], "planted": planted}
+    summary = {
+        "train_seconds": round(time.time() - t0, 1),
+        "val_cases": int(hist["case_id"].nunique()),
+        "epochs": a.epochs,
+        "least_loss_epoch": rep["least_loss_epoch"],
+        "balanced_epoch": rep["balanced_epoch"],
+        "status": rep["status"],
+        "flagged": flagged,
+        "outlier_epochs": rep["outlier_epochs"],
+        "planted": planted,
+    }
     if planted:
         hit = set(planted) & set(flagged)
         summary["recall"] = len(hit) / len(planted)
         summary["precision"] = len(hit) / len(flagged) if flagged else None
         # recall at every epoch shows whether detection depends on the epoch picked
         summary["recall_by_epoch"] = {
-            int(e): len(set(planted) & set(find_corner_cases(hist, epoch=int(e), contamination=a.contamination).case_ids))
-            / len(planted) for e in sorted(hist["epoch"].unique())}
+            int(e): len(
+                set(planted)
+                & set(find_corner_cases(hist, epoch=int(e), contamination=a.contamination).case_ids)
+            )
+            / len(planted)
+            for e in sorted(hist["epoch"].unique())
+        }
     for key in ("least_loss", "balanced"):
         d = rep["dice"].get(key)
         if d:
             summary[f"cohort_mean_dice@{key}"] = round(d["cohort"]["mean"], 4)
             summary[f"corner_mean_dice@{key}"] = {c: round(d["per_case"][c]["mean"], 4) for c in flagged}
             if planted:
-                summary[f"planted_mean_dice@{key}"] = {c: round(d["per_case"][c]["mean"], 4)
-                                                       for c in planted if c in d["per_case"]}
+                summary[f"planted_mean_dice@{key}"] = {
+                    c: round(d["per_case"][c]["mean"], 4) for c in planted if c in d["per_case"]
+                }
     # every policy on the same history, least-loss epoch as reference, for comparison
     h = hist.assign(mean=hist[[c for c in hist.columns if c.startswith("dice_")]].mean(axis=1))
     summary["policies"] = {}
     for pol in POLICIES:
-        s = select_balanced_epoch(hist, pol, reference_epoch=rep["least_loss_epoch"], min_epoch=a.min_epoch,
-                                  contamination=a.contamination)
+        s = select_balanced_epoch(
+            hist,
+            pol,
+            reference_epoch=rep["least_loss_epoch"],
+            min_epoch=a.min_epoch,
+            contamination=a.contamination,
+        )
         at = h[h["epoch"] == s.epoch].set_index("case_id")["mean"]
-        summary["policies"][pol] = {"epoch": s.epoch, "cohort": round(float(at.mean()), 4),
-                                    "corner": {c: round(float(at[c]), 4) for c in s.corner_cases.case_ids}}
+        summary["policies"][pol] = {
+            "epoch": s.epoch,
+            "cohort": round(float(at.mean()), 4),
+            "corner": {c: round(float(at[c]), 4) for c in s.corner_cases.case_ids},
+        }
     print(json.dumps(summary, indent=2))
     print(corners_report(out, policy=a.policy, contamination=a.contamination))
     return summary

@@ -26,6 +26,7 @@ Writes ``<out>/<dataset>/results.json`` (per-run, per-case numbers and the summa
     python benchmarks/evidence.py --dataset polyp --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
     python benchmarks/evidence.py --dataset acdc --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -144,21 +145,28 @@ def build_pranet256(args, kw):
 
     root = Path(args.data_root) / "polyp_256"
     dm = PolypDataModule(root=str(root / "kvasir_seg"), **kw)
-    src = ConcatSource({"kvasir": dm._read(str(root / "kvasir_seg")), "clinicdb": dm._read(str(root / "cvc_clinicdb"))})
+    src = ConcatSource(
+        {"kvasir": dm._read(str(root / "kvasir_seg")), "clinicdb": dm._read(str(root / "cvc_clinicdb"))}
+    )
     seqs = clinicdb_sequences(root / "cvc_clinicdb")
     ids = [src.case_id(i) for i in range(len(src))]
-    parts = {"kvasir": [i for i, c in enumerate(ids) if c.startswith("kvasir-")],
-             "clinicdb": [i for i, c in enumerate(ids) if c.startswith("clinicdb-")]}
+    parts = {
+        "kvasir": [i for i, c in enumerate(ids) if c.startswith("kvasir-")],
+        "clinicdb": [i for i, c in enumerate(ids) if c.startswith("clinicdb-")],
+    }
     key = lambda c: f"clinicdb-{seqs[c.split('-', 1)[1]]}" if c.startswith("clinicdb-") else c
     split = {}
     for name, idx in parts.items():
-        tr, va, te = three_way_indices([key(ids[i]) for i in idx], args.test_fraction, args.val_fraction,
-                                       args.data_seed)
+        tr, va, te = three_way_indices(
+            [key(ids[i]) for i in idx], args.test_fraction, args.val_fraction, args.data_seed
+        )
         split[name] = ([idx[i] for i in tr], [idx[i] for i in va], [idx[i] for i in te])
     dm.train_dataset = dm._view(src, split["kvasir"][0] + split["clinicdb"][0], True)
     dm.val_dataset = dm._view(src, split["kvasir"][1] + split["clinicdb"][1], False)
-    held = {"kvasir_test": dm._view(src, split["kvasir"][2], False),
-            "cvc_clinicdb": dm._view(src, split["clinicdb"][2], False)}
+    held = {
+        "kvasir_test": dm._view(src, split["kvasir"][2], False),
+        "cvc_clinicdb": dm._view(src, split["clinicdb"][2], False),
+    }
     for name, folder in (("cvc_colondb", "cvc_colondb"), ("etis", "etis_larib")):
         held[name] = dm._view(dm._read(str(Path(args.data_root) / folder)), None, False)
     held.update(polypgen_by_centre(dm, Path(args.data_root) / "polypgen"))
@@ -178,8 +186,11 @@ def build_data(args):
 
         dm = PolypDataModule(root=str(DATA / "kvasir_seg"), **kw)
         held = {"kvasir_test": three_way_split(dm, args.test_fraction, args.val_fraction, args.data_seed)}
-        for name, folder in (("cvc_clinicdb", "cvc_clinicdb"), ("cvc_colondb", "cvc_colondb"),
-                             ("etis", "etis_larib")):
+        for name, folder in (
+            ("cvc_clinicdb", "cvc_clinicdb"),
+            ("cvc_colondb", "cvc_colondb"),
+            ("etis", "etis_larib"),
+        ):
             held[name] = dm._view(dm._read(str(DATA / folder)), None, False)
         held.update(polypgen_by_centre(dm, DATA / "polypgen"))
         return dm, held, ["kvasir_test"]
@@ -204,8 +215,10 @@ def per_case_dice(model, dataset, class_names, batch_size: int = 16) -> list[dic
         logits = model(batch["image"].to(dev)).float().cpu()
         for cid, s in zip(batch["case_id"], logits_sums(logits, batch["mask"])):
             sums[cid] = sums.get(cid, 0) + s
-    return [{"case_id": cid, **{f"dice_{c}": float(v) for c, v in zip(class_names, dice_from_sums(s))}}
-            for cid, s in sums.items()]
+    return [
+        {"case_id": cid, **{f"dice_{c}": float(v) for c, v in zip(class_names, dice_from_sums(s))}}
+        for cid, s in sums.items()
+    ]
 
 
 def make_recorder(class_names: list[str], weights_dir: Path | None = None):
@@ -237,8 +250,10 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
             pl_module.eval()
             try:
                 self.rows = [r for r in self.rows if r["epoch"] != epoch]
-                self.rows += [{"split": "val", "epoch": epoch, **r}
-                              for r in per_case_dice(pl_module, trainer.datamodule.val_dataset, class_names)]
+                self.rows += [
+                    {"split": "val", "epoch": epoch, **r}
+                    for r in per_case_dice(pl_module, trainer.datamodule.val_dataset, class_names)
+                ]
             finally:
                 pl_module.train(was)
             state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
@@ -251,10 +266,16 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
             if self._t is not None:
                 self.train_seconds += time.time() - self._t
                 self._t = None
-            val_dice = float(np.mean([np.mean([r[f"dice_{c}"] for c in class_names])
-                                      for r in self.rows if r["epoch"] == epoch]))
-            print(f"[evidence] epoch {epoch} val_loss={self.val_loss[epoch]:.4f} val_dice={val_dice:.4f} "
-                  f"train_s={self.train_seconds:.0f}", flush=True)
+            val_dice = float(
+                np.mean(
+                    [np.mean([r[f"dice_{c}"] for c in class_names]) for r in self.rows if r["epoch"] == epoch]
+                )
+            )
+            print(
+                f"[evidence] epoch {epoch} val_loss={self.val_loss[epoch]:.4f} val_dice={val_dice:.4f} "
+                f"train_s={self.train_seconds:.0f}",
+                flush=True,
+            )
 
         def epoch_weights(self, epoch: int) -> dict:
             if weights_dir is None:
@@ -264,8 +285,11 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
             return load_weights(weights_dir / f"epoch={epoch:03d}.pt")
 
         def state_dict(self):
-            return {"rows": self.rows, "val_loss": {str(k): v for k, v in self.val_loss.items()},
-                    "train_seconds": self.train_seconds}
+            return {
+                "rows": self.rows,
+                "val_loss": {str(k): v for k, v in self.val_loss.items()},
+                "train_seconds": self.train_seconds,
+            }
 
         def load_state_dict(self, state):
             self.rows = list(state["rows"])
@@ -289,7 +313,9 @@ def per_case_mr(cases: pd.DataFrame) -> dict:
             for t in THRESHOLDS:
                 d[f"errors_{m}@{t:g}"] = int((drop > t).sum())
         d["errors_dice@0.25_by_perturbation"] = {
-            p: int((relative_drops(gp["src_dice"], gp["fol_dice"]) > 0.25).sum()) for p, gp in g.groupby("perturbation")}
+            p: int((relative_drops(gp["src_dice"], gp["fol_dice"]) > 0.25).sum())
+            for p, gp in g.groupby("perturbation")
+        }
         mr.setdefault(split, {})[cid] = d
     return mr
 
@@ -319,6 +345,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     resume_from = str(last_ckpt) if (v3 and args.resume and last_ckpt.is_file()) else None
     if run_dir.exists() and resume_from is None:  # a fresh failure bank per run
         import shutil
+
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(seed, workers=True)
@@ -327,12 +354,28 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     n_train_cases, n_val_cases = len(dm.train_dataset.case_ids()), len(dm.val_dataset.case_ids())
     perts = usable_families(args.perturbations.split(","), dm.in_channels)
     sevs = tuple(int(s) for s in args.severities.split(","))
-    mining = {k: getattr(args, k) for k in ("jitter", "fresh_image", "clean_mix") if getattr(args, k, None) is not None}
+    mining = {
+        k: getattr(args, k)
+        for k in ("jitter", "fresh_image", "clean_mix")
+        if getattr(args, k, None) is not None
+    }
     mt = {"q": args.q} if getattr(args, "q", None) is not None else None
-    cbs, _ = training_callbacks(cond, dm, perts, sevs, seed=args.data_seed, ratio=args.ratio, probe=args.probe,
-                                mine_every=args.mine_every, run_dir=str(run_dir), mining=mining,
-                                val_every=getattr(args, "mr_every", 0), val_cases=getattr(args, "mr_val_cases", None),
-                                train_seed=seed, mt=mt)
+    cbs, _ = training_callbacks(
+        cond,
+        dm,
+        perts,
+        sevs,
+        seed=args.data_seed,
+        ratio=args.ratio,
+        probe=args.probe,
+        mine_every=args.mine_every,
+        run_dir=str(run_dir),
+        mining=mining,
+        val_every=getattr(args, "mr_every", 0),
+        val_cases=getattr(args, "mr_val_cases", None),
+        train_seed=seed,
+        mt=mt,
+    )
     feats = tuple(int(f) for f in args.features.split(","))
     rec = make_recorder(names, run_dir / "epochs" if v3 else None)
     extra = []
@@ -344,17 +387,30 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         extra = [ModelCheckpoint(dirpath=run_dir / "fit", save_last=True, save_top_k=1, every_n_epochs=1)]
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]} if cond in MT_CONDITIONS else None
         write_config(run_dir, args, cond, seed, feats, perts, sevs, kw)
-    model = SegmentationModule(in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names,
-                               lr=args.lr, features=feats)
-    trainer = L.Trainer(max_epochs=args.epochs, callbacks=[*cbs, rec, *extra], logger=False, default_root_dir=run_dir,
-                        enable_checkpointing=bool(extra), enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, accelerator=getattr(args, "accelerator", "cpu"), devices=1,
-                        deterministic=False, precision=getattr(args, "precision", "32-true"))
+    model = SegmentationModule(
+        in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names, lr=args.lr, features=feats
+    )
+    trainer = L.Trainer(
+        max_epochs=args.epochs,
+        callbacks=[*cbs, rec, *extra],
+        logger=False,
+        default_root_dir=run_dir,
+        enable_checkpointing=bool(extra),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator=getattr(args, "accelerator", "cpu"),
+        devices=1,
+        deterministic=False,
+        precision=getattr(args, "precision", "32-true"),
+    )
     t0 = time.time()
     trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
     if trainer.interrupted or int(trainer.current_epoch) < args.epochs:  # never score a half-trained run
-        raise SystemExit(f"evidence: {cond}_s{seed} stopped at epoch {trainer.current_epoch} of {args.epochs} "
-                         "(interrupted); run again with --resume to continue it")
+        raise SystemExit(
+            f"evidence: {cond}_s{seed} stopped at epoch {trainer.current_epoch} of {args.epochs} "
+            "(interrupted); run again with --resume to continue it"
+        )
     train_s = rec.train_seconds if v3 else time.time() - t0
 
     rows = pd.DataFrame(rec.rows)
@@ -363,8 +419,13 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     val = rows
     losses = {e: v for e, v in rec.val_loss.items() if np.isfinite(v)}
     least = min(losses, key=lambda e: (losses[e], e))  # ties → earliest, like ModelCheckpoint
-    trade = policy_tradeoff(val[["case_id", "epoch", *cols]], reference_epoch=least, min_epoch=args.min_epoch,
-                            contamination=args.contamination, worst_fraction=args.worst_fraction)
+    trade = policy_tradeoff(
+        val[["case_id", "epoch", *cols]],
+        reference_epoch=least,
+        min_epoch=args.min_epoch,
+        contamination=args.contamination,
+        worst_fraction=args.worst_fraction,
+    )
     choices = dict(trade.choices)
     cohort = val.groupby("epoch")["dice"].mean()
     choices["best_val_dice"] = int(max(cohort.index, key=lambda e: (round(float(cohort[e]), 12), e)))
@@ -389,13 +450,24 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     picks = {}
     for pol, e in choices.items():
         at = held_rows[held_rows["epoch"] == e]
-        picks[pol] = {"epoch": int(e), "val_cohort": float(cohort[e]),
-                      "val_worst_k": float(trade.table["cvar"].get(e, np.nan)) if e in trade.table.index else None,
-                      "dice": {s: dict(zip(g["case_id"], g["dice"].round(6))) for s, g in at.groupby("split")}}
+        picks[pol] = {
+            "epoch": int(e),
+            "val_cohort": float(cohort[e]),
+            "val_worst_k": float(trade.table["cvar"].get(e, np.nan)) if e in trade.table.index else None,
+            "dice": {s: dict(zip(g["case_id"], g["dice"].round(6))) for s, g in at.groupby("split")},
+        }
     for pol, weights in extra_weights.items():  # the balanced-average hook (empty until it is built)
         model.load_state_dict(weights)
-        picks[pol] = {"epoch": None, "dice": {s: {r["case_id"]: round(float(np.mean([r[c] for c in cols])), 6)
-                                                  for r in per_case_dice(model, ds, names)} for s, ds in held.items()}}
+        picks[pol] = {
+            "epoch": None,
+            "dice": {
+                s: {
+                    r["case_id"]: round(float(np.mean([r[c] for c in cols])), 6)
+                    for r in per_case_dice(model, ds, names)
+                }
+                for s, ds in held.items()
+            },
+        }
 
     # EFR on the held-out sets (v3: at every --efr-policies pick), one fixed suite for every run
     suite = MRSuite(perts, sevs, seed=args.data_seed)
@@ -405,9 +477,17 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     for pol in efr_pols:
         e = choices[pol]
         model.load_state_dict(rec.epoch_weights(e))
-        res = audit(model, held, suite, out_dir=None, device=device, batch_size=16,
-                    path="torch" if device == "cuda" else "numpy", class_names=names,
-                    max_cases=getattr(args, "efr_cases", None))
+        res = audit(
+            model,
+            held,
+            suite,
+            out_dir=None,
+            device=device,
+            batch_size=16,
+            path="torch" if device == "cuda" else "numpy",
+            class_names=names,
+            max_cases=getattr(args, "efr_cases", None),
+        )
         cases = res["cases"]
         mr_by[pol] = per_case_mr(cases)
         # the audit's clean source scores must be the recorder's at the same epoch (same weights, same data)
@@ -424,38 +504,78 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     save_png(plot_tradeoff(trade), run_dir / "tradeoff_val.png")
     hist_h = held_rows.assign(case_id=held_rows["split"] + "/" + held_rows["case_id"])
     h_tab = epoch_table(hist_h, cols, [], args.worst_fraction)
-    save_png(plot_tradeoff(Tradeoff(h_tab, choices, {}, args.worst_fraction)), run_dir / "tradeoff_heldout.png")
+    save_png(
+        plot_tradeoff(Tradeoff(h_tab, choices, {}, args.worst_fraction)), run_dir / "tradeoff_heldout.png"
+    )
     h_tab.to_csv(run_dir / "tradeoff_heldout.csv")
     trade.table.to_csv(run_dir / "tradeoff_val.csv")
-    out = {"condition": cond, "seed": seed, "train_seconds": round(train_s, 1),
-           "heldout_seconds": round(time.time() - t1, 1), "heldout_epochs": need, "optimizer_steps": int(trainer.global_step),
-           "train_samples_per_epoch": len(dm.train_dataset),
-           "n_train_cases": n_train_cases, "n_val_cases": n_val_cases,
-           "n_held_out_cases": {s: len(v) for s, v in mr.items()}, "least_loss_epoch": least, "val_loss": losses,
-           "choices": choices, "picks": picks, "mr": mr, "tests": [list(t) for t in suite.tests],
-           "audit_clean_max_abs_diff": consistency,
-           "selection_reasons": {p: s.reason for p, s in trade.selections.items()}}
+    out = {
+        "condition": cond,
+        "seed": seed,
+        "train_seconds": round(train_s, 1),
+        "heldout_seconds": round(time.time() - t1, 1),
+        "heldout_epochs": need,
+        "optimizer_steps": int(trainer.global_step),
+        "train_samples_per_epoch": len(dm.train_dataset),
+        "n_train_cases": n_train_cases,
+        "n_val_cases": n_val_cases,
+        "n_held_out_cases": {s: len(v) for s, v in mr.items()},
+        "least_loss_epoch": least,
+        "val_loss": losses,
+        "choices": choices,
+        "picks": picks,
+        "mr": mr,
+        "tests": [list(t) for t in suite.tests],
+        "audit_clean_max_abs_diff": consistency,
+        "selection_reasons": {p: s.reason for p, s in trade.selections.items()},
+    }
     if v3:
         from evidence_artifacts import save_weights, write_rescore
 
         for pol, e in choices.items():  # the checkpoints of the tables, loadable by the product's CLI
-            save_weights(run_dir / "checkpoints" / f"{pol}.ckpt", rec.epoch_weights(e), epoch=int(e), policy=pol)
+            save_weights(
+                run_dir / "checkpoints" / f"{pol}.ckpt", rec.epoch_weights(e), epoch=int(e), policy=pol
+            )
         write_rescore(run_dir, args, feats, sorted(choices))
-        out.update(mr_by_policy=mr_by, efr_policies=efr_pols, clusters={f"{s}/{c}": g for (s, c), g in dm.clusters.items()},
-                   n_held_out_cases={s: len(ds) for s, ds in held.items()},
-                   n_efr_cases={s: len(v) for s, v in mr.items()}, params=sum(p.numel() for p in model.parameters()),
-                   resumed=resume_from is not None, run_dir=str(run_dir))
+        out.update(
+            mr_by_policy=mr_by,
+            efr_policies=efr_pols,
+            clusters={f"{s}/{c}": g for (s, c), g in dm.clusters.items()},
+            n_held_out_cases={s: len(ds) for s, ds in held.items()},
+            n_efr_cases={s: len(v) for s, v in mr.items()},
+            params=sum(p.numel() for p in model.parameters()),
+            resumed=resume_from is not None,
+            run_dir=str(run_dir),
+        )
         if cond in MT_CONDITIONS:
             out["mt_kwargs"] = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
     if cond == "mined":
         bank = cbs[-1].bank
-        out.update(bank_size=len(bank), trainable=len(bank.trainable()),
-                   distinct_cases=len({r.case_id for r in bank.trainable()}))
+        out.update(
+            bank_size=len(bank),
+            trainable=len(bank.trainable()),
+            distinct_cases=len({r.case_id for r in bank.trainable()}),
+        )
     from robusttrain.io import atomic_write_text
 
     atomic_write_text(done, json.dumps(out, default=float))
-    print(json.dumps({k: out[k] for k in ("condition", "seed", "train_seconds", "heldout_seconds",
-                                          "least_loss_epoch", "choices", "audit_clean_max_abs_diff")}), flush=True)
+    print(
+        json.dumps(
+            {
+                k: out[k]
+                for k in (
+                    "condition",
+                    "seed",
+                    "train_seconds",
+                    "heldout_seconds",
+                    "least_loss_epoch",
+                    "choices",
+                    "audit_clean_max_abs_diff",
+                )
+            }
+        ),
+        flush=True,
+    )
     return out
 
 
@@ -466,11 +586,19 @@ def _run_star(job):
 # ----------------------------------------------------------------------------------- summary
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", choices=["polyp", "acdc", "polyp256", "pranet256"], required=True,
-                    help="polyp256 = Evidence v3 (issue 22): train on Kvasir-SEG (polyp_256), CVC-ClinicDB held out; "
-                         "pranet256 = the GPU protocol: train on Kvasir-SEG + CVC-ClinicDB (split by sequence)")
-    ap.add_argument("--data-root", default=str(DATA), help="folder holding polyp_256/, cvc_colondb/, ... "
-                    "(the GPU machine: .gpudata from benchmarks/gpu/pack.py)")
+    ap.add_argument(
+        "--dataset",
+        choices=["polyp", "acdc", "polyp256", "pranet256"],
+        required=True,
+        help="polyp256 = Evidence v3 (issue 22): train on Kvasir-SEG (polyp_256), CVC-ClinicDB held out; "
+        "pranet256 = the GPU protocol: train on Kvasir-SEG + CVC-ClinicDB (split by sequence)",
+    )
+    ap.add_argument(
+        "--data-root",
+        default=str(DATA),
+        help="folder holding polyp_256/, cvc_colondb/, ... "
+        "(the GPU machine: .gpudata from benchmarks/gpu/pack.py)",
+    )
     ap.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--precision", default="32-true", help="Lightning precision (GPU: bf16-mixed)")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds")
@@ -481,40 +609,69 @@ def main(argv=None) -> dict:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--test-fraction", type=float, default=None, help="held-out share (polyp 0.25, acdc 0.3)")
-    ap.add_argument("--val-fraction", type=float, default=None, help="validation share (polyp 0.15, acdc 0.3)")
-    ap.add_argument("--perturbations", default="",
-                    help="suite name or comma list of families; '' = endoscopy (polyp) / mri (acdc)")
+    ap.add_argument(
+        "--val-fraction", type=float, default=None, help="validation share (polyp 0.15, acdc 0.3)"
+    )
+    ap.add_argument(
+        "--perturbations",
+        default="",
+        help="suite name or comma list of families; '' = endoscopy (polyp) / mri (acdc)",
+    )
     ap.add_argument("--severities", default="2,4")
     ap.add_argument("--ratio", type=float, default=0.2, help="extra slots per epoch (all conditions)")
     ap.add_argument("--probe", type=int, default=32, help="training cases probed for failures (mined)")
     ap.add_argument("--mine-every", type=int, default=1, help="probe every N epochs (mined)")
     for flag in ("jitter", "fresh-image", "clean-mix"):
-        ap.add_argument(f"--{flag}", type=float, default=None,
-                        help=f"FailureMiningCallback {flag.replace('-', '_')} (mined; default: conditions.MINING_DEFAULTS)")
-    ap.add_argument("--q", type=float, default=None, help="MetamorphicTraining dose (MT conditions; default 0.5)")
-    ap.add_argument("--mr-every", type=int, default=0,
-                    help="MetamorphicCallback validation check every N epochs (0 = never; it steers the MT families)")
+        ap.add_argument(
+            f"--{flag}",
+            type=float,
+            default=None,
+            help=f"FailureMiningCallback {flag.replace('-', '_')} (mined; default: conditions.MINING_DEFAULTS)",
+        )
+    ap.add_argument(
+        "--q", type=float, default=None, help="MetamorphicTraining dose (MT conditions; default 0.5)"
+    )
+    ap.add_argument(
+        "--mr-every",
+        type=int,
+        default=0,
+        help="MetamorphicCallback validation check every N epochs (0 = never; it steers the MT families)",
+    )
     ap.add_argument("--mr-val-cases", type=int, default=None, help="validation cases the check probes")
     ap.add_argument("--efr-policies", default="least_loss", help="checkpoints scored with the MR suite")
-    ap.add_argument("--efr-cases", type=int, default=None,
-                    help="MR suite on a fixed seeded subset of at most N cases per held-out set (clean Dice on all)")
-    ap.add_argument("--report-only", action="store_true",
-                    help="summarise the finished runs under <out>/<dataset> (no training)")
+    ap.add_argument(
+        "--efr-cases",
+        type=int,
+        default=None,
+        help="MR suite on a fixed seeded subset of at most N cases per held-out set (clean Dice on all)",
+    )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="summarise the finished runs under <out>/<dataset> (no training)",
+    )
     ap.add_argument("--min-epoch", type=int, default=3, help="warm-up epochs the balanced policies skip")
     ap.add_argument("--contamination", type=float, default=0.1)
     ap.add_argument("--worst-fraction", type=float, default=0.1, help="k of the worst-k / cvar numbers")
     ap.add_argument("--data-seed", type=int, default=0, help="split + MR-suite seed (fixed)")
     ap.add_argument("--n-boot", type=int, default=2000)
-    ap.add_argument("--heldout-curve", action="store_true",
-                    help="evaluate every epoch on the held-out sets (trade-off curve), not only the picks")
+    ap.add_argument(
+        "--heldout-curve",
+        action="store_true",
+        help="evaluate every epoch on the held-out sets (trade-off curve), not only the picks",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--out", default="runs/evidence")
-    ap.add_argument("--resume", action="store_true",
-                    help="reuse <out>/<dataset>/<cond>_s<seed>/result.json of runs that already finished")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse <out>/<dataset>/<cond>_s<seed>/result.json of runs that already finished",
+    )
     args = ap.parse_args(argv)
     defaults = {"polyp": (0.25, 0.15), "acdc": (0.3, 0.3), "polyp256": (0.15, 0.1), "pranet256": (0.15, 0.1)}[
-        args.dataset]
+        args.dataset
+    ]
     args.test_fraction = defaults[0] if args.test_fraction is None else args.test_fraction
     args.val_fraction = defaults[1] if args.val_fraction is None else args.val_fraction
     args.perturbations = args.perturbations or "mri" if args.dataset == "acdc" else "endoscopy"
@@ -561,8 +718,9 @@ def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     payload = {"args": vars(args), "wall_seconds": round(wall, 1), "summary": summary, "results": results}
     atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=float))
-    atomic_write_text(out / "summary.json", json.dumps({"args": vars(args), "summary": summary}, indent=1,
-                                                       default=float))
+    atomic_write_text(
+        out / "summary.json", json.dumps({"args": vars(args), "summary": summary}, indent=1, default=float)
+    )
     atomic_write_text(out / "results.md", md)
     print(md, flush=True)
     return payload

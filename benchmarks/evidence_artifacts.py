@@ -11,6 +11,7 @@ Per run directory (``<out>/<dataset>/<condition>_s<seed>/``):
   evidence scored with (``robusttrain check`` reads it from the checkpoint's parent folder);
 - ``rescore.sh`` — the product's own commands that re-score a kept checkpoint on any image folder.
 """
+
 from __future__ import annotations
 
 import io
@@ -40,48 +41,87 @@ def load_weights(path: Path) -> dict:
 
 def overrides(args, features) -> list[str]:
     """The ``recipe=polyp`` overrides that build this evidence's model and image size."""
-    return ["recipe=polyp", f"data.image_size={args.size}",
-            "model.features=[" + ",".join(str(int(f)) for f in features) + "]"]
+    return [
+        "recipe=polyp",
+        f"data.image_size={args.size}",
+        "model.features=[" + ",".join(str(int(f)) for f in features) + "]",
+    ]
 
 
-def write_config(run_dir: Path, args, cond: str, seed: int, features, perturbations, severities,
-                 condition_kwargs: dict | None) -> Path:
+def write_config(
+    run_dir: Path,
+    args,
+    cond: str,
+    seed: int,
+    features,
+    perturbations,
+    severities,
+    condition_kwargs: dict | None,
+) -> Path:
     """``config.yaml``: the run's settings and the MR suite (``robusttrain check`` picks it up)."""
     import yaml
 
-    cfg = {"evidence": {"dataset": args.dataset, "condition": cond, "seed": int(seed),
-                        "condition_kwargs": condition_kwargs or {},
-                        "args": {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (int, float, str))}},
-           "model": {"network": "basic_unet", "in_channels": 3, "num_classes": 2, "class_names": ["polyp"],
-                     "features": [int(f) for f in features]},
-           "data": {"image_size": int(args.size)},
-           "callbacks": {"metamorphic": {"suite": {"_target_": "robusttrain.metamorphic.suite.MRSuite",
-                                                   "perturbations": list(perturbations),
-                                                   "severities": [int(s) for s in severities],
-                                                   "seed": int(args.data_seed)}}}}
+    cfg = {
+        "evidence": {
+            "dataset": args.dataset,
+            "condition": cond,
+            "seed": int(seed),
+            "condition_kwargs": condition_kwargs or {},
+            "args": {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (int, float, str))},
+        },
+        "model": {
+            "network": "basic_unet",
+            "in_channels": 3,
+            "num_classes": 2,
+            "class_names": ["polyp"],
+            "features": [int(f) for f in features],
+        },
+        "data": {"image_size": int(args.size)},
+        "callbacks": {
+            "metamorphic": {
+                "suite": {
+                    "_target_": "robusttrain.metamorphic.suite.MRSuite",
+                    "perturbations": list(perturbations),
+                    "severities": [int(s) for s in severities],
+                    "seed": int(args.data_seed),
+                }
+            }
+        },
+    }
     return atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
 
 
-def rescore_commands(run_dir: Path, args, features, policy: str = "least_loss",
-                     folder: str = "$FOLDER", out: str = "$OUT") -> list[str]:
+def rescore_commands(
+    run_dir: Path, args, features, policy: str = "least_loss", folder: str = "$FOLDER", out: str = "$OUT"
+) -> list[str]:
     """``test`` (clean Dice) and ``check`` (the MR suite) of one kept checkpoint on an image folder.
 
     ``data.val_fraction=0`` makes the whole folder the evaluated split (nothing is split off)."""
     ckpt = run_dir / "checkpoints" / f"{policy}.ckpt"
     common = [*overrides(args, features), f"data.root={folder}", "data.val_fraction=0", f"ckpt={ckpt}"]
     py = "python -m robusttrain"
-    return [f"{py} test " + " ".join(shlex.quote(o) if "$" not in o else o for o in common)
-            + f" run_dir={out}/test logger=none",
-            f"{py} check " + " ".join(shlex.quote(o) if "$" not in o else o for o in common)
-            + f" run_dir={out}/check"]
+    return [
+        f"{py} test "
+        + " ".join(shlex.quote(o) if "$" not in o else o for o in common)
+        + f" run_dir={out}/test logger=none",
+        f"{py} check "
+        + " ".join(shlex.quote(o) if "$" not in o else o for o in common)
+        + f" run_dir={out}/check",
+    ]
 
 
 def write_rescore(run_dir: Path, args, features, policies) -> Path:
     """``rescore.sh FOLDER OUT [POLICY]``: the product's CLI on a kept checkpoint (default least_loss)."""
-    lines = ["#!/bin/sh", "# Re-score a kept checkpoint of this run on any image folder with the product's CLI.",
-             "# usage: sh rescore.sh FOLDER OUT [POLICY]   (POLICY: one of " + ", ".join(policies) + ")",
-             "set -e", 'FOLDER="$1"; OUT="$2"; POLICY="${3:-least_loss}"']
+    lines = [
+        "#!/bin/sh",
+        "# Re-score a kept checkpoint of this run on any image folder with the product's CLI.",
+        "# usage: sh rescore.sh FOLDER OUT [POLICY]   (POLICY: one of " + ", ".join(policies) + ")",
+        "set -e",
+        'FOLDER="$1"; OUT="$2"; POLICY="${3:-least_loss}"',
+    ]
     cmds = rescore_commands(run_dir, args, features, "$POLICY", '"$FOLDER"', '"$OUT"')
-    lines += [c.replace(f"{run_dir}/checkpoints/$POLICY.ckpt", f'"{run_dir}/checkpoints/$POLICY.ckpt"')
-              for c in cmds]
+    lines += [
+        c.replace(f"{run_dir}/checkpoints/$POLICY.ckpt", f'"{run_dir}/checkpoints/$POLICY.ckpt"')
+        for c in cmds
+    ]
     return atomic_write_text(run_dir / "rescore.sh", "\n".join(lines) + "\n")

@@ -8,6 +8,7 @@ EFR Dice@0.25 and corrupted Dice (mean Dice over the suite's follow-ups). Paired
 seeds both conditions finished, and a bootstrap that resamples cases (ClinicDB: sequences).
 Works on partial grids (any finished subset of runs). All numbers in % / points.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,30 @@ import numpy as np
 from conditions import mean_std
 from paired_stats import mean_difference, paired_bootstrap, relative_change, worst_fraction_difference
 
-GROUPS = {"kvasir_test": lambda s: s == "kvasir_test", "cvc_clinicdb": lambda s: s == "cvc_clinicdb",
-          "other_ood": lambda s: s not in ("kvasir_test", "cvc_clinicdb")}
-LABEL = {"plain": "plain", "mt_random": "random (MT k=1)", "random": "random (slots, v2)", "mined": "mined replay",
-         "metamorphic": "metamorphic (k=4, λ=1)", "consistency_only": "consistency only (k=1, λ=1)",
-         "worst_of_k_only": "worst-of-k only (k=4, λ=0)"}
-PAIRS = [("metamorphic", "mt_random"), ("metamorphic", "plain"), ("mt_random", "plain"), ("mined", "mt_random"),
-         ("consistency_only", "mt_random"), ("worst_of_k_only", "mt_random"), ("metamorphic", "worst_of_k_only"),
-         ("metamorphic", "consistency_only")]
+GROUPS = {
+    "kvasir_test": lambda s: s == "kvasir_test",
+    "cvc_clinicdb": lambda s: s == "cvc_clinicdb",
+    "other_ood": lambda s: s not in ("kvasir_test", "cvc_clinicdb"),
+}
+LABEL = {
+    "plain": "plain",
+    "mt_random": "random (MT k=1)",
+    "random": "random (slots, v2)",
+    "mined": "mined replay",
+    "metamorphic": "metamorphic (k=4, λ=1)",
+    "consistency_only": "consistency only (k=1, λ=1)",
+    "worst_of_k_only": "worst-of-k only (k=4, λ=0)",
+}
+PAIRS = [
+    ("metamorphic", "mt_random"),
+    ("metamorphic", "plain"),
+    ("mt_random", "plain"),
+    ("mined", "mt_random"),
+    ("consistency_only", "mt_random"),
+    ("worst_of_k_only", "mt_random"),
+    ("metamorphic", "worst_of_k_only"),
+    ("metamorphic", "consistency_only"),
+]
 COMPARE_AT = ("least_loss", "last")
 POLICY_REFERENCE = "last"
 
@@ -55,7 +72,9 @@ def _dice(r, policy, keys):
 def _mr(r, policy, keys, field):
     mr = r["mr_by_policy"][policy]
     if field == "efr":
-        return np.array([mr[s][c]["errors_dice@0.25"] for s, c in keys]), np.array([mr[s][c]["tests"] for s, c in keys])
+        return np.array([mr[s][c]["errors_dice@0.25"] for s, c in keys]), np.array(
+            [mr[s][c]["tests"] for s, c in keys]
+        )
     return np.array([mr[s][c]["corrupted_dice"] for s, c in keys])
 
 
@@ -72,13 +91,18 @@ def condition_row(rs, group, policy, k) -> dict:
     from robusttrain.cornercases import worst_fraction_mean
 
     keys = _keys(rs[0], group)
-    row = {"seeds": [r["seed"] for r in rs], "cases": len(keys),
-           "clean_dice": mean_std([100 * _dice(r, policy, keys).mean() for r in rs]),
-           "worst_k_dice": mean_std([100 * worst_fraction_mean(_dice(r, policy, keys), k) for r in rs])}
+    row = {
+        "seeds": [r["seed"] for r in rs],
+        "cases": len(keys),
+        "clean_dice": mean_std([100 * _dice(r, policy, keys).mean() for r in rs]),
+        "worst_k_dice": mean_std([100 * worst_fraction_mean(_dice(r, policy, keys), k) for r in rs]),
+    }
     ek = _keys(rs[0], group, policy)
     if ek and all(policy in r.get("mr_by_policy", {}) for r in rs):
         row["efr_cases"] = len(ek)
-        row["efr_dice@0.25"] = mean_std([100 * e.sum() / n.sum() for e, n in (_mr(r, policy, ek, "efr") for r in rs)])
+        row["efr_dice@0.25"] = mean_std(
+            [100 * e.sum() / n.sum() for e, n in (_mr(r, policy, ek, "efr") for r in rs)]
+        )
         row["corrupted_dice"] = mean_std([100 * _mr(r, policy, ek, "corrupted").mean() for r in rs])
     return row
 
@@ -88,17 +112,25 @@ def paired_row(ra, rb, group, policy, k, n_boot) -> dict:
     cl = _clusters(ra[0], keys)
     da = np.stack([_dice(r, policy, keys) for r in ra])
     db = np.stack([_dice(r, policy, keys) for r in rb])
-    out = {"seeds": [r["seed"] for r in ra],
-           "clean_dice_points": _pts(paired_bootstrap(da, db, mean_difference, n_boot, clusters=cl)),
-           "worst_k_dice_points": _pts(paired_bootstrap(da, db, worst_fraction_difference(k), n_boot, clusters=cl))}
+    out = {
+        "seeds": [r["seed"] for r in ra],
+        "clean_dice_points": _pts(paired_bootstrap(da, db, mean_difference, n_boot, clusters=cl)),
+        "worst_k_dice_points": _pts(
+            paired_bootstrap(da, db, worst_fraction_difference(k), n_boot, clusters=cl)
+        ),
+    }
     ek = _keys(ra[0], group, policy)
     if ek and all(policy in r.get("mr_by_policy", {}) for r in ra + rb):
         ecl = _clusters(ra[0], ek)
         ea = np.stack([_mr(r, policy, ek, "efr")[0] for r in ra])
         eb = np.stack([_mr(r, policy, ek, "efr")[0] for r in rb])
         n = np.stack([_mr(r, policy, ek, "efr")[1] for r in ra])
-        out["efr_dice@0.25_points"] = _pts(paired_bootstrap(ea / n, eb / n, mean_difference, n_boot, clusters=ecl))
-        out["efr_dice@0.25_relative_pct"] = _pts(paired_bootstrap(ea, eb, relative_change, n_boot, clusters=ecl))
+        out["efr_dice@0.25_points"] = _pts(
+            paired_bootstrap(ea / n, eb / n, mean_difference, n_boot, clusters=ecl)
+        )
+        out["efr_dice@0.25_relative_pct"] = _pts(
+            paired_bootstrap(ea, eb, relative_change, n_boot, clusters=ecl)
+        )
         ca = np.stack([_mr(r, policy, ek, "corrupted") for r in ra])
         cb = np.stack([_mr(r, policy, ek, "corrupted") for r in rb])
         out["corrupted_dice_points"] = _pts(paired_bootstrap(ca, cb, mean_difference, n_boot, clusters=ecl))
@@ -110,26 +142,54 @@ def summarise_v3(results: list[dict], args) -> dict:
 
     k, n_boot = args.worst_fraction, args.n_boot
     conds = [c for c in LABEL if any(r["condition"] == c for r in results)]
-    s: dict = {"worst_fraction": k, "conditions_run": {c: [r["seed"] for r in _runs(results, c)] for c in conds},
-               "runs": {f"{r['condition']}_s{r['seed']}": {
-                   key: r.get(key) for key in ("least_loss_epoch", "choices", "train_seconds", "heldout_seconds",
-                                               "optimizer_steps", "params", "resumed", "audit_clean_max_abs_diff",
-                                               "n_efr_cases", "n_held_out_cases")} for r in results},
-               "groups": {}, "conditions": {}, "paired": {}, "policies": {}}
+    s: dict = {
+        "worst_fraction": k,
+        "conditions_run": {c: [r["seed"] for r in _runs(results, c)] for c in conds},
+        "runs": {
+            f"{r['condition']}_s{r['seed']}": {
+                key: r.get(key)
+                for key in (
+                    "least_loss_epoch",
+                    "choices",
+                    "train_seconds",
+                    "heldout_seconds",
+                    "optimizer_steps",
+                    "params",
+                    "resumed",
+                    "audit_clean_max_abs_diff",
+                    "n_efr_cases",
+                    "n_held_out_cases",
+                )
+            }
+            for r in results
+        },
+        "groups": {},
+        "conditions": {},
+        "paired": {},
+        "policies": {},
+    }
     if not results:
         return s
     for g in GROUPS:
         keys = _keys(results[0], g)
-        s["groups"][g] = {"sets": _sets(results[0], g), "cases": len(keys),
-                          "clusters": len(set(_clusters(results[0], keys)))}
-        s["conditions"][g] = {p: {c: condition_row(_runs(results, c), g, p, k) for c in conds} for p in COMPARE_AT}
+        s["groups"][g] = {
+            "sets": _sets(results[0], g),
+            "cases": len(keys),
+            "clusters": len(set(_clusters(results[0], keys))),
+        }
+        s["conditions"][g] = {
+            p: {c: condition_row(_runs(results, c), g, p, k) for c in conds} for p in COMPARE_AT
+        }
         s["paired"][g] = {}
         for p in COMPARE_AT:
             for a, b in PAIRS:
-                seeds = sorted({r["seed"] for r in _runs(results, a)} & {r["seed"] for r in _runs(results, b)})
+                seeds = sorted(
+                    {r["seed"] for r in _runs(results, a)} & {r["seed"] for r in _runs(results, b)}
+                )
                 if seeds:
                     s["paired"][g].setdefault(p, {})[f"{a}-{b}"] = paired_row(
-                        _runs(results, a, seeds), _runs(results, b, seeds), g, p, k, n_boot)
+                        _runs(results, a, seeds), _runs(results, b, seeds), g, p, k, n_boot
+                    )
         s["policies"][g] = {}
         for c in conds:
             rs = _runs(results, c)
@@ -139,12 +199,15 @@ def summarise_v3(results: list[dict], args) -> dict:
             pols = {}
             for p in rs[0]["picks"]:
                 m = np.stack([_dice(r, p, keys) for r in rs])
-                pols[p] = {"epochs": [r["picks"][p]["epoch"] for r in rs],
-                           "dice": mean_std([100 * x.mean() for x in m]),
-                           "worst_k": mean_std([100 * worst_fraction_mean(x, k) for x in m]),
-                           "d_dice": _pts(paired_bootstrap(m, base, mean_difference, n_boot, clusters=cl)),
-                           "d_worst_k": _pts(paired_bootstrap(m, base, worst_fraction_difference(k), n_boot,
-                                                              clusters=cl))}
+                pols[p] = {
+                    "epochs": [r["picks"][p]["epoch"] for r in rs],
+                    "dice": mean_std([100 * x.mean() for x in m]),
+                    "worst_k": mean_std([100 * worst_fraction_mean(x, k) for x in m]),
+                    "d_dice": _pts(paired_bootstrap(m, base, mean_difference, n_boot, clusters=cl)),
+                    "d_worst_k": _pts(
+                        paired_bootstrap(m, base, worst_fraction_difference(k), n_boot, clusters=cl)
+                    ),
+                }
             s["policies"][g][c] = pols
     s["targets"] = targets_v3(s)
     return s
@@ -162,12 +225,21 @@ def targets_v3(s: dict) -> dict:
             if pr is None or "efr_dice@0.25_relative_pct" not in pr:
                 continue
             rel, dice = pr["efr_dice@0.25_relative_pct"], pr["clean_dice_points"]
-            per[g] = {"relative_efr_pct": rel["estimate"], "ci": [rel["lo"], rel["hi"]],
-                      "clean_dice_points": dice["estimate"], "seeds": pr["seeds"],
-                      "met": bool(rel["estimate"] <= -10.0 and rel["hi"] < 0 and dice["estimate"] >= -1.0)}
+            per[g] = {
+                "relative_efr_pct": rel["estimate"],
+                "ci": [rel["lo"], rel["hi"]],
+                "clean_dice_points": dice["estimate"],
+                "seeds": pr["seeds"],
+                "met": bool(rel["estimate"] <= -10.0 and rel["hi"] < 0 and dice["estimate"] >= -1.0),
+            }
         if per:
-            out[f"metamorphic_vs_random/{p}"] = {**per, "met": len(per) == 2 and all(v["met"] for v in per.values())}
-    out["balanced_average_vs_last"] = "not measured: balanced_average / ema checkpoints not built yet (hook in evidence.py)"
+            out[f"metamorphic_vs_random/{p}"] = {
+                **per,
+                "met": len(per) == 2 and all(v["met"] for v in per.values()),
+            }
+    out["balanced_average_vs_last"] = (
+        "not measured: balanced_average / ema checkpoints not built yet (hook in evidence.py)"
+    )
     return out
 
 
@@ -185,42 +257,83 @@ def _ci(d):
 
 def write_tables_v3(s: dict, args) -> str:
     k = f"{100 * s['worst_fraction']:g}"
-    L = ["# Evidence v3 — polyp_256 (Kvasir-SEG → held-out Kvasir, CVC-ClinicDB, ColonDB/ETIS/PolypGen)", "",
-         f"{args.epochs} epochs, {args.size} px, BasicUNet {args.features}, batch {args.batch_size}, "
-         f"lr {args.lr}; runs finished: " + json.dumps(s["conditions_run"]) + ". "
-         f"worst-{k} % = mean Dice of the worst {k} % of cases; mean ± std over seeds; "
-         "paired Δ = [95 % bootstrap CI over cases; ClinicDB: over sequences].", ""]
+    L = [
+        "# Evidence v3 — polyp_256 (Kvasir-SEG → held-out Kvasir, CVC-ClinicDB, ColonDB/ETIS/PolypGen)",
+        "",
+        f"{args.epochs} epochs, {args.size} px, BasicUNet {args.features}, batch {args.batch_size}, "
+        f"lr {args.lr}; runs finished: " + json.dumps(s["conditions_run"]) + ". "
+        f"worst-{k} % = mean Dice of the worst {k} % of cases; mean ± std over seeds; "
+        "paired Δ = [95 % bootstrap CI over cases; ClinicDB: over sequences].",
+        "",
+    ]
     if not s["groups"]:
         return "\n".join(L + ["(no finished runs yet)"])
     L += ["| group | sets | cases | bootstrap clusters |", "|---|---|---|---|"]
-    L += [f"| {g} | {', '.join(v['sets'])} | {v['cases']} | {v['clusters']} |" for g, v in s["groups"].items()]
+    L += [
+        f"| {g} | {', '.join(v['sets'])} | {v['cases']} | {v['clusters']} |" for g, v in s["groups"].items()
+    ]
     for p in COMPARE_AT:
         L += ["", f"## Conditions at the `{p}` checkpoint", ""]
         for g, by in s["conditions"].items():
-            L += [f"**{g}**", "", "| condition | seeds | clean Dice | worst-" + k + " % Dice | EFR Dice@0.25 "
-                  "| corrupted Dice | MR-scored cases |", "|---|---|---|---|---|---|---|"]
+            L += [
+                f"**{g}**",
+                "",
+                "| condition | seeds | clean Dice | worst-" + k + " % Dice | EFR Dice@0.25 "
+                "| corrupted Dice | MR-scored cases |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for c, row in by[p].items():
-                L.append(f"| {LABEL[c]} | {row['seeds']} | {_ms(row['clean_dice'])} | {_ms(row['worst_k_dice'])} | "
-                         f"{_ms(row.get('efr_dice@0.25'))} | {_ms(row.get('corrupted_dice'))} | "
-                         f"{row.get('efr_cases', '–')} |")
+                L.append(
+                    f"| {LABEL[c]} | {row['seeds']} | {_ms(row['clean_dice'])} | {_ms(row['worst_k_dice'])} | "
+                    f"{_ms(row.get('efr_dice@0.25'))} | {_ms(row.get('corrupted_dice'))} | "
+                    f"{row.get('efr_cases', '–')} |"
+                )
             L.append("")
-        L += [f"### Paired differences at `{p}` (A − B; points, relative EFR in %)", "",
-              "| group | A − B | seeds | Δ EFR Dice@0.25 | rel. Δ EFR (%) | Δ clean Dice | Δ worst-" + k + " % "
-              "| Δ corrupted Dice |", "|---|---|---|---|---|---|---|---|"]
+        L += [
+            f"### Paired differences at `{p}` (A − B; points, relative EFR in %)",
+            "",
+            "| group | A − B | seeds | Δ EFR Dice@0.25 | rel. Δ EFR (%) | Δ clean Dice | Δ worst-" + k + " % "
+            "| Δ corrupted Dice |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for g, by in s["paired"].items():
             for name, pr in by.get(p, {}).items():
-                L.append(f"| {g} | {name} | {pr['seeds']} | {_ci(pr.get('efr_dice@0.25_points'))} | "
-                         f"{_ci(pr.get('efr_dice@0.25_relative_pct'))} | {_ci(pr['clean_dice_points'])} | "
-                         f"{_ci(pr['worst_k_dice_points'])} | {_ci(pr.get('corrupted_dice_points'))} |")
-    L += ["", f"## Checkpoints: chosen on the Kvasir validation split, reported held-out (Δ vs `{POLICY_REFERENCE}`)",
-          ""]
+                L.append(
+                    f"| {g} | {name} | {pr['seeds']} | {_ci(pr.get('efr_dice@0.25_points'))} | "
+                    f"{_ci(pr.get('efr_dice@0.25_relative_pct'))} | {_ci(pr['clean_dice_points'])} | "
+                    f"{_ci(pr['worst_k_dice_points'])} | {_ci(pr.get('corrupted_dice_points'))} |"
+                )
+    L += [
+        "",
+        f"## Checkpoints: chosen on the Kvasir validation split, reported held-out (Δ vs `{POLICY_REFERENCE}`)",
+        "",
+    ]
     for g, by in s["policies"].items():
         for c, pols in by.items():
-            L += [f"**{g}, {LABEL[c]}**", "", f"| checkpoint | epochs | Dice | worst-{k} % | Δ Dice | Δ worst-{k} % |",
-                  "|---|---|---|---|---|---|"]
-            L += [f"| {p} | {v['epochs']} | {_ms(v['dice'])} | {_ms(v['worst_k'])} | {_ci(v['d_dice'])} | "
-                  f"{_ci(v['d_worst_k'])} |" for p, v in pols.items()]
+            L += [
+                f"**{g}, {LABEL[c]}**",
+                "",
+                f"| checkpoint | epochs | Dice | worst-{k} % | Δ Dice | Δ worst-{k} % |",
+                "|---|---|---|---|---|---|",
+            ]
+            L += [
+                f"| {p} | {v['epochs']} | {_ms(v['dice'])} | {_ms(v['worst_k'])} | {_ci(v['d_dice'])} | "
+                f"{_ci(v['d_worst_k'])} |"
+                for p, v in pols.items()
+            ]
             L.append("")
-    L += ["## Runs", "", "```", json.dumps(s["runs"], indent=1), "```", "",
-          "## Targets (issue 22)", "", "```", json.dumps(s["targets"], indent=1), "```", ""]
+    L += [
+        "## Runs",
+        "",
+        "```",
+        json.dumps(s["runs"], indent=1),
+        "```",
+        "",
+        "## Targets (issue 22)",
+        "",
+        "```",
+        json.dumps(s["targets"], indent=1),
+        "```",
+        "",
+    ]
     return "\n".join(L)

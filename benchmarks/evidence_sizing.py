@@ -7,6 +7,7 @@ within one invocation are what to compare: the machine is shared.
 
     python benchmarks/evidence_sizing.py --sizes 96,128 --features 16,16,32,64,128,16 --conditions plain,metamorphic
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ def time_steps(cond: str, size: int, features: tuple[int, ...], args) -> dict:
 
     from robusttrain.models.segmentation import SegmentationModule
 
-    ns = argparse.Namespace(dataset="polyp256", size=size, batch_size=args.batch_size, data_seed=0,
-                            test_fraction=0.15, val_fraction=0.1)
+    ns = argparse.Namespace(
+        dataset="polyp256",
+        size=size,
+        batch_size=args.batch_size,
+        data_seed=0,
+        test_fraction=0.15,
+        val_fraction=0.1,
+    )
     dm, _, _ = build_data(ns)
     perts = usable_families(None, 3)
     import tempfile
@@ -44,16 +51,32 @@ def time_steps(cond: str, size: int, features: tuple[int, ...], args) -> dict:
 
     model = SegmentationModule(in_channels=3, num_classes=2, class_names=["polyp"], features=features)
     n_params = sum(p.numel() for p in model.parameters())
-    tr = L.Trainer(max_epochs=1, limit_train_batches=args.warmup + args.steps, limit_val_batches=0,
-                   callbacks=[*cbs, Stamp()], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1)
+    tr = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=args.warmup + args.steps,
+        limit_val_batches=0,
+        callbacks=[*cbs, Stamp()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     tr.fit(model, datamodule=dm)
     per_step = (stamps[-1] - stamps[args.warmup - 1]) / args.steps
     steps_epoch = -(-len(dm.train_dataset) // args.batch_size)  # the slots replace samples, add none
-    return {"condition": cond, "size": size, "features": list(features), "params": n_params,
-            "s_per_step": round(per_step, 3), "steps_per_epoch": steps_epoch,
-            "epoch_min": round(per_step * steps_epoch / 60, 2),
-            "run_h": round(per_step * steps_epoch * args.epochs / 3600, 2)}
+    return {
+        "condition": cond,
+        "size": size,
+        "features": list(features),
+        "params": n_params,
+        "s_per_step": round(per_step, 3),
+        "steps_per_epoch": steps_epoch,
+        "epoch_min": round(per_step * steps_epoch / 60, 2),
+        "run_h": round(per_step * steps_epoch * args.epochs / 3600, 2),
+    }
 
 
 def main(argv=None) -> list[dict]:

@@ -15,6 +15,7 @@ and the clean Dice; ``results.json`` holds per-seed rows and mean / std over see
     python benchmarks/mining_evidence.py --data synthetic --epochs 15 --seeds 0,1,2
     python benchmarks/mining_evidence.py --data kvasir --epochs 15 --seeds 0,1,2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,36 +54,65 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
     run_dir = out / args.data / f"{cond}_s{seed}"
     if run_dir.exists():  # a fresh failure bank per run
         import shutil
+
         shutil.rmtree(run_dir)
     dm = datamodule(args)
     dm.setup("fit")
     # MR suite seeded by the data seed: identical held-out follow-ups for every condition and seed
-    cbs, mr = training_callbacks(cond, dm, PERTS, SEVS, seed=args.data_seed, ratio=args.ratio, probe=args.probe,
-                                 val_every=args.epochs, run_dir=str(run_dir),
-                                 mining={"jitter": args.jitter, "clean_mix": args.clean_mix,
-                                         "fresh_image": args.fresh_image})
+    cbs, mr = training_callbacks(
+        cond,
+        dm,
+        PERTS,
+        SEVS,
+        seed=args.data_seed,
+        ratio=args.ratio,
+        probe=args.probe,
+        val_every=args.epochs,
+        run_dir=str(run_dir),
+        mining={"jitter": args.jitter, "clean_mix": args.clean_mix, "fresh_image": args.fresh_image},
+    )
     feats = tuple(int(f) for f in args.features.split(",")) if args.features else None
-    model = SegmentationModule(in_channels=3, num_classes=2, class_names=["polyp"], lr=args.lr, features=feats)
-    trainer = L.Trainer(max_epochs=args.epochs, callbacks=cbs, logger=False, default_root_dir=run_dir,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, accelerator="cpu", devices=1, deterministic=False)
+    model = SegmentationModule(
+        in_channels=3, num_classes=2, class_names=["polyp"], lr=args.lr, features=feats
+    )
+    trainer = L.Trainer(
+        max_epochs=args.epochs,
+        callbacks=cbs,
+        logger=False,
+        default_root_dir=run_dir,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+        deterministic=False,
+    )
     t0 = time.time()
     trainer.fit(model, datamodule=dm)
-    efr = mr.efr[(mr.efr["split"] == "val") & (mr.efr["epoch"] == args.epochs - 1)
-                 & (mr.efr["perturbation"] != "all")  # "all" rows are the pooled totals,
-                 & (mr.efr["severity"].astype(int) != 0)]  # severity-0 rows pool each perturbation
-    res = {"condition": cond, "seed": seed, "seconds": round(time.time() - t0, 1),
-           "optimizer_steps": int(trainer.global_step),
-           "train_samples_per_epoch": len(dm.train_dataset),
-           "held_out_cases": int(mr.history["case_id"].nunique()),
-           "test_cases": int(efr[(efr["metric"] == "dice") & (efr["threshold"] == 0.25)]["cases"].sum())}
+    efr = mr.efr[
+        (mr.efr["split"] == "val")
+        & (mr.efr["epoch"] == args.epochs - 1)
+        & (mr.efr["perturbation"] != "all")  # "all" rows are the pooled totals,
+        & (mr.efr["severity"].astype(int) != 0)
+    ]  # severity-0 rows pool each perturbation
+    res = {
+        "condition": cond,
+        "seed": seed,
+        "seconds": round(time.time() - t0, 1),
+        "optimizer_steps": int(trainer.global_step),
+        "train_samples_per_epoch": len(dm.train_dataset),
+        "held_out_cases": int(mr.history["case_id"].nunique()),
+        "test_cases": int(efr[(efr["metric"] == "dice") & (efr["threshold"] == 0.25)]["cases"].sum()),
+    }
     for (metric, t), g in efr.groupby(["metric", "threshold"]):
         res[f"efr_{metric}@{t:g}"] = round(100 * g["errors"].sum() / g["cases"].sum(), 2)
     last = mr.history[mr.history["epoch"] == args.epochs - 1]
     res["clean_dice"] = round(100 * float(last["dice_polyp"].astype(float).mean()), 2)
     per = efr[(efr["metric"] == "dice") & (efr["threshold"] == 0.25)].groupby("perturbation")
-    res["efr_dice@0.25_by_perturbation"] = {p: round(float(100 * g["errors"].sum() / g["cases"].sum()), 1)
-                                            for p, g in per}
+    res["efr_dice@0.25_by_perturbation"] = {
+        p: round(float(100 * g["errors"].sum() / g["cases"].sum()), 1) for p, g in per
+    }
     if cond == "mined":
         res["bank_size"] = len(cbs[-1].bank)
         res["trainable"] = len(cbs[-1].bank.trainable())
@@ -134,7 +164,8 @@ def main() -> None:
     summary = summarise(results)
     (out / args.data).mkdir(parents=True, exist_ok=True)
     (out / args.data / f"results{args.tag}.json").write_text(
-        json.dumps({"args": vars(args), "summary": summary, "results": results}, indent=2))
+        json.dumps({"args": vars(args), "summary": summary, "results": results}, indent=2)
+    )
     print(f"| {args.data} | " + " | ".join(COLS) + " |")
     print("|---" * (len(COLS) + 1) + "|")
     for cond, m in summary.items():

@@ -9,6 +9,7 @@ replayed figure compares two runs that may see different CPU contention).
 
     python benchmarks/mr_overhead.py [--cases 16] [--size 128] [--repeats 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ def synthetic(n: int, size: int) -> list[dict]:
     for i in range(n):
         img = 0.35 + 0.1 * torch.rand(3, size, size, generator=g)
         img[0] += 0.2
-        cy, cx, r = (torch.rand(3, generator=g) * torch.tensor([0.5, 0.5, 0.15]) + torch.tensor([0.25, 0.25, 0.1])) * size
+        cy, cx, r = (
+            torch.rand(3, generator=g) * torch.tensor([0.5, 0.5, 0.15]) + torch.tensor([0.25, 0.25, 0.1])
+        ) * size
         m = (((yy - cy) / r) ** 2 + ((xx - cx) / (1.3 * r)) ** 2 <= 1).long()
         img = torch.where(m.bool(), torch.tensor([0.75, 0.45, 0.4]).view(3, 1, 1), img).clamp(0, 1)
         out.append({"image": img, "mask": m, "case_id": f"case{i:03d}", "slice_index": 0})
@@ -48,7 +51,9 @@ def main() -> None:
     from monai.networks.nets import BasicUNet
 
     torch.manual_seed(0)
-    model = BasicUNet(spatial_dims=2, in_channels=3, out_channels=2, features=(16, 16, 32, 64, 128, 16)).eval()
+    model = BasicUNet(
+        spatial_dims=2, in_channels=3, out_channels=2, features=(16, 16, 32, 64, 128, 16)
+    ).eval()
     data = synthetic(args.cases, args.size)
     suite = MRSuite(seed=0)
     hooks = BatchHooks()
@@ -64,8 +69,9 @@ def main() -> None:
 
     def check() -> float:
         t0 = time.perf_counter()
-        res = run_probe(predict, iter_probe(data, range(len(data)), args.batch_size, hooks), suite, "val",
-                        path="numpy")
+        res = run_probe(
+            predict, iter_probe(data, range(len(data)), args.batch_size, hooks), suite, "val", path="numpy"
+        )
         _, cases = aggregate(res, ["polyp"], 0, suite)
         efr_table(cases)
         build_failures(res, cases, suite, data, hooks, predict, "numpy", 0.25, 16, 0)
@@ -77,8 +83,10 @@ def main() -> None:
             logits_to_probabilities(model(x))
         return time.perf_counter() - t0
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.cases} cases at "
-          f"{args.size}px, {len(suite.names)} families x severities {suite.severities}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.cases} cases at "
+        f"{args.size}px, {len(suite.names)} families x severities {suite.severities}"
+    )
     with torch.no_grad():
         for rep in range(1 + args.repeats):
             inputs.clear()
@@ -87,10 +95,12 @@ def main() -> None:
             t_fwd = forwards()
             rest = t_check - in_check[0]
             label = "first check (samples params)" if rep == 0 else f"check {rep} (cached params)"
-            print(f"{label:30s}: check {t_check:6.2f} s | forwards replayed alone {t_fwd:6.2f} s "
-                  f"({len(inputs)} batches): overhead {100 * (t_check - t_fwd) / t_fwd:5.1f} % | "
-                  f"forwards inside the check {in_check[0]:6.2f} s, rest {rest:5.2f} s: "
-                  f"overhead {100 * rest / in_check[0]:5.1f} %")
+            print(
+                f"{label:30s}: check {t_check:6.2f} s | forwards replayed alone {t_fwd:6.2f} s "
+                f"({len(inputs)} batches): overhead {100 * (t_check - t_fwd) / t_fwd:5.1f} % | "
+                f"forwards inside the check {in_check[0]:6.2f} s, rest {rest:5.2f} s: "
+                f"overhead {100 * rest / in_check[0]:5.1f} %"
+            )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ scored and what the final table rests on (``basis``, ``from_epoch``).
 ``--only metamorphic`` toggles just that callback (the others are off in both runs): the cost
 of the checks alone. Extra ``key=value`` overrides after ``--`` go to both runs (e.g. ``data.n_train=80``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,18 @@ ALWAYS_OFF = ("metamorphic_training",)
 
 
 def run(run_dir: Path, on: bool, epochs: int, budget: str, extra: list[str], toggled=ROBUST) -> float:
-    cmd = [sys.executable, "-m", "robusttrain", "fit", "recipe=polyp", "seed=0", f"run_dir={run_dir}",
-           f"trainer.max_epochs={epochs}", "trainer.enable_progress_bar=false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "robusttrain",
+        "fit",
+        "recipe=polyp",
+        "seed=0",
+        f"run_dir={run_dir}",
+        f"trainer.max_epochs={epochs}",
+        "trainer.enable_progress_bar=false",
+        *extra,
+    ]
     cmd += [f"callbacks.{c}.enabled=false" for c in ALWAYS_OFF]
     cmd += [f"callbacks.{c}.enabled=false" for c in ROBUST if c not in toggled]
     if "metamorphic" in toggled:
@@ -60,10 +71,14 @@ def check_log(run_dir: Path) -> pd.DataFrame:
     cols = [c for c in ("epoch", "mr/train_s", "mr/check_s", "mr/clean_reused") if c in metrics]
     per = metrics[cols].dropna(subset=[c for c in cols if c != "epoch"]).groupby("epoch").last()
     efr = pd.read_csv(run_dir / "efr.csv")
-    pooled = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == efr.threshold.min())]
+    pooled = efr[
+        (efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == efr.threshold.min())
+    ]
     for split, g in pooled.groupby("split"):
         g = g.set_index("epoch")
-        per[f"{split} scored"] = g["cases"].astype(int).astype(str) + "/" + g["suite_cases"].astype(int).astype(str)
+        per[f"{split} scored"] = (
+            g["cases"].astype(int).astype(str) + "/" + g["suite_cases"].astype(int).astype(str)
+        )
     val = pooled[pooled.split == "val"].set_index("epoch")
     for col in ("final", "basis", "from_epoch"):
         if col in val:
@@ -90,9 +105,12 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="rt_overhead_"))
     toggled = (args.only,) if args.only else ROBUST
-    print(f"polyp recipe, {args.epochs} epochs, seed 0, budget {args.budget}, toggled: {', '.join(toggled)} "
-          f"(others and {', '.join(ALWAYS_OFF)} off in both); OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; runs in {root}", flush=True)
+    print(
+        f"polyp recipe, {args.epochs} epochs, seed 0, budget {args.budget}, toggled: {', '.join(toggled)} "
+        f"(others and {', '.join(ALWAYS_OFF)} off in both); OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; runs in {root}",
+        flush=True,
+    )
     load0 = _load()
     walls: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.repeats):
@@ -103,21 +121,28 @@ def main() -> None:
     off, on = min(walls[False]), min(walls[True])
     # the load may drift between repeats: a pair run back to back shares it, the best-of may not
     ratios = [b / a for a, b in zip(walls[False], walls[True])]
-    print(f"\nwall time (best of {args.repeats}): off {off:.1f} s | on {on:.1f} s | ratio {on / off:.2f}x "
-          f"(target <= 1.3x); per repeat (off/on back to back): "
-          + ", ".join(f"{r:.2f}x" for r in ratios) + f", median {statistics.median(ratios):.2f}x"
-          + f"; load average (1/5/15 min) {load0} before, {_load()} after")
+    print(
+        f"\nwall time (best of {args.repeats}): off {off:.1f} s | on {on:.1f} s | ratio {on / off:.2f}x "
+        f"(target <= 1.3x); per repeat (off/on back to back): "
+        + ", ".join(f"{r:.2f}x" for r in ratios)
+        + f", median {statistics.median(ratios):.2f}x"
+        + f"; load average (1/5/15 min) {load0} before, {_load()} after"
+    )
     per = check_log(root / f"on{args.repeats - 1}")
     print("\nper check, callbacks on (last repeat):")
     print(per.to_string())
     if "mr/check_s" in per and "mr/train_s" in per:
         checks, train = float(per["mr/check_s"].sum()), float(per["mr/train_s"].sum())
         extra = walls[True][-1] - walls[False][-1]
-        line = f"\nMR checks {checks:.1f} s = {checks / train:.2f} x the {train:.1f} s of training they follow"
+        line = (
+            f"\nMR checks {checks:.1f} s = {checks / train:.2f} x the {train:.1f} s of training they follow"
+        )
         if not args.only:
-            line += (f"; the rest of the on-off difference ({extra - checks:.1f} s of {extra:.1f} s): the other "
-                     "callbacks (corner cases, candidate checkpoints, weight snapshots and average, plots; "
-                     "failure mining when enabled) and load changes between the two runs")
+            line += (
+                f"; the rest of the on-off difference ({extra - checks:.1f} s of {extra:.1f} s): the other "
+                "callbacks (corner cases, candidate checkpoints, weight snapshots and average, plots; "
+                "failure mining when enabled) and load changes between the two runs"
+            )
         print(line)
 
 

@@ -13,6 +13,7 @@ their spread is reported separately as the std over seeds.
 >>> round(r["estimate"], 3), r["lo"] <= r["estimate"] <= r["hi"]
 (0.2, True)
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,11 +40,13 @@ def worst_fraction_difference(k: float) -> Stat:
 
     def stat(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.mean([worst_fraction_mean(x, k) - worst_fraction_mean(y, k) for x, y in zip(a, b)]))
+
     return stat
 
 
-def paired_bootstrap(a, b, stat: Stat, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
-                     clusters=None) -> dict:
+def paired_bootstrap(
+    a, b, stat: Stat, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, clusters=None
+) -> dict:
     """``{"estimate", "lo", "hi", "n_cases", "n_seeds", "n_clusters"}``: ``stat(A, B)`` and its bootstrap CI.
 
     ``clusters`` (one label per case column, e.g. the CVC-ClinicDB video sequence): the bootstrap
@@ -71,11 +74,22 @@ def paired_bootstrap(a, b, stat: Stat, n_boot: int = 2000, seed: int = 0, alpha:
         labels = list(dict.fromkeys(clusters))
         members = [np.flatnonzero(np.asarray(clusters, dtype=object) == g) for g in labels]
         n_clusters = len(labels)
-        draws = (np.concatenate([members[j] for j in pick])
-                 for pick in rng.integers(0, n_clusters, size=(n_boot, n_clusters)))
+        draws = (
+            np.concatenate([members[j] for j in pick])
+            for pick in rng.integers(0, n_clusters, size=(n_boot, n_clusters))
+        )
     boots = np.array([stat(a[:, idx], b[:, idx]) for idx in draws])
     boots = boots[np.isfinite(boots)]
-    lo, hi = (np.percentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)]) if boots.size
-              else (float("nan"), float("nan")))
-    return {"estimate": stat(a, b), "lo": float(lo), "hi": float(hi), "n_cases": int(n), "n_seeds": int(a.shape[0]),
-            "n_clusters": int(n_clusters)}
+    lo, hi = (
+        np.percentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        if boots.size
+        else (float("nan"), float("nan"))
+    )
+    return {
+        "estimate": stat(a, b),
+        "lo": float(lo),
+        "hi": float(hi),
+        "n_cases": int(n),
+        "n_seeds": int(a.shape[0]),
+        "n_clusters": int(n_clusters),
+    }

@@ -31,6 +31,7 @@ outputs are checked equal; an untimed pass over each round's params warms the pa
 column is the median over rounds of the per-round ratio; the header states the library versions and
 ``os.getloadavg()`` at start and end, since both move the figures. Run it with ``OMP_NUM_THREADS=1``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 import robusttrain.perturbations as P  # noqa: E402
 
-FONT = next((str(p) for p in (Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),
-                              Path("/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf")) if p.exists()), None)
+FONT = next(
+    (
+        str(p)
+        for p in (
+            Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),
+            Path("/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf"),
+        )
+        if p.exists()
+    ),
+    None,
+)
 
 
 def frame(size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,11 +76,13 @@ def frame(size: int) -> tuple[np.ndarray, np.ndarray]:
     yy, xx = np.mgrid[:size, :size]
     img = np.stack([170 + 40 * np.sin(xx / 20), 90 + 30 * np.cos(yy / 15), 70 + 0 * xx], -1).astype(np.uint8)
     mask = np.zeros((size, size), np.int64)
-    mask[size // 3: size // 2, size // 3: size // 2] = 1
+    mask[size // 3 : size // 2, size // 3 : size // 2] = 1
     return img, mask
 
 
-def rate(fn: Callable[[], object], n_images: int, min_time: float, sync: Callable[[], None] = lambda: None) -> float:
+def rate(
+    fn: Callable[[], object], n_images: int, min_time: float, sync: Callable[[], None] = lambda: None
+) -> float:
     """Images per second of ``fn`` (which processes ``n_images`` per call), running for >= min_time."""
     fn()
     sync()
@@ -90,25 +102,65 @@ def cases(size: int):
     text_meta = {"bbox": (0.02, 0.85, 0.45, 0.97), "text": "15/03/2012 00:05:02 CVP:1"}
     albu_text = A.TextImage(font_path=FONT, font_color=(255, 255, 255), p=1.0) if FONT else None
     return [
-        ("saturation", P.get("saturation", 3), A.ColorJitter(0, 0, (1.5, 1.5), 0, p=1.0),
-         lambda: K.ColorJitter(0.0, 0.0, (1.5, 1.5), 0.0, p=1.0), {}),
+        (
+            "saturation",
+            P.get("saturation", 3),
+            A.ColorJitter(0, 0, (1.5, 1.5), 0, p=1.0),
+            lambda: K.ColorJitter(0.0, 0.0, (1.5, 1.5), 0.0, p=1.0),
+            {},
+        ),
         # contrast lowers brightness, contrast and saturation together: ColorJitter is the closest match;
         # RandomBrightnessContrast (one LUT, no saturation change) is listed as a second reference.
-        ("contrast", P.get("contrast", 3), A.ColorJitter((0.7, 0.7), (0.7, 0.7), (0.7, 0.7), 0, p=1.0),
-         lambda: K.ColorJitter((0.7, 0.7), (0.7, 0.7), (0.7, 0.7), 0.0, p=1.0), {}),
-        ("contrast/RBC", P.get("contrast", 3), A.RandomBrightnessContrast((-0.3, -0.3), (-0.3, -0.3), p=1.0),
-         None, {}),
-        ("white_balance", P.get("white_balance", 3), A.RGBShift((-60, -60), (0, 0), (-60, -60), p=1.0),
-         lambda: K.RandomPlanckianJitter(p=1.0), {}),
+        (
+            "contrast",
+            P.get("contrast", 3),
+            A.ColorJitter((0.7, 0.7), (0.7, 0.7), (0.7, 0.7), 0, p=1.0),
+            lambda: K.ColorJitter((0.7, 0.7), (0.7, 0.7), (0.7, 0.7), 0.0, p=1.0),
+            {},
+        ),
+        (
+            "contrast/RBC",
+            P.get("contrast", 3),
+            A.RandomBrightnessContrast((-0.3, -0.3), (-0.3, -0.3), p=1.0),
+            None,
+            {},
+        ),
+        (
+            "white_balance",
+            P.get("white_balance", 3),
+            A.RGBShift((-60, -60), (0, 0), (-60, -60), p=1.0),
+            lambda: K.RandomPlanckianJitter(p=1.0),
+            {},
+        ),
         ("specularity", P.get("specularity", 3), A.RandomSunFlare(method="overlay", p=1.0), None, {}),
-        ("blur s=5", _blur_fixed(5.0, False), A.GaussianBlur(blur_limit=0, sigma_limit=(5, 5), p=1.0),
-         lambda: K.RandomGaussianBlur((31, 31), (5.0, 5.0), p=1.0), {}),
-        ("blur s=15", _blur_fixed(15.0, False), A.GaussianBlur(blur_limit=0, sigma_limit=(15, 15), p=1.0),
-         lambda: K.RandomGaussianBlur((91, 91), (15.0, 15.0), p=1.0), {}),
-        ("blur s=15 fast", _blur_fixed(15.0, True), A.GaussianBlur(blur_limit=0, sigma_limit=(15, 15), p=1.0),
-         None, {}),
-        ("motion_blur", P.get("motion_blur", 3), A.MotionBlur(blur_limit=(17, 17), p=1.0),
-         lambda: K.RandomMotionBlur(17, (0.0, 180.0), (-1.0, 1.0), p=1.0), {}),
+        (
+            "blur s=5",
+            _blur_fixed(5.0, False),
+            A.GaussianBlur(blur_limit=0, sigma_limit=(5, 5), p=1.0),
+            lambda: K.RandomGaussianBlur((31, 31), (5.0, 5.0), p=1.0),
+            {},
+        ),
+        (
+            "blur s=15",
+            _blur_fixed(15.0, False),
+            A.GaussianBlur(blur_limit=0, sigma_limit=(15, 15), p=1.0),
+            lambda: K.RandomGaussianBlur((91, 91), (15.0, 15.0), p=1.0),
+            {},
+        ),
+        (
+            "blur s=15 fast",
+            _blur_fixed(15.0, True),
+            A.GaussianBlur(blur_limit=0, sigma_limit=(15, 15), p=1.0),
+            None,
+            {},
+        ),
+        (
+            "motion_blur",
+            P.get("motion_blur", 3),
+            A.MotionBlur(blur_limit=(17, 17), p=1.0),
+            lambda: K.RandomMotionBlur(17, (0.0, 180.0), (-1.0, 1.0), p=1.0),
+            {},
+        ),
         ("instrument", P.get("instrument", 3), None, None, {}),
         ("feces", P.get("feces", 3), None, None, {}),
         ("blood", P.get("blood", 3), None, None, {}),
@@ -137,12 +189,16 @@ class _blur_fixed(P.Blur):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run: 2 repeats, 0.3 s per figure, B=8")
-    ap.add_argument("--size", type=int, default=None, help="image side (default 512; 256 for --modality mri/xray)")
+    ap.add_argument(
+        "--size", type=int, default=None, help="image side (default 512; 256 for --modality mri/xray)"
+    )
     ap.add_argument("--modality", choices=("endoscopy", "mri", "xray"), default="endoscopy")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
-    ap.add_argument("--adapter", action="store_true", help="Albumentations adapter vs bare kernel (issue 19.3)")
+    ap.add_argument(
+        "--adapter", action="store_true", help="Albumentations adapter vs bare kernel (issue 19.3)"
+    )
     args = ap.parse_args()
     if args.adapter:
         return main_adapter(args)
@@ -161,16 +217,20 @@ def main() -> None:
     xc, mc = (x.cuda(), m.cuda()) if cuda else (None, None)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    print(f"# {args.size}x{args.size}, torch batch B={b}, {torch.get_num_threads()} torch threads, "
-          f"cv2 threads {cv2.getNumThreads()}, medians of {repeats} rounds; "
-          f"{'CUDA: ' + torch.cuda.get_device_name() if cuda else 'no CUDA'}")
+    print(
+        f"# {args.size}x{args.size}, torch batch B={b}, {torch.get_num_threads()} torch threads, "
+        f"cv2 threads {cv2.getNumThreads()}, medians of {repeats} rounds; "
+        f"{'CUDA: ' + torch.cuda.get_device_name() if cuda else 'no CUDA'}"
+    )
     bw = None
     if cuda:
         buf = torch.empty_like(xc)
         bw = statistics.median(rate(lambda: buf.copy_(xc), b, min_time, sync) for _ in range(3))
         print(f"# CUDA copy bound (one read + one write of the batch): {bw:,.0f} img/s")
 
-    head = f"{'perturbation':<15}{'numpy':>9}{'albu':>9}{'np/albu':>9}{'torch':>9}{'kornia':>9}{'t/kornia':>9}"
+    head = (
+        f"{'perturbation':<15}{'numpy':>9}{'albu':>9}{'np/albu':>9}{'torch':>9}{'kornia':>9}{'t/kornia':>9}"
+    )
     if cuda:
         head += f"{'cuda':>10}{'k-cuda':>10}{'c/k':>7}{'%copy':>7}"
     print(head)
@@ -208,8 +268,11 @@ def main() -> None:
 
         line = f"{label:<15}{f('numpy')}{f('albu')}{r('numpy', 'albu')}{f('torch')}{f('kornia')}{r('torch', 'kornia')}"
         if cuda:
-            pct = (f"{100 * med['cuda'] / bw:>6.0f}%" if bw and "cuda" in med and label in
-                   ("saturation", "contrast", "white_balance") else f"{'-':>7}")
+            pct = (
+                f"{100 * med['cuda'] / bw:>6.0f}%"
+                if bw and "cuda" in med and label in ("saturation", "contrast", "white_balance")
+                else f"{'-':>7}"
+            )
             line += f"{f('cuda', 10)}{f('k-cuda', 10)}{r('cuda', 'k-cuda', 7)}{pct}"
         print(line, flush=True)
     return None
@@ -224,19 +287,31 @@ def grey_frames(modality: str, size: int, b: int) -> tuple[np.ndarray, np.ndarra
     imgs, masks = [], []
     if modality == "mri" and (root / "acdc" / "volumes").is_dir():
         import h5py
+
         for f in sorted((root / "acdc" / "volumes").glob("*.h5")):
             with h5py.File(f) as h:
                 for k in range(h["image"].shape[0]):
-                    imgs.append(cv2.resize((np.clip(h["image"][k], 0, 1) * 255 + 0.5).astype(np.uint8), (size, size),
-                                           interpolation=cv2.INTER_AREA))
+                    imgs.append(
+                        cv2.resize(
+                            (np.clip(h["image"][k], 0, 1) * 255 + 0.5).astype(np.uint8),
+                            (size, size),
+                            interpolation=cv2.INTER_AREA,
+                        )
+                    )
                     masks.append(cv2.resize(h["label"][k], (size, size), interpolation=cv2.INTER_NEAREST))
             if len(imgs) >= b:
                 break
     elif modality == "xray" and (root / "shenzhen_cxr" / "images").is_dir():
         for f in sorted((root / "shenzhen_cxr" / "images").glob("*.jpg"))[:b]:
-            imgs.append(cv2.resize(cv2.imread(str(f), cv2.IMREAD_GRAYSCALE), (size, size), interpolation=cv2.INTER_AREA))
+            imgs.append(
+                cv2.resize(
+                    cv2.imread(str(f), cv2.IMREAD_GRAYSCALE), (size, size), interpolation=cv2.INTER_AREA
+                )
+            )
             mk = cv2.imread(str(root / "shenzhen_cxr" / "masks" / f.name), cv2.IMREAD_GRAYSCALE)
-            masks.append((cv2.resize(mk, (size, size), interpolation=cv2.INTER_NEAREST) > 127).astype(np.uint8))
+            masks.append(
+                (cv2.resize(mk, (size, size), interpolation=cv2.INTER_NEAREST) > 127).astype(np.uint8)
+            )
     if not imgs:  # phantom: a bright ellipse with a ring on a dark background
         yy, xx = np.mgrid[:size, :size] / size - 0.5
         r = (yy / 0.38) ** 2 + (xx / 0.42) ** 2
@@ -249,6 +324,7 @@ def grey_frames(modality: str, size: int, b: int) -> tuple[np.ndarray, np.ndarra
 def grey_cases(modality: str):
     """(label, perturbation, MONAI factory, TorchIO factory): the closest per-sample references."""
     import monai.transforms as M
+
     try:
         import torchio as tio
     except ImportError:  # benchmark-only dependency
@@ -259,31 +335,82 @@ def grey_cases(modality: str):
 
     if modality == "mri":
         return [
-            ("bias_field", P.get("bias_field", 3), lambda: M.RandBiasField(degree=3, coeff_range=(0.2, 0.3), prob=1.0),
-             t(lambda: tio.RandomBiasField(coefficients=0.5, order=3))),
-            ("ghosting", P.get("ghosting", 3), None,  # MONAI has no ghosting transform
-             t(lambda: tio.RandomGhosting(num_ghosts=(2, 5), axes=(0, 1), intensity=(0.3, 0.6)))),
-            ("gibbs", P.get("gibbs", 3), lambda: M.RandGibbsNoise(prob=1.0, alpha=(0.4, 0.6)), None),  # none in TorchIO
-            ("spike", P.get("spike", 3), lambda: M.RandKSpaceSpikeNoise(prob=1.0, intensity_range=(10.0, 12.0)),
-             t(lambda: tio.RandomSpike(num_spikes=1, intensity=(0.3, 0.5)))),
-            ("rician_noise", P.get("rician_noise", 3), lambda: M.RandRicianNoise(prob=1.0, std=0.04),
-             t(lambda: tio.RandomNoise(std=0.04))),  # TorchIO: Gaussian, the closest
-            ("gamma", P.get("gamma", 3), lambda: M.RandAdjustContrast(prob=1.0, gamma=(0.7, 1.5)),
-             t(lambda: tio.RandomGamma(log_gamma=0.3))),
-            ("blur", P.get("blur", 3), lambda: M.RandGaussianSmooth(sigma_x=(3.0, 5.0), sigma_y=(3.0, 5.0), prob=1.0),
-             t(lambda: tio.RandomBlur(std=(3.0, 5.0)))),
-            ("contrast", P.get("contrast", 3), lambda: M.RandScaleIntensityFixedMean(prob=1.0, factors=0.3), None),
+            (
+                "bias_field",
+                P.get("bias_field", 3),
+                lambda: M.RandBiasField(degree=3, coeff_range=(0.2, 0.3), prob=1.0),
+                t(lambda: tio.RandomBiasField(coefficients=0.5, order=3)),
+            ),
+            (
+                "ghosting",
+                P.get("ghosting", 3),
+                None,  # MONAI has no ghosting transform
+                t(lambda: tio.RandomGhosting(num_ghosts=(2, 5), axes=(0, 1), intensity=(0.3, 0.6))),
+            ),
+            (
+                "gibbs",
+                P.get("gibbs", 3),
+                lambda: M.RandGibbsNoise(prob=1.0, alpha=(0.4, 0.6)),
+                None,
+            ),  # none in TorchIO
+            (
+                "spike",
+                P.get("spike", 3),
+                lambda: M.RandKSpaceSpikeNoise(prob=1.0, intensity_range=(10.0, 12.0)),
+                t(lambda: tio.RandomSpike(num_spikes=1, intensity=(0.3, 0.5))),
+            ),
+            (
+                "rician_noise",
+                P.get("rician_noise", 3),
+                lambda: M.RandRicianNoise(prob=1.0, std=0.04),
+                t(lambda: tio.RandomNoise(std=0.04)),
+            ),  # TorchIO: Gaussian, the closest
+            (
+                "gamma",
+                P.get("gamma", 3),
+                lambda: M.RandAdjustContrast(prob=1.0, gamma=(0.7, 1.5)),
+                t(lambda: tio.RandomGamma(log_gamma=0.3)),
+            ),
+            (
+                "blur",
+                P.get("blur", 3),
+                lambda: M.RandGaussianSmooth(sigma_x=(3.0, 5.0), sigma_y=(3.0, 5.0), prob=1.0),
+                t(lambda: tio.RandomBlur(std=(3.0, 5.0))),
+            ),
+            (
+                "contrast",
+                P.get("contrast", 3),
+                lambda: M.RandScaleIntensityFixedMean(prob=1.0, factors=0.3),
+                None,
+            ),
         ]
     return [
-        ("quantum_noise", P.get("quantum_noise", 3), lambda: M.RandGaussianNoise(prob=1.0, std=0.03),
-         t(lambda: tio.RandomNoise(std=0.03))),
-        ("exposure", P.get("exposure", 3), lambda: M.RandAdjustContrast(prob=1.0, gamma=(0.7, 1.5)),
-         t(lambda: tio.RandomGamma(log_gamma=0.3))),
-        ("blur", P.get("blur", 3), lambda: M.RandGaussianSmooth(sigma_x=(3.0, 5.0), sigma_y=(3.0, 5.0), prob=1.0),
-         t(lambda: tio.RandomBlur(std=(3.0, 5.0)))),
+        (
+            "quantum_noise",
+            P.get("quantum_noise", 3),
+            lambda: M.RandGaussianNoise(prob=1.0, std=0.03),
+            t(lambda: tio.RandomNoise(std=0.03)),
+        ),
+        (
+            "exposure",
+            P.get("exposure", 3),
+            lambda: M.RandAdjustContrast(prob=1.0, gamma=(0.7, 1.5)),
+            t(lambda: tio.RandomGamma(log_gamma=0.3)),
+        ),
+        (
+            "blur",
+            P.get("blur", 3),
+            lambda: M.RandGaussianSmooth(sigma_x=(3.0, 5.0), sigma_y=(3.0, 5.0), prob=1.0),
+            t(lambda: tio.RandomBlur(std=(3.0, 5.0))),
+        ),
         ("xray_markers", P.get("xray_markers", 3), None, None),
         ("collimation", P.get("collimation", 3), None, None),
-        ("contrast", P.get("contrast", 3), lambda: M.RandScaleIntensityFixedMean(prob=1.0, factors=0.3), None),
+        (
+            "contrast",
+            P.get("contrast", 3),
+            lambda: M.RandScaleIntensityFixedMean(prob=1.0, factors=0.3),
+            None,
+        ),
     ]
 
 
@@ -297,20 +424,23 @@ def main_grey(args: argparse.Namespace) -> None:
     x = torch.from_numpy(imgs)[:, None].float().div(255).contiguous()
     m = torch.from_numpy(masks)
     # Per-sample callers take the B images in turn (not one cache-hot image), as a Dataset would.
-    ones = [x[i].clone() for i in range(b)]                 # MONAI: channel-first (1,H,W)
+    ones = [x[i].clone() for i in range(b)]  # MONAI: channel-first (1,H,W)
     ones4 = [x[i, :, :, :, None].clone() for i in range(b)]  # TorchIO: (1,H,W,1), a one-voxel-deep volume
     works = [imgs[i].copy() for i in range(b)]
     turn = iter(range(1 << 62))
     xc, mc = (x.cuda(), m.cuda()) if cuda else (None, None)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    print(f"# {args.modality}: {size}x{size} grey, torch batch B={b}, {torch.get_num_threads()} torch threads, "
-          f"medians of {repeats} rounds; MONAI / TorchIO per sample; {'CUDA' if cuda else 'no CUDA'}")
+    print(
+        f"# {args.modality}: {size}x{size} grey, torch batch B={b}, {torch.get_num_threads()} torch threads, "
+        f"medians of {repeats} rounds; MONAI / TorchIO per sample; {'CUDA' if cuda else 'no CUDA'}"
+    )
     head = f"{'perturbation':<15}{'numpy':>9}{'monai':>9}{'tio':>9}{'torch':>9}{'t/monai':>9}{'t/tio':>9}"
     print(head + (f"{'cuda':>10}" if cuda else ""))
     for label, pert, monai_f, tio_f in grey_cases(args.modality):
         if args.only and label not in args.only:
             continue
         rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
+
         def nxt() -> int:
             return next(turn) % b
 
@@ -339,15 +469,14 @@ def main_grey(args: argparse.Namespace) -> None:
             return f"{med[a] / med[c]:>{w - 1}.2f}x" if a in med and c in med else f"{'-':>{w}}"
 
         line = f"{label:<15}{f('numpy')}{f('monai')}{f('tio')}{f('torch')}{r('torch', 'monai')}{r('torch', 'tio')}"
-        print(line + (f(
-            "cuda", 10) if cuda else ""), flush=True)
+        print(line + (f("cuda", 10) if cuda else ""), flush=True)
 
 
 # --------------------------------------------------------------------------------------
 # the Albumentations adapter vs the bare kernel (issue 19.3)
 # --------------------------------------------------------------------------------------
 ADAPTER_MAX_OVERHEAD = 0.15  # target: the adapter costs at most 15 % over apply_numpy
-COLOUR_MIN_SPEEDUP = 2.0     # target: colour families through the adapter >= 2x Albumentations' equivalents
+COLOUR_MIN_SPEEDUP = 2.0  # target: colour families through the adapter >= 2x Albumentations' equivalents
 
 
 def colour_references() -> dict[str, tuple[str, A.BasicTransform]]:
@@ -368,9 +497,17 @@ def _per_call(fn: Callable[[], object], calls: int) -> float:
     return (time.thread_time() - t0) / calls * 1e6
 
 
-def adapter_rounds(pert: P.Perturbation, t: A.BasicTransform, img: np.ndarray, mask: np.ndarray,
-                   ref: A.BasicTransform | None, repeats: int, min_time: float) -> dict[str, list[float]]:
+def adapter_rounds(
+    pert: P.Perturbation,
+    t: A.BasicTransform,
+    img: np.ndarray,
+    mask: np.ndarray,
+    ref: A.BasicTransform | None,
+    repeats: int,
+    min_time: float,
+) -> dict[str, list[float]]:
     """Per round: µs/call of the bare kernel, the adapter and the reference, on the same param stream."""
+
     def seeds(r: int, n: int) -> list[np.random.Generator]:
         g = np.random.default_rng(r)  # what t.set_random_seed(r) gives t.random_generator
         return [np.random.default_rng(int(g.integers(0, 2**32))) for _ in range(n)]
@@ -384,11 +521,17 @@ def adapter_rounds(pert: P.Perturbation, t: A.BasicTransform, img: np.ndarray, m
     calls = max(3, min(20000, int(min_time / max(time.perf_counter() - t0, 1e-6))))
     res: dict[str, list[float]] = {"bare": [], "adapter": [], "ref": []}
     for r in range(repeats):
-        for g in seeds(r, calls):  # untimed pass over the round's params: caches keyed by params (glyph atlases,
-            pert.apply_numpy(img, mask, rng=g)  # blur kernels) are warm for both, not only for whoever runs second
+        for g in seeds(
+            r, calls
+        ):  # untimed pass over the round's params: caches keyed by params (glyph atlases,
+            pert.apply_numpy(
+                img, mask, rng=g
+            )  # blur kernels) are warm for both, not only for whoever runs second
         gens = iter(seeds(r, calls))
-        runs = {"bare": lambda: pert.apply_numpy(img, mask, rng=next(gens)),
-                "adapter": lambda: t(image=img, mask=mask)}
+        runs = {
+            "bare": lambda: pert.apply_numpy(img, mask, rng=next(gens)),
+            "adapter": lambda: t(image=img, mask=mask),
+        }
         if ref is not None:
             runs["ref"] = lambda: ref(image=img)
         order = list(runs) if r % 2 == 0 else list(runs)[::-1]  # neither always runs first
@@ -402,17 +545,22 @@ def adapter_rounds(pert: P.Perturbation, t: A.BasicTransform, img: np.ndarray, m
 def main_adapter(args: argparse.Namespace) -> None:
     from robusttrain.perturbations import albu as PA
     from robusttrain.perturbations.seeding import Reseeder
+
     repeats = args.repeats or (3 if args.quick else 7)
     min_time = 0.1 if args.quick else 0.3
     sizes = [args.size] if args.size else [512, 128]
     cv2.setNumThreads(1)  # one thread everywhere (ours, Albumentations'): per-call costs, not core counts
     load0 = os.getloadavg()
-    print(f"# Albumentations adapter vs bare kernel: opencv {cv2.__version__}, numpy {np.__version__}, "
-          f"albumentations {A.__version__}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-          f"cv2 threads {cv2.getNumThreads()}, {os.cpu_count()} CPUs; load average (1/5/15 min) at start "
-          f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; medians of {repeats} rounds, >= {min_time} s per figure")
-    print("# us = CPU time per call (one thread); bare = apply_numpy(image, mask, rng); adapter = "
-          "t(image=..., mask=...) on the same params; overhead = median per-round adapter/bare - 1")
+    print(
+        f"# Albumentations adapter vs bare kernel: opencv {cv2.__version__}, numpy {np.__version__}, "
+        f"albumentations {A.__version__}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+        f"cv2 threads {cv2.getNumThreads()}, {os.cpu_count()} CPUs; load average (1/5/15 min) at start "
+        f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; medians of {repeats} rounds, >= {min_time} s per figure"
+    )
+    print(
+        "# us = CPU time per call (one thread); bare = apply_numpy(image, mask, rng); adapter = "
+        "t(image=..., mask=...) on the same params; overhead = median per-round adapter/bare - 1"
+    )
     refs = colour_references()
     misses: list[str] = []
     for size in sizes:
@@ -420,15 +568,23 @@ def main_adapter(args: argparse.Namespace) -> None:
         mask = mask64.astype(np.uint8)
         grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[:, :, None]
         noop, g, reseed = A.NoOp(p=1.0), np.random.default_rng(0), Reseeder()
-        fixed = {k: statistics.median(_per_call(f, 20000) for _ in range(3)) for k, f in {
-            "call": lambda: noop(image=rgb, mask=mask),
-            "reseed": lambda: reseed(int(g.integers(0, 2**32))),
-            "default_rng": lambda: np.random.default_rng(int(g.integers(0, 2**32)))}.items()}
-        print(f"\n## {size}x{size}: fixed costs of any adapter call, in a tight loop: Albumentations' call itself "
-              f"(A.NoOp, image+mask) {fixed['call']:.1f} us; seed draw + Reseeder {fixed['reseed']:.1f} us "
-              f"(a new default_rng(seed), as before issue 19: {fixed['default_rng']:.1f} us)")
-        print(f"{'family':<15}{'ch':>3}{'bare us':>10}{'adapter us':>12}{'overhead':>10}  "
-              f"{'albumentations ref':<20}{'ref us':>9}{'adapter x ref':>14}")
+        fixed = {
+            k: statistics.median(_per_call(f, 20000) for _ in range(3))
+            for k, f in {
+                "call": lambda: noop(image=rgb, mask=mask),
+                "reseed": lambda: reseed(int(g.integers(0, 2**32))),
+                "default_rng": lambda: np.random.default_rng(int(g.integers(0, 2**32))),
+            }.items()
+        }
+        print(
+            f"\n## {size}x{size}: fixed costs of any adapter call, in a tight loop: Albumentations' call itself "
+            f"(A.NoOp, image+mask) {fixed['call']:.1f} us; seed draw + Reseeder {fixed['reseed']:.1f} us "
+            f"(a new default_rng(seed), as before issue 19: {fixed['default_rng']:.1f} us)"
+        )
+        print(
+            f"{'family':<15}{'ch':>3}{'bare us':>10}{'adapter us':>12}{'overhead':>10}  "
+            f"{'albumentations ref':<20}{'ref us':>9}{'adapter x ref':>14}"
+        )
         for family in PA.TRANSFORMS:
             if args.only and family not in args.only:
                 continue
@@ -451,8 +607,10 @@ def main_adapter(args: argparse.Namespace) -> None:
             print(line, flush=True)
     load1 = os.getloadavg()
     print(f"\n# load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
-    print(f"# targets (overhead <= {ADAPTER_MAX_OVERHEAD:.0%}, colour >= {COLOUR_MIN_SPEEDUP:.0f}x Albumentations): "
-          + ("all met" if not misses else f"{len(misses)} missed: " + "; ".join(misses)))
+    print(
+        f"# targets (overhead <= {ADAPTER_MAX_OVERHEAD:.0%}, colour >= {COLOUR_MIN_SPEEDUP:.0f}x Albumentations): "
+        + ("all met" if not misses else f"{len(misses)} missed: " + "; ".join(misses))
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ default <= 2.0x). Wall-clock ratios, one run: the load and versions are printed 
 
     OMP_NUM_THREADS=1 python benchmarks/training_step.py [--steps 12] [--rounds 3] [--size 128] [--device cpu]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,9 +72,18 @@ def time_setting(setting: dict | None, loader: DataLoader, steps: int, accelerat
     if setting is not None:
         # the MR callback is absent: families = the endoscopy suite, severities up to the recipe's cap 4
         cbs.insert(0, MetamorphicTraining(severity_caps=4, record_per_step=0, **setting))
-    trainer = L.Trainer(max_epochs=1, limit_train_batches=steps + 2, limit_val_batches=0, callbacks=cbs,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator=accelerator, devices=1)
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=steps + 2,
+        limit_val_batches=0,
+        callbacks=cbs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator=accelerator,
+        devices=1,
+    )
     trainer.fit(model, loader)
     return timer.times[2:]  # the first two steps warm up allocators and caches
 
@@ -88,15 +98,25 @@ def main(argv=None) -> None:
     ap.add_argument("--only", default="", help="comma-separated setting names (substring match)")
     args = ap.parse_args(argv)
     accelerator = "gpu" if args.device == "cuda" else "cpu"
-    dm = PolypDataModule(image_size=args.size, batch_size=args.batch_size, n_train=args.batch_size * (args.steps + 2),
-                         n_val=4, seed=0)
+    dm = PolypDataModule(
+        image_size=args.size,
+        batch_size=args.batch_size,
+        n_train=args.batch_size * (args.steps + 2),
+        n_val=4,
+        seed=0,
+    )
     dm.setup("fit")
     loader = DataLoader(dm.train_dataset, batch_size=args.batch_size, shuffle=False)
-    names = [n for n in SETTINGS if n == "plain" or not args.only
-             or any(s.strip() in n for s in args.only.split(","))]
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"threads {torch.get_num_threads()}, device {args.device}, load {os.getloadavg()[0]:.2f} at start; "
-          f"{args.size} px, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds per setting")
+    names = [
+        n
+        for n in SETTINGS
+        if n == "plain" or not args.only or any(s.strip() in n for s in args.only.split(","))
+    ]
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"threads {torch.get_num_threads()}, device {args.device}, load {os.getloadavg()[0]:.2f} at start; "
+        f"{args.size} px, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds per setting"
+    )
     times: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(args.rounds):
         for n in names:

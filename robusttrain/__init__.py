@@ -1,4 +1,5 @@
 """robusttrain: robustness-aware training for medical image segmentation."""
+
 import os as _os
 
 # Nothing connects outward at run time: Albumentations checks PyPI for a newer version when it is

@@ -1,4 +1,5 @@
 """``python -m robusttrain`` entry point."""
+
 import sys
 
 from robusttrain.cli import main

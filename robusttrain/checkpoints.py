@@ -18,6 +18,7 @@ Traceback (most recent call last):
 ...
 robusttrain.checkpoints.CheckpointError: checkpoint '...m.ckpt' does not fit Linear: shape of 'weight' is (1, 2) in the file, (1, 3) in the model...
 """
+
 from __future__ import annotations
 
 import os
@@ -64,15 +65,24 @@ def load_checkpoint(path: str | os.PathLike, model: Any = None) -> dict[str, Any
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "Unsupported global" in str(e) or "GLOBAL" in str(e):
-            raise _fail(p, "holds Python objects besides weights and was refused: loading it would run "
-                           f"code from the file (expected {EXPECTED}, which holds only tensors and "
-                           "plain values)") from None
+            raise _fail(
+                p,
+                "holds Python objects besides weights and was refused: loading it would run "
+                f"code from the file (expected {EXPECTED}, which holds only tensors and "
+                "plain values)",
+            ) from None
         raise _fail(p, f"is corrupt ({_first_line(e)}; expected {EXPECTED})") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise _fail(p, f"is truncated or corrupt ({_first_line(e)}; expected {EXPECTED})") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
-        kind = f"a dict with keys {sorted(map(str, ckpt))[:6]}" if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise _fail(p, f"is not a Lightning checkpoint: it holds {kind}, no 'state_dict' (expected {EXPECTED})")
+        kind = (
+            f"a dict with keys {sorted(map(str, ckpt))[:6]}"
+            if isinstance(ckpt, dict)
+            else type(ckpt).__name__
+        )
+        raise _fail(
+            p, f"is not a Lightning checkpoint: it holds {kind}, no 'state_dict' (expected {EXPECTED})"
+        )
     if model is not None:
         check_fits(p, ckpt["state_dict"], model)
     return ckpt
@@ -85,15 +95,23 @@ def check_fits(path: Path, state: dict[str, Any], model: Any) -> None:
     name = type(model).__name__
     missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
     if missing or extra:
-        parts = [f"{len(missing)} of the model's weights missing (e.g. '{missing[0]}')" if missing else "",
-                 f"{len(extra)} unknown weights (e.g. '{extra[0]}')" if extra else ""]
-        raise _fail(path, f"does not fit {name}: {', '.join(filter(None, parts))} -- written for another "
-                          "recipe or model? (expected a checkpoint of this recipe's model)")
+        parts = [
+            f"{len(missing)} of the model's weights missing (e.g. '{missing[0]}')" if missing else "",
+            f"{len(extra)} unknown weights (e.g. '{extra[0]}')" if extra else "",
+        ]
+        raise _fail(
+            path,
+            f"does not fit {name}: {', '.join(filter(None, parts))} -- written for another "
+            "recipe or model? (expected a checkpoint of this recipe's model)",
+        )
     for k in want:
         if want[k] != have[k]:
-            raise _fail(path, f"does not fit {name}: shape of '{k}' is {have[k]} in the file, {want[k]} in "
-                              "the model -- written for another recipe or model settings? (expected a "
-                              "checkpoint of this recipe's model)")
+            raise _fail(
+                path,
+                f"does not fit {name}: shape of '{k}' is {have[k]} in the file, {want[k]} in "
+                "the model -- written for another recipe or model settings? (expected a "
+                "checkpoint of this recipe's model)",
+            )
 
 
 def _first_line(e: BaseException) -> str:
@@ -125,7 +143,9 @@ def checkpoint_io() -> Any:
             torch.save(checkpoint, buf)
             atomic_write_bytes(path, buf.getvalue())
 
-        def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> dict[str, Any]:
+        def load_checkpoint(
+            self, path: Any, map_location: Any = None, weights_only: Any = None
+        ) -> dict[str, Any]:
             return load_checkpoint(path)
 
     return SafeCheckpointIO()
@@ -145,8 +165,11 @@ def rng_state(generator: Any = None) -> dict[str, Any]:
     import torch
 
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    out = {"torch": torch.get_rng_state(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
-           "python": random.getstate()}
+    out = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state_all()
     if generator is not None:

@@ -3,6 +3,7 @@
 Temp files are named ``.<file name>.<8 random chars>.robusttrain.tmp`` in the target's folder
 (:data:`TMP_PATTERN`): the only names the run-directory cleanup ever removes.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -17,6 +17,7 @@ epoch,step,val/dice
 0,3,0.5
 1,7,0.6
 """
+
 from __future__ import annotations
 
 import csv

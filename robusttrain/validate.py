@@ -16,6 +16,7 @@ Traceback (most recent call last):
 ...
 ValueError: PolypDataModule: batch_size=0: expected an integer >= 1
 """
+
 from __future__ import annotations
 
 import math
@@ -49,12 +50,27 @@ def check_int(name: str, value: Any, lo: int | None = 0, *, owner: str | None = 
     return int(value)
 
 
-def check_fraction(name: str, value: Any, lo: float = 0.0, hi: float = 1.0, lo_open: bool = False,
-                   hi_open: bool = False, *, owner: str | None = None, why: str = "") -> float:
+def check_fraction(
+    name: str,
+    value: Any,
+    lo: float = 0.0,
+    hi: float = 1.0,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    *,
+    owner: str | None = None,
+    why: str = "",
+) -> float:
     """A finite number in ``[lo, hi]``; ``lo_open`` / ``hi_open`` exclude an end."""
     v = _float(value)
-    bad = isinstance(value, bool) or not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo) \
+    bad = (
+        isinstance(value, bool)
+        or not math.isfinite(v)
+        or v < lo
+        or v > hi
+        or (lo_open and v == lo)
         or (hi_open and v == hi)
+    )
     if bad:
         interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
         raise _fail(name, value, f"a number in {interval}", owner, why)

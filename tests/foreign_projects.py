@@ -12,6 +12,7 @@ Every model is a fixed "bright voxel" rule (lr 0) that low contrast breaks, so t
 fails in epoch 0 (1 for lung) and replay runs in the next epoch; ``seen[epoch]`` holds the training
 images it got. Clean images hold only values in [0.1, 0.2] and 0.85 (:func:`n_perturbed` counts the others).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -73,8 +74,12 @@ def make_polyp(mining=None):
 
     x, m = blobs(24, 32, seed=1)
     items = [{"image": x[i].numpy(), "label": m[i].numpy()} for i in range(len(x))]
-    train_tf = MT.Compose([MT.EnsureTyped(keys=["image", "label"]),
-                           MT.RandFlipd(keys=["image", "label"], prob=0.5, spatial_axis=0)])
+    train_tf = MT.Compose(
+        [
+            MT.EnsureTyped(keys=["image", "label"]),
+            MT.RandFlipd(keys=["image", "label"], prob=0.5, spatial_axis=0),
+        ]
+    )
     val_tf = MT.Compose([MT.EnsureTyped(keys=["image", "label"])])
 
     class PolypNet(pl.LightningModule):
@@ -154,7 +159,9 @@ def make_lung(mining=None, namespace="lightning.pytorch"):
 
     class LungData(L.LightningDataModule):
         def setup(self, stage=None):
-            self.train_set, self.val_set = random_split(Lungs(), [16, 8], generator=torch.Generator().manual_seed(0))
+            self.train_set, self.val_set = random_split(
+                Lungs(), [16, 8], generator=torch.Generator().manual_seed(0)
+            )
 
         def train_dataloader(self):
             ds = mining.wrap(self.train_set) if mining is not None else self.train_set  # glue
@@ -176,12 +183,20 @@ def make_spleen(mining=None, num_workers=0):
 
     x, m = blobs(10, 16, seed=3, dims=3, channels=1)
     items = [{"image": x[i].numpy(), "label": m[i].numpy()} for i in range(len(x))]
-    train_tf = MT.Compose([
-        MT.EnsureTyped(keys=["image", "label"]),
-        MT.RandCropByPosNegLabeld(keys=["image", "label"], label_key="label", spatial_size=(12, 12, 12),
-                                  pos=1, neg=1, num_samples=2),
-        MT.RandFlipd(keys=["image", "label"], prob=0.5, spatial_axis=0),
-    ])
+    train_tf = MT.Compose(
+        [
+            MT.EnsureTyped(keys=["image", "label"]),
+            MT.RandCropByPosNegLabeld(
+                keys=["image", "label"],
+                label_key="label",
+                spatial_size=(12, 12, 12),
+                pos=1,
+                neg=1,
+                num_samples=2,
+            ),
+            MT.RandFlipd(keys=["image", "label"], prob=0.5, spatial_axis=0),
+        ]
+    )
     val_tf = MT.Compose([MT.EnsureTyped(keys=["image", "label"])])
 
     class SpleenNet(L.LightningModule):
@@ -210,8 +225,9 @@ def make_spleen(mining=None, num_workers=0):
 
         def train_dataloader(self):
             ds = mining.wrap(self.train_ds) if mining is not None else self.train_ds  # glue
-            return MonaiLoader(ds, batch_size=2, shuffle=True, num_workers=num_workers,
-                               collate_fn=list_data_collate)
+            return MonaiLoader(
+                ds, batch_size=2, shuffle=True, num_workers=num_workers, collate_fn=list_data_collate
+            )
 
         def val_dataloader(self):
             return MonaiLoader(self.val_ds, batch_size=1)

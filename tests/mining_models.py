@@ -1,5 +1,6 @@
 """Shared by the failure-mining tests (in-process and the DDP subprocess script): a fixed model that
 under-exposure reliably breaks, and a check of whether a training sample is a replayed perturbation."""
+
 from __future__ import annotations
 
 import itertools
@@ -45,5 +46,6 @@ def dihedral(img):
 
 def n_perturbed(seen, clean_by_case):
     # a sample is perturbed when it matches no flip/rotation of its clean image
-    return sum(not any(torch.allclose(img, d, atol=1e-6) for d in dihedral(clean_by_case[c]))
-               for c, img in seen)
+    return sum(
+        not any(torch.allclose(img, d, atol=1e-6) for d in dihedral(clean_by_case[c])) for c, img in seen
+    )

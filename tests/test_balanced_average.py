@@ -1,4 +1,5 @@
 """BalancedAverage, EMACheckpoint and the selection-margin diagnostics in real (tiny) Lightning fits."""
+
 import json
 import logging
 
@@ -33,8 +34,10 @@ class Cases(Dataset):
             for s in range(2):
                 mask = torch.zeros(16, 16, dtype=torch.long)
                 y, x = torch.randint(0, 10, (2,), generator=g).tolist()
-                mask[y:y + 6, x:x + 6] = 1
-                img = mask.float()[None] + 0.3 * torch.randn(1, 16, 16, generator=g) + c  # cases differ in level
+                mask[y : y + 6, x : x + 6] = 1
+                img = (
+                    mask.float()[None] + 0.3 * torch.randn(1, 16, 16, generator=g) + c
+                )  # cases differ in level
                 self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
 
     def __len__(self):
@@ -47,7 +50,9 @@ class Cases(Dataset):
 class TinyBN(pl.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1))
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -56,7 +61,9 @@ class TinyBN(pl.LightningModule):
         return nn.functional.cross_entropy(self(b["image"]), b["mask"])
 
     def validation_step(self, b, _):
-        self.log("val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"]))
+        self.log(
+            "val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"])
+        )
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -70,7 +77,9 @@ class Snapshots(pl.Callback):
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
-            self.weights[trainer.current_epoch] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            self.weights[trainer.current_epoch] = {
+                k: v.detach().clone() for k, v in pl_module.state_dict().items()
+            }
 
 
 class PlantedHistory(pl.Callback):
@@ -89,8 +98,15 @@ class PlantedHistory(pl.Callback):
             return
         rows = []
         for e in range(trainer.current_epoch + 1):  # a pure function of the epoch: same after a resume
-            rows += [{"case_id": f"p{i}", "epoch": e, "dice_lv": 0.6 + 0.03 * e + 0.001 * i,
-                      "dice_rv": 0.55 + 0.03 * e + 0.002 * i} for i in range(9)]
+            rows += [
+                {
+                    "case_id": f"p{i}",
+                    "epoch": e,
+                    "dice_lv": 0.6 + 0.03 * e + 0.001 * i,
+                    "dice_rv": 0.55 + 0.03 * e + 0.002 * i,
+                }
+                for i in range(9)
+            ]
             low = 0.02 if e == self.collapse_epoch else 0.3
             rows.append({"case_id": "bad", "epoch": e, "dice_lv": low, "dice_rv": low})
         self.ctx.history = pd.DataFrame(rows)
@@ -114,12 +130,25 @@ def train_loader():
 def fit(run, max_epochs, collapse_epoch=4, extra=(), ckpt_path=None, window=0.5):
     ctx = RobustnessContext()
     avg = BalancedAverage(dirpath=run, window=window, bn_batches=BN_BATCHES, context=ctx)
-    cbs = [PlantedHistory(collapse_epoch, ctx), BalancedCheckpoint(dirpath=run, context=ctx), avg,
-           ModelCheckpoint(dirpath=run / "checkpoints", save_last=True), *extra]
+    cbs = [
+        PlantedHistory(collapse_epoch, ctx),
+        BalancedCheckpoint(dirpath=run, context=ctx),
+        avg,
+        ModelCheckpoint(dirpath=run / "checkpoints", save_last=True),
+        *extra,
+    ]
     torch.manual_seed(0)
-    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=cbs, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=run, num_sanity_val_steps=0,
-                         accelerator="cpu", devices=1)
+    trainer = pl.Trainer(
+        max_epochs=max_epochs,
+        callbacks=cbs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=run,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     model = TinyBN()
     trainer.fit(model, train_loader(), DataLoader(Cases(seed=1), batch_size=4), ckpt_path=ckpt_path)
     return trainer, model, avg
@@ -134,17 +163,29 @@ def test_average_is_the_mean_of_the_inlier_window_epochs_with_bn_reestimated(tmp
     with caplog.at_level(logging.WARNING):
         _, model, avg = fit(tmp_path, 6, extra=[snap])
     corners = json.loads((tmp_path / "corner_cases.json").read_text())
-    assert corners["outlier_epochs"] == {"bad": [4]}         # the planted collapse is what ECOD flags
+    assert corners["outlier_epochs"] == {"bad": [4]}  # the planted collapse is what ECOD flags
     report = json.loads((tmp_path / "balanced_average.json").read_text())
     assert report["window_epochs"] == [3, 4, 5] and report["excluded_epochs"] == [4]
-    assert report["averaged_epochs"] == [3, 5] and report["status"] == "ok" and report == {"schema": 1, **avg.report}
+    assert (
+        report["averaged_epochs"] == [3, 5]
+        and report["status"] == "ok"
+        and report == {"schema": 1, **avg.report}
+    )
     assert report["bn"] == {"reestimated": True, "batches": BN_BATCHES}
-    assert not (tmp_path / "balanced_average_window").exists() and not (tmp_path / "balanced_candidates").exists()
+    assert (
+        not (tmp_path / "balanced_average_window").exists()
+        and not (tmp_path / "balanced_candidates").exists()
+    )
 
-    ckpt = load_checkpoint(tmp_path / "balanced_average.ckpt", TinyBN())   # the CLI's reader (weights_only=True)
+    ckpt = load_checkpoint(
+        tmp_path / "balanced_average.ckpt", TinyBN()
+    )  # the CLI's reader (weights_only=True)
     state = ckpt["state_dict"]
-    mean = {k: (snap.weights[3][k].double() + snap.weights[5][k].double()).div(2).float()
-            for k in state if torch.is_floating_point(state[k])}
+    mean = {
+        k: (snap.weights[3][k].double() + snap.weights[5][k].double()).div(2).float()
+        for k in state
+        if torch.is_floating_point(state[k])
+    }
     for k, v in mean.items():
         if not is_bn_stat(k):
             assert torch.allclose(state[k], v, atol=1e-7), k
@@ -162,8 +203,12 @@ def test_average_is_the_mean_of_the_inlier_window_epochs_with_bn_reestimated(tmp
     # the diagnostics of the selection sit next to the choice, with the small-validation-set warning
     margin = corners["margin"]
     assert margin["chosen_epoch"] == corners["balanced_epoch"] == 5 and margin["last_epoch"] == 5
-    assert margin["n_cases"] == 10 and margin["margins"]["worst"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0,
-                                                                      "n": 1}
+    assert margin["n_cases"] == 10 and margin["margins"]["worst"] == {
+        "value": 0.0,
+        "ci_low": 0.0,
+        "ci_high": 0.0,
+        "n": 1,
+    }
     assert "rests on 10 validation cases (< 100)" in caplog.text
 
 
@@ -171,12 +216,16 @@ def test_average_is_the_mean_of_the_inlier_window_epochs_with_bn_reestimated(tmp
 def test_resume_ends_with_the_same_average_as_an_uninterrupted_fit(tmp_path, kind):
     fit(tmp_path / "straight", 6)
     run = tmp_path / kind
-    if kind == "kill":  # dies when epoch 5 starts: epochs 3, 4 of the window are only on disk and in last.ckpt
+    if (
+        kind == "kill"
+    ):  # dies when epoch 5 starts: epochs 3, 4 of the window are only on disk and in last.ckpt
         with pytest.raises(RuntimeError, match="killed"):
             fit(run, 6, extra=[Crash(5)])
-        assert sorted(p.name for p in (run / "balanced_average_window").iterdir()) == ["epoch=0002.pt",
-                                                                                      "epoch=0003.pt",
-                                                                                      "epoch=0004.pt"]
+        assert sorted(p.name for p in (run / "balanced_average_window").iterdir()) == [
+            "epoch=0002.pt",
+            "epoch=0003.pt",
+            "epoch=0004.pt",
+        ]
     else:  # a finished 3-epoch fit resumed to 6: its window (1, 2) is not part of the 6-epoch window
         fit(run, 3)
         assert not (run / "balanced_average_window").exists()
@@ -199,11 +248,20 @@ def test_a_finished_fit_extended_into_its_old_window_says_what_is_missing(tmp_pa
 
 
 def test_without_balanced_checkpoint_fit_is_refused_before_training(tmp_path):
-    trainer = pl.Trainer(max_epochs=1, callbacks=[BalancedAverage(dirpath=tmp_path)], logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[BalancedAverage(dirpath=tmp_path)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     model = TinyBN()
-    with pytest.raises(RobustnessConfigError, match=r"BalancedAverage needs BalancedCheckpoint corner cases: "
-                                                    r"add BalancedCheckpoint\(\.\.\.\)"):
+    with pytest.raises(
+        RobustnessConfigError,
+        match=r"BalancedAverage needs BalancedCheckpoint corner cases: "
+        r"add BalancedCheckpoint\(\.\.\.\)",
+    ):
         trainer.fit(model, train_loader(), DataLoader(Cases(seed=1), batch_size=4))
     assert trainer.global_step == 0
 
@@ -219,15 +277,24 @@ def test_ema_checkpoint_is_lightnings_averaged_model(tmp_path):
     ema = EMACheckpoint(dirpath=tmp_path, decay=0.9)
     raw = RawAtEpochEnd()
     torch.manual_seed(0)
-    trainer = pl.Trainer(max_epochs=2, callbacks=[ema, raw], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")
+    trainer = pl.Trainer(
+        max_epochs=2,
+        callbacks=[ema, raw],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+    )
     model = TinyBN()
     trainer.fit(model, train_loader(), DataLoader(Cases(seed=1), batch_size=4))
     state = load_checkpoint(tmp_path / "ema.ckpt", TinyBN())["state_dict"]
     averaged = ema._average_model.module.state_dict()
     assert ema._average_model.n_averaged.item() == trainer.global_step == 6
     assert state.keys() == averaged.keys() and all(torch.equal(state[k], averaged[k]) for k in state)
-    assert not torch.allclose(state["net.0.weight"], raw.weights["net.0.weight"])  # the EMA is not the last step
+    assert not torch.allclose(
+        state["net.0.weight"], raw.weights["net.0.weight"]
+    )  # the EMA is not the last step
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # Lightning copied it in
     with pytest.raises(ValueError, match=r"^decay=1.5: expected a number in \[0, 1\)"):
         EMACheckpoint(decay=1.5)
@@ -243,9 +310,17 @@ class RawAtEpochEnd(pl.Callback):
 def _history(n_cases, seed):
     rng = np.random.default_rng(seed)
     base = rng.uniform(0.5, 0.9, n_cases)
-    return pd.DataFrame([{"case_id": f"c{i:03d}", "epoch": e, "dice_fg": float(np.clip(base[i] + 0.02 * e
-                                                                                         + rng.normal(0, 0.05), 0, 1))}
-                         for i in range(n_cases) for e in range(6)])
+    return pd.DataFrame(
+        [
+            {
+                "case_id": f"c{i:03d}",
+                "epoch": e,
+                "dice_fg": float(np.clip(base[i] + 0.02 * e + rng.normal(0, 0.05), 0, 1)),
+            }
+            for i in range(n_cases)
+            for e in range(6)
+        ]
+    )
 
 
 def test_selection_margin_ci_is_reproducible_and_warns_only_below_100_cases():
@@ -259,7 +334,7 @@ def test_selection_margin_ci_is_reproducible_and_warns_only_below_100_cases():
         assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["ci_low"] < r["ci_high"], crit
     # the later epochs are better by construction (+0.02 per epoch): the cohort margin is clearly negative
     assert m["margins"]["cohort"]["ci_high"] < 0
-    assert selection_margin(h, sel, n_resamples=500) == m           # same seed -> same numbers
+    assert selection_margin(h, sel, n_resamples=500) == m  # same seed -> same numbers
     small = _history(40, 1)
     ms = selection_margin(small, select_balanced_epoch(small, "cvar", candidates=[0, 1, 2]), n_resamples=500)
     assert ms["warning"].startswith("the selection rests on 40 validation cases (< 100)")
@@ -274,14 +349,22 @@ def test_readme_averaging_example_runs(tmp_path, monkeypatch):
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     start = text.index("## Averaging weights")
-    (block,) = re.findall(r"```python\n(.*?)```", text[start:text.index("\n## ", start + 3)], flags=re.S)
-    code = textwrap.dedent(block).replace("max_epochs=20", "max_epochs=3, enable_progress_bar=False, logger=False")
+    (block,) = re.findall(r"```python\n(.*?)```", text[start : text.index("\n## ", start + 3)], flags=re.S)
+    code = textwrap.dedent(block).replace(
+        "max_epochs=20", "max_epochs=3, enable_progress_bar=False, logger=False"
+    )
     L, Net, Data = make("lightning.pytorch")
     monkeypatch.chdir(tmp_path)
     L.seed_everything(0, workers=True)
     exec(compile(code, "README.md", "exec"), {"my_model": Net(), "my_datamodule": Data()})
     run = tmp_path / "runs" / "avg"
-    for name in ("balanced.ckpt", "balanced_average.ckpt", "balanced_average.json", "ema.ckpt", "corner_cases.json"):
+    for name in (
+        "balanced.ckpt",
+        "balanced_average.ckpt",
+        "balanced_average.json",
+        "ema.ckpt",
+        "corner_cases.json",
+    ):
         assert (run / name).is_file(), name
     assert json.loads((run / "balanced_average.json").read_text())["window_epochs"] == [1, 2]
 
@@ -290,5 +373,9 @@ def test_robustness_appends_the_average_last_so_indices_stay():
     from robusttrain.callbacks import robustness
 
     cbs = robustness(run_dir="runs/x", perturbations=["blur"], average=True, average__window=0.25)
-    assert [type(c).__name__ for c in cbs][2:] == ["FailureMiningCallback", "RobustnessReporter", "BalancedAverage"]
+    assert [type(c).__name__ for c in cbs][2:] == [
+        "FailureMiningCallback",
+        "RobustnessReporter",
+        "BalancedAverage",
+    ]
     assert cbs[-1].window == 0.25 and cbs[-1].context is cbs[0].context

@@ -1,4 +1,5 @@
 """BalancedCheckpoint in real (tiny) Lightning fits: standalone Dice, a history provider, resume."""
+
 import json
 
 import lightning.pytorch as pl
@@ -31,22 +32,46 @@ class PlantedHistory(pl.Callback):
         if trainer.sanity_checking:
             return
         e = trainer.current_epoch
-        rows = [{"case_id": f"p{i}", "epoch": e, "dice_lv": 0.6 + 0.03 * e + 0.001 * i,
-                 "dice_rv": 0.55 + 0.03 * e + 0.002 * i} for i in range(9)]
+        rows = [
+            {
+                "case_id": f"p{i}",
+                "epoch": e,
+                "dice_lv": 0.6 + 0.03 * e + 0.001 * i,
+                "dice_rv": 0.55 + 0.03 * e + 0.002 * i,
+            }
+            for i in range(9)
+        ]
         low = 0.02 if e == self.collapse_epoch else 0.3
         rows.append({"case_id": "bad", "epoch": e, "dice_lv": low, "dice_rv": low})
-        self.history = pd.concat([self.history, pd.DataFrame(rows)], ignore_index=True) if len(self.history) else pd.DataFrame(rows)
+        self.history = (
+            pd.concat([self.history, pd.DataFrame(rows)], ignore_index=True)
+            if len(self.history)
+            else pd.DataFrame(rows)
+        )
         self.ctx.history = self.history
 
 
 def fit(tmp_path, callbacks, max_epochs, ckpt_path=None, n_cases=6):
     torch.manual_seed(0)
-    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                         num_sanity_val_steps=1, accelerator="cpu", devices=1)
+    trainer = pl.Trainer(
+        max_epochs=max_epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=1,
+        accelerator="cpu",
+        devices=1,
+    )
     model = ClassNet()
-    trainer.fit(model, DataLoader(Classes(n_cases), batch_size=4, shuffle=True),
-                DataLoader(Classes(n_cases, seed=1), batch_size=3), ckpt_path=ckpt_path)
+    trainer.fit(
+        model,
+        DataLoader(Classes(n_cases), batch_size=4, shuffle=True),
+        DataLoader(Classes(n_cases, seed=1), batch_size=3),
+        ckpt_path=ckpt_path,
+    )
     return trainer, model
 
 
@@ -85,15 +110,19 @@ def test_standalone_writes_files_and_chosen_weights(tmp_path):
 
 
 def test_history_provider_planted_collapse_and_pruning(tmp_path):
-    cb = BalancedCheckpoint(dirpath=tmp_path, keep_candidates=True)  # retention auto: 10 cases, 8 epochs → last 2
+    cb = BalancedCheckpoint(
+        dirpath=tmp_path, keep_candidates=True
+    )  # retention auto: 10 cases, 8 epochs → last 2
     fit(tmp_path, [PlantedHistory(collapse_epoch=7), cb], max_epochs=8)
     report = json.loads((tmp_path / "corner_cases.json").read_text())
     assert [c["case_id"] for c in report["corner_cases"]] == ["bad"]
     assert report["outlier_epochs"] == {"bad": [7]}
     assert report["balanced_epoch"] == 6 and report["candidate_epochs"] == [6, 7]
     assert report["dice"]["balanced"]["per_case"]["bad"]["dice_lv"] == pytest.approx(0.3)
-    assert sorted(p.name for p in (tmp_path / "balanced_candidates").iterdir()) == \
-        ["epoch=0006.ckpt", "epoch=0007.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "balanced_candidates").iterdir()) == [
+        "epoch=0006.ckpt",
+        "epoch=0007.ckpt",
+    ]
     assert not (tmp_path / "balanced_history.csv").exists()  # the provider owns the history
     assert torch.load(tmp_path / "balanced.ckpt", weights_only=False)["epoch"] == 6
 
@@ -135,10 +164,22 @@ def test_bad_arguments():
 def test_ddp_two_cpu_processes(tmp_path):
     """Two gloo ranks: per-case sums gathered, rank 0 decides and writes, every rank reaches the end."""
     cb = BalancedCheckpoint(dirpath=tmp_path, retention="all")
-    trainer = pl.Trainer(max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                         num_sanity_val_steps=0, accelerator="cpu", devices=2, strategy="ddp_spawn")
-    trainer.fit(ClassNet(), DataLoader(Classes(6), batch_size=4), DataLoader(Classes(6, seed=1), batch_size=3))
+    trainer = pl.Trainer(
+        max_epochs=2,
+        callbacks=[cb],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+    )
+    trainer.fit(
+        ClassNet(), DataLoader(Classes(6), batch_size=4), DataLoader(Classes(6, seed=1), batch_size=3)
+    )
     report = json.loads((tmp_path / "corner_cases.json").read_text())
     hist = pd.read_csv(tmp_path / "balanced_history.csv")
     # each rank saw half the slices; the gathered history still has every case, every epoch

@@ -1,4 +1,5 @@
 """MetamorphicCallback on real Lightning trainers (tiny model, tiny synthetic data, real perturbations)."""
+
 import csv
 
 import lightning.pytorch as L
@@ -32,9 +33,23 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
     assert list(hist.columns) == ["case_id", "epoch", "dice_polyp", "iou_polyp"]
     assert hist.groupby("epoch").size().tolist() == [4, 4] and set(hist.case_id) == {"p0", "p1", "p2", "p3"}
     efr = pd.read_csv(run / "efr.csv")
-    assert list(efr.columns) == ["epoch", "split", "perturbation", "severity", "metric", "threshold",
-                                 "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final",
-                                 "basis", "from_epoch"]
+    assert list(efr.columns) == [
+        "epoch",
+        "split",
+        "perturbation",
+        "severity",
+        "metric",
+        "threshold",
+        "errors",
+        "cases",
+        "efr",
+        "efr_low",
+        "efr_high",
+        "suite_cases",
+        "final",
+        "basis",
+        "from_epoch",
+    ]
     assert set(efr.basis) == {"suite"} and (efr.from_epoch == efr.epoch).all()  # each check's own weights
     assert set(efr.split) == {"val"} and set(efr.perturbation) == set(COLOUR) | {"all"}
     pooled = efr[(efr.perturbation == "all") & (efr.epoch == 1)]
@@ -42,7 +57,9 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
     assert set(pooled.suite_cases) == {4 * 6} and not efr.final.any()  # budget=None: every check is whole
     assert ((efr.efr_low <= efr.efr) & (efr.efr <= efr.efr_high)).all()
     cases = pd.read_csv(run / "mr_cases.csv")
-    assert len(cases) == 2 * 4 * 6 and {"case_id", "src_dice", "fol_dice", "consistency", "seed"} <= set(cases)
+    assert len(cases) == 2 * 4 * 6 and {"case_id", "src_dice", "fol_dice", "consistency", "seed"} <= set(
+        cases
+    )
     # in-memory tables equal the files
     pd.testing.assert_frame_equal(cb.history.reset_index(drop=True), hist, check_dtype=False)
     # logged through the trainer's logger
@@ -82,8 +99,14 @@ def test_rng_and_train_mode_restored(tmp_path):
             states["after"] = (torch.rand(1).item(), pl_module.training)
 
     cb = mr(["contrast"], (2,), dirpath=tmp_path)
-    trainer = L.Trainer(max_epochs=1, callbacks=[Before(), cb, After()], logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[Before(), cb, After()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     ds = Blobs()
     trainer.fit(Tiny(), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
     torch.manual_seed(123)
@@ -115,8 +138,12 @@ def test_unreadable_batches_name_the_hook(tmp_path):
 
     with pytest.raises(HookError, match="get_images="):
         fit(tmp_path, mr(["contrast"], (2,), dirpath=tmp_path), 1, OddTiny(), Odd())
-    cb = mr(["contrast"], (2,), dirpath=tmp_path,
-            hooks=BatchHooks(get_images=lambda b: b["x"], get_masks=lambda b: b["y"]))
+    cb = mr(
+        ["contrast"],
+        (2,),
+        dirpath=tmp_path,
+        hooks=BatchHooks(get_images=lambda b: b["x"], get_masks=lambda b: b["y"]),
+    )
     fit(tmp_path, cb, 1, OddTiny(), Odd())
     assert len(cb.history) == 8  # no case ids: one case per index
 
@@ -156,11 +183,23 @@ def test_audit_reproduces_the_training_time_check_exactly(tmp_path):
 
     val = NoisyBlobs(8, slices=1, seed=1)
     suite_args = (COLOUR + ["blur"], (2, 4))
-    cb = MetamorphicCallback(suite=MRSuite(*suite_args, seed=3), max_cases=5, dirpath=tmp_path, verbose=False,
-                             class_names=["polyp"])
+    cb = MetamorphicCallback(
+        suite=MRSuite(*suite_args, seed=3),
+        max_cases=5,
+        dirpath=tmp_path,
+        verbose=False,
+        class_names=["polyp"],
+    )
     model = Tiny()
-    trainer = L.Trainer(max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_epochs=2,
+        callbacks=[cb],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(model, DataLoader(Blobs(8, slices=1), batch_size=4), DataLoader(val, batch_size=4))
     trained = pd.read_csv(tmp_path / "mr_cases.csv")
     trained = trained[trained.epoch == 1].sort_values(["case_id", "perturbation", "severity"])

@@ -1,4 +1,5 @@
 """DDP: 2 CPU processes (gloo) give exactly the same efr.csv / history.csv / mr_cases.csv as 1."""
+
 import os
 import subprocess
 import sys
@@ -42,11 +43,21 @@ SCRIPT = textwrap.dedent('''
 def test_two_process_ddp_equals_one_process(tmp_path):
     script = tmp_path / "ddp_fit.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
     for n in (1, 2):
-        r = subprocess.run([sys.executable, str(script), str(tmp_path / f"n{n}"), str(n)], env=env,
-                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        r = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / f"n{n}"), str(n)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
     for f in ("efr.csv", "history.csv", "mr_cases.csv"):
         one, two = (tmp_path / "n1" / f).read_text(), (tmp_path / "n2" / f).read_text()

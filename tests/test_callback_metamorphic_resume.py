@@ -1,4 +1,5 @@
 """Resume: a run stopped after epoch k and resumed from last.ckpt writes the same files."""
+
 import lightning.pytorch as L
 import pytest
 import torch
@@ -16,10 +17,19 @@ FILES = ("history.csv", "efr.csv", "mr_cases.csv")
 def _run(root, epochs, ckpt=None, severities=(2, 4)):
     ds = Blobs(n=8)
     ctx = RobustnessContext(train_probe=TrainProbe(ds, size=2))
-    cb = MetamorphicCallback(suite=MRSuite(COLOUR, severities, seed=5), dirpath=root, verbose=False, context=ctx)
-    trainer = L.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)],
-                        accelerator="cpu", devices=1, deterministic=True)
+    cb = MetamorphicCallback(
+        suite=MRSuite(COLOUR, severities, seed=5), dirpath=root, verbose=False, context=ctx
+    )
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)],
+        accelerator="cpu",
+        devices=1,
+        deterministic=True,
+    )
     trainer.fit(Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
     return cb
 
@@ -42,6 +52,8 @@ def test_resume_from_last_ckpt_gives_identical_files(tmp_path):
 def test_resume_with_a_changed_suite_is_refused_and_keeps_the_files(tmp_path):
     _run(tmp_path, 1)
     before = (tmp_path / "history.csv").read_text()
-    with pytest.raises(ValueError, match=r"cannot resume: the checkpoint's metamorphic suite .*severities=\[2, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"cannot resume: the checkpoint's metamorphic suite .*severities=\[2, 4\]"
+    ):
         _run(tmp_path, 2, ckpt=tmp_path / "checkpoints" / "last.ckpt", severities=(4,))
     assert (tmp_path / "history.csv").read_text() == before  # earlier epochs not dropped

@@ -1,5 +1,6 @@
 """``robusttrain check`` audits with exactly the MR suite the checkpoint's run trained with (its
 config.yaml), unless the command line sets the suite itself."""
+
 from __future__ import annotations
 
 from omegaconf import OmegaConf
@@ -11,8 +12,15 @@ from robusttrain.cli.tools import _training_suite
 def test_check_reads_the_runs_suite_unless_overridden(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    trained = compose_recipe("smoke", [f"run_dir={run}", "callbacks.metamorphic.suite.perturbations=[blur]",
-                                       "callbacks.metamorphic.suite.severities=[3]", "seed=7"])
+    trained = compose_recipe(
+        "smoke",
+        [
+            f"run_dir={run}",
+            "callbacks.metamorphic.suite.perturbations=[blur]",
+            "callbacks.metamorphic.suite.severities=[3]",
+            "seed=7",
+        ],
+    )
     OmegaConf.save(trained, run / "config.yaml", resolve=True)
     recipe = compose_recipe("smoke", [f"run_dir={run}"])  # today's recipe: another suite
     mr = OmegaConf.to_container(recipe.callbacks.metamorphic, resolve=True)

@@ -1,4 +1,5 @@
 """CLI: help, error paths (one line, exit 2), user recipes, and a real 2-epoch smoke fit."""
+
 from __future__ import annotations
 
 import os
@@ -24,18 +25,33 @@ def test_help_lists_commands_and_recipes(capsys):
     assert "recipes: acdc, cxr, polyp, smoke" in out
 
 
-@pytest.mark.parametrize("args, expected", [
-    (("fit", "recipe=nope"), "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, smoke"),
-    (("fit",), "missing recipe=NAME"),
-    (("fit", "recipe=smoke", "data.foo=1"), "unknown key 'data.foo'; valid keys under 'data': _target_, root"),
-    (("fit", "recipe=smoke", "foo=1"), "unknown key 'foo'; valid keys at the top level"),
-    (("fit", "recipe=smoke", "trainer.max_epochs=abc"), "bad value for 'trainer.max_epochs': 'abc' (expected an integer"),
-    (("fit", "recipe=smoke", "data.batch_size=[1,2]"), "bad value for 'data.batch_size'"),
-    (("fit", "recipe=smoke", "logger=foo"), "unknown logger 'foo'; valid choices: csv, none, tensorboard, wandb"),
-    (("fit", "recipe=smoke", "model=foo"), "unknown model 'foo'; valid choices: attention_unet, basic_unet"),
-    (("validate", "recipe=smoke"), "validate needs ckpt=PATH"),
-    (("frobnicate",), None),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("fit", "recipe=nope"), "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, smoke"),
+        (("fit",), "missing recipe=NAME"),
+        (
+            ("fit", "recipe=smoke", "data.foo=1"),
+            "unknown key 'data.foo'; valid keys under 'data': _target_, root",
+        ),
+        (("fit", "recipe=smoke", "foo=1"), "unknown key 'foo'; valid keys at the top level"),
+        (
+            ("fit", "recipe=smoke", "trainer.max_epochs=abc"),
+            "bad value for 'trainer.max_epochs': 'abc' (expected an integer",
+        ),
+        (("fit", "recipe=smoke", "data.batch_size=[1,2]"), "bad value for 'data.batch_size'"),
+        (
+            ("fit", "recipe=smoke", "logger=foo"),
+            "unknown logger 'foo'; valid choices: csv, none, tensorboard, wandb",
+        ),
+        (
+            ("fit", "recipe=smoke", "model=foo"),
+            "unknown model 'foo'; valid choices: attention_unet, basic_unet",
+        ),
+        (("validate", "recipe=smoke"), "validate needs ckpt=PATH"),
+        (("frobnicate",), None),
+    ],
+)
 def test_error_paths_are_one_line_exit_2(capsys, args, expected):
     code, out, err = _run(capsys, *args)
     assert code == 2
@@ -47,12 +63,26 @@ def test_error_paths_are_one_line_exit_2(capsys, args, expected):
 
 
 def test_missing_checkpoint_and_data_root_are_named(capsys, tmp_path):
-    code, _, err = _run(capsys, "test", "recipe=smoke", f"run_dir={tmp_path/'r'}", f"ckpt={tmp_path/'no.ckpt'}")
+    code, _, err = _run(
+        capsys, "test", "recipe=smoke", f"run_dir={tmp_path / 'r'}", f"ckpt={tmp_path / 'no.ckpt'}"
+    )
     assert code == 2 and "checkpoint not found" in err and "no.ckpt" in err
     # a real process, so stderr is exactly what a user sees (no traceback, one error line)
     missing = tmp_path / "nowhere"
-    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={tmp_path/'r2'}",
-                           f"data.root={missing}"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "robusttrain",
+            "fit",
+            "recipe=smoke",
+            f"run_dir={tmp_path / 'r2'}",
+            f"data.root={missing}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("robusttrain fit: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and str(missing) in errors[0]
     assert "Traceback" not in proc.stderr
@@ -61,7 +91,8 @@ def test_missing_checkpoint_and_data_root_are_named(capsys, tmp_path):
 def test_user_recipe_folder_is_searched_first(capsys, tmp_path, monkeypatch):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "mine.yaml").write_text(
-        "defaults:\n  - smoke\n  - _self_\nrecipe: mine\ntrainer:\n  max_epochs: 7\n")
+        "defaults:\n  - smoke\n  - _self_\nrecipe: mine\ntrainer:\n  max_epochs: 7\n"
+    )
     monkeypatch.chdir(tmp_path)
     from robusttrain.cli.compose import available_recipes, compose_recipe
 
@@ -74,9 +105,21 @@ def test_user_recipe_folder_is_searched_first(capsys, tmp_path, monkeypatch):
 def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     env = dict(os.environ, WANDB_MODE="offline")
-    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={run_dir}",
-                           "trainer.enable_progress_bar=false"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "robusttrain",
+            "fit",
+            "recipe=smoke",
+            f"run_dir={run_dir}",
+            "trainer.enable_progress_bar=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"run_dir={run_dir}" in proc.stdout
     assert "final validation val/dice=" in proc.stdout
@@ -85,18 +128,45 @@ def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert (run_dir / "logs" / "metrics.csv").is_file()
     # the checkpoint validates through the CLI too
-    proc = subprocess.run([sys.executable, "-m", "robusttrain", "validate", "recipe=smoke", f"run_dir={run_dir}",
-                           "ckpt=last", "trainer.enable_progress_bar=false"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "robusttrain",
+            "validate",
+            "recipe=smoke",
+            f"run_dir={run_dir}",
+            "ckpt=last",
+            "trainer.enable_progress_bar=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "validation val/dice=" in proc.stdout
 
     # a resumed run continues where it stopped: epoch 2 is added, epochs 0-1 are kept
     import pandas as pd
 
-    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={run_dir}",
-                           "ckpt=last", "trainer.max_epochs=3", "trainer.enable_progress_bar=false"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "robusttrain",
+            "fit",
+            "recipe=smoke",
+            f"run_dir={run_dir}",
+            "ckpt=last",
+            "trainer.max_epochs=3",
+            "trainer.enable_progress_bar=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     history = pd.read_csv(run_dir / "history.csv")
     assert sorted(set(history.epoch)) == [0, 1, 2]
@@ -106,10 +176,14 @@ def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
     assert main(["corners", str(run_dir)]) == 0
     assert main(["report", str(run_dir)]) == 0
     html = (run_dir / "report.html").read_text()
-    assert "<section id=\"efr-table\">" in html and "data:image/png;base64," in html
+    assert '<section id="efr-table">' in html and "data:image/png;base64," in html
     check_dir = tmp_path / "check"
-    assert main(["check", "recipe=smoke", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}",
-                 f"run_dir={check_dir}"]) == 0
+    assert (
+        main(
+            ["check", "recipe=smoke", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", f"run_dir={check_dir}"]
+        )
+        == 0
+    )
     md = (check_dir / "efr_table.md").read_text()
     assert "### EFR (%) at t = 0.25" in md and "| blur |" in md and "| clean |" in md
 
@@ -157,16 +231,38 @@ def test_ddp_fit_through_the_cli_shares_one_default_run_directory(tmp_path):
     # Lightning re-runs the command for rank 1 seconds later: it must find rank 0's timestamped folder.
     env = dict(os.environ, WANDB_MODE="offline")
     env.pop("ROBUSTTRAIN_RUN_DIR", None)
-    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", "trainer.devices=2",
-                           "trainer.strategy=ddp", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-                           "trainer.enable_progress_bar=false"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "robusttrain",
+            "fit",
+            "recipe=smoke",
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.max_epochs=1",
+            "trainer.enable_progress_bar=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = list((tmp_path / "runs" / "smoke").iterdir())
     assert len(runs) == 1, runs
     assert proc.stdout.count("final validation val/dice=") == 1  # printed by rank 0 only
-    for name in ("config.yaml", "history.csv", "efr.csv", "corner_cases.json", "balanced.ckpt",
-                 "balanced_average.ckpt", "balanced_average.json"):  # rank 0 wrote them, both ranks agreed
+    for name in (
+        "config.yaml",
+        "history.csv",
+        "efr.csv",
+        "corner_cases.json",
+        "balanced.ckpt",
+        "balanced_average.ckpt",
+        "balanced_average.json",
+    ):  # rank 0 wrote them, both ranks agreed
         assert (runs[0] / name).is_file(), name
     assert not (runs[0] / "balanced_average_window").exists()
 
@@ -177,10 +273,27 @@ def test_each_robustness_callback_can_be_switched_off():
 
     names = lambda cbs: sorted(type(c).__name__ for c in cbs)  # noqa: E731
     on = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x"])))
-    assert on == ["BalancedAverage", "BalancedCheckpoint", "FailureMiningCallback", "MetamorphicCallback",
-                  "MetamorphicTraining", "ModelCheckpoint", "RobustnessReporter"]
-    off = names(build_callbacks(compose_recipe("smoke", ["run_dir=/tmp/x", "callbacks.mining.enabled=false",
-                                                         "callbacks.reporting.enabled=false",
-                                                         "callbacks.balanced_average.enabled=false",
-                                                         "callbacks.metamorphic_training.enabled=false"])))
+    assert on == [
+        "BalancedAverage",
+        "BalancedCheckpoint",
+        "FailureMiningCallback",
+        "MetamorphicCallback",
+        "MetamorphicTraining",
+        "ModelCheckpoint",
+        "RobustnessReporter",
+    ]
+    off = names(
+        build_callbacks(
+            compose_recipe(
+                "smoke",
+                [
+                    "run_dir=/tmp/x",
+                    "callbacks.mining.enabled=false",
+                    "callbacks.reporting.enabled=false",
+                    "callbacks.balanced_average.enabled=false",
+                    "callbacks.metamorphic_training.enabled=false",
+                ],
+            )
+        )
+    )
     assert off == ["BalancedCheckpoint", "MetamorphicCallback", "ModelCheckpoint"]

@@ -1,4 +1,5 @@
 """Hand-made histories where the corner cases, collapse epochs and balanced epoch are known."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,7 +21,9 @@ def cohort(n=10, epoch=0, seed=0, centre=0.85, spread=0.03):
     rows = []
     for i in range(n):
         r = {"case_id": f"p{i:02d}", "epoch": epoch}
-        r.update({f"dice_{c}": float(np.clip(centre + spread * rng.standard_normal(), 0, 1)) for c in CLASSES})
+        r.update(
+            {f"dice_{c}": float(np.clip(centre + spread * rng.standard_normal(), 0, 1)) for c in CLASSES}
+        )
         rows.append(r)
     return rows
 
@@ -80,9 +83,9 @@ def test_mid_training_collapse_with_least_loss_reference():
     h = pd.DataFrame(rows)
     sel = select_balanced_epoch(h, reference_epoch=7)
     assert sel.corner_cases.case_ids == ["p02"] and sel.outlier_epochs == {"p02": [7]}
-    assert sel.epoch == 9                      # later epochs are fine: last inlier is the last epoch
+    assert sel.epoch == 9  # later epochs are fine: last inlier is the last epoch
     sel = select_balanced_epoch(h, reference_epoch=7, candidates=[5, 6, 7])
-    assert sel.epoch == 6                      # pruned weights cannot be chosen
+    assert sel.epoch == 6  # pruned weights cannot be chosen
 
 
 def test_maximin_and_pareto_prefer_the_corner_case_peak():

@@ -1,4 +1,5 @@
 """The ``cvar`` balanced-epoch policy: mean Dice of the worst k % of cases, on hand-made histories."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,13 +13,17 @@ CLASSES = ("rv", "myo", "lv")
 def flat(n_cases=20, n_epochs=10, level=0.85, seed=3):
     """Every case at ``level`` (± 0.003) in every epoch: no trend, so only planted changes matter."""
     rng = np.random.default_rng(seed)
-    return {(f"p{i:02d}", e): level + 0.003 * rng.standard_normal()
-            for e in range(n_epochs) for i in range(n_cases)}
+    return {
+        (f"p{i:02d}", e): level + 0.003 * rng.standard_normal()
+        for e in range(n_epochs)
+        for i in range(n_cases)
+    }
 
 
 def frame(values):
-    return pd.DataFrame([{"case_id": c, "epoch": e, **{f"dice_{k}": v for k in CLASSES}}
-                         for (c, e), v in values.items()])
+    return pd.DataFrame(
+        [{"case_id": c, "epoch": e, **{f"dice_{k}": v for k in CLASSES}} for (c, e), v in values.items()]
+    )
 
 
 def test_cvar_is_a_listed_policy():

@@ -1,4 +1,5 @@
 """corners_report: least-loss epoch from corner_cases.json, metrics.csv, or unknown."""
+
 import json
 
 import pandas as pd
@@ -11,7 +12,9 @@ def curves(n_cases=10, n_epochs=10):
     for e in range(n_epochs):
         for i in range(n_cases):
             v = 0.6 + 0.03 * e + 0.001 * ((7 * i + 3 * e) % 5)
-            rows.append({"case_id": f"p{i:02d}", "epoch": e, "dice_rv": v, "dice_myo": v - 0.01, "dice_lv": v + 0.01})
+            rows.append(
+                {"case_id": f"p{i:02d}", "epoch": e, "dice_rv": v, "dice_myo": v - 0.01, "dice_lv": v + 0.01}
+            )
     return rows
 
 
@@ -33,7 +36,8 @@ def test_report_from_metrics_csv(tmp_path):
     logs = tmp_path / "lightning_logs" / "version_0"
     logs.mkdir(parents=True)
     pd.DataFrame({"epoch": [7, 8, 9, 9], "step": [1, 2, 3, 3], "val/loss": [0.5, 0.4, 0.3, None]}).to_csv(
-        logs / "metrics.csv", index=False)
+        logs / "metrics.csv", index=False
+    )
     text = corners_report(tmp_path)
     assert "least-loss epoch: 9 (lightning_logs/version_0/metrics.csv:val/loss)" in text
     assert "balanced epoch (last_inlier): 8" in text
@@ -43,7 +47,9 @@ def test_report_from_metrics_csv(tmp_path):
 
 def test_report_prefers_corner_cases_json_and_its_candidates(tmp_path):
     planted(tmp_path)
-    (tmp_path / "corner_cases.json").write_text(json.dumps({"least_loss_epoch": 9, "candidate_epochs": [5, 9]}))
+    (tmp_path / "corner_cases.json").write_text(
+        json.dumps({"least_loss_epoch": 9, "candidate_epochs": [5, 9]})
+    )
     text = corners_report(tmp_path / "history.csv", policy="maximin")
     assert "least-loss epoch: 9 (corner_cases.json)" in text and "balanced epoch (maximin): 5" in text
 

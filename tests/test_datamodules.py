@@ -1,4 +1,5 @@
 """Synthetic generators and the datamodules' split/loader contract (no shared data needed)."""
+
 import numpy as np
 import pytest
 import torch
@@ -69,7 +70,8 @@ def test_smoke_configuration_batches():
     assert isinstance(b["case_id"][0], str) and b["slice_index"].dtype == torch.int64
     assert dm.class_names == ["polyp"] and dm.num_classes == 2 and dm.in_channels == 3
     assert dm.planted_hard_cases and set(dm.planted_hard_cases) <= set(
-        dm.train_dataset.case_ids() + dm.val_dataset.case_ids())
+        dm.train_dataset.case_ids() + dm.val_dataset.case_ids()
+    )
     assert dm.extra_val_dataloaders() == {}
     v1 = [c for b in dm.val_dataloader() for c in b["case_id"]]
     v2 = [c for b in dm.val_dataloader() for c in b["case_id"]]
@@ -102,14 +104,23 @@ def test_transform_config_formats():
     import albumentations as A
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create([{"_target_": "albumentations.HorizontalFlip", "p": 1.0},
-                            {"_target_": "OneOf", "transforms": [{"_target_": "VerticalFlip", "p": 1.0}], "p": 1.0}])
+    cfg = OmegaConf.create(
+        [
+            {"_target_": "albumentations.HorizontalFlip", "p": 1.0},
+            {"_target_": "OneOf", "transforms": [{"_target_": "VerticalFlip", "p": 1.0}], "p": 1.0},
+        ]
+    )
     pipe = build_pipeline(cfg, image_size=8)
     assert len(build_pipeline([A.NoOp(), {"_target_": "NoOp"}], image_size=None).transforms) == 2
     img = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)
     out = pipe(image=img, mask=np.zeros((16, 16), np.uint8))
     assert out["image"].shape == (8, 8, 3)
-    dm = PolypDataModule(image_size=32, n_train=4, n_val=2, batch_size=2,
-                         train_transforms=[{"_target_": "albumentations.RandomCrop", "height": 16, "width": 16}])
+    dm = PolypDataModule(
+        image_size=32,
+        n_train=4,
+        n_val=2,
+        batch_size=2,
+        train_transforms=[{"_target_": "albumentations.RandomCrop", "height": 16, "width": 16}],
+    )
     dm.setup("fit")
     assert dm.train_dataset[0]["image"].shape == (3, 32, 32)  # size fixed up after a crop

@@ -1,4 +1,5 @@
 """Bad data → DataError naming the file or folder."""
+
 import cv2
 import h5py
 import numpy as np
@@ -61,7 +62,9 @@ def test_size_mismatch(tmp_path):
 
 def test_mask_value_out_of_range_index_mode(tmp_path):
     _pair(tmp_path, "multi", mask_value=7)
-    with pytest.raises(DataError, match=r"multi\.png: values 0 \(\d+ px\), 7 \(16 px\) fit neither mask encoding"):
+    with pytest.raises(
+        DataError, match=r"multi\.png: values 0 \(\d+ px\), 7 \(16 px\) fit neither mask encoding"
+    ):
         FolderSource(tmp_path, mask_mode="class_index", num_classes=4).load(0)
 
 
@@ -135,8 +138,12 @@ def test_pranet_and_cvc_tif_layouts(tmp_path):
     cv2.imwrite(str(tmp_path / "cvc" / "Ground Truth" / "1_mask.tif"), m)
     img, mask = FolderSource(tmp_path / "cvc").load(0)
     assert img.shape == (12, 10, 3) and mask.sum() == 16
-    dm = PolypDataModule(root=str(tmp_path / "pranet"), image_size=8, batch_size=2,
-                         extra_val={"etis": str(tmp_path / "pranet" / "TestDataset" / "ETIS")})
+    dm = PolypDataModule(
+        root=str(tmp_path / "pranet"),
+        image_size=8,
+        batch_size=2,
+        extra_val={"etis": str(tmp_path / "pranet" / "TestDataset" / "ETIS")},
+    )
     dm.setup("fit")
     assert len(dm.train_dataset) == 2 and len(dm.val_dataset) == 1
     assert next(iter(dm.extra_val_dataloaders()["etis"]))["case_id"] == ["e1"]

@@ -1,4 +1,5 @@
 """Each reader on the real samples in ../shared/data (skipped when the folder is absent)."""
+
 import torch
 
 from robusttrain.datamodules import ACDCDataModule, CXRDataModule, PolypDataModule
@@ -12,8 +13,13 @@ def _check_batch(b, channels, size):
 
 
 def test_kvasir_with_etis_and_polypgen_extra_val(shared_data):
-    dm = PolypDataModule(root=str(shared_data / "kvasir_seg"), image_size=64, batch_size=16, seed=0,
-                         extra_val={"etis": str(shared_data / "etis_larib"), "polypgen": str(shared_data / "polypgen")})
+    dm = PolypDataModule(
+        root=str(shared_data / "kvasir_seg"),
+        image_size=64,
+        batch_size=16,
+        seed=0,
+        extra_val={"etis": str(shared_data / "etis_larib"), "polypgen": str(shared_data / "polypgen")},
+    )
     dm.setup("fit")
     assert len(dm.train_dataset) + len(dm.val_dataset) == 100 and len(dm.val_dataset) == 20
     assert not set(dm.train_dataset.case_ids()) & set(dm.val_dataset.case_ids())

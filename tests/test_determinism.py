@@ -1,5 +1,6 @@
 """Same seed, same recipe -> byte-identical robustness tables (same machine, under any load), and seeded
 data loading."""
+
 import contextlib
 import hashlib
 import os
@@ -18,8 +19,13 @@ TABLES = ("history.csv", "efr.csv", "mr_cases.csv", "corner_cases.json")
 def _fit(run_dir: Path, *overrides: str) -> None:
     env = dict(os.environ, WANDB_MODE="offline")
     env.pop("ROBUSTTRAIN_RUN_DIR", None)
-    proc = subprocess.run([sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={run_dir}",
-                           *overrides], capture_output=True, text=True, env=env, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-m", "robusttrain", "fit", "recipe=smoke", f"run_dir={run_dir}", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -37,8 +43,13 @@ def cpu_hog(n: int = 2):
 
 def _files(run: Path) -> dict[str, bytes]:
     out = {name: (run / name).read_bytes() for name in TABLES}
-    out.update({str(p.relative_to(run)): p.read_bytes() for p in sorted((run / "failures").rglob("*"))
-                if p.is_file()})
+    out.update(
+        {
+            str(p.relative_to(run)): p.read_bytes()
+            for p in sorted((run / "failures").rglob("*"))
+            if p.is_file()
+        }
+    )
     return out
 
 
@@ -65,28 +76,49 @@ def _digests(dm: PolypDataModule, epochs: int = 2) -> list[str]:
     return [hashlib.md5(b["image"].numpy().tobytes()).hexdigest() for _ in range(epochs) for b in loader]
 
 
-AUGMENT = [{"_target_": "albumentations.HorizontalFlip", "p": 0.5},
-           {"_target_": "albumentations.RandomBrightnessContrast", "p": 1.0}]
+AUGMENT = [
+    {"_target_": "albumentations.HorizontalFlip", "p": 0.5},
+    {"_target_": "albumentations.RandomBrightnessContrast", "p": 1.0},
+]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_training_batches_repeat_with_the_seed_and_change_with_it(workers):
-    mk = lambda seed: PolypDataModule(image_size=32, batch_size=4, n_train=8, n_val=4, seed=seed,
-                                      num_workers=workers, train_transforms=AUGMENT)
+    mk = lambda seed: PolypDataModule(
+        image_size=32,
+        batch_size=4,
+        n_train=8,
+        n_val=4,
+        seed=seed,
+        num_workers=workers,
+        train_transforms=AUGMENT,
+    )
     first = _digests(mk(0))
-    assert first == _digests(mk(0))        # same seed: the same augmented batches, epoch after epoch
+    assert first == _digests(mk(0))  # same seed: the same augmented batches, epoch after epoch
     assert first != _digests(mk(1))
-    assert len(set(first)) == len(first)   # epochs differ (the augmentation stream moves on)
+    assert len(set(first)) == len(first)  # epochs differ (the augmentation stream moves on)
 
 
 def test_workers_do_not_replay_each_others_augmentations():
-    dm = PolypDataModule(image_size=32, batch_size=1, n_train=4, n_val=2, num_workers=2,
-                         train_transforms=[{"_target_": "albumentations.RandomBrightnessContrast", "p": 1.0}])
+    dm = PolypDataModule(
+        image_size=32,
+        batch_size=1,
+        n_train=4,
+        n_val=2,
+        num_workers=2,
+        train_transforms=[{"_target_": "albumentations.RandomBrightnessContrast", "p": 1.0}],
+    )
     dm.setup("fit")
-    dm.train_dataset.source = _Constant(dm.train_dataset.source)   # every sample the same image
-    batches = [b["image"] for b in torch.utils.data.DataLoader(dm.train_dataset, batch_size=1, num_workers=2,
-                                                                 worker_init_fn=dm._loader(dm.train_dataset, False)
-                                                                 .worker_init_fn)]
+    dm.train_dataset.source = _Constant(dm.train_dataset.source)  # every sample the same image
+    batches = [
+        b["image"]
+        for b in torch.utils.data.DataLoader(
+            dm.train_dataset,
+            batch_size=1,
+            num_workers=2,
+            worker_init_fn=dm._loader(dm.train_dataset, False).worker_init_fn,
+        )
+    ]
     # worker 0 serves samples 0, 2 and worker 1 samples 1, 3: with unseeded copies of one pipeline
     # the two workers would produce pairwise identical images
     assert not torch.equal(batches[0], batches[1])

@@ -1,5 +1,6 @@
 """benchmarks/evidence.py's data protocol on the real sets: disjoint splits, patients kept together,
 every PolypGen frame in exactly one centre. Skips when ../shared/data is absent (lists files only)."""
+
 import argparse
 import sys
 from pathlib import Path
@@ -13,8 +14,14 @@ pytestmark = pytest.mark.skipif(not (evidence.DATA / "kvasir_seg").is_dir(), rea
 
 
 def args(dataset, **kw):
-    base = dict(dataset=dataset, size=32, batch_size=4, data_seed=0,
-                test_fraction={"polyp": 0.25, "acdc": 0.3}[dataset], val_fraction={"polyp": 0.15, "acdc": 0.3}[dataset])
+    base = dict(
+        dataset=dataset,
+        size=32,
+        batch_size=4,
+        data_seed=0,
+        test_fraction={"polyp": 0.25, "acdc": 0.3}[dataset],
+        val_fraction={"polyp": 0.15, "acdc": 0.3}[dataset],
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -35,7 +42,10 @@ def test_acdc_split_keeps_both_phases_of_a_patient_together():
     if not (evidence.DATA / "acdc" / "volumes").is_dir():
         pytest.skip("no ACDC volumes")
     dm, held, _ = evidence.build_data(args("acdc"))
-    pats = [{c.rsplit("_", 1)[0] for c in d.case_ids()} for d in (dm.train_dataset, dm.val_dataset, held["acdc_test"])]
+    pats = [
+        {c.rsplit("_", 1)[0] for c in d.case_ids()}
+        for d in (dm.train_dataset, dm.val_dataset, held["acdc_test"])
+    ]
     assert [len(p) for p in pats] == [4, 3, 3]
     assert not (pats[0] & pats[1] or pats[0] & pats[2] or pats[1] & pats[2])
     assert len(held["acdc_test"].case_ids()) == 6  # ED and ES of each held-out patient
@@ -47,8 +57,15 @@ needs_polyp256 = pytest.mark.skipif(not POLYP256.is_dir(), reason="no ../shared/
 
 
 def args256(dataset="polyp256", **kw):
-    base = dict(dataset=dataset, size=32, batch_size=4, data_seed=0, test_fraction=0.15, val_fraction=0.1,
-                data_root=str(evidence.DATA))
+    base = dict(
+        dataset=dataset,
+        size=32,
+        batch_size=4,
+        data_seed=0,
+        test_fraction=0.15,
+        val_fraction=0.1,
+        data_root=str(evidence.DATA),
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -89,8 +106,12 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
     from robusttrain.callbacks import MetamorphicTraining
     from robusttrain.datamodules.polyp import PolypDataModule
 
-    expected = {"mt_random": (1, 1.0, 0.0), "metamorphic": (4, 0.3, 1.0), "consistency_only": (1, 0.3, 1.0),
-                "worst_of_k_only": (4, 0.3, 0.0)}
+    expected = {
+        "mt_random": (1, 1.0, 0.0),
+        "metamorphic": (4, 0.3, 1.0),
+        "consistency_only": (1, 0.3, 1.0),
+        "worst_of_k_only": (4, 0.3, 0.0),
+    }
     assert set(MT_CONDITIONS) == set(expected) and set(expected) < set(CONDITIONS)
     lengths = {}
     for cond in CONDITIONS:
@@ -98,8 +119,9 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
             continue
         dm = PolypDataModule(image_size=32, batch_size=4, n_train=20, n_val=4)
         dm.setup("fit")
-        cbs, _ = training_callbacks(cond, dm, ["blur", "contrast"], (2, 4), seed=0, ratio=0.2, probe=4,
-                                    train_seed=3, mt={"q": 0.5})
+        cbs, _ = training_callbacks(
+            cond, dm, ["blur", "contrast"], (2, 4), seed=0, ratio=0.2, probe=4, train_seed=3, mt={"q": 0.5}
+        )
         mts = [c for c in cbs if isinstance(c, MetamorphicTraining)]
         if cond in expected:
             (mt,) = mts
@@ -146,9 +168,29 @@ def test_v3_run_resumes_after_a_kill_keeps_checkpoints_and_rescores_with_the_cli
 
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(repo / "benchmarks" / "evidence.py"), "--dataset", "polyp256", "--seeds", "0",
-           "--conditions", "metamorphic", "--size", "64", "--epochs", "2", "--min-epoch", "0", "--efr-cases", "4",
-           "--n-boot", "50", "--out", str(tmp_path), "--resume"]
+    cmd = [
+        sys.executable,
+        str(repo / "benchmarks" / "evidence.py"),
+        "--dataset",
+        "polyp256",
+        "--seeds",
+        "0",
+        "--conditions",
+        "metamorphic",
+        "--size",
+        "64",
+        "--epochs",
+        "2",
+        "--min-epoch",
+        "0",
+        "--efr-cases",
+        "4",
+        "--n-boot",
+        "50",
+        "--out",
+        str(tmp_path),
+        "--resume",
+    ]
     run = tmp_path / "polyp256" / "metamorphic_s0"
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -160,15 +202,32 @@ def test_v3_run_resumes_after_a_kill_keeps_checkpoints_and_rescores_with_the_cli
         p.kill()
         p.wait()
     assert not (run / "result.json").exists()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    subprocess.run(
+        cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900
+    )
     r = json.loads((run / "result.json").read_text())
     assert r["resumed"] is True and r["optimizer_steps"] == 2 * -(-748 // 8)  # slots replace samples
     assert sorted(r["mr_by_policy"]) == ["least_loss"] and r["mt_kwargs"]["k"] == 4
     assert (run / "checkpoints" / "least_loss.ckpt").is_file() and (run / "rescore.sh").is_file()
-    out = subprocess.run([sys.executable, "-m", "robusttrain", "check", "recipe=polyp", "data.image_size=64",
-                          "model.features=[16,16,32,64,128,16]", f"data.root={evidence.DATA / 'etis_larib'}",
-                          "data.val_fraction=0", f"ckpt={run / 'checkpoints' / 'least_loss.ckpt'}",
-                          f"run_dir={tmp_path / 'check'}"], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "robusttrain",
+            "check",
+            "recipe=polyp",
+            "data.image_size=64",
+            "model.features=[16,16,32,64,128,16]",
+            f"data.root={evidence.DATA / 'etis_larib'}",
+            "data.val_fraction=0",
+            f"ckpt={run / 'checkpoints' / 'least_loss.ckpt'}",
+            f"run_dir={tmp_path / 'check'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("[robusttrain] clean"))
     cli = float(line.split("Dice=")[1].split()[0])
@@ -179,18 +238,37 @@ def test_v3_run_resumes_after_a_kill_keeps_checkpoints_and_rescores_with_the_cli
 def _fake_run(cond, seed, errors, dice):
     """A result.json shaped like evidence.py's (3 Kvasir cases, 4 ClinicDB frames in 2 sequences)."""
     sets = {"kvasir_test": ["k1", "k2", "k3"], "cvc_clinicdb": ["1", "2", "3", "4"], "etis": ["e1"]}
-    picks = {p: {"epoch": 1, "dice": {s: {c: dice for c in cs} for s, cs in sets.items()}} for p in ("last", "least_loss")}
-    mr = {s: {c: {"tests": 18, "errors_dice@0.25": errors, "corrupted_dice": dice - 0.1} for c in cs}
-          for s, cs in sets.items()}
-    return {"condition": cond, "seed": seed, "picks": picks, "mr_by_policy": {"least_loss": mr, "last": mr},
-            "clusters": {"cvc_clinicdb/1": "s1", "cvc_clinicdb/2": "s1", "cvc_clinicdb/3": "s2", "cvc_clinicdb/4": "s2"}}
+    picks = {
+        p: {"epoch": 1, "dice": {s: {c: dice for c in cs} for s, cs in sets.items()}}
+        for p in ("last", "least_loss")
+    }
+    mr = {
+        s: {c: {"tests": 18, "errors_dice@0.25": errors, "corrupted_dice": dice - 0.1} for c in cs}
+        for s, cs in sets.items()
+    }
+    return {
+        "condition": cond,
+        "seed": seed,
+        "picks": picks,
+        "mr_by_policy": {"least_loss": mr, "last": mr},
+        "clusters": {
+            "cvc_clinicdb/1": "s1",
+            "cvc_clinicdb/2": "s1",
+            "cvc_clinicdb/3": "s2",
+            "cvc_clinicdb/4": "s2",
+        },
+    }
 
 
 def test_v3_summary_checks_the_issue_targets_on_the_numbers():
     from evidence_report_v3 import summarise_v3, write_tables_v3
 
-    ns = argparse.Namespace(worst_fraction=0.1, n_boot=100, epochs=2, size=64, features="8", batch_size=4, lr=1e-3)
-    runs = [_fake_run("mt_random", s, 6, 0.80) for s in (0, 1)] + [_fake_run("metamorphic", s, 4, 0.80) for s in (0, 1)]
+    ns = argparse.Namespace(
+        worst_fraction=0.1, n_boot=100, epochs=2, size=64, features="8", batch_size=4, lr=1e-3
+    )
+    runs = [_fake_run("mt_random", s, 6, 0.80) for s in (0, 1)] + [
+        _fake_run("metamorphic", s, 4, 0.80) for s in (0, 1)
+    ]
     s = summarise_v3(runs, ns)
     assert s["groups"]["cvc_clinicdb"] == {"sets": ["cvc_clinicdb"], "cases": 4, "clusters": 2}
     pr = s["paired"]["cvc_clinicdb"]["least_loss"]["metamorphic-mt_random"]

@@ -1,4 +1,5 @@
 """benchmarks/paired_stats.py: paired case-bootstrap CIs used by benchmarks/evidence.py."""
+
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from paired_stats import mean_difference, paired_bootstrap, relative_change, wor
 
 def test_a_real_paired_shift_is_detected_and_no_shift_is_not():
     rng = np.random.default_rng(0)
-    base = rng.uniform(0.3, 0.9, size=(3, 40))        # 3 seeds x 40 cases, large between-case spread
+    base = rng.uniform(0.3, 0.9, size=(3, 40))  # 3 seeds x 40 cases, large between-case spread
     shifted = base + 0.05 + 0.01 * rng.standard_normal(base.shape)
     r = paired_bootstrap(shifted, base, mean_difference, n_boot=500)
     assert r["lo"] > 0.03 and r["hi"] < 0.07 and r["lo"] <= r["estimate"] <= r["hi"]

@@ -1,6 +1,7 @@
 """Acceptance (issue 23): three kinds of foreign project (:mod:`foreign_projects`) with the four
 callbacks as the README shows them, replay exercised; idle replay bit-identical under torch's and
 MONAI's loaders; one run directory per run; a fit never replays a bank it did not write."""
+
 from __future__ import annotations
 
 import json
@@ -28,19 +29,32 @@ HERE = Path(__file__).resolve().parent
 def _readme_callbacks(replay_ratio=0.5, probe=8):
     """The README's four, on the contrast family (what the projects' rule is blind to)."""
     # replay_ratio=0 here: the unwrapped baseline (mining off, wrap() returns the dataset itself)
-    mining = FailureMiningCallback(replay_ratio=replay_ratio, train_probe_size=probe, enabled=replay_ratio > 0)
-    return [MetamorphicCallback(suite=MRSuite(["contrast"], severities=(5,)), verbose=False),
-            BalancedCheckpoint(policy="last_inlier", monitor="val_loss"), mining,
-            RobustnessReporter(console=False)], mining
+    mining = FailureMiningCallback(
+        replay_ratio=replay_ratio, train_probe_size=probe, enabled=replay_ratio > 0
+    )
+    return [
+        MetamorphicCallback(suite=MRSuite(["contrast"], severities=(5,)), verbose=False),
+        BalancedCheckpoint(policy="last_inlier", monitor="val_loss"),
+        mining,
+        RobustnessReporter(console=False),
+    ], mining
 
 
 def _fit(make, root, epochs, replay_ratio=0.5, logger=None, **kw):
     callbacks, mining = _readme_callbacks(replay_ratio)
     L, Net, Data = make(mining, **kw)
     L.seed_everything(0, workers=True)
-    trainer = L.Trainer(max_epochs=epochs, callbacks=callbacks, default_root_dir=str(root),
-                        logger=logger if logger is not None else False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        default_root_dir=str(root),
+        logger=logger if logger is not None else False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
     model = Net()
     trainer.fit(model, datamodule=Data())
     return trainer, model
@@ -48,9 +62,19 @@ def _fit(make, root, epochs, replay_ratio=0.5, logger=None, **kw):
 
 def test_polyp_monai_dicts_pytorch_lightning_under_hydra_logging(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, str(HERE / "foreign_polyp_hydra.py"), f"hydra.run.dir={tmp_path / 'h'}",
-                          f"root={tmp_path / 'runs'}"], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "foreign_polyp_hydra.py"),
+            f"hydra.run.dir={tmp_path / 'h'}",
+            f"root={tmp_path / 'runs'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,7 +104,7 @@ def test_spleen_3d_crop_lists_monai_loader_and_list_data_collate(tmp_path):
     trainer, model = _fit(make_spleen, tmp_path, epochs=2)
     run = trainer.robusttrain_context.run_dir
     assert n_perturbed(model.seen[0]) == 0 and n_perturbed(model.seen[1]) > 0  # replay in MONAI's collate
-    assert len(model.seen[0]) == len(model.seen[1]) == 6 * 2                     # 2 crops per volume
+    assert len(model.seen[0]) == len(model.seen[1]) == 6 * 2  # 2 crops per volume
     cases = pd.read_csv(run / "mr_cases.csv")
     train_ids = set(cases[cases.split == "train"].case_id)
     assert len(train_ids) == 8 and train_ids <= {f"train/idx{i}" for i in range(12)}  # 8 of the 6 x 2 crops
@@ -91,8 +115,8 @@ def test_spleen_3d_crop_lists_monai_loader_and_list_data_collate(tmp_path):
 @pytest.mark.parametrize("project", ["torch-loader", "monai-loader"])
 def test_idle_replay_wrapper_leaves_training_bit_identical(tmp_path, project):
     make = make_lung if project == "torch-loader" else make_spleen
-    _, wrapped = _fit(make, tmp_path / "wrapped", epochs=1, replay_ratio=0.5)   # epoch 0: empty bank
-    _, plain = _fit(make, tmp_path / "plain", epochs=1, replay_ratio=0.0)       # wrap() returns the dataset
+    _, wrapped = _fit(make, tmp_path / "wrapped", epochs=1, replay_ratio=0.5)  # epoch 0: empty bank
+    _, plain = _fit(make, tmp_path / "plain", epochs=1, replay_ratio=0.0)  # wrap() returns the dataset
     a, b = as_numpy(wrapped.seen[0]), as_numpy(plain.seen[0])
     assert a.shape == b.shape and (a == b).all()
 
@@ -108,8 +132,10 @@ def test_two_fits_with_wandb_first_get_two_run_dirs(tmp_path, monkeypatch):
 
     dirs = []
     for _ in range(2):
-        logger = [WandbLogger(offline=True, save_dir=str(tmp_path / "wb"), project="rt"),
-                  CSVLogger(str(tmp_path / "csv"))]
+        logger = [
+            WandbLogger(offline=True, save_dir=str(tmp_path / "wb"), project="rt"),
+            CSVLogger(str(tmp_path / "csv")),
+        ]
         trainer, _ = _fit(make_lung, tmp_path, epochs=1, logger=logger)
         wandb.finish()
         dirs.append(trainer.robusttrain_context.run_dir)
@@ -118,10 +144,10 @@ def test_two_fits_with_wandb_first_get_two_run_dirs(tmp_path, monkeypatch):
 
 
 def test_a_fit_never_replays_a_bank_it_did_not_write(tmp_path):
-    _, first = _fit(make_spleen, tmp_path, epochs=2)          # logger=False: both fits share tmp_path
+    _, first = _fit(make_spleen, tmp_path, epochs=2)  # logger=False: both fits share tmp_path
     assert (tmp_path / "failures" / "failures.jsonl").is_file() and n_perturbed(first.seen[1]) > 0
     trainer, second = _fit(make_spleen, tmp_path, epochs=1)
-    assert n_perturbed(second.seen[0]) == 0                  # nothing of the first fit's bank replayed
+    assert n_perturbed(second.seen[0]) == 0  # nothing of the first fit's bank replayed
     moved = list(tmp_path.glob("failures.before-*"))
     assert len(moved) == 1 and (moved[0] / "failures.jsonl").is_file()
     assert len(trainer.robusttrain_context.members) == 4

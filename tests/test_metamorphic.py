@@ -1,4 +1,5 @@
 """Unit tests of robusttrain.metamorphic: scoring sums, EFR, the seeded suite, both paths, hooks."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -71,9 +72,16 @@ def test_efr_threshold_is_strict_and_zero_source_is_not_an_error():
     assert is_error([1.0], [0.7499], 0.25).tolist() == [True]
     assert is_error([0.0], [0.0], 0.25).tolist() == [False]
     assert is_error([0.8], [0.3], 0.5).tolist() == [True]  # drop 0.625
-    cases = pd.DataFrame({"perturbation": ["a", "a", "b", "b"], "severity": [2, 4, 2, 2],
-                          "src_dice": [1.0, 1.0, 0.8, 0.8], "fol_dice": [0.6, 0.4, 0.8, 0.1],
-                          "src_iou": [1.0, 1.0, 0.8, 0.8], "fol_iou": [1.0, 1.0, 0.8, 0.8]})
+    cases = pd.DataFrame(
+        {
+            "perturbation": ["a", "a", "b", "b"],
+            "severity": [2, 4, 2, 2],
+            "src_dice": [1.0, 1.0, 0.8, 0.8],
+            "fol_dice": [0.6, 0.4, 0.8, 0.1],
+            "src_iou": [1.0, 1.0, 0.8, 0.8],
+            "fol_iou": [1.0, 1.0, 0.8, 0.8],
+        }
+    )
     t = efr_table(cases)
     m = efr_metrics(t)
     assert m["mr/efr/a/dice@0.25"] == 1.0 and m["mr/efr/a/dice@0.5"] == 0.5
@@ -84,7 +92,9 @@ def test_efr_threshold_is_strict_and_zero_source_is_not_an_error():
 
 
 def test_stable_seed_is_stable_and_distinct():
-    assert stable_seed(0, "p1", "blur", 2) == 1989049180777393936  # pinned: seeds must never change between versions
+    assert (
+        stable_seed(0, "p1", "blur", 2) == 1989049180777393936
+    )  # pinned: seeds must never change between versions
     assert stable_seed(0, "p1", "blur", 2) == stable_seed(0, "p1", "blur", 2)
     assert len({stable_seed(0, c, p, s) for c in "ab" for p in ("x", "y") for s in (2, 4)}) == 8
 
@@ -92,7 +102,7 @@ def test_stable_seed_is_stable_and_distinct():
 def _images(n=4, c=3, size=32, seed=0):
     g = torch.Generator().manual_seed(seed)
     # uint8-representable values so both paths start from identical inputs
-    return (torch.randint(0, 256, (n, c, size, size), generator=g).float() / 255)
+    return torch.randint(0, 256, (n, c, size, size), generator=g).float() / 255
 
 
 def test_suite_params_cached_deterministic_and_per_case():
@@ -136,8 +146,8 @@ def _blobs(n=6, size=32):
     mask = torch.zeros(n, size, size, dtype=torch.long)
     for i in range(n):
         r = 4 + i
-        img[i, :, 8:8 + r, 6:6 + 2 * r] = torch.tensor([200, 120, 100]).view(3, 1, 1) / 255
-        mask[i, 8:8 + r, 6:6 + 2 * r] = 1
+        img[i, :, 8 : 8 + r, 6 : 6 + 2 * r] = torch.tensor([200, 120, 100]).view(3, 1, 1) / 255
+        mask[i, 8 : 8 + r, 6 : 6 + 2 * r] = 1
     return img, mask
 
 
@@ -147,7 +157,9 @@ def test_torch_and_numpy_paths_give_the_same_error_decisions():
     tables = {}
     for path in ("torch", "numpy"):
         suite = MRSuite(COLOUR, (2, 4), seed=0)
-        res = run_probe(_threshold_predict, iter_probe(ds, range(6), 4, BatchHooks()), suite, "val", path=path)
+        res = run_probe(
+            _threshold_predict, iter_probe(ds, range(6), 4, BatchHooks()), suite, "val", path=path
+        )
         _, cases = aggregate(res, ["polyp"], 0, suite)
         tables[path] = cases
     t, n = tables["torch"], tables["numpy"]
@@ -187,6 +199,7 @@ def test_two_class_labels_equal_argmax_including_ties():
     import torch
 
     from robusttrain.metamorphic.scoring import probabilities_to_labels
+
     p = torch.rand(3, 2, 8, 8, generator=torch.Generator().manual_seed(0))
     p[:, 1, :3] = p[:, 0, :3]  # ties -> class 0, like argmax
     assert torch.equal(probabilities_to_labels(p), p.argmax(1))

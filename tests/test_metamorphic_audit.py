@@ -1,4 +1,5 @@
 """audit(): the nine default families through the real registry, paper layout, files, both paths."""
+
 import numpy as np
 import pandas as pd
 import torch
@@ -23,11 +24,11 @@ def _data(n=4, size=64, c=3):  # text overlay needs >= 64 px (48 px crashes its 
     g = torch.Generator().manual_seed(1)
     out = []
     for i in range(n):
-        img = (torch.randint(40, 90, (c, size, size), generator=g).float() / 255)
+        img = torch.randint(40, 90, (c, size, size), generator=g).float() / 255
         m = torch.zeros(size, size, dtype=torch.long)
         r = 8 + 3 * i
-        img[:, 10:10 + r, 12:12 + r] = (torch.tensor([200, 110, 90][:c]).view(c, 1, 1) / 255)
-        m[10:10 + r, 12:12 + r] = 1
+        img[:, 10 : 10 + r, 12 : 12 + r] = torch.tensor([200, 110, 90][:c]).view(c, 1, 1) / 255
+        m[10 : 10 + r, 12 : 12 + r] = 1
         out.append({"image": img, "mask": m, "case_id": f"c{i}", "slice_index": 0})
     return out
 
@@ -49,7 +50,9 @@ def test_audit_default_suite_paper_layout_and_files(tmp_path):
 
 def test_audit_paths_agree_on_every_family():
     data = _data(3)
-    out = {p: audit(RedDetector(), {"val": data}, MRSuite(seed=2), path=p)["cases"] for p in ("torch", "numpy")}
+    out = {
+        p: audit(RedDetector(), {"val": data}, MRSuite(seed=2), path=p)["cases"] for p in ("torch", "numpy")
+    }
     t, n = out["torch"], out["numpy"]
     assert (t.drop_dice > 0.25).tolist() == (n.drop_dice > 0.25).tolist()
     assert np.allclose(t.fol_dice, n.fol_dice, atol=0.03)

@@ -1,5 +1,6 @@
 """The robustness budget: stratified, rotating (case, test) subsets sized to training work (never to the
 clock); Wilson CIs."""
+
 import time
 from collections import Counter
 
@@ -54,8 +55,9 @@ def test_plan_is_stratified_and_rotates_through_every_pair():
 
 def test_remainder_rotates_over_tests_and_every_test_gets_at_least_one_case():
     b = _budget()
-    counts = [[len(v) for _, v in sorted(b.plan(_seconds_for(6), {"val": IDS}, 4)["val"].items())]
-              for _ in range(2)]
+    counts = [
+        [len(v) for _, v in sorted(b.plan(_seconds_for(6), {"val": IDS}, 4)["val"].items())] for _ in range(2)
+    ]
     assert sorted(counts[0]) == [1, 1, 2, 2] and counts[0] != counts[1]  # the extra pairs move on
     tiny = b.plan(0.0, {"val": IDS}, 4)["val"]
     assert [len(v) for v in tiny.values()] == [1, 1, 1, 1]
@@ -94,8 +96,11 @@ def test_selected_follow_ups_score_exactly_as_in_the_full_suite():
         assert np.array_equal(part.fol[sorted(rows), k], full.fol[sorted(rows), k])
     hist, cases = aggregate(part, ["polyp"], 0, part_suite)
     assert len(hist) == 4  # the clean pass is complete
-    assert sorted(zip(cases.case_id, cases.severity, cases.perturbation)) == \
-        [("p0", 2, "saturation"), ("p1", 4, "contrast"), ("p3", 4, "contrast")]
+    assert sorted(zip(cases.case_id, cases.severity, cases.perturbation)) == [
+        ("p0", 2, "saturation"),
+        ("p1", 4, "contrast"),
+        ("p3", 4, "contrast"),
+    ]
     _, full_cases = aggregate(full, ["polyp"], 0, full_suite)
     merged = cases.merge(full_cases, on=["case_id", "perturbation", "severity"], suffixes=("", "_full"))
     assert np.allclose(merged.fol_dice, merged.fol_dice_full)
@@ -103,8 +108,16 @@ def test_selected_follow_ups_score_exactly_as_in_the_full_suite():
 
 
 def test_efr_rows_carry_a_wilson_interval_and_suite_coverage():
-    cases = pd.DataFrame({"perturbation": ["blur"] * 4, "severity": [2, 2, 4, 4],
-                          "src_dice": 0.8, "fol_dice": [0.7, 0.2, 0.1, 0.8], "src_iou": 0.6, "fol_iou": 0.5})
+    cases = pd.DataFrame(
+        {
+            "perturbation": ["blur"] * 4,
+            "severity": [2, 2, 4, 4],
+            "src_dice": 0.8,
+            "fol_dice": [0.7, 0.2, 0.1, 0.8],
+            "src_iou": 0.6,
+            "fol_iou": 0.5,
+        }
+    )
     t = efr_table(cases, thresholds=(0.25,), metrics=("dice",), suite_cases=10)
     row = t[(t.perturbation == "all")].iloc[0]
     assert (row.errors, row.cases, row.suite_cases) == (2, 4, 20)
@@ -136,17 +149,30 @@ class StopAfter(L.Callback):
 
 def _fit(tmp_path, cb, sleep, epochs, extra=(), n_train=8):
     torch.manual_seed(0)
-    trainer = L.Trainer(max_epochs=epochs, callbacks=[cb, *extra], logger=CSVLogger(tmp_path, name="logs"),
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-                        accelerator="cpu", devices=1, log_every_n_steps=1)
-    trainer.fit(SlowTiny(sleep), DataLoader(Blobs(n_train, slices=1), batch_size=4),
-                DataLoader(Blobs(8, slices=1), batch_size=4))
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=[cb, *extra],
+        logger=CSVLogger(tmp_path, name="logs"),
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        log_every_n_steps=1,
+    )
+    trainer.fit(
+        SlowTiny(sleep),
+        DataLoader(Blobs(n_train, slices=1), batch_size=4),
+        DataLoader(Blobs(8, slices=1), batch_size=4),
+    )
     return trainer
 
 
 def _pooled(d):
     efr = pd.read_csv(d / "efr.csv")
-    return efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index("epoch")
+    return efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index(
+        "epoch"
+    )
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """The budgeted check's final EFR table from a complete-coverage rotation, and its clean pass reusing the
 validation loop's forwards: same numbers as before, fewer forwards."""
+
 import lightning.pytorch as L
 import numpy as np
 import pandas as pd
@@ -44,12 +45,27 @@ class Counting(Tiny):
 
 def _fit(root, epochs=4, ckpt=None, extra=(), model=None, **kw):
     ds = Blobs(n=8)
-    cb = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4), seed=5), dirpath=root, verbose=False, budget=0.5,
-                             class_names=["polyp"], **kw)
-    trainer = L.Trainer(max_epochs=epochs, logger=CSVLogger(root, name="logs"), enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=1, deterministic=True,
-                        callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True), *extra])
-    trainer.fit(model or Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
+    cb = MetamorphicCallback(
+        suite=MRSuite(COLOUR, (2, 4), seed=5),
+        dirpath=root,
+        verbose=False,
+        budget=0.5,
+        class_names=["polyp"],
+        **kw,
+    )
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        logger=CSVLogger(root, name="logs"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        deterministic=True,
+        callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True), *extra],
+    )
+    trainer.fit(
+        model or Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt
+    )
     return cb
 
 
@@ -62,9 +78,13 @@ def _logged(root, key):
 def test_final_table_covers_every_pair_exactly_once_with_its_wilson_interval(tmp_path):
     _fit(tmp_path, epochs=4)
     efr, cases = pd.read_csv(tmp_path / "efr.csv"), pd.read_csv(tmp_path / "mr_cases.csv")
-    pooled = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index("epoch")
+    pooled = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index(
+        "epoch"
+    )
     # epochs 0-2: budgeted subsets (one case per test), never final; the last check completes the rotation
-    assert pooled.loc[[0, 1, 2], "cases"].tolist() == [6, 6, 6] and set(pooled.loc[[0, 1, 2], "basis"]) == {"subset"}
+    assert pooled.loc[[0, 1, 2], "cases"].tolist() == [6, 6, 6] and set(pooled.loc[[0, 1, 2], "basis"]) == {
+        "subset"
+    }
     assert not pooled.loc[[0, 1, 2], "final"].any()
     last = pooled.loc[3]
     assert last.final and last.basis == "rotation" and last.cases == last.suite_cases == N_PAIRS
@@ -77,8 +97,11 @@ def test_final_table_covers_every_pair_exactly_once_with_its_wilson_interval(tmp
     got = efr[efr.epoch == 3].reset_index(drop=True)
     for col in ("perturbation", "severity", "metric", "threshold", "errors", "cases", "suite_cases"):
         assert got[col].tolist() == want[col].tolist(), col
-    assert np.allclose(got[["efr", "efr_low", "efr_high"]].to_numpy(float),
-                       want[["efr", "efr_low", "efr_high"]].to_numpy(float), equal_nan=True)
+    assert np.allclose(
+        got[["efr", "efr_low", "efr_high"]].to_numpy(float),
+        want[["efr", "efr_low", "efr_high"]].to_numpy(float),
+        equal_nan=True,
+    )
     assert (last.efr_low, last.efr_high) == pytest.approx(wilson_interval(int(last.errors), N_PAIRS))
     assert set(efr[efr.epoch == 3].basis) == {"rotation"} and efr[efr.epoch == 3].final.all()
 

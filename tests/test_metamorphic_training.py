@@ -1,4 +1,5 @@
 """Metamorphic training (issue 21): online worst-of-k, the MR-consistency objective, with real trainers."""
+
 import json
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def _batch(n=8, size=32, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = 0.2 + 0.5 * torch.rand(n, 3, size, size, generator=g)
     m = torch.zeros(n, size, size, dtype=torch.long)
-    m[:, size // 4: size // 2, size // 4: size // 2] = 1
+    m[:, size // 4 : size // 2, size // 4 : size // 2] = 1
     return x, m
 
 
@@ -49,19 +50,19 @@ def test_k1_is_random_augmentation_with_the_same_dose_and_never_scores():
     for step in range(60):
         f1 = one(x, m, score, step=step)
         f4 = four(x, m, score, step=step)
-        assert torch.equal(f1.index, f4.index)             # the same images get a follow-up: same dose
+        assert torch.equal(f1.index, f4.index)  # the same images get a follow-up: same dose
         assert len(f1) == 4 and f1.scores is None
         kept = f1.kept()
-        assert all(r is not None for r in kept)             # colour families are never rejected
+        assert all(r is not None for r in kept)  # colour families are never rejected
         fams.update(r[0] for r in kept)
         sevs.update(r[1] for r in kept)
         # each follow-up is that family at that severity with its recorded params: plain augmentation
         for i, (fam, sev, p) in enumerate(kept):
             pos = int(f1.index[i])
-            ref, _ = get(fam, sev).apply_batch(x[pos:pos + 1], m[pos:pos + 1], params=p)
+            ref, _ = get(fam, sev).apply_batch(x[pos : pos + 1], m[pos : pos + 1], params=p)
             assert torch.equal(ref[0], f1.images[i])
-    assert len(calls) == 60                                 # only k=4 scored (once per step)
-    assert set(fams) == set(COLOUR) and min(fams.values()) > 50   # uniform over 240 draws (80 expected)
+    assert len(calls) == 60  # only k=4 scored (once per step)
+    assert set(fams) == set(COLOUR) and min(fams.values()) > 50  # uniform over 240 draws (80 expected)
     assert set(sevs) == {1, 2, 3, 4} and min(sevs.values()) > 35  # severities uniform in 1..cap
 
 
@@ -99,7 +100,9 @@ def test_occluders_over_the_lesion_are_never_kept(monkeypatch):
     assert (moved.flatten(1).sum(1) <= 0.1 * lesion[f.index].flatten(1).sum(1)).all()
     # every candidate rejected: the image stays clean and is marked -1
     wok = WorstOfK(occl, k=2, q=1.0, seed=0)
-    monkeypatch.setattr(wok, "_rejected", lambda src, masks, cand, fams: torch.ones(len(src), 2, dtype=torch.bool))
+    monkeypatch.setattr(
+        wok, "_rejected", lambda src, masks, cand, fams: torch.ones(len(src), 2, dtype=torch.bool)
+    )
     f = wok(x, m, score, step=0)
     assert (f.chosen == -1).all() and torch.equal(f.images, x) and f.kept() == [None] * 4
     # the guard itself: a candidate changing 30 % of the lesion is rejected at 10 %, colour never is
@@ -142,8 +145,13 @@ class BNNet(L.LightningModule):
     def __init__(self, consistency_line=True, dropout=0.2):
         super().__init__()
         torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
-                                       torch.nn.ReLU(), torch.nn.Dropout2d(dropout), torch.nn.Conv2d(8, 2, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Dropout2d(dropout),
+            torch.nn.Conv2d(8, 2, 1),
+        )
         self.line = consistency_line
         self.forwards = []
 
@@ -156,7 +164,7 @@ class BNNet(L.LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         if self.line:
-            loss = loss + metamorphic_loss(self, b, logits, F.cross_entropy)   # the one documented line
+            loss = loss + metamorphic_loss(self, b, logits, F.cross_entropy)  # the one documented line
         return loss
 
     def validation_step(self, b, i):
@@ -169,9 +177,17 @@ class BNNet(L.LightningModule):
 
 def _fit(model, cbs, tmp_path, epochs=2, n=8, tuples=False, ckpt=None, **kw):
     torch.manual_seed(0)
-    trainer = L.Trainer(max_epochs=epochs, callbacks=cbs, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=tmp_path,
-                        **kw)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=cbs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        **kw,
+    )
     trainer.fit(model, DataLoader(Blobs(n, slices=1, size=32, tuples=tuples), batch_size=4), ckpt_path=ckpt)
     return trainer
 
@@ -187,11 +203,11 @@ def test_scoring_leaves_batchnorm_buffers_train_mode_and_rng_untouched():
     expected = torch.rand(3)
     torch.manual_seed(5)
     s = score(x, m)
-    assert torch.equal(torch.rand(3), expected)                 # the training RNG stream did not move
-    assert s.shape == (4,) and model.training                   # train mode is back
+    assert torch.equal(torch.rand(3), expected)  # the training RNG stream did not move
+    assert s.shape == (4,) and model.training  # train mode is back
     for k, v in model.state_dict().items():
-        assert torch.equal(v, before[k]), k                     # BN running stats / counters unchanged
-    assert model.forwards[-1] == (4, False, False)              # scored without grad, in eval mode
+        assert torch.equal(v, before[k]), k  # BN running stats / counters unchanged
+    assert model.forwards[-1] == (4, False, False)  # scored without grad, in eval mode
     with scoring_state(model):
         assert not model.training and not torch.is_grad_enabled()
 
@@ -224,8 +240,9 @@ def test_replace_mode_needs_no_code_change_and_same_seed_gives_identical_weights
     runs = []
     for name in ("a", "b"):
         model = Tiny()
-        mt = MetamorphicTraining(perturbations=COLOUR + ["blur"], k=3, q=0.5, record_every=1,
-                                 dirpath=tmp_path / name)
+        mt = MetamorphicTraining(
+            perturbations=COLOUR + ["blur"], k=3, q=0.5, record_every=1, dirpath=tmp_path / name
+        )
         _fit(model, [mt], tmp_path / name, epochs=2, tuples=True)
         runs.append((model, tmp_path / name))
     (a, da), (b, db) = runs
@@ -237,10 +254,10 @@ def test_replace_mode_needs_no_code_change_and_same_seed_gives_identical_weights
     _fit(plain, [], tmp_path / "plain", epochs=2, tuples=True)
     assert not torch.equal(plain.net.weight, a.net.weight)  # the follow-ups were trained on
     samples = records.read_samples(da)
-    assert len(samples) == 4 * 2 and {s["case_id"] for s in samples} == {None}   # tuples: no case ids
+    assert len(samples) == 4 * 2 and {s["case_id"] for s in samples} == {None}  # tuples: no case ids
     # a recorded sample re-creates its training image from the clean one
     s = samples[0]
-    x = Blobs(8, slices=1, size=32).x[s["position"]:s["position"] + 1]
+    x = Blobs(8, slices=1, size=32).x[s["position"] : s["position"] + 1]
     params = {k: torch.tensor(v) for k, v in s["params"].items()}
     out, _ = get(s["family"], s["severity"]).apply_batch(x, None, params=params)
     assert out.shape == x.shape and not torch.equal(out, x)
@@ -267,17 +284,31 @@ def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
 
     def run(d, ckpt=None, crash=None):
         model = BNNet(dropout=0.0)  # Lightning does not checkpoint the global RNG that dropout draws from
-        mt = MetamorphicTraining(perturbations=COLOUR + ["blur"], k=3, consistency=1.0, record_every=1,
-                                 dirpath=d)
-        mr = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, verbose=False,
-                                 class_names=["polyp"])
+        mt = MetamorphicTraining(
+            perturbations=COLOUR + ["blur"], k=3, consistency=1.0, record_every=1, dirpath=d
+        )
+        mr = MetamorphicCallback(
+            suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, verbose=False, class_names=["polyp"]
+        )
         cbs = [mt, mr, ModelCheckpoint(dirpath=d / "ckpt", save_last=True, save_top_k=-1)]
         cbs += [CrashAt(crash)] if crash is not None else []
         torch.manual_seed(0)
-        trainer = L.Trainer(max_epochs=3, callbacks=cbs, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=d)
-        trainer.fit(model, DataLoader(Blobs(8, slices=1, size=32), batch_size=4),
-                    DataLoader(Blobs(8, slices=1, size=32, seed=1), batch_size=4), ckpt_path=ckpt)
+        trainer = L.Trainer(
+            max_epochs=3,
+            callbacks=cbs,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=d,
+        )
+        trainer.fit(
+            model,
+            DataLoader(Blobs(8, slices=1, size=32), batch_size=4),
+            DataLoader(Blobs(8, slices=1, size=32, seed=1), batch_size=4),
+            ckpt_path=ckpt,
+        )
         return model
 
     full = run(tmp_path / "full")
@@ -299,11 +330,20 @@ def test_family_weights_come_from_the_checks_violation_rates():
     rows = []
     for split, rate in (("val", 0.5), ("train", 0.2)):
         for pert, r in (("blur", rate), ("contrast", 0.0), ("all", rate / 2)):
-            rows.append({"epoch": 0, "split": split, "perturbation": pert, "severity": 0, "metric": "dice",
-                         "threshold": 0.25, "efr": r})
+            rows.append(
+                {
+                    "epoch": 0,
+                    "split": split,
+                    "perturbation": pert,
+                    "severity": 0,
+                    "metric": "dice",
+                    "threshold": 0.25,
+                    "efr": r,
+                }
+            )
     ctx.efr = pd.DataFrame(rows)
     mt._ctx = ctx
-    assert mt._rates() == {"blur": 0.2, "contrast": 0.0}   # the train probe's rates when there is one
+    assert mt._rates() == {"blur": 0.2, "contrast": 0.0}  # the train probe's rates when there is one
     ctx.efr = ctx.efr[ctx.efr.split == "val"]
     assert mt._rates() == {"blur": 0.5, "contrast": 0.0}
 
@@ -330,15 +370,34 @@ def test_3d_monai_unet_with_consistency(tmp_path):
             return torch.optim.Adam(self.parameters(), 1e-2)
 
     g = torch.Generator().manual_seed(0)
-    vols = [{"image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g), "mask": torch.zeros(16, 16, 8, dtype=torch.long)}
-            for _ in range(4)]
+    vols = [
+        {
+            "image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g),
+            "mask": torch.zeros(16, 16, 8, dtype=torch.long),
+        }
+        for _ in range(4)
+    ]
     for v in vols:
         v["image"][:, 4:10, 4:10, 2:6] += 0.4
         v["mask"][4:10, 4:10, 2:6] = 1
-    mt = MetamorphicTraining(perturbations=["blur", "contrast", "gamma"], k=2, q=0.5, consistency=1.0, ramp=0.0,
-                             record_every=1, dirpath=tmp_path)
-    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    mt = MetamorphicTraining(
+        perturbations=["blur", "contrast", "gamma"],
+        k=2,
+        q=0.5,
+        consistency=1.0,
+        ramp=0.0,
+        record_every=1,
+        dirpath=tmp_path,
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[mt],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
     trainer.fit(Vol(), DataLoader(vols, batch_size=2))
     samples = records.read_samples(tmp_path)
     assert len(samples) == 2 and all(s["family"] in ("blur", "contrast", "gamma") for s in samples)
@@ -347,7 +406,10 @@ def test_3d_monai_unet_with_consistency(tmp_path):
     x = torch.stack([vols[s["position"]]["image"]])
     fol = WorstOfK(["blur", "contrast", "gamma"], k=2, q=0.5, seed=0)
     from robusttrain.training.worst_of_k import _apply
-    out = _apply(get(s["family"], s["severity"]), x, None, {k: torch.tensor(v) for k, v in s["params"].items()})
+
+    out = _apply(
+        get(s["family"], s["severity"]), x, None, {k: torch.tensor(v) for k, v in s["params"].items()}
+    )
     assert out.shape == x.shape and fol.k == 2
 
 
@@ -373,8 +435,15 @@ def test_pytorch_lightning_trainer_accepts_it(tmp_path):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
     mt = MetamorphicTraining(perturbations=COLOUR, k=2, consistency=0.5, dirpath=tmp_path)
-    trainer = pl.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[mt],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
     trainer.fit(PLTiny(), DataLoader(Blobs(8, slices=1, size=32, tuples=True), batch_size=4))
     assert records.read_stats(tmp_path).chosen.sum() == 4
 
@@ -407,13 +476,13 @@ def test_ddp_each_rank_draws_for_its_own_shard(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     samples = records.read_samples(tmp_path / "run")
     by_rank = {r: [s for s in samples if s["rank"] == r] for r in (0, 1)}
-    assert len(by_rank[0]) == len(by_rank[1]) == 2   # 2 steps x 1 follow-up (q=0.5 of 2) per rank
+    assert len(by_rank[0]) == len(by_rank[1]) == 2  # 2 steps x 1 follow-up (q=0.5 of 2) per rank
     ds = Blobs(8, slices=1, size=32)
     wok = WorstOfK(["contrast", "saturation", "blur"], k=1, q=0.5, severity_caps=4, seed=0)
     for rank, recs in by_rank.items():
-        shard = list(range(rank, 8, 2))                  # DistributedSampler without shuffle
+        shard = list(range(rank, 8, 2))  # DistributedSampler without shuffle
         for s in recs:
-            rows = shard[2 * s["step"]: 2 * s["step"] + 2]
+            rows = shard[2 * s["step"] : 2 * s["step"] + 2]
             assert s["case_id"] == ds.case_ids()[rows[s["position"]]]
             f = wok(ds.x[rows], ds.m[rows], None, step=s["step"], rank=rank)
             fam, sev, p = f.kept()[0]
@@ -428,9 +497,15 @@ def test_kept_family_shares_reach_the_loggers(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
     mt = MetamorphicTraining(perturbations=COLOUR, k=2, dirpath=tmp_path)
-    trainer = L.Trainer(max_epochs=2, callbacks=[mt], logger=CSVLogger(tmp_path, name="logs"),
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                        enable_checkpointing=False)
+    trainer = L.Trainer(
+        max_epochs=2,
+        callbacks=[mt],
+        logger=CSVLogger(tmp_path, name="logs"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+    )
     trainer.fit(Tiny(), DataLoader(Blobs(8, slices=1, size=32), batch_size=4))
     logged = pd.read_csv(tmp_path / "logs" / "version_0" / "metrics.csv")
     shares = logged[[c for c in logged.columns if c.startswith("mt/kept_share/")]].dropna(how="all")
@@ -442,11 +517,20 @@ def test_normalised_training_images_are_refused_in_one_line(tmp_path):
     class Normalised(Blobs):
         def __getitem__(self, i):
             s = dict(super().__getitem__(i))
-            s["image"] = (s["image"] - 0.5) / 0.25   # mean/std normalised before the callback sees it
+            s["image"] = (s["image"] - 0.5) / 0.25  # mean/std normalised before the callback sees it
             return s
 
     mt = MetamorphicTraining(perturbations=COLOUR, dirpath=tmp_path)
-    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", enable_checkpointing=False)
-    with pytest.raises(RobustnessConfigError, match=r"perturbs images in \[0, 1\], but the training images span"):
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[mt],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+    )
+    with pytest.raises(
+        RobustnessConfigError, match=r"perturbs images in \[0, 1\], but the training images span"
+    ):
         trainer.fit(Tiny(), DataLoader(Normalised(8, slices=1, size=32), batch_size=4))

@@ -1,4 +1,5 @@
 """FailureBank: de-duplication, eviction, atomic log, reload, checkpoint state, split rule."""
+
 from __future__ import annotations
 
 import json
@@ -13,16 +14,27 @@ from robusttrain.rundir.failures import read_batches
 
 
 def rec(case="c0", pert="blur", sev=4, sigma=3.0, epoch=0, fol=0.3, split="train", index=0):
-    return FailureRecord(case_id=case, split=split, perturbation=pert, severity=sev,
-                         params={"sigma": np.array([sigma])}, seed=1, epoch=epoch, src_dice=0.9,
-                         fol_dice=fol, src_iou=0.8, fol_iou=0.2, index=index)
+    return FailureRecord(
+        case_id=case,
+        split=split,
+        perturbation=pert,
+        severity=sev,
+        params={"sigma": np.array([sigma])},
+        seed=1,
+        epoch=epoch,
+        src_dice=0.9,
+        fol_dice=fol,
+        src_iou=0.8,
+        fol_iou=0.2,
+        index=index,
+    )
 
 
 def test_dedup_by_key_and_recency(tmp_path):
     bank = FailureBank(tmp_path)
     assert bank.add(rec(epoch=0))
     assert not bank.add(rec(epoch=0))  # same key, same epoch
-    assert bank.add(rec(sigma=5.0))    # different params: a different failure
+    assert bank.add(rec(sigma=5.0))  # different params: a different failure
     assert bank.flush(epoch=0) == 2
     assert not bank.add(rec(epoch=3, fol=0.1))  # seen again, worse
     bank.flush(epoch=3)
@@ -45,9 +57,9 @@ def test_eviction_keeps_most_severe_and_most_recent(tmp_path):
     bank.flush(1)
     kept = {r.case_id for r in bank.records()}
     assert len(kept) == 4
-    assert {"a0", "a1"} <= kept                 # most severe survive although old
+    assert {"a0", "a1"} <= kept  # most severe survive although old
     assert len(kept & {"b0", "b1", "b2"}) == 2  # the rest: most recent, more severe first
-    assert {"b1", "b2"} <= kept              # lower fol_dice = larger drop
+    assert {"b1", "b2"} <= kept  # lower fol_dice = larger drop
     back = FailureBank.load(tmp_path, max_size=4)
     assert {r.case_id for r in back.records()} == kept
 
@@ -105,6 +117,7 @@ def test_thumbnails_for_worst_n(tmp_path):
     thumbs = list((tmp_path / "failures" / "thumbs").glob("*.png"))
     assert [p.stem for p in thumbs] == [failure_id(rec(case="bad"))]
     import cv2
+
     assert cv2.imread(str(thumbs[0])).shape == (96, 5 * 96, 3)
 
 

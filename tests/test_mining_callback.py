@@ -1,5 +1,6 @@
 """A real tiny fit: MetamorphicCallback mines train failures, FailureMiningCallback replays them in
 the next epoch through a DataLoader with 2 (persistent) workers; state survives a checkpoint."""
+
 from __future__ import annotations
 
 import lightning.pytorch as L
@@ -18,14 +19,24 @@ pytestmark = pytest.mark.slow
 def fit(tmp_path, epochs, ckpt=None, **mining):
     L.seed_everything(0, workers=True)  # which samples a replay replaces is random; fix it
     dm = PolypDataModule(image_size=48, n_train=16, n_val=4, batch_size=4, num_workers=2)
-    mr = MetamorphicCallback(suite=MRSuite(["contrast"], severities=(5,)), max_cases=4,
-                             dirpath=str(tmp_path), verbose=False)
+    mr = MetamorphicCallback(
+        suite=MRSuite(["contrast"], severities=(5,)), max_cases=4, dirpath=str(tmp_path), verbose=False
+    )
     mine = FailureMiningCallback(train_probe_size=8, **mining)
     dm.wrap_train(mine.wrap)  # the explicit replay wiring: the train loader reads mine.wrap(train_dataset)
     model = BrightnessModel()
-    trainer = L.Trainer(max_epochs=epochs, callbacks=[mr, mine], logger=False, default_root_dir=tmp_path,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        enable_checkpointing=False, accelerator="cpu", devices=1)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=[mr, mine],
+        logger=False,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     return trainer, dm, model, mine
 
@@ -40,8 +51,8 @@ def test_failures_replayed_next_epoch_with_workers(tmp_path):
     clean_by_case = {clean[i]["case_id"]: clean[i]["image"] for i in range(len(clean))}
     slots = mine.replay.n_slots
     assert slots == 3 and len(model.seen[0]) == len(model.seen[1]) == 16  # the epoch length never changes
-    assert n_perturbed(model.seen[0], clean_by_case) == 0      # bank empty in epoch 0
-    assert n_perturbed(model.seen[1], clean_by_case) > 0      # replayed failures in epoch 1
+    assert n_perturbed(model.seen[0], clean_by_case) == 0  # bank empty in epoch 0
+    assert n_perturbed(model.seen[1], clean_by_case) > 0  # replayed failures in epoch 1
     rows = pd.read_csv(tmp_path / "failures" / "mining.csv")
     assert list(rows["replayed"]) == [0, slots]
     assert rows["bank_size"].iloc[0] == len(bank)

@@ -1,5 +1,6 @@
 """Failure mining under real DDP (2 CPU processes, gloo): failures mined on rank 0 reach both ranks'
 training data in the next epoch, through the run directory rather than process memory."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, os, sys
     import lightning.pytorch as L
     from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
@@ -41,7 +42,7 @@ SCRIPT = textwrap.dedent('''
     counts = {e: len(s) for e, s in model.seen.items()}
     with open(os.path.join(run_dir, f"seen_rank{trainer.global_rank}.json"), "w") as fh:
         json.dump({"perturbed": perturbed, "samples": counts}, fh)
-''')
+""")
 
 
 def test_mined_failures_reach_both_ranks_in_the_next_epoch(tmp_path):
@@ -50,16 +51,17 @@ def test_mined_failures_reach_both_ranks_in_the_next_epoch(tmp_path):
     run_dir = tmp_path / "run"
     here = Path(__file__).resolve().parent  # the repo (robusttrain) and tests/ (mining_models)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
-    proc = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True,
-                          env=env, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(run_dir)], capture_output=True, text=True, env=env, timeout=400
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     seen = [json.loads((run_dir / f"seen_rank{r}.json").read_text()) for r in (0, 1)]
     for s in seen:
-        assert s["perturbed"]["0"] == 0          # the bank is empty during epoch 0
-        assert s["perturbed"]["1"] > 0           # failures found after epoch 0 are trained on in epoch 1
+        assert s["perturbed"]["0"] == 0  # the bank is empty during epoch 0
+        assert s["perturbed"]["1"] > 0  # failures found after epoch 0 are trained on in epoch 1
         assert s["samples"]["0"] == s["samples"]["1"]  # replay fills slots; the epoch length is fixed
     rows = pd.read_csv(run_dir / "failures" / "mining.csv")
     assert list(rows["epoch"]) == [0, 1] and rows["trainable"].iloc[0] > 0 and rows["replayed"].iloc[1] > 0
     lines = (run_dir / "failures" / "failures.jsonl").read_text().splitlines()
     kinds = [json.loads(line)["kind"] for line in lines]
-    assert kinds.count("batch") == 2 and kinds[-1] == "batch"   # one closed batch per epoch, rank 0 only
+    assert kinds.count("batch") == 2 and kinds[-1] == "batch"  # one closed batch per epoch, rank 0 only

@@ -1,4 +1,5 @@
 """Replay: exact re-creation of a probe follow-up, slot layout, file-shared refresh, baselines."""
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,20 @@ def probe_record(ds, i, k, suite, epoch=0, split="train"):
     follow = suite.apply(k, img, msk, params, path="numpy")
     name, sev = suite.tests[k]
     per_sample = {n: v[0].numpy() for n, v in params[0].items()}
-    rec = FailureRecord(case_id=case, split=split, perturbation=name, severity=sev,
-                        params=per_sample, seed=suite.seed, epoch=epoch, src_dice=0.9,
-                        fol_dice=0.2, src_iou=0.8, fol_iou=0.1, index=i)
+    rec = FailureRecord(
+        case_id=case,
+        split=split,
+        perturbation=name,
+        severity=sev,
+        params=per_sample,
+        seed=suite.seed,
+        epoch=epoch,
+        src_dice=0.9,
+        fol_dice=0.2,
+        src_iou=0.8,
+        fol_iou=0.1,
+        index=i,
+    )
     return rec, to_uint8_hwc(follow[0])
 
 

@@ -1,6 +1,7 @@
 """Replay in the client's own sample format, on any map-style dataset (issue 13): tuples, float masks
 with a channel dim, masks under another key, torch Subset (random_split), and no change at all while
 the bank is empty."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,8 @@ class Pairs(Dataset):
         self.x = 0.1 + 0.1 * torch.rand(n, 3, size, size, generator=g)
         self.m = torch.zeros(n, 1, size, size)
         for i in range(n):
-            self.x[i, :, 4:12, 4 + i % 6:12 + i % 6] = 0.9
-            self.m[i, 0, 4:12, 4 + i % 6:12 + i % 6] = 0.97  # soft labels: round to 1, never truncate to 0
+            self.x[i, :, 4:12, 4 + i % 6 : 12 + i % 6] = 0.9
+            self.m[i, 0, 4:12, 4 + i % 6 : 12 + i % 6] = 0.97  # soft labels: round to 1, never truncate to 0
 
     def __len__(self):
         return len(self.x)
@@ -47,9 +48,22 @@ def _contrast_params(ds, run):
     img, msk, _ = ds.view.load(2)
     fresh = op.sample_numpy(img, msk, rng=np.random.default_rng(0))
     bank = FailureBank(run)
-    bank.add(FailureRecord(case_id="idx2", split="train", perturbation="contrast", severity=4,
-                           params={k: np.asarray(v).tolist() for k, v in fresh.items()}, seed=0, epoch=0,
-                           src_dice=0.9, fol_dice=0.1, src_iou=0.8, fol_iou=0.1, index=2))
+    bank.add(
+        FailureRecord(
+            case_id="idx2",
+            split="train",
+            perturbation="contrast",
+            severity=4,
+            params={k: np.asarray(v).tolist() for k, v in fresh.items()},
+            seed=0,
+            epoch=0,
+            src_dice=0.9,
+            fol_dice=0.1,
+            src_iou=0.8,
+            fol_iou=0.1,
+            index=2,
+        )
+    )
     bank.flush(0)
 
 
@@ -79,8 +93,9 @@ def test_tuple_samples_with_float_channel_masks_keep_their_format(tmp_path):
 
 
 def test_masks_under_another_key_through_hooks(tmp_path):
-    hooks = BatchHooks(get_images=lambda b: b["img"], get_masks=lambda b: b["label"],
-                       get_case_ids=lambda b: b["name"])
+    hooks = BatchHooks(
+        get_images=lambda b: b["img"], get_masks=lambda b: b["label"], get_case_ids=lambda b: b["name"]
+    )
     base = Labelled()
     ds = ReplayDataset(base, None, replay_ratio=0.5)
     with pytest.raises(HookError, match="get_images"):

@@ -1,4 +1,5 @@
 """Failure-driven sampling weights: floor, smoothing, rates from the EFR table."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -9,8 +10,19 @@ from robusttrain.mining.sampling import FailureDrivenWeights, rates_from_efr, ra
 
 
 def rec(pert="blur", sigma=1.0, epoch=0):
-    return FailureRecord(case_id="c", split="train", perturbation=pert, severity=2, params={"s": [sigma]},
-                         seed=0, epoch=epoch, src_dice=1.0, fol_dice=0.0, src_iou=1.0, fol_iou=0.0)
+    return FailureRecord(
+        case_id="c",
+        split="train",
+        perturbation=pert,
+        severity=2,
+        params={"s": [sigma]},
+        seed=0,
+        epoch=epoch,
+        src_dice=1.0,
+        fol_dice=0.0,
+        src_iou=1.0,
+        fol_iou=0.0,
+    )
 
 
 def test_floor_keeps_every_perturbation():
@@ -42,11 +54,40 @@ def test_rates_from_efr_and_records():
     for ep in (0, 1):
         for sev, err in ((2, 1), (4, 3)):
             for t in (0.25, 0.5):
-                rows.append(dict(epoch=ep, split="train", perturbation="blur", severity=sev, metric="dice",
-                                 threshold=t, errors=err + ep, cases=10, efr=0))
-    rows.append(dict(epoch=1, split="val", perturbation="text", severity=2, metric="dice",
-                     threshold=0.25, errors=9, cases=10, efr=0))
+                rows.append(
+                    dict(
+                        epoch=ep,
+                        split="train",
+                        perturbation="blur",
+                        severity=sev,
+                        metric="dice",
+                        threshold=t,
+                        errors=err + ep,
+                        cases=10,
+                        efr=0,
+                    )
+                )
+    rows.append(
+        dict(
+            epoch=1,
+            split="val",
+            perturbation="text",
+            severity=2,
+            metric="dice",
+            threshold=0.25,
+            errors=9,
+            cases=10,
+            efr=0,
+        )
+    )
     rates = rates_from_efr(pd.DataFrame(rows))
     assert rates == {"blur": pytest.approx((2 + 4) / 20)}
-    assert rates_from_records([rec(pert="a", epoch=1), rec(pert="a", sigma=2, epoch=1),
-                               rec(pert="b", epoch=1), rec(pert="c", epoch=0)], 1) == {"a": 1.0, "b": 0.5}
+    assert rates_from_records(
+        [
+            rec(pert="a", epoch=1),
+            rec(pert="a", sigma=2, epoch=1),
+            rec(pert="b", epoch=1),
+            rec(pert="c", epoch=0),
+        ],
+        1,
+    ) == {"a": 1.0, "b": 0.5}

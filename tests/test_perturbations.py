@@ -1,6 +1,7 @@
 """Perturbation library: registry, lesion and border semantics, colour / blur / melt behaviour, bad input.
 The contract every family follows (parity, replay, masks, batching, NaN, severity) is checked once for all
 families in perturbations/test_conformance.py."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,14 +21,16 @@ def _frames(b: int = 2, h: int = 96, w: int = 96, border: bool = True, seed: int
     yy, xx = np.mgrid[:h, :w].astype(np.float32)
     imgs, masks = [], []
     for i in range(b):
-        base = np.stack([180 + 40 * np.sin(xx / 9 + i), 90 + 30 * np.cos(yy / 7), 70 + 20 * np.sin((xx + yy) / 11)], -1)
+        base = np.stack(
+            [180 + 40 * np.sin(xx / 9 + i), 90 + 30 * np.cos(yy / 7), 70 + 20 * np.sin((xx + yy) / 11)], -1
+        )
         img = np.clip(base + rng.normal(0, 6, base.shape), 0, 255)
         img[rng.integers(10, h - 10, 6), rng.integers(10, w - 10, 6)] = 255  # highlights for melt
         if border:
             cut = np.abs(yy - h / 2) + np.abs(xx - w / 2) > 0.9 * (h + w) / 2 * 0.75
             img[cut] = 2
         m = np.zeros((h, w), np.int64)
-        m[h // 2 - 4 + 2 * i: h // 2 + 8, w // 2 - 8: w // 2 + 8] = 1
+        m[h // 2 - 4 + 2 * i : h // 2 + 8, w // 2 - 8 : w // 2 + 8] = 1
         imgs.append(img.astype(np.uint8))
         masks.append(m)
     return imgs, masks
@@ -43,8 +46,20 @@ def _model():
 
 
 def test_registry_lists_all_families_and_rejects_unknown():
-    for n in ("saturation", "contrast", "white_balance", "specularity", "blur", "instrument", "feces", "blood",
-              "text", "melt", "adversarial", "motion_blur"):
+    for n in (
+        "saturation",
+        "contrast",
+        "white_balance",
+        "specularity",
+        "blur",
+        "instrument",
+        "feces",
+        "blood",
+        "text",
+        "melt",
+        "adversarial",
+        "motion_blur",
+    ):
         assert n in P.available()
     with pytest.raises(ValueError, match="unknown perturbation 'sparkle'.*saturation"):
         get("sparkle")
@@ -84,8 +99,9 @@ def test_objects_avoid_a_large_lesion_by_placement():
     m = np.zeros((96, 96), np.int64)
     m[:, :48] = 1
     p = get("feces", severity=2)
-    out, params = p.apply_batch(_batch(imgs), torch.from_numpy(np.stack([m, m])),
-                                generator=torch.Generator().manual_seed(0))
+    out, params = p.apply_batch(
+        _batch(imgs), torch.from_numpy(np.stack([m, m])), generator=torch.Generator().manual_seed(0)
+    )
     assert bool((params["center_rel"][:, 1] > 0.5).all())
 
 
@@ -129,8 +145,14 @@ def test_severity_orders_strength():
     imgs, _ = _frames(b=4)
     x = _batch(imgs)
     for name in ("blur", "saturation", "contrast", "white_balance", "motion_blur"):
-        d = [float((get(name, severity=s).apply_batch(x, generator=torch.Generator().manual_seed(0))[0] - x)
-                   .abs().mean()) for s in (1, 5)]
+        d = [
+            float(
+                (get(name, severity=s).apply_batch(x, generator=torch.Generator().manual_seed(0))[0] - x)
+                .abs()
+                .mean()
+            )
+            for s in (1, 5)
+        ]
         assert d[1] > d[0], name
 
 
@@ -171,6 +193,7 @@ def test_melt_removes_highlights_and_keeps_lesion():
 
 # ---------------------------------------------------------------------------------------------- errors
 
+
 def test_bad_inputs_are_explained():
     p = get("saturation")
     with pytest.raises(ValueError, match="3 channels"):
@@ -210,13 +233,13 @@ def test_text_fits_small_images_on_both_paths(size):
     p = P.get("text", severity=1)  # one short block: a corner stays free of the central lesion
     img = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(1))
     mask = torch.zeros(2, size, size, dtype=torch.long)
-    mask[:, size // 2 - 3:size // 2 + 3, size // 2 - 3:size // 2 + 3] = 1
+    mask[:, size // 2 - 3 : size // 2 + 3, size // 2 - 3 : size // 2 + 3] = 1
     out, params = p.apply_batch(img, mask, generator=torch.Generator().manual_seed(0))
     assert (out != img).any()
     assert torch.equal(out[mask[:, None].expand_as(out) == 1], img[mask[:, None].expand_as(img) == 1])
     u8 = (img[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
     o_np, _ = p.apply_numpy(u8, mask[0].numpy(), params=index_params(params, 0))
-    ref = (out[0].permute(1, 2, 0).numpy() * 255)
+    ref = out[0].permute(1, 2, 0).numpy() * 255
     assert np.abs(o_np.astype(np.float64) - ref).max() <= 2.0
 
 
@@ -260,6 +283,7 @@ def test_cpu_opencv_filters_match_torch_kernels(size):
     # On CPU float32 the torch path filters with OpenCV per plane; it must equal the generic
     # torch kernels (grouped conv / FFT, reached here through float64) incl. huge-kernel borders.
     from robusttrain.perturbations import blur as BL
+
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3, 3, size, size, generator=g)
     sigma = torch.tensor([0.7, 5.0, 15.0])
@@ -275,6 +299,7 @@ def test_cpu_opencv_filters_match_torch_kernels(size):
 
 def test_cpu_noise_tiles_match_gather():
     from robusttrain.perturbations import blur as BL
+
     g = torch.Generator().manual_seed(1)
     x = torch.rand(4, 3, 40, 300, generator=g)
     level, off = torch.tensor([0, 1, 3, 5]), torch.tensor([[0, 0], [255, 17], [300, 5], [-3, 999]])
@@ -288,16 +313,16 @@ def test_placement_maps_memo_never_returns_stale_maps():
 
     img = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     first = maps_torch(img, None)
-    assert maps_torch(img, None) is first              # same image: computed once
-    img[:, :, :32] = 0.0                                # in-place change bumps the version
+    assert maps_torch(img, None) is first  # same image: computed once
+    img[:, :, :32] = 0.0  # in-place change bumps the version
     fresh = maps_torch(img, None)
     assert fresh is not first
     for a, b in zip(fresh[:2], _maps_torch(img, None)[:2]):
         assert torch.equal(a, b)
     mask = torch.zeros(2, 64, 64, dtype=torch.long)
     mask[:, 40:50, 40:50] = 1
-    with_mask = maps_torch(img, mask)                   # a different mask is a different key
+    with_mask = maps_torch(img, mask)  # a different mask is a different key
     assert not torch.equal(with_mask[1], fresh[1])
     # per-image views of one batch, visited test after test (the suite's order), are all memoised
-    views = [maps_torch(img[i:i + 1].detach(), None) for i in range(2)]
-    assert all(maps_torch(img[i:i + 1].detach(), None) is views[i] for i in range(2))
+    views = [maps_torch(img[i : i + 1].detach(), None) for i in range(2)]
+    assert all(maps_torch(img[i : i + 1].detach(), None) is views[i] for i in range(2))

@@ -1,4 +1,5 @@
 """Albumentations integration, user cut-out folders (real EAD2019 instrument mask) and the gallery."""
+
 from __future__ import annotations
 
 import inspect
@@ -29,7 +30,9 @@ def _img(h=96, w=96, seed=0, family=None):
         return _img(h, w, seed)[:, :, :1].copy()
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[:h, :w]
-    img = np.stack([170 + 40 * np.sin(xx / 8), 90 + 30 * np.cos(yy / 6), 70 + 0 * xx], -1) + rng.normal(0, 5, (h, w, 3))
+    img = np.stack([170 + 40 * np.sin(xx / 8), 90 + 30 * np.cos(yy / 6), 70 + 0 * xx], -1) + rng.normal(
+        0, 5, (h, w, 3)
+    )
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
@@ -95,14 +98,14 @@ def test_every_argument_round_trips_through_to_dict_from_dict(family, arg, tmp_p
     kw = _non_default(family, q, tmp_path)
     cls = albu.TRANSFORMS[family]
     assert arg in cls.get_transform_init_args_names(cls)
-    expected = get(family, **kw).init_args()          # what the family itself records
+    expected = get(family, **kw).init_args()  # what the family itself records
     assert expected[arg] == kw[arg] and expected[arg] != q.default
     t = cls(**kw, p=0.8)
     d = json.loads(json.dumps(A.to_dict(A.Compose([t]))))  # through real JSON, as a saved pipeline is
     back = A.from_dict(d).transforms[0]
     assert type(back) is cls and back.p == 0.8
     assert back.family_args == t.family_args == {**expected}
-    assert back.perturbation.init_args() == expected   # the argument reached the perturbation
+    assert back.perturbation.init_args() == expected  # the argument reached the perturbation
     # existing perturbation objects keep every argument too
     assert albu.transform_for(get(family, **kw)).family_args == expected
     img, m = _img(family=family), _mask()
@@ -114,8 +117,13 @@ def test_every_argument_round_trips_through_to_dict_from_dict(family, arg, tmp_p
 def test_issue_examples_keep_their_arguments():
     """The three arguments the issue reported as lost after to_dict/from_dict now act after the round trip."""
     img, m = _img(), _mask()
-    pipe = A.Compose([albu.BlurTransform(noise=False), albu.InstrumentTransform(n_procedural=3),
-                      albu.WhiteBalanceTransform(cast="green", severity=5)])
+    pipe = A.Compose(
+        [
+            albu.BlurTransform(noise=False),
+            albu.InstrumentTransform(n_procedural=3),
+            albu.WhiteBalanceTransform(cast="green", severity=5),
+        ]
+    )
     blur, inst, wb = A.from_dict(A.to_dict(pipe)).transforms
     assert inst.perturbation.bank.shape[0] == 3
     rng = np.random.default_rng(0)
@@ -143,17 +151,30 @@ def test_transform_classes_are_declared_statically_for_exactly_the_registry():
     declared = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and [b.id for b in node.bases if isinstance(b, ast.Name)] == [
-                "PerturbationTransform"]:
-            fam = [st.value.value for st in node.body if isinstance(st, ast.Assign)
-                   and [t.id for t in st.targets if isinstance(t, ast.Name)] == ["family"]]
+            "PerturbationTransform"
+        ]:
+            fam = [
+                st.value.value
+                for st in node.body
+                if isinstance(st, ast.Assign)
+                and [t.id for t in st.targets if isinstance(t, ast.Name)] == ["family"]
+            ]
             declared[node.name] = fam[0] if fam else None
     need_model = {f for f in P.available() if any(q.name == "model" for q in _family_args(f))}
     assert declared == {albu._class_name(f): f for f in P.available() if f not in need_model}
     assert list(declared.values()) == [f for f in P.available() if f not in need_model]  # registry order
-    static_all = next(n.value for n in tree.body if isinstance(n, ast.Assign)
-                      and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"])
-    assert set(ast.literal_eval(static_all)) == {*declared, "PerturbationTransform", "TRANSFORMS",
-                                                 "transform_class", "transform_for"}
+    static_all = next(
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"]
+    )
+    assert set(ast.literal_eval(static_all)) == {
+        *declared,
+        "PerturbationTransform",
+        "TRANSFORMS",
+        "transform_class",
+        "transform_for",
+    }
     assert "globals()" not in Path(albu.__file__).read_text()
     with pytest.raises(TypeError, match="must be called BlurTransform"):
         type("Blurry", (albu.PerturbationTransform,), {"family": "blur", "__module__": __name__})
@@ -182,8 +203,14 @@ def test_each_family_in_compose_uint8_and_float_replay_and_pickle(family):
 
 def test_replaycompose_replays_exactly_and_mixes_with_builtins():
     img, m = _img(), _mask()
-    r = A.ReplayCompose([albu.SpecularityTransform(severity=5), A.HorizontalFlip(p=1.0),
-                         albu.BlurTransform(severity=2), albu.TextTransform(severity=3)])
+    r = A.ReplayCompose(
+        [
+            albu.SpecularityTransform(severity=5),
+            A.HorizontalFlip(p=1.0),
+            albu.BlurTransform(severity=2),
+            albu.TextTransform(severity=3),
+        ]
+    )
     r.set_random_seed(0)
     out = r(image=img, mask=m)
     again = A.ReplayCompose.replay(out["replay"], image=img, mask=m)
@@ -255,7 +282,9 @@ def test_empty_or_missing_cutout_folder_errors(tmp_path):
 
 def test_gallery_grid(tmp_path):
     imgs = [_img(80, 80, 0), _img(80, 80, 1)]
-    path = render_gallery(imgs, tmp_path / "g.png", names=["blur", "text", "instrument"], severities=(1, 3, 5), tile=64)
+    path = render_gallery(
+        imgs, tmp_path / "g.png", names=["blur", "text", "instrument"], severities=(1, 3, 5), tile=64
+    )
     grid = cv2.imread(str(path))
     assert grid.shape == (2 * 3 * 64, 4 * 64, 3)
     assert not list(tmp_path.glob(".*tmp"))  # written atomically, no temp left

@@ -1,4 +1,5 @@
 """BatchAugmentation: every registered family as a Kornia-style batch augmentation (p, per-sample params, replay)."""
+
 from __future__ import annotations
 
 import inspect
@@ -42,11 +43,11 @@ def _batch(b=6, s=128, seed=0, family=None):
     for i in range(b):
         for _ in range(3):
             y0, x0 = torch.randint(8, s - 12, (2,), generator=g).tolist()
-            x[i, :, y0:y0 + 4, x0:x0 + 4] = 1.0
+            x[i, :, y0 : y0 + 4, x0 : x0 + 4] = 1.0
     c = s // 2
     m = torch.zeros(b, s, s, dtype=torch.long)
-    m[:, c - 8:c + 8, c - 8:c + 8] = 1
-    x[:, :, c - 8:c + 8, c - 8:c + 8] = 0.5
+    m[:, c - 8 : c + 8, c - 8 : c + 8] = 1
+    x[:, :, c - 8 : c + 8, c - 8 : c + 8] = 0.5
     return (x.mean(1, keepdim=True) if family in GREY_ONLY else x), m
 
 
@@ -102,9 +103,9 @@ def test_mixed_severities_match_the_family_applied_per_sample(family):
         assert fam and all(v.shape[0] == len(idx) for v in fam.values())
         assert aug.perturbation(s).severity == s
         for j, i in enumerate(idx.tolist()):  # each sample: its own severity's perturbation with its own row
-            one = {k: v[j:j + 1] for k, v in fam.items()}
-            ref, _ = aug.perturbation(s).apply_batch(x[i:i + 1], m[i:i + 1], params=one)
-            assert torch.allclose(out[i:i + 1], ref, atol=1e-6), (s, i)
+            one = {k: v[j : j + 1] for k, v in fam.items()}
+            ref, _ = aug.perturbation(s).apply_batch(x[i : i + 1], m[i : i + 1], params=one)
+            assert torch.allclose(out[i : i + 1], ref, atol=1e-6), (s, i)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -131,7 +132,9 @@ def test_family_arguments_and_existing_objects_are_used_at_every_severity():
     aug = BatchAugmentation(wb, severity=(3, 5), p=1.0)
     assert aug.perturbation(4) is wb and aug.perturbation(5).cast == "purple"
     aug(x, generator=torch.Generator().manual_seed(0))
-    assert all(bool((v == 1).all()) for k, v in aug._params.items() if k.endswith(".cast"))  # CASTS[1] == purple
+    assert all(
+        bool((v == 1).all()) for k, v in aug._params.items() if k.endswith(".cast")
+    )  # CASTS[1] == purple
     assert BatchAugmentation(wb).severity == (4, 4) and "white_balance" in repr(BatchAugmentation(wb))
 
 
@@ -221,8 +224,14 @@ def test_runs_in_on_after_batch_transfer_of_a_real_trainer():
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     model = Module()
-    L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-              enable_model_summary=False, accelerator="cpu").fit(model, DataLoader(Frames(), batch_size=4))
+    L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    ).fit(model, DataLoader(Frames(), batch_size=4))
     assert len(model.seen) == 2
     for clean, mask, out, params in model.seen:
         assert (out != clean).flatten(1).any(1).all()

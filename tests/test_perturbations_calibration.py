@@ -4,6 +4,7 @@ With the same seed, perturbing a 512-px frame and downsizing it must look like p
 downsized frame: ``mean |down(P(x_512)) - P(down(x_512))| <= 0.3 * mean |down(P(x_512)) - down(x_512)|``
 (the difference measured against the size of the perturbation itself, both seen at the small size).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,8 +17,18 @@ import torch
 import robusttrain.perturbations as P
 from robusttrain.perturbations import get, index_params
 
-FAMILIES = ["saturation", "contrast", "white_balance", "specularity", "blur", "motion_blur", "instrument",
-            "feces", "blood", "text"]
+FAMILIES = [
+    "saturation",
+    "contrast",
+    "white_balance",
+    "specularity",
+    "blur",
+    "motion_blur",
+    "instrument",
+    "feces",
+    "blood",
+    "text",
+]
 BOUND = 0.3
 # Sub-pixel blurs cannot meet 0.3 at 128 px on sharp frames: area downsizing aliases fine detail into the
 # 128-px image, detail that the 512-px blur removes first and no blur of the 128-px frame can remove
@@ -33,7 +44,9 @@ def _frames(root: Path) -> list[tuple[np.ndarray, np.ndarray]]:
             img = cv2.imread(str(f))[:, :, ::-1]
             m = cv2.imread(str(root / sub / "masks" / f.name), cv2.IMREAD_GRAYSCALE)
             img = np.ascontiguousarray(cv2.resize(img, (512, 512), interpolation=cv2.INTER_AREA))
-            out.append((img, (cv2.resize(m, (512, 512), interpolation=cv2.INTER_NEAREST) > 127).astype(np.int64)))
+            out.append(
+                (img, (cv2.resize(m, (512, 512), interpolation=cv2.INTER_NEAREST) > 127).astype(np.int64))
+            )
     if not out:
         pytest.skip(f"no Kvasir-SEG / CVC-ClinicDB frames under {root}")
     return out
@@ -59,14 +72,18 @@ def test_downsize_commutes_with_perturbation(frames, name):
             big, _ = p.apply_numpy(img, mask, rng=np.random.default_rng(100 + i))
             for size in (128, 256):
                 small = _down(img, size)
-                ms = cv2.resize(mask.astype(np.uint8), (size, size), interpolation=cv2.INTER_NEAREST).astype(np.int64)
+                ms = cv2.resize(mask.astype(np.uint8), (size, size), interpolation=cv2.INTER_NEAREST).astype(
+                    np.int64
+                )
                 ref = _down(big, size).astype(np.float32)
                 out, _ = p.apply_numpy(small, ms, rng=np.random.default_rng(100 + i))
                 diff[size].append(np.abs(ref - out).mean())
                 effect[size].append(np.abs(ref - small).mean())
         for size in (128, 256):
             d, e = float(np.mean(diff[size])), float(np.mean(effect[size]))
-            assert e > 0.05, f"{name}@{sev}: no effect at {size} px"  # a check of nothing would pass trivially
+            assert e > 0.05, (
+                f"{name}@{sev}: no effect at {size} px"
+            )  # a check of nothing would pass trivially
             rows.append((sev, size, d, e, d / e))
     bad = [r for r in rows if r[4] > RELAXED.get((name, r[0], r[1]), BOUND)]
     table = "; ".join(f"s{s}@{z}: {d:.2f}/{e:.2f}={q:.2f}" for s, z, d, e, q in rows)
@@ -82,9 +99,9 @@ def test_blur_noise_is_the_downsized_reference_noise():
     big = add_noise_np(flat.copy(), 5, np.array([7, 30]))
     small = add_noise_np(_down(flat, 128), 5, np.array([7, 30]))
     ref = _down(big, 128).astype(np.float32)
-    assert np.abs(ref - small).mean() < 0.5          # the same field (rounding only)
+    assert np.abs(ref - small).mean() < 0.5  # the same field (rounding only)
     assert 3.5 < big.astype(np.float32).std() < 6.5  # 5 grey levels at the reference size
-    assert small.astype(np.float32).std() < 2.0      # the grain averages out when downsized
+    assert small.astype(np.float32).std() < 2.0  # the grain averages out when downsized
 
 
 @pytest.mark.parametrize("name", ["blur", "motion_blur", "specularity", "instrument", "text"])
@@ -92,24 +109,32 @@ def test_recorded_params_replay_on_another_size(name):
     # Params recorded at 512 px replay at 128 px (both paths) and give the downsized 512-px result.
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[:512, :512].astype(np.float32)
-    img = np.clip(np.stack([150 + 60 * np.sin(xx / 17), 90 + 40 * np.cos(yy / 13), 70 + 0 * xx], -1)
-                  + rng.normal(0, 3, (512, 512, 3)), 0, 255).astype(np.uint8)
+    img = np.clip(
+        np.stack([150 + 60 * np.sin(xx / 17), 90 + 40 * np.cos(yy / 13), 70 + 0 * xx], -1)
+        + rng.normal(0, 3, (512, 512, 3)),
+        0,
+        255,
+    ).astype(np.uint8)
     p = get(name, severity=4)
     big, params = p.apply_numpy(img, rng=np.random.default_rng(1))
     small = _down(img, 128)
     out, _ = p.apply_numpy(small, params=params)
     ref = _down(big, 128).astype(np.float32)
     assert np.abs(ref - out).mean() <= 0.3 * np.abs(ref - small).mean()
-    t, _ = p.apply_batch(torch.from_numpy(small).permute(2, 0, 1)[None].float() / 255,
-                         params={k: torch.as_tensor(v)[None] for k, v in params.items()})
+    t, _ = p.apply_batch(
+        torch.from_numpy(small).permute(2, 0, 1)[None].float() / 255,
+        params={k: torch.as_tensor(v)[None] for k, v in params.items()},
+    )
     assert np.abs(t[0].permute(1, 2, 0).numpy() * 255 - out).max() <= 2.0 + 1e-4
 
 
 def test_pixel_unit_params_are_refused_with_a_clear_error():
     p = get("blur", severity=2)
     with pytest.raises(ValueError, match=r"keys.*sigma_rel.*unexpected \['ksize', 'sigma'\].*older version"):
-        p.apply_numpy(np.zeros((32, 32, 3), np.uint8),
-                      params={"sigma": 2.0, "ksize": 13, "noise": 1, "noise_offset": np.array([0, 0])})
+        p.apply_numpy(
+            np.zeros((32, 32, 3), np.uint8),
+            params={"sigma": 2.0, "ksize": 13, "noise": 1, "noise_offset": np.array([0, 0])},
+        )
     out, params = p.apply_batch(torch.rand(2, 3, 32, 32), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="missing \\['noise'\\]"):
         p.apply_batch(torch.rand(2, 3, 32, 32), params={k: v for k, v in params.items() if k != "noise"})

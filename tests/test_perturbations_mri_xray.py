@@ -1,5 +1,6 @@
 """MRI and X-ray families: bad input, size-free params, physics, suites by name, and severity order on real
 ACDC slices / Shenzhen radiographs. Parity, replay, masks and batching: perturbations/test_conformance.py."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,7 +48,9 @@ def test_registry_channels_and_suites():
         P.available(channels=2)
     assert resolve("mri") == list(SUITES["mri"]) and resolve("endoscopy")[0] == "saturation"
     assert resolve(["xray", "motion_blur", "blur"]) == list(SUITES["xray"]) + ["motion_blur"]
-    with pytest.raises(ValueError, match="unknown perturbation suite 'ct'; valid suites: endoscopy, mri, xray"):
+    with pytest.raises(
+        ValueError, match="unknown perturbation suite 'ct'; valid suites: endoscopy, mri, xray"
+    ):
         resolve("ct")
     with pytest.raises(ValueError, match="unknown perturbation 'sparkle'.*valid suites"):
         MRSuite(["blur", "sparkle"])
@@ -132,16 +135,24 @@ def test_kspace_families_behave_like_their_physics():
     assert float((out - x).abs().mean()) > 2 / 255
     # ghosting: copies shifted by H / ghosts along the chosen axis -> the background above/below brightens
     g = get("ghosting", severity=5)
-    gy, _ = g.apply_batch(x, params={"ghosts": torch.tensor([2]), "axis": torch.tensor([0]), "intensity": torch.tensor([0.4])})
-    gx, _ = g.apply_batch(x, params={"ghosts": torch.tensor([2]), "axis": torch.tensor([1]), "intensity": torch.tensor([0.4])})
+    gy, _ = g.apply_batch(
+        x, params={"ghosts": torch.tensor([2]), "axis": torch.tensor([0]), "intensity": torch.tensor([0.4])}
+    )
+    gx, _ = g.apply_batch(
+        x, params={"ghosts": torch.tensor([2]), "axis": torch.tensor([1]), "intensity": torch.tensor([0.4])}
+    )
     top = slice(0, 6)
     assert float(gy[0, 0, top, 28:36].mean()) > float(x[0, 0, top, 28:36].mean()) + 10 / 255
     assert float(gx[0, 0, 28:36, top].mean()) > float(x[0, 0, 28:36, top].mean()) + 10 / 255
     # spike: a plane wave of the requested frequency (cycles per image)
     s = get("spike", severity=3)
     flat = torch.full((1, 1, 64, 64), 0.5)
-    sp = {"freq": torch.tensor([[[0.0, 8.0], [0.0, 0.0]]]), "phase": torch.zeros(1, 2),
-          "amplitude": torch.tensor([[0.2, 0.0]]), "white": torch.tensor([0.5])}
+    sp = {
+        "freq": torch.tensor([[[0.0, 8.0], [0.0, 0.0]]]),
+        "phase": torch.zeros(1, 2),
+        "amplitude": torch.tensor([[0.2, 0.0]]),
+        "white": torch.tensor([0.5]),
+    }
     o, _ = s.apply_batch(flat, params=sp)
     row = o[0, 0, 0] - 0.5
     spec = torch.fft.rfft(row).abs()
@@ -161,7 +172,9 @@ def _acdc_slices(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
         with h5py.File(f) as h:
             k = h["image"].shape[0] // 2  # a mid-ventricular slice
             img, lab = h["image"][k], h["label"][k]
-        imgs.append(cv2.resize(np.clip(img, 0, 1).astype(np.float32), (128, 128), interpolation=cv2.INTER_AREA))
+        imgs.append(
+            cv2.resize(np.clip(img, 0, 1).astype(np.float32), (128, 128), interpolation=cv2.INTER_AREA)
+        )
         labs.append(cv2.resize(lab, (128, 128), interpolation=cv2.INTER_NEAREST))
     return torch.from_numpy(np.stack(imgs))[:, None], torch.from_numpy(np.stack(labs).astype(np.int64))
 
@@ -264,10 +277,22 @@ def test_recipe_fit_checks_its_modality_suite(tmp_path, recipe, suite):
     from robusttrain.cli import main
 
     run_dir = tmp_path / recipe
-    code = main(["fit", f"recipe={recipe}", f"run_dir={run_dir}", "trainer.max_epochs=1", "data.n_train=8",
-                 "data.n_val=4", "data.image_size=64", "callbacks.metamorphic.max_cases=4",
-                 "callbacks.mining.train_probe_size=4", "callbacks.metamorphic.suite.severities=[3]",
-                 "trainer.enable_progress_bar=false", "logger=none"])
+    code = main(
+        [
+            "fit",
+            f"recipe={recipe}",
+            f"run_dir={run_dir}",
+            "trainer.max_epochs=1",
+            "data.n_train=8",
+            "data.n_val=4",
+            "data.image_size=64",
+            "callbacks.metamorphic.max_cases=4",
+            "callbacks.mining.train_probe_size=4",
+            "callbacks.metamorphic.suite.severities=[3]",
+            "trainer.enable_progress_bar=false",
+            "logger=none",
+        ]
+    )
     assert code == 0
     with open(run_dir / "efr.csv") as f:
         checked = {row["perturbation"] for row in csv.DictReader(f)}

@@ -1,5 +1,6 @@
 """README's "Use it on your own Lightning trainer" section, run as written on a user-style project
 (tests/user_project.py: tuple batches, its own datamodule whose train_dataloader wraps with mining)."""
+
 from __future__ import annotations
 
 import re
@@ -19,7 +20,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def section_blocks() -> list[str]:
     text = README.read_text()
     start = text.index("## Use it on your own Lightning trainer")
-    section = text[start:text.index("\n## ", start + 3)]
+    section = text[start : text.index("\n## ", start + 3)]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
@@ -41,8 +42,15 @@ def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
     scope = {"my_model": Net(), "MyDataModule": MyDataModule}
     exec(compile(code, "README.md", "exec"), scope)
     run = tmp_path / "runs" / "mine"
-    for name in ("history.csv", "efr.csv", "mr_cases.csv", "corner_cases.json", "balanced.ckpt",
-                 "failures/failures.jsonl", "failures/mining.csv"):
+    for name in (
+        "history.csv",
+        "efr.csv",
+        "mr_cases.csv",
+        "corner_cases.json",
+        "balanced.ckpt",
+        "failures/failures.jsonl",
+        "failures/mining.csv",
+    ):
         assert (run / name).is_file(), name
     assert scope["mining"].replay is not None  # the datamodule's loader read the wrapper
 
@@ -50,7 +58,7 @@ def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
 def test_readme_metamorphic_training_example_runs_on_a_user_project(tmp_path, monkeypatch):
     text = README.read_text()
     start = text.index("## Train on what the check finds")
-    blocks = re.findall(r"```python\n(.*?)```", text[start:text.index("\n## ", start + 3)], flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", text[start : text.index("\n## ", start + 3)], flags=re.S)
     assert len(blocks) == 1 and "metamorphic_loss(self, batch, logits, self.loss_fn)" in blocks[0]
     L, Net, Data = make("lightning.pytorch")
 

@@ -1,4 +1,5 @@
 """Plots and the HTML report, on hand-made run directories in the documented file formats."""
+
 from __future__ import annotations
 
 import base64
@@ -49,13 +50,16 @@ def test_efr_table_in_paper_layout(tmp_path):
     t5 = out[0.5]
     assert list(t5.index) == PERTURBATIONS + ["All"]
     assert list(t5.columns) == [("val", "Dice"), ("val", "IoU")]
-    last = efr[(efr.epoch == 2) & (efr.perturbation == "blur") & (efr.metric == "dice")
-               & (efr.threshold == 0.5)]
+    last = efr[
+        (efr.epoch == 2) & (efr.perturbation == "blur") & (efr.metric == "dice") & (efr.threshold == 0.5)
+    ]
     per_sev = last[last.severity > 0]
     expected = 100 * per_sev.errors.sum() / per_sev.cases.sum()
     assert t5.loc["blur", ("val", "Dice")] == pytest.approx(expected)  # pooled row not double-counted
     assert t5.loc["blur", ("val", "Dice")] == pytest.approx(100 * last[last.severity == 0].efr.item())
-    alls = efr[(efr.epoch == 2) & (efr.perturbation == "all") & (efr.metric == "iou") & (efr.threshold == 0.5)]
+    alls = efr[
+        (efr.epoch == 2) & (efr.perturbation == "all") & (efr.metric == "iou") & (efr.threshold == 0.5)
+    ]
     assert t5.loc["All", ("val", "IoU")] == pytest.approx(100 * alls.efr.item())
 
 
@@ -64,8 +68,7 @@ def test_report_has_every_section_and_inlined_images(tmp_path):
     path = write_report(run)
     assert path == run / "report.html"
     text = path.read_text()
-    for anchor in ("summary", "clean-dice", "efr-table", "efr-curves", "corner-cases", "failures",
-                   "gallery"):
+    for anchor in ("summary", "clean-dice", "efr-table", "efr-curves", "corner-cases", "failures", "gallery"):
         assert f'<section id="{anchor}">' in text
     assert CORNER in text and "last_inlier" in text and "recipe: acdc" in text
     srcs = re.findall(r'<img alt="[^"]*" src="([^"]+)"', text)
@@ -98,7 +101,8 @@ def test_report_degrades_per_section(tmp_path):
 def test_report_prefers_check_efr_table(tmp_path):
     run = make_run_dir(tmp_path / "run")
     pd.DataFrame({"perturbation": ["blur"], "val Dice": [1.5], "val IoU": [2.5]}).to_csv(
-        run / "efr_table.csv", index=False)
+        run / "efr_table.csv", index=False
+    )
     text = write_report(run).read_text()
     assert "efr_table.csv" in text and "2.5" in text
 
@@ -123,7 +127,7 @@ def test_report_inlines_an_existing_gallery(tmp_path):
     run = make_run_dir(tmp_path / "run", failures=False)
     write_png(run / "gallery.png", 3, size=(64, 200))
     text = write_report(run).read_text()
-    section = text[text.index('<section id="gallery">'):]
+    section = text[text.index('<section id="gallery">') :]
     assert section.count("<img") == 1 and "not available" not in section.split("</section>")[0]
 
 
@@ -141,9 +145,19 @@ def test_failure_rows_with_overlays_or_thumbnail(tmp_path):
     # with the MR callback's images: GT and each prediction as mask overlays
     gt = np.zeros((16, 16), np.uint8)
     gt[4:8, 4:8] = 3
-    images = {"source": np.full((16, 16, 3), 90, np.uint8), "followup": np.full((16, 16, 3), 30, np.uint8),
-              "gt": gt, "pred_source": gt, "pred_followup": np.zeros_like(gt)}
+    images = {
+        "source": np.full((16, 16, 3), 90, np.uint8),
+        "followup": np.full((16, 16, 3), 30, np.uint8),
+        "gt": gt,
+        "pred_source": gt,
+        "pred_followup": np.zeros_like(gt),
+    }
     row = wandb_charts.failure_row(rec, images, CLASSES)
     for cell in row[8:]:
         assert set(cell._masks) == {"ground_truth", "prediction"}
-        assert cell._masks["ground_truth"]._val["class_labels"] == {0: "background", 1: "rv", 2: "myo", 3: "lv"}
+        assert cell._masks["ground_truth"]._val["class_labels"] == {
+            0: "background",
+            1: "rv",
+            2: "myo",
+            3: "lv",
+        }

@@ -1,5 +1,6 @@
 """The HTML report in a real headless Chromium (Debian's ``chromium``): it loads with no console
 messages, shows every section, and renders its images. Installs nothing; skips without chromium."""
+
 from __future__ import annotations
 
 import os
@@ -16,18 +17,33 @@ from robusttrain.reporting import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="/usr/bin/chromium absent (CI: apt-get install -y chromium)")
+    not CHROMIUM.exists(), reason="/usr/bin/chromium absent (CI: apt-get install -y chromium)"
+)
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--hide-scrollbars",
+]
 
 
 def chromium(tmp: Path, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
     profile = tmp / "chromium-profile"
     profile.mkdir(exist_ok=True)
-    return subprocess.run([str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def console_lines(stderr: str) -> list[str]:
@@ -45,8 +61,9 @@ def report(tmp_path_factory) -> Path:
 def test_console_detection_works(tmp_path):
     # guards the check below: a page that does log must be seen as logging
     page = tmp_path / "bad.html"
-    page.write_text("<!DOCTYPE html><html><body><script>console.error('boom');"
-                    "undefinedFn();</script></body></html>")
+    page.write_text(
+        "<!DOCTYPE html><html><body><script>console.error('boom');undefinedFn();</script></body></html>"
+    )
     out = chromium(tmp_path, "--dump-dom", page.as_uri())
     lines = console_lines(out.stderr)
     assert any("boom" in ln for ln in lines) and any("ReferenceError" in ln for ln in lines)
@@ -57,10 +74,15 @@ def test_report_dom_has_every_section_and_no_console_messages(report, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     dom = out.stdout
     assert console_lines(out.stderr) == []
-    for anchor, title in [("summary", "Run summary"), ("clean-dice", "Clean Dice"),
-                          ("efr-table", "EFR table"), ("efr-curves", "EFR curves"),
-                          ("corner-cases", "Corner cases"), ("failures", "Worst failures"),
-                          ("gallery", "Perturbation gallery")]:
+    for anchor, title in [
+        ("summary", "Run summary"),
+        ("clean-dice", "Clean Dice"),
+        ("efr-table", "EFR table"),
+        ("efr-curves", "EFR curves"),
+        ("corner-cases", "Corner cases"),
+        ("failures", "Worst failures"),
+        ("gallery", "Perturbation gallery"),
+    ]:
         assert re.search(rf'<section id="{anchor}"><h2>{title}</h2>', dom), anchor
     assert CORNER in dom and "t = 0.25" in dom and "t = 0.5" in dom
     # clean Dice, EFR curves, 1 corner case, trade-off, 5 failures, gallery

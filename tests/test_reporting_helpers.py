@@ -1,5 +1,6 @@
 """A hand-made run directory in the documented file formats (docs/design.md), shared by the
 reporting tests. These are fixtures of the *file format*, not mocks of the writers."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ def write_png(path: Path, seed: int, size=(48, 96)) -> Path:
     return path
 
 
-def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = True,
-                 failures: bool = True) -> Path:
+def make_run_dir(
+    root: Path, epochs: int = 6, cases: int = 8, corners: bool = True, failures: bool = True
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     rows = []
@@ -34,9 +36,14 @@ def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = Tr
             if cid == CORNER:  # planted collapse at the last two epochs
                 base = 0.3 if e >= epochs - 2 else base - 0.2
             d = np.clip(base + 0.03 * rng.standard_normal(len(CLASSES)), 0, 1)
-            rows.append({"case_id": cid, "epoch": e,
-                         **{f"dice_{k}": v for k, v in zip(CLASSES, d)},
-                         **{f"iou_{k}": v / (2 - v) for k, v in zip(CLASSES, d)}})
+            rows.append(
+                {
+                    "case_id": cid,
+                    "epoch": e,
+                    **{f"dice_{k}": v for k, v in zip(CLASSES, d)},
+                    **{f"iou_{k}": v / (2 - v) for k, v in zip(CLASSES, d)},
+                }
+            )
     pd.DataFrame(rows).to_csv(root / "history.csv", index=False)
 
     efr = []
@@ -45,40 +52,79 @@ def make_run_dir(root: Path, epochs: int = 6, cases: int = 8, corners: bool = Tr
             for s in (2, 4):
                 for metric in ("dice", "iou"):
                     for t in (0.5, 0.25):
-                        errors = int(max(0, cases - e - p_i) * (s / 4) * (1.5 if t == 0.25 else 1)
-                                     * (1.2 if metric == "iou" else 1)) % (cases + 1)
-                        efr.append({"epoch": e, "split": "val", "perturbation": p, "severity": s,
-                                    "metric": metric, "threshold": t, "errors": errors,
-                                    "cases": cases, "efr": errors / cases})
+                        errors = int(
+                            max(0, cases - e - p_i)
+                            * (s / 4)
+                            * (1.5 if t == 0.25 else 1)
+                            * (1.2 if metric == "iou" else 1)
+                        ) % (cases + 1)
+                        efr.append(
+                            {
+                                "epoch": e,
+                                "split": "val",
+                                "perturbation": p,
+                                "severity": s,
+                                "metric": metric,
+                                "threshold": t,
+                                "errors": errors,
+                                "cases": cases,
+                                "efr": errors / cases,
+                            }
+                        )
     efr = pd.DataFrame(efr)
     # the MetamorphicCallback also writes pooled rows: severity 0 per perturbation, and "all"
     keys = ["epoch", "split", "perturbation", "metric", "threshold"]
     pooled = efr.groupby(keys, as_index=False)[["errors", "cases"]].sum().assign(severity=0)
-    every = pooled.groupby(["epoch", "split", "metric", "threshold"], as_index=False)[
-        ["errors", "cases"]].sum().assign(severity=0, perturbation="all")
+    every = (
+        pooled.groupby(["epoch", "split", "metric", "threshold"], as_index=False)[["errors", "cases"]]
+        .sum()
+        .assign(severity=0, perturbation="all")
+    )
     efr = pd.concat([efr, pooled, every], ignore_index=True)
     efr["efr"] = efr["errors"] / efr["cases"]
     efr.to_csv(root / "efr.csv", index=False)
     (root / "config.yaml").write_text(f"recipe: acdc\ntrainer:\n  max_epochs: {epochs}\n")
 
     if corners:
-        (root / "corner_cases.json").write_text(json.dumps({
-            # BalancedCheckpoint's schema (robusttrain.rundir.corner_cases)
-            "corner_cases": [{"case_id": CORNER, "score": 12.5}],
-            "outlier_epochs": {CORNER: [epochs - 2, epochs - 1]},
-            "balanced_epoch": epochs - 3, "least_loss_epoch": epochs - 1,
-            "policy": "last_inlier", "reason": "last epoch with no corner-case outlier"}))
+        (root / "corner_cases.json").write_text(
+            json.dumps(
+                {
+                    # BalancedCheckpoint's schema (robusttrain.rundir.corner_cases)
+                    "corner_cases": [{"case_id": CORNER, "score": 12.5}],
+                    "outlier_epochs": {CORNER: [epochs - 2, epochs - 1]},
+                    "balanced_epoch": epochs - 3,
+                    "least_loss_epoch": epochs - 1,
+                    "policy": "last_inlier",
+                    "reason": "last epoch with no corner-case outlier",
+                }
+            )
+        )
     if failures:  # the FailureBank's log: failure lines by id, batches closed by a marker
         fdir = root / "failures"
         lines = []
         for i in range(5):
             rid = f"{i:016x}"
             write_png(fdir / "thumbs" / f"{rid}.png", i, size=(48, 240))
-            rec = {"kind": "failure", "id": rid, "last_epoch": epochs - 1, "count": 1,
-                   "case_id": f"patient{i:03d}", "split": "val", "perturbation": PERTURBATIONS[i % 3],
-                   "severity": 4, "params": {"sigma": [3.0]}, "seed": i, "epoch": epochs - 1,
-                   "src_dice": 0.9, "fol_dice": 0.9 - 0.1 * (i + 3), "src_iou": 0.8,
-                   "fol_iou": 0.2, "index": i, "slice_index": 0, "extra": {}}
+            rec = {
+                "kind": "failure",
+                "id": rid,
+                "last_epoch": epochs - 1,
+                "count": 1,
+                "case_id": f"patient{i:03d}",
+                "split": "val",
+                "perturbation": PERTURBATIONS[i % 3],
+                "severity": 4,
+                "params": {"sigma": [3.0]},
+                "seed": i,
+                "epoch": epochs - 1,
+                "src_dice": 0.9,
+                "fol_dice": 0.9 - 0.1 * (i + 3),
+                "src_iou": 0.8,
+                "fol_iou": 0.2,
+                "index": i,
+                "slice_index": 0,
+                "extra": {},
+            }
             rec["drop"] = (rec["src_dice"] - rec["fol_dice"]) / rec["src_dice"]
             lines.append(json.dumps(rec))
         lines.append(json.dumps({"kind": "batch", "epoch": epochs - 1, "seen": [], "n": 5}))

@@ -1,4 +1,5 @@
 """The checkpoint trade-off: every policy's pick on one history, its plot and its report section."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,8 @@ def test_tradeoff_plot_and_report_section(tmp_path):
     img = matplotlib.image.imread(png)
     assert img.shape[1] > img.shape[0] > 300 and img.std() > 0.05
     text = write_report(run).read_text()
-    section = text[text.index('<section id="tradeoff">'):]
-    section = section[:section.index("</section>")]
+    section = text[text.index('<section id="tradeoff">') :]
+    section = section[: section.index("</section>")]
     assert "worst 10 % of cases" in section and "data:image/png;base64," in section
     cells = re.search(r"<td>cvar</td>\s*<td>(\d+)</td>\s*<td>([\d.]+)</td>\s*<td>([\d.]+)</td>", section)
     assert cells and cells.group(1) == "3" and np.isclose(float(cells.group(3)), 0.6)
@@ -55,5 +56,5 @@ def test_tradeoff_plot_and_report_section(tmp_path):
 def test_tradeoff_section_says_what_is_missing(tmp_path):
     run = make_run_dir(tmp_path / "run", epochs=1)
     text = write_report(run).read_text()
-    section = text[text.index('<section id="tradeoff">'):]
-    assert "not available: fewer than two epochs" in section[:section.index("</section>")]
+    section = text[text.index('<section id="tradeoff">') :]
+    assert "not available: fewer than two epochs" in section[: section.index("</section>")]

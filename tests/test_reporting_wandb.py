@@ -1,5 +1,6 @@
 """RobustnessReporter in a real Lightning fit with the real MR + balanced callbacks and a real
 offline WandbLogger; the offline run is read back from disk (the .wandb transaction log)."""
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,9 @@ def read_wandb_records(path: Path) -> list:
         if left < _HDR:  # block trailer padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HDR])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HDR])
         pos += _HDR
-        chunk, pos = data[pos:pos + length], pos + length
+        chunk, pos = data[pos : pos + length], pos + length
         if kind == 0 and length == 0:
             continue  # zero padding
         buf = chunk if kind in (_FULL, _FIRST) else buf + chunk
@@ -85,7 +86,7 @@ class Cases(Dataset):
             mask = torch.zeros(48, 48, dtype=torch.long)
             for k in (1, 2, 3):
                 y, x = torch.randint(0, 34, (2,), generator=g).tolist()
-                mask[y:y + 14, x:x + 14] = k
+                mask[y : y + 14, x : x + 14] = k
             img = (mask.float()[None] / 3 + 0.05 * torch.randn(1, 48, 48, generator=g)).clamp(0, 1)
             self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": 0})
 
@@ -113,8 +114,9 @@ class Tiny(pl.LightningModule):
         return loss
 
     def validation_step(self, b, _):
-        self.log("val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]),
-                 batch_size=len(b["mask"]))
+        self.log(
+            "val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"])
+        )
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=0.02)
@@ -159,15 +161,25 @@ def fitted(tmp_path_factory):
 
     ctx = RobustnessContext()
     ctx.subscribe(sink)
-    mr = MetamorphicCallback(suite=MRSuite(["blur"], severities=(4,)), dirpath=str(run_dir),
-                             violation_threshold=0.0, class_names=["rv", "myo", "lv"], context=ctx,
-                             verbose=False)
+    mr = MetamorphicCallback(
+        suite=MRSuite(["blur"], severities=(4,)),
+        dirpath=str(run_dir),
+        violation_threshold=0.0,
+        class_names=["rv", "myo", "lv"],
+        context=ctx,
+        verbose=False,
+    )
     reporter = RobustnessReporter(max_failures_per_epoch=3)  # joins the same context (the trainer's)
     spy = PlotSpy(run_dir)
     logger = WandbLogger(offline=True, save_dir=str(tmp), project="robusttrain-test")
-    trainer = pl.Trainer(max_epochs=2, logger=logger, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter, spy])
+    trainer = pl.Trainer(
+        max_epochs=2,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter, spy],
+    )
     trainer.fit(Tiny(), DataLoader(ds, batch_size=5, shuffle=True), DataLoader(ds, batch_size=5))
     import wandb
 
@@ -175,8 +187,16 @@ def fitted(tmp_path_factory):
     mp.undo()
     files = list((tmp / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
-    return {"run_dir": run_dir, "records": read_wandb_records(files[0]), "wandb_dir": files[0].parent,
-            "mr": mr, "sink": sink, "reporter": reporter, "tmp": tmp, "spy": spy}
+    return {
+        "run_dir": run_dir,
+        "records": read_wandb_records(files[0]),
+        "wandb_dir": files[0].parent,
+        "mr": mr,
+        "sink": sink,
+        "reporter": reporter,
+        "tmp": tmp,
+        "spy": spy,
+    }
 
 
 def test_efr_scalars_logged_once_by_the_mr_callback(fitted):
@@ -184,8 +204,13 @@ def test_efr_scalars_logged_once_by_the_mr_callback(fitted):
     efr_rows = [r for r in rows if "mr/efr/blur/dice@0.25" in r]
     assert len(efr_rows) == 2  # one per epoch: the reporter did not duplicate the MR callback's keys
     mr_efr = fitted["mr"].efr
-    last = mr_efr[(mr_efr.epoch == 1) & (mr_efr.perturbation == "blur") & (mr_efr.severity == 0)
-                  & (mr_efr.metric == "dice") & (mr_efr.threshold == 0.5)]
+    last = mr_efr[
+        (mr_efr.epoch == 1)
+        & (mr_efr.perturbation == "blur")
+        & (mr_efr.severity == 0)
+        & (mr_efr.metric == "dice")
+        & (mr_efr.threshold == 0.5)
+    ]
     assert efr_rows[-1]["mr/efr/blur/dice@0.5"] == pytest.approx(float(last.efr.item()))
 
 
@@ -206,8 +231,11 @@ def test_failure_table_logged_incrementally_with_mask_overlays(fitted):
     assert len(set(keys)) == len(keys)  # no failure logged twice
     assert bodies[0]["columns"][:5] == ["epoch", "case_id", "split", "perturbation", "severity"]
     # the images themselves live in the increment artifacts (staged under tmp, not in $HOME)
-    arts = [r.artifact for r in fitted["records"] if r.WhichOneof("record_type") == "artifact"
-            and r.artifact.type == "wandb-run-incremental-table"]
+    arts = [
+        r.artifact
+        for r in fitted["records"]
+        if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "wandb-run-incremental-table"
+    ]
     assert len(arts) >= len(tables)
     files = {e.path: Path(e.local_path) for e in arts[0].manifest.contents}
     assert all(str(fitted["tmp"]) in str(p) for p in files.values())
@@ -216,7 +244,9 @@ def test_failure_table_logged_incrementally_with_mask_overlays(fitted):
     row = body["data"][0]
     assert row[3] == "blur" and row[4] == 4 and row[6] < row[5] and 0 < row[7] <= 1
     for cell in (row[8], row[9]):  # source and follow-up, both with GT + prediction overlays
-        assert cell["_type"] == "image-file" and cell["caption"].endswith(f"{row[5 if cell is row[8] else 6]:.3f}")
+        assert cell["_type"] == "image-file" and cell["caption"].endswith(
+            f"{row[5 if cell is row[8] else 6]:.3f}"
+        )
         assert set(cell["masks"]) == {"ground_truth", "prediction"}
         for m in cell["masks"].values():
             mask = np.asarray(PIL.Image.open(files[m["path"]]))
@@ -269,9 +299,14 @@ def test_plots_every_epoch_on_request(tmp_path):
     ds, run_dir = Cases(), tmp_path / "run"
     spy = PlotSpy(run_dir)
     mr = MetamorphicCallback(suite=MRSuite(["blur"], severities=(4,)), dirpath=str(run_dir), verbose=False)
-    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False,
-                         callbacks=[mr, RobustnessReporter(plots="epoch", console=False), spy])
+    trainer = pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[mr, RobustnessReporter(plots="epoch", console=False), spy],
+    )
     trainer.fit(Tiny(), DataLoader(ds, batch_size=5), DataLoader(ds, batch_size=5))
     assert "efr.png" in spy.seen[0] and "clean_dice.png" in spy.seen[0]
     assert "tradeoff.png" in spy.seen[1]  # needs two epochs of history

@@ -1,4 +1,5 @@
 """Resuming with a larger max_epochs continues on a longer cosine schedule instead of at LR 0."""
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,15 @@ def _fit(tmp_path, max_epochs, ckpt=None, warmup=0, stop_after=None):
     pl.seed_everything(0)
     log = LRLog()
     extra = [StopAfter(stop_after)] if stop_after is not None else []
-    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_train_batches=2, limit_val_batches=1,
-                         callbacks=[log, ModelCheckpoint(dirpath=tmp_path, save_last=True), *extra])
+    trainer = pl.Trainer(
+        max_epochs=max_epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        callbacks=[log, ModelCheckpoint(dirpath=tmp_path, save_last=True), *extra],
+    )
     model = SegmentationModule(features=(4, 4, 8, 8, 16, 4), lr=1e-2, warmup_epochs=warmup)
     dm = PolypDataModule(image_size=32, n_train=8, n_val=2, batch_size=4, num_workers=0, seed=0)
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
@@ -59,7 +66,7 @@ class StopAfter(pl.Callback):
 
 def test_resume_with_the_same_epochs_keeps_the_schedule(tmp_path):
     reference = _fit(tmp_path / "ref", 5)
-    _fit(tmp_path / "cut", 5, stop_after=1)       # a 5-epoch run stopped after epoch 1
+    _fit(tmp_path / "cut", 5, stop_after=1)  # a 5-epoch run stopped after epoch 1
     resumed = _fit(tmp_path / "cut", 5, ckpt=str(tmp_path / "cut" / "last.ckpt"))
     assert sorted(resumed) == [2, 3, 4]
     assert [resumed[e] for e in (2, 3, 4)] == pytest.approx([reference[e] for e in (2, 3, 4)], rel=1e-9)

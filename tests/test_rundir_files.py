@@ -1,4 +1,5 @@
 """robusttrain.rundir: every run-directory file has one reader; where two readers disagreed, they agree."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,20 @@ from robusttrain.rundir import sampling as sampling_file
 
 
 def _rec(case: str, fol: float = 0.3) -> FailureRecord:
-    return FailureRecord(case_id=case, split="train", perturbation="blur", severity=4,
-                         params={"sigma": np.array([3.0])}, seed=1, epoch=0, src_dice=0.9,
-                         fol_dice=fol, src_iou=0.8, fol_iou=0.2, index=0)
+    return FailureRecord(
+        case_id=case,
+        split="train",
+        perturbation="blur",
+        severity=4,
+        params={"sigma": np.array([3.0])},
+        seed=1,
+        epoch=0,
+        src_dice=0.9,
+        fol_dice=fol,
+        src_iou=0.8,
+        fol_iou=0.2,
+        index=0,
+    )
 
 
 def test_report_and_replay_read_a_torn_batch_the_same(tmp_path):

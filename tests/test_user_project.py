@@ -1,6 +1,7 @@
 """Acceptance (issue 13): the four robustness callbacks on a project written elsewhere -- tuple
 batches, float channel masks, a ``val_loss`` key, a Subset training set, the datamodule's own
 ``train_dataloader`` -- under ``lightning.pytorch`` and ``pytorch_lightning``."""
+
 from __future__ import annotations
 
 import json
@@ -33,18 +34,29 @@ def _fit(run, callbacks, datamodule_mining=None, namespace="lightning.pytorch", 
     L, Net, Data = make(namespace)
     L.seed_everything(0, workers=True)
     model = Net()
-    trainer = L.Trainer(max_epochs=epochs, callbacks=callbacks, logger=logger, default_root_dir=run,
-                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                        num_sanity_val_steps=0, accelerator="cpu", devices=1)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        logger=logger,
+        default_root_dir=run,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(model, datamodule=Data(mining=datamodule_mining))
     return trainer, model
 
 
 def _four(run, order=(0, 1, 2, 3)):
-    cbs = [MetamorphicCallback(suite=MRSuite(["contrast"], (5,)), dirpath=run, verbose=False),
-           BalancedCheckpoint(dirpath=run, monitor="val_loss"),
-           FailureMiningCallback(dirpath=run, train_probe_size=8, replay_ratio=0.5),
-           RobustnessReporter(dirpath=run, console=False)]
+    cbs = [
+        MetamorphicCallback(suite=MRSuite(["contrast"], (5,)), dirpath=run, verbose=False),
+        BalancedCheckpoint(dirpath=run, monitor="val_loss"),
+        FailureMiningCallback(dirpath=run, train_probe_size=8, replay_ratio=0.5),
+        RobustnessReporter(dirpath=run, console=False),
+    ]
     return [cbs[i] for i in order], cbs[2]
 
 
@@ -57,25 +69,33 @@ def test_four_callbacks_on_a_user_project_any_order(tmp_path):
     cbs, mining = _four(run, order=(3, 2, 1, 0))  # reversed: the order no longer matters
     trainer, model = _fit(run, cbs, datamodule_mining=mining)
     originals = [trainer.datamodule.train_set[i][0] for i in range(16)]
-    assert len(model.seen[0]) == len(model.seen[1]) == 16         # replay never changes the epoch length
-    assert _perturbed(model.seen[0], originals) == 0                # empty bank: the plain epoch
-    assert _perturbed(model.seen[1], originals) > 0                 # failures of epoch 0 replayed in epoch 1
+    assert len(model.seen[0]) == len(model.seen[1]) == 16  # replay never changes the epoch length
+    assert _perturbed(model.seen[0], originals) == 0  # empty bank: the plain epoch
+    assert _perturbed(model.seen[1], originals) > 0  # failures of epoch 0 replayed in epoch 1
     hist = pd.read_csv(run / "history.csv")
     assert len(hist) == 2 * 8 and all(c.startswith("idx") for c in hist.case_id)
     cases = pd.read_csv(run / "mr_cases.csv")
     train_ids = set(cases[cases.split == "train"].case_id)
     assert train_ids and all(c.startswith("train/idx") for c in train_ids)  # never merged with val idx<i>
     corners = json.loads((run / "corner_cases.json").read_text())
-    assert corners["least_loss_epoch"] is not None                  # monitor="val_loss" was found
+    assert corners["least_loss_epoch"] is not None  # monitor="val_loss" was found
     assert (run / "balanced.ckpt").is_file() and not (run / "balanced_candidates").exists()
     assert (run / "failures" / "failures.jsonl").is_file() and list((run / "plots").glob("*.png"))
-    assert "train_dataloader" not in vars(trainer.datamodule)       # the user's datamodule is never patched
+    assert "train_dataloader" not in vars(trainer.datamodule)  # the user's datamodule is never patched
 
 
 def test_convenience_returns_the_four_configured(tmp_path):
     run = tmp_path / "run"
-    cbs = robustness(run_dir=run, perturbations=["contrast"], severities=(5,), monitor="val_loss",
-                     train_probe_size=8, replay_ratio=0.5, metamorphic__verbose=False, reporter__console=False)
+    cbs = robustness(
+        run_dir=run,
+        perturbations=["contrast"],
+        severities=(5,),
+        monitor="val_loss",
+        train_probe_size=8,
+        replay_ratio=0.5,
+        metamorphic__verbose=False,
+        reporter__console=False,
+    )
     _fit(run, cbs, datamodule_mining=cbs[2], epochs=1)
     assert (run / "history.csv").is_file() and (run / "corner_cases.json").is_file()
     with pytest.raises(TypeError, match="unexpected argument 'nope'"):
@@ -83,14 +103,22 @@ def test_convenience_returns_the_four_configured(tmp_path):
 
 
 def test_mining_without_mr_and_replay_without_wrap_are_refused_before_training(tmp_path):
-    with pytest.raises(RobustnessConfigError, match=r"FailureMiningCallback needs MetamorphicCallback results: "
-                                                    r"add MetamorphicCallback\(\.\.\.\)"):
+    with pytest.raises(
+        RobustnessConfigError,
+        match=r"FailureMiningCallback needs MetamorphicCallback results: "
+        r"add MetamorphicCallback\(\.\.\.\)",
+    ):
         _fit(tmp_path, [FailureMiningCallback(train_probe_size=4)])
     cbs, _ = _four(tmp_path)
-    with pytest.raises(RobustnessConfigError, match=r"not passed through mining.wrap\(dataset\).*replay_ratio=0"):
+    with pytest.raises(
+        RobustnessConfigError, match=r"not passed through mining.wrap\(dataset\).*replay_ratio=0"
+    ):
         _fit(tmp_path, cbs, datamodule_mining=None)  # the datamodule never wraps: one line, before step 1
     with pytest.raises(RobustnessConfigError, match="different dirpath values"):
-        _fit(tmp_path, [MetamorphicCallback(dirpath=tmp_path / "a"), BalancedCheckpoint(dirpath=tmp_path / "b")])
+        _fit(
+            tmp_path,
+            [MetamorphicCallback(dirpath=tmp_path / "a"), BalancedCheckpoint(dirpath=tmp_path / "b")],
+        )
 
 
 def test_balanced_checkpoint_alone_on_tuple_batches_warns_about_the_monitor(tmp_path, caplog):
@@ -112,7 +140,9 @@ def test_pytorch_lightning_namespace_with_its_wandb_logger(tmp_path, monkeypatch
     run = tmp_path / "run"
     cbs, mining = _four(run)
     logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="robusttrain-test")
-    _, model = _fit(run, cbs, datamodule_mining=mining, namespace="pytorch_lightning", epochs=2, logger=logger)
+    _, model = _fit(
+        run, cbs, datamodule_mining=mining, namespace="pytorch_lightning", epochs=2, logger=logger
+    )
     import wandb
 
     # the run's own summary (in memory; the offline file is written asynchronously): the reporter
@@ -125,7 +155,8 @@ def test_pytorch_lightning_namespace_with_its_wandb_logger(tmp_path, monkeypatch
 
 def test_importing_robusttrain_does_not_double_lightning_console_lines(tmp_path):
     script = tmp_path / "pl_project.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import pytorch_lightning as pl
         import robusttrain.callbacks  # noqa: F401  (what a user's project adds)
         from user_project import make
@@ -133,7 +164,8 @@ def test_importing_robusttrain_does_not_double_lightning_console_lines(tmp_path)
         t = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                        enable_model_summary=False, accelerator="cpu", limit_train_batches=1, limit_val_batches=1)
         t.fit(Net(), datamodule=Data())
-    '''))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

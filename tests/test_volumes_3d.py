@@ -1,4 +1,5 @@
 """3-D volumes (B,C,H,W,D): slice-wise perturbation, volume Dice, and the callbacks with a MONAI 3-D UNet."""
+
 import json
 
 import lightning.pytorch as L
@@ -28,7 +29,9 @@ class Volumes(Dataset):
         for _ in range(n):
             c = torch.tensor([h, w, d]) * (0.35 + 0.3 * torch.rand(3, generator=g))
             r = torch.tensor([h, w, d]) * (0.15 + 0.1 * torch.rand(3, generator=g))
-            m = (((zz - c[0]) / r[0]) ** 2 + ((yy - c[1]) / r[1]) ** 2 + ((xx - c[2]) / r[2]) ** 2 <= 1).long()
+            m = (
+                ((zz - c[0]) / r[0]) ** 2 + ((yy - c[1]) / r[1]) ** 2 + ((xx - c[2]) / r[2]) ** 2 <= 1
+            ).long()
             img = 0.2 + 0.15 * torch.rand(size, generator=g) + 0.45 * m
             self.x.append(img.clamp(0, 1)[None] if channel else img.clamp(0, 1))
             self.m.append(m)
@@ -49,8 +52,14 @@ class UNet3D(L.LightningModule):
         from monai.networks.nets import UNet
 
         torch.manual_seed(0)
-        self.net = UNet(spatial_dims=3, in_channels=in_channels, out_channels=classes, channels=(8, 16, 16),
-                        strides=(2, 2), num_res_units=0)
+        self.net = UNet(
+            spatial_dims=3,
+            in_channels=in_channels,
+            out_channels=classes,
+            channels=(8, 16, 16),
+            strides=(2, 2),
+            num_res_units=0,
+        )
         self.steps = 0
 
     def forward(self, x):
@@ -61,7 +70,11 @@ class UNet3D(L.LightningModule):
         return torch.nn.functional.cross_entropy(self(b["image"]), b["mask"])
 
     def validation_step(self, b, i):
-        self.log("val/loss", torch.nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"]))
+        self.log(
+            "val/loss",
+            torch.nn.functional.cross_entropy(self(b["image"]), b["mask"]),
+            batch_size=len(b["mask"]),
+        )
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=3e-3)
@@ -81,9 +94,17 @@ class VolumeData(L.LightningDataModule):
 
 
 def _trainer(tmp_path, callbacks, epochs=2):
-    return L.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                     enable_model_summary=False, enable_progress_bar=False, accelerator="cpu", devices=1,
-                     default_root_dir=tmp_path)
+    return L.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+    )
 
 
 def test_volumes_are_perturbed_slice_wise_with_one_draw_of_params_per_volume():
@@ -99,10 +120,10 @@ def test_volumes_are_perturbed_slice_wise_with_one_draw_of_params_per_volume():
             assert out.shape == images.shape and not torch.equal(out, images)
             # the same 2-D op on every slice of a volume, with that volume's params
             for b in range(2):
-                sl = volume_to_slices(images[b:b + 1], axis)
+                sl = volume_to_slices(images[b : b + 1], axis)
                 rep = {n: v.expand(sl.shape[0], *v.shape[1:]) for n, v in params[b].items()}
                 ref, _ = suite.op(k).apply_batch(sl, None, params=rep)
-                assert torch.allclose(volume_to_slices(out[b:b + 1], axis), ref, atol=1e-6)
+                assert torch.allclose(volume_to_slices(out[b : b + 1], axis), ref, atol=1e-6)
             # the numpy path (CPU default) agrees with the torch path within the families' 2/255
             num = suite.apply(k, images, masks, params, path="numpy")
             assert (num - out).abs().max() <= 2.5 / 255
@@ -127,8 +148,13 @@ def test_volume_dice_sums_every_voxel_of_a_case():
 @pytest.mark.slow
 def test_fit_3d_unet_with_budgeted_metamorphic_check_and_balanced_checkpoint(tmp_path):
     train, val = Volumes(6, seed=1), Volumes(4, seed=2)
-    mc = MetamorphicCallback(suite=MRSuite(["contrast", "blur", "saturation"], (2, 4)), dirpath=tmp_path,
-                             batch_size=2, budget=0.05, class_names=["blob"])
+    mc = MetamorphicCallback(
+        suite=MRSuite(["contrast", "blur", "saturation"], (2, 4)),
+        dirpath=tmp_path,
+        batch_size=2,
+        budget=0.05,
+        class_names=["blob"],
+    )
     bc = BalancedCheckpoint(dirpath=tmp_path)
     model = UNet3D()
     _trainer(tmp_path, [mc, bc], epochs=2).fit(model, datamodule=VolumeData(train, val))
@@ -137,7 +163,9 @@ def test_fit_3d_unet_with_budgeted_metamorphic_check_and_balanced_checkpoint(tmp
     hist = pd.read_csv(tmp_path / "history.csv")
     assert hist.groupby("epoch").size().to_dict() == {0: 4, 1: 4}  # every volume, every epoch
     efr = pd.read_csv(tmp_path / "efr.csv")
-    pooled = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index("epoch")
+    pooled = efr[(efr.perturbation == "all") & (efr.metric == "dice") & (efr.threshold == 0.25)].set_index(
+        "epoch"
+    )
     # epoch 0: a budgeted subset, at least one volume per test; epoch 1 (the last): every pair (the rotation
     # completed, each pair's latest score)
     assert 4 <= pooled.loc[0, "cases"] < pooled.loc[0, "suite_cases"] == 16 and not pooled.loc[0, "final"]
@@ -149,7 +177,9 @@ def test_fit_3d_unet_with_budgeted_metamorphic_check_and_balanced_checkpoint(tmp
         for i in range(4):
             pred = model(val[i]["image"][None]).argmax(1)
             ref = dice_from_sums(slice_sums(pred, val[i]["mask"][None], 2))[0, 0]
-            assert hist[(hist.epoch == 1) & (hist.case_id == f"vol{i}")]["dice_blob"].item() == pytest.approx(ref)
+            assert hist[(hist.epoch == 1) & (hist.case_id == f"vol{i}")]["dice_blob"].item() == pytest.approx(
+                ref
+            )
     corners = json.loads((tmp_path / "corner_cases.json").read_text())
     assert corners["balanced_epoch"] in (0, 1) and (tmp_path / "balanced.ckpt").is_file()
     cases = pd.read_csv(tmp_path / "mr_cases.csv")
@@ -160,8 +190,12 @@ def test_fit_3d_unet_with_budgeted_metamorphic_check_and_balanced_checkpoint(tmp
 def test_unreadable_volume_shapes_are_refused_at_setup_in_one_line(tmp_path):
     model = UNet3D()
     dm = VolumeData(Volumes(2, channel=False), Volumes(2, channel=False))
-    with pytest.raises(HookError, match=r"images \(1, 32, 32, 16\) have the masks' shape.*get_images=") as err:
-        _trainer(tmp_path, [MetamorphicCallback(suite=MRSuite(["contrast"]), dirpath=tmp_path)]).fit(model, datamodule=dm)
+    with pytest.raises(
+        HookError, match=r"images \(1, 32, 32, 16\) have the masks' shape.*get_images="
+    ) as err:
+        _trainer(tmp_path, [MetamorphicCallback(suite=MRSuite(["contrast"]), dirpath=tmp_path)]).fit(
+            model, datamodule=dm
+        )
     assert "\n" not in str(err.value) and model.steps == 0  # before any training step
 
 
@@ -208,7 +242,9 @@ def test_failure_mining_replays_volume_failures_exactly(tmp_path):
     assert bank and all(r.perturbation == "contrast" for r in bank)  # the rule breaks under contrast loss
     originals = [train[i]["image"] for i in range(len(train))]
     replayed = [x for x in model.seen[1] if not any(torch.equal(x, o) for o in originals)]
-    assert model.seen.get(0) and len(model.seen[0]) == len(model.seen[1]) and replayed  # epoch 1 replays volumes
+    assert (
+        model.seen.get(0) and len(model.seen[0]) == len(model.seen[1]) and replayed
+    )  # epoch 1 replays volumes
     assert all(x.shape == (1, 32, 32, 16) for x in replayed)
     # a replayed volume is exactly the follow-up the check scored: same params on every slice
     rec = bank[0]
@@ -220,8 +256,10 @@ def test_failure_mining_replays_volume_failures_exactly(tmp_path):
     got = torch.from_numpy(img).float().div(255).permute(3, 1, 2, 0)  # (S,H,W,C) -> (C,H,W,D)
     assert got.shape == want.shape and (got - want).abs().max() <= 2.5 / 255
     # every replayed volume of epoch 1 is the exact re-creation of a mined failure (jitter 0)
-    again = [torch.from_numpy(mining.replay.recreate(r, jitter=0.0)[0]).float().div(255).permute(3, 1, 2, 0)
-             for r in bank]
+    again = [
+        torch.from_numpy(mining.replay.recreate(r, jitter=0.0)[0]).float().div(255).permute(3, 1, 2, 0)
+        for r in bank
+    ]
     assert all(any(torch.allclose(x, a, atol=1e-5) for a in again) for x in replayed)
 
 
@@ -238,7 +276,11 @@ class ACDCVolumes(Dataset):
             img = (img - img.min()) / max(float(img.max() - img.min()), 1e-6)
             s, hh, ww = img.shape
             c = min(hh, ww) // 2  # centre crop around the heart (ACDC volumes are roughly centred)
-            sl = (slice(None), slice(hh // 2 - c // 2, hh // 2 + c // 2), slice(ww // 2 - c // 2, ww // 2 + c // 2))
+            sl = (
+                slice(None),
+                slice(hh // 2 - c // 2, hh // 2 + c // 2),
+                slice(ww // 2 - c // 2, ww // 2 + c // 2),
+            )
             vol = torch.from_numpy(img[sl]).permute(1, 2, 0)[None, None]  # (1,1,H,W,D)
             lab = torch.from_numpy(lab[sl]).permute(1, 2, 0)[None, None].float()
             self.x.append(torch.nn.functional.interpolate(vol, size=size, mode="trilinear")[0])
@@ -262,10 +304,12 @@ def test_acdc_volumes_stacked_as_3d(shared_data, tmp_path):
         pytest.skip("fewer than 3 ACDC volumes in the shared data")
     ds = ACDCVolumes(files)
     assert all(set(m.unique().tolist()) == {0, 1, 2, 3} for m in ds.m)  # RV, MYO, LV survive the crop
-    mc = MetamorphicCallback(suite=MRSuite("mri", (4,)), dirpath=tmp_path, batch_size=1,
-                             class_names=["rv", "myo", "lv"])  # the MRI families, slice-wise
+    mc = MetamorphicCallback(
+        suite=MRSuite("mri", (4,)), dirpath=tmp_path, batch_size=1, class_names=["rv", "myo", "lv"]
+    )  # the MRI families, slice-wise
     _trainer(tmp_path, [mc, BalancedCheckpoint(dirpath=tmp_path)], epochs=1).fit(
-        UNet3D(classes=4), datamodule=VolumeData(ds, ds, batch_size=1))
+        UNet3D(classes=4), datamodule=VolumeData(ds, ds, batch_size=1)
+    )
     hist = pd.read_csv(tmp_path / "history.csv")
     assert sorted(hist.case_id) == sorted(f.stem for f in files)
     assert {"dice_rv", "dice_myo", "dice_lv"} <= set(hist.columns)
@@ -294,7 +338,9 @@ class TupleUNet3D(UNet3D):
 
     def validation_step(self, b, i):
         x, y = b
-        self.log("val_loss", torch.nn.functional.cross_entropy(self(x), y[:, 0].round().long()), batch_size=len(x))
+        self.log(
+            "val_loss", torch.nn.functional.cross_entropy(self(x), y[:, 0].round().long()), batch_size=len(x)
+        )
 
 
 @pytest.mark.slow
@@ -307,11 +353,19 @@ def test_user_style_3d_project_with_the_robustness_callbacks(tmp_path):
     run = tmp_path / "run"
     train, val = TupleVolumes(6, seed=1), TupleVolumes(4, seed=2)
     mining = FailureMiningCallback(train_probe_size=4, replay_ratio=0.3)
-    cbs = [MetamorphicCallback(suite=MRSuite("mri", (4,)), budget=0.25, dirpath=run, batch_size=2, verbose=False),
-           BalancedCheckpoint(dirpath=run, monitor="val_loss"), mining, RobustnessReporter(dirpath=run, console=False)]
+    cbs = [
+        MetamorphicCallback(
+            suite=MRSuite("mri", (4,)), budget=0.25, dirpath=run, batch_size=2, verbose=False
+        ),
+        BalancedCheckpoint(dirpath=run, monitor="val_loss"),
+        mining,
+        RobustnessReporter(dirpath=run, console=False),
+    ]
     _trainer(run, cbs, epochs=2).fit(TupleUNet3D(), datamodule=VolumeData(train, val, mining=mining))
     hist = pd.read_csv(run / "history.csv")
-    assert hist.groupby("epoch").size().to_dict() == {0: 4, 1: 4} and set(hist.case_id) == {f"idx{i}" for i in range(4)}
+    assert hist.groupby("epoch").size().to_dict() == {0: 4, 1: 4} and set(hist.case_id) == {
+        f"idx{i}" for i in range(4)
+    }
     efr = pd.read_csv(run / "efr.csv")
     last = efr[(efr.epoch == 1) & (efr.perturbation == "all")]
     assert set(last.cases) == set(last.suite_cases) == {4 * 8} and last.final.all()

@@ -12,6 +12,7 @@ Extend here instead of copying a ``Tiny`` / ``Blobs`` into a new test file:
 * :class:`Snapshots` -- records the weights at every fitting validation.
 * :func:`fit` -- a quiet deterministic CPU trainer on :class:`Blobs`.
 """
+
 from __future__ import annotations
 
 import lightning.pytorch as L
@@ -32,8 +33,8 @@ class Blobs(Dataset):
         self.m = torch.zeros(n, size, size, dtype=torch.long)
         for i in range(n):
             r, c = 3 + i % 5, 2 + (i * 3) % 9
-            self.x[i, :, r:r + 6 + i % 4, c:c + 8] = torch.tensor([0.8, 0.5, 0.4]).view(3, 1, 1)
-            self.m[i, r:r + 6 + i % 4, c:c + 8] = 1
+            self.x[i, :, r : r + 6 + i % 4, c : c + 8] = torch.tensor([0.8, 0.5, 0.4]).view(3, 1, 1)
+            self.m[i, r : r + 6 + i % 4, c : c + 8] = 1
         self.slices, self.tuples = slices, tuples
 
     def __len__(self):
@@ -45,8 +46,12 @@ class Blobs(Dataset):
     def __getitem__(self, i):
         if self.tuples:
             return self.x[i], self.m[i]
-        return {"image": self.x[i], "mask": self.m[i], "case_id": f"p{i // self.slices}",
-                "slice_index": i % self.slices}
+        return {
+            "image": self.x[i],
+            "mask": self.m[i],
+            "case_id": f"p{i // self.slices}",
+            "slice_index": i % self.slices,
+        }
 
 
 class Tiny(L.LightningModule):
@@ -86,9 +91,18 @@ class Tiny(L.LightningModule):
 
 def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
     ds = ds or Blobs()
-    trainer = L.Trainer(max_epochs=epochs, callbacks=[cb] + kw.pop("extra", []), logger=CSVLogger(tmp_path),
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-                        accelerator="cpu", devices=1, deterministic=True, **kw)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=[cb] + kw.pop("extra", []),
+        logger=CSVLogger(tmp_path),
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        deterministic=True,
+        **kw,
+    )
     trainer.fit(model or Tiny(), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
     return trainer
 
@@ -104,7 +118,7 @@ class Classes(Dataset):
                 mask = torch.zeros(16, 16, dtype=torch.long)
                 for k in (1, 2, 3):
                     y, x = torch.randint(0, 12, (2,), generator=g).tolist()
-                    mask[y:y + 4, x:x + 4] = k
+                    mask[y : y + 4, x : x + 4] = k
                 img = mask.float()[None] / 3 + 0.05 * torch.randn(1, 16, 16, generator=g)
                 self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
 
@@ -127,7 +141,9 @@ class ClassNet(L.LightningModule):
         return nn.functional.cross_entropy(self(b["image"]), b["mask"])
 
     def validation_step(self, b, _):
-        self.log("val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"]))
+        self.log(
+            "val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"])
+        )
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.5)
@@ -141,4 +157,6 @@ class Snapshots(L.Callback):
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
-            self.weights[trainer.current_epoch] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            self.weights[trainer.current_epoch] = {
+                k: v.detach().clone() for k, v in pl_module.state_dict().items()
+            }

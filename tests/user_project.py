@@ -3,6 +3,7 @@ its own LightningModule on ``(image, mask)`` tuple batches with float (B,1,H,W) 
 ``val_loss`` key, its own LightningDataModule with its own ``train_dataloader`` over a
 ``random_split`` Subset. ``make(namespace)`` builds the classes for ``lightning.pytorch`` or
 ``pytorch_lightning``. The only robustness line in it: the train loader reads ``mining.wrap(...)``."""
+
 from __future__ import annotations
 
 import importlib
@@ -20,8 +21,8 @@ class Squares(Dataset):
         self.m = torch.zeros(n, 1, size, size)
         for i in range(n):
             r, c = 2 + (i * 5) % 14, 2 + (i * 3) % 14
-            self.x[i, :, r:r + 12, c:c + 12] = 0.85
-            self.m[i, 0, r:r + 12, c:c + 12] = 1.0
+            self.x[i, :, r : r + 12, c : c + 12] = 0.85
+            self.m[i, 0, r : r + 12, c : c + 12] = 1.0
 
     def __len__(self):
         return len(self.x)
@@ -67,7 +68,9 @@ def make(namespace: str = "lightning.pytorch"):
 
         def setup(self, stage=None):
             full = Squares()
-            self.train_set, self.val_set = random_split(full, [16, 8], generator=torch.Generator().manual_seed(0))
+            self.train_set, self.val_set = random_split(
+                full, [16, 8], generator=torch.Generator().manual_seed(0)
+            )
 
         def train_dataloader(self):
             ds = self.mining.wrap(self.train_set) if self.mining is not None else self.train_set

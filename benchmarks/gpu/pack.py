@@ -18,6 +18,7 @@ Read on the device with ``python -m robusttrain fit recipe=polyp data.root=.gpud
 
 Run: ``python benchmarks/gpu/pack.py [--src ../shared/data] [--dst .gpudata] [--budget-mib 60]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ from robusttrain.datamodules.readers import FolderSource, find_pairs, read_mask,
 
 REQUIRED = ("polyp_256/kvasir_seg", "polyp_256/cvc_clinicdb")
 OPTIONAL = ("cvc_colondb", "etis_larib", "polypgen")
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def size_of(path: Path) -> int:
@@ -49,8 +50,9 @@ def size_of(path: Path) -> int:
 
 def repo_bytes() -> int:
     """Bytes of what the device tool sends besides carried folders: tracked + untracked-not-ignored files."""
-    out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True,
-                         capture_output=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True, capture_output=True
+    ).stdout
     return sum(size_of(REPO / f) for f in out.decode().split("\0") if f)
 
 
@@ -62,8 +64,9 @@ def pack_mask(src: Path, dst_dir: Path) -> tuple[Path, bool]:
     except DataError:  # not clean 0/255: keep the bytes so the reader decides exactly as before
         return Path(shutil.copyfile(src, dst_dir / src.name)), False
     out = dst_dir / f"{src.stem}.png"
-    if not cv2.imwrite(str(out), classes * np.uint8(255), [cv2.IMWRITE_PNG_BILEVEL, 1,
-                                                           cv2.IMWRITE_PNG_COMPRESSION, 9]):
+    if not cv2.imwrite(
+        str(out), classes * np.uint8(255), [cv2.IMWRITE_PNG_BILEVEL, 1, cv2.IMWRITE_PNG_COMPRESSION, 9]
+    ):
         raise OSError(f"cannot write {out}")
     if not np.array_equal(read_mask(out, "binary255"), classes):
         raise AssertionError(f"{out} does not read back as the classes of {src}")
@@ -85,7 +88,9 @@ def pack_set(src: Path, dst: Path) -> str:
         reencoded += pack_mask(mask, dst / mask.parent.name)[1]
     before, after = FolderSource(src, cache_mb=0), FolderSource(dst, cache_mb=0)
     if [p[2] for p in before.pairs] != [p[2] for p in after.pairs] or before.mask_mode != after.mask_mode:
-        raise AssertionError(f"{dst} does not read like {src} (case ids or mask mode {after.mask_mode!r} differ)")
+        raise AssertionError(
+            f"{dst} does not read like {src} (case ids or mask mode {after.mask_mode!r} differ)"
+        )
     return f"{len(pairs)} pairs, {reencoded} masks re-encoded as 1-bit PNG, {size_of(dst) / MIB:.2f} MiB"
 
 
@@ -114,17 +119,22 @@ def main() -> None:
     total = fixed + size_of(tmp)
     if total > args.budget_mib * MIB:
         shutil.rmtree(tmp)
-        sys.exit(f"pack.py: the required sets alone make {total / MIB:.1f} MiB > --budget-mib {args.budget_mib:g}")
+        sys.exit(
+            f"pack.py: the required sets alone make {total / MIB:.1f} MiB > --budget-mib {args.budget_mib:g}"
+        )
     (tmp / "PACKED.md").write_text(
         "# Compact copy of ../shared/data for the GPU device machine (benchmarks/gpu/pack.py)\n\n"
         "Images: original bytes. Masks: thresholded at channel max > 127 and saved as 1-bit PNG (same stem),\n"
         "except masks that are not clean 0/255, copied unchanged. Each set's PROVENANCE.md applies.\n\n"
-        + "".join(f"- {line}\n" for line in lines))
+        + "".join(f"- {line}\n" for line in lines)
+    )
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     print("\n".join(lines))
-    print(f"{dst}: {size_of(dst) / MIB:.2f} MiB; travelling in all (repo + {args.whl.name} + data): "
-          f"{total / MIB:.2f} MiB of {args.budget_mib:g}")
+    print(
+        f"{dst}: {size_of(dst) / MIB:.2f} MiB; travelling in all (repo + {args.whl.name} + data): "
+        f"{total / MIB:.2f} MiB of {args.budget_mib:g}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ BalancedAverage, which needs a BalancedCheckpoint (its ECOD flags).
 >>> [type(c).__name__ for c in cbs]
 ['MetamorphicCallback', 'BalancedCheckpoint', 'FailureMiningCallback', 'RobustnessReporter']
 """
+
 from __future__ import annotations
 
 import os
@@ -34,11 +35,22 @@ from .metamorphic_training import MetamorphicTraining, metamorphic_loss
 from .reporting import RobustnessReporter
 
 
-def robustness(run_dir: str | os.PathLike | None = None, perturbations: Sequence[str] | None = None,
-               severities: Sequence[int] = DEFAULT_SEVERITIES, seed: int = 0, hooks: BatchHooks | None = None,
-               max_cases: int | None = None, policy: str = "last_inlier", contamination: float = 0.1,
-               monitor: str = "val/loss", replay_ratio: float = 0.2, train_probe_size: int = 32,
-               mining: bool = True, average: bool = False, **kwargs: Any) -> list:
+def robustness(
+    run_dir: str | os.PathLike | None = None,
+    perturbations: Sequence[str] | None = None,
+    severities: Sequence[int] = DEFAULT_SEVERITIES,
+    seed: int = 0,
+    hooks: BatchHooks | None = None,
+    max_cases: int | None = None,
+    policy: str = "last_inlier",
+    contamination: float = 0.1,
+    monitor: str = "val/loss",
+    replay_ratio: float = 0.2,
+    train_probe_size: int = 32,
+    mining: bool = True,
+    average: bool = False,
+    **kwargs: Any,
+) -> list:
     """The four robustness callbacks, configured, sharing one :class:`RobustnessContext`.
 
     ``kwargs`` of the form ``<callback>__<arg>`` go to one callback (``metamorphic__``,
@@ -47,29 +59,68 @@ def robustness(run_dir: str | os.PathLike | None = None, perturbations: Sequence
     ``callbacks[2].wrap(train_dataset)``. ``average=True`` appends a :class:`BalancedAverage`
     (``balanced_average.ckpt``) last, so the indices above stay.
     """
-    groups: dict[str, dict[str, Any]] = {"metamorphic": {}, "balanced": {}, "mining": {}, "reporter": {},
-                                         "average": {}}
+    groups: dict[str, dict[str, Any]] = {
+        "metamorphic": {},
+        "balanced": {},
+        "mining": {},
+        "reporter": {},
+        "average": {},
+    }
     for key, value in kwargs.items():
         name, _, arg = key.partition("__")
         if name not in groups or not arg:
-            raise TypeError(f"robustness() got an unexpected argument {key!r}; use <callback>__<arg> "
-                            f"with callback one of {sorted(groups)}")
+            raise TypeError(
+                f"robustness() got an unexpected argument {key!r}; use <callback>__<arg> "
+                f"with callback one of {sorted(groups)}"
+            )
         groups[name][arg] = value
     ctx = RobustnessContext()
-    out = [MetamorphicCallback(suite=MRSuite(perturbations, severities, seed), hooks=hooks, max_cases=max_cases,
-                               dirpath=None if run_dir is None else os.fspath(run_dir), context=ctx,
-                               **groups["metamorphic"]),
-           BalancedCheckpoint(dirpath=run_dir, policy=policy, contamination=contamination, monitor=monitor,
-                              context=ctx, **groups["balanced"])]
+    out = [
+        MetamorphicCallback(
+            suite=MRSuite(perturbations, severities, seed),
+            hooks=hooks,
+            max_cases=max_cases,
+            dirpath=None if run_dir is None else os.fspath(run_dir),
+            context=ctx,
+            **groups["metamorphic"],
+        ),
+        BalancedCheckpoint(
+            dirpath=run_dir,
+            policy=policy,
+            contamination=contamination,
+            monitor=monitor,
+            context=ctx,
+            **groups["balanced"],
+        ),
+    ]
     if mining:
-        out.append(FailureMiningCallback(replay_ratio=replay_ratio, train_probe_size=train_probe_size,
-                                         dirpath=run_dir, context=ctx, **groups["mining"]))
+        out.append(
+            FailureMiningCallback(
+                replay_ratio=replay_ratio,
+                train_probe_size=train_probe_size,
+                dirpath=run_dir,
+                context=ctx,
+                **groups["mining"],
+            )
+        )
     out.append(RobustnessReporter(dirpath=run_dir, context=ctx, **groups["reporter"]))
     if average:
         out.append(BalancedAverage(dirpath=run_dir, hooks=hooks, seed=seed, context=ctx, **groups["average"]))
     return out
 
 
-__all__ = ["MetamorphicCallback", "MetamorphicTraining", "metamorphic_loss", "BalancedCheckpoint",
-           "BalancedAverage", "EMACheckpoint", "FailureMiningCallback", "RobustnessReporter",
-           "RobustnessContext", "RobustnessConfigError", "robustness", "BatchHooks", "MRSuite"]
+__all__ = [
+    "MetamorphicCallback",
+    "MetamorphicTraining",
+    "metamorphic_loss",
+    "BalancedCheckpoint",
+    "BalancedAverage",
+    "EMACheckpoint",
+    "FailureMiningCallback",
+    "RobustnessReporter",
+    "RobustnessContext",
+    "RobustnessConfigError",
+    "robustness",
+    "BatchHooks",
+    "MRSuite",
+]

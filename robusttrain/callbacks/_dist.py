@@ -14,6 +14,7 @@ for ``torch.distributed`` behind the strategy's back.
 >>> gather_objects(_T(), {"a": 1})
 [{'a': 1}]
 """
+
 from __future__ import annotations
 
 from typing import Any, TypeVar

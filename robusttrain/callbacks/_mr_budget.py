@@ -16,6 +16,7 @@ only reported) -- and which dataset indices a planned set of cases means.
 >>> to_indices({0: {"a"}, 1: {"b"}}, [10, 11, 12], ["a", "a", "b"])
 {0: {10, 11}, 1: {12}}
 """
+
 from __future__ import annotations
 
 import time
@@ -98,8 +99,9 @@ class TrainClock:
         return out
 
 
-def to_indices(plan: Mapping[int, set[str]] | None, indices: Sequence[int],
-               case_ids: Sequence[str]) -> dict[int, set[int]] | None:
+def to_indices(
+    plan: Mapping[int, set[str]] | None, indices: Sequence[int], case_ids: Sequence[str]
+) -> dict[int, set[int]] | None:
     """A per-test set of case ids -> the dataset indices (every slice of each case)."""
     if plan is None:
         return None

@@ -1,6 +1,7 @@
 """Helpers of MetamorphicCallback that know Lightning: the outputs decision before training, the
 trainer's predict (its precision context) and the progress bar. Probe selection, the checking state and
 the check itself are :mod:`robusttrain.metamorphic.check` (shared with the audit)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,14 @@ from robusttrain.metamorphic.batch import iter_probe
 from robusttrain.metamorphic.check import checking_state, predict_fn, select_probe
 from robusttrain.metamorphic.outputs import NonFiniteOutputError, to_probabilities_fn
 
-__all__ = ["checking_state", "decide_outputs", "make_predict", "make_to_probabilities", "progress_bar",
-           "select_probe"]
+__all__ = [
+    "checking_state",
+    "decide_outputs",
+    "make_predict",
+    "make_to_probabilities",
+    "progress_bar",
+    "select_probe",
+]
 
 
 def make_to_probabilities(spec: str | Callable | None) -> Callable:
@@ -28,8 +35,9 @@ def make_to_probabilities(spec: str | Callable | None) -> Callable:
 default_to_probabilities = to_probabilities_fn(None)
 
 
-def decide_outputs(trainer: Any, pl_module: Any, dataset: Any, hooks: Any, to_probabilities: Callable,
-                   batch_size: int = 2) -> str | None:
+def decide_outputs(
+    trainer: Any, pl_module: Any, dataset: Any, hooks: Any, to_probabilities: Callable, batch_size: int = 2
+) -> str | None:
     """Before training: show ``to_probabilities="auto"`` the model's outputs on the first validation
     samples, so outputs that are unambiguously probabilities stop ``fit`` now, not after an epoch
     (:meth:`~robusttrain.metamorphic.outputs.AutoProbabilities.decide`). Other converters, or no
@@ -70,5 +78,13 @@ def progress_bar(trainer: Any, total: int, desc: str):
 
         TQDMProgressBar, tqdm_cls = (), tqdm.tqdm
     pos = 2 * getattr(bar_cb, "process_position", 0) + 1 if isinstance(bar_cb, TQDMProgressBar) else 0
-    return tqdm_cls(total=total, desc=desc, leave=False, disable=disabled, position=pos,
-                    dynamic_ncols=True, file=sys.stdout, smoothing=0)
+    return tqdm_cls(
+        total=total,
+        desc=desc,
+        leave=False,
+        disable=disabled,
+        position=pos,
+        dynamic_ncols=True,
+        file=sys.stdout,
+        smoothing=0,
+    )

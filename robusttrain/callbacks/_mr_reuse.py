@@ -22,6 +22,7 @@ dataset that draws random numbers in ``__getitem__``, a ``validation_step`` that
 >>> reuse.lookup(net, x[1:3]) is None
 True
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -105,13 +106,16 @@ class ValidationOutputs:
             return None
         return torch.from_numpy(np.stack([g[0] for g in got]).astype(np.int64)), got[0][1]
 
-    def predict_fn(self, module: torch.nn.Module, predict: Callable[[torch.Tensor], torch.Tensor]
-                   ) -> Callable[[torch.Tensor], torch.Tensor]:
+    def predict_fn(
+        self, module: torch.nn.Module, predict: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """``predict`` for consumers of labels only (failure strips): recorded labels as one-hot
         probabilities (the same labels back), else ``predict`` itself."""
+
         def run(images: torch.Tensor) -> torch.Tensor:
             known = self.lookup(module, images.cpu())
             if known is None:
                 return predict(images)
             return torch.nn.functional.one_hot(known[0], known[1]).movedim(-1, 1).float().to(images.device)
+
         return run

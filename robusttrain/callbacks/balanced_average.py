@@ -24,6 +24,7 @@ from ``last.ckpt`` ends with the same average as an uninterrupted one. A fit tha
 to more epochs no longer has the earlier window's weights: they are left out, with a warning, and
 listed as ``missing_epochs``.
 """
+
 from __future__ import annotations
 
 import io
@@ -116,8 +117,15 @@ class BalancedAverage(UsesContext, Callback):
         "BalancedAverage{'window': 0.5}"
     """
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, window: float = 0.5, bn_batches: int = 32,
-                 seed: int = 0, hooks: BatchHooks | None = None, context: RobustnessContext | None = None) -> None:
+    def __init__(
+        self,
+        dirpath: str | os.PathLike | None = None,
+        window: float = 0.5,
+        bn_batches: int = 32,
+        seed: int = 0,
+        hooks: BatchHooks | None = None,
+        context: RobustnessContext | None = None,
+    ) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
         self.window = check_fraction("window", window, 0.0, 1.0, lo_open=True)
         self.bn_batches = check_int("bn_batches", bn_batches, 0)
@@ -125,8 +133,8 @@ class BalancedAverage(UsesContext, Callback):
         self.hooks, self._context_arg = hooks, context
         self._ctx = context
         self._dir: Path | None = self.dirpath
-        self._epochs: list[int] = []   # validated epochs of the fit(s), ascending
-        self._kept: list[int] = []     # those in the window (weights on disk, written by rank 0)
+        self._epochs: list[int] = []  # validated epochs of the fit(s), ascending
+        self._kept: list[int] = []  # those in the window (weights on disk, written by rank 0)
         self.report: dict[str, Any] | None = None  # what balanced_average.json says, for programmatic use
 
     @property
@@ -157,7 +165,9 @@ class BalancedAverage(UsesContext, Callback):
             try:
                 trainer.fit_loop.setup_data()
             except Exception:  # noqa: BLE001 -- then BN statistics stay averaged (said in the report)
-                log.warning("BalancedAverage: could not rebuild the training dataloader at the end of the fit")
+                log.warning(
+                    "BalancedAverage: could not rebuild the training dataloader at the end of the fit"
+                )
         self.on_train_end(trainer, pl_module)
 
     def _snapshot(self, epoch: int) -> Path:
@@ -203,7 +213,10 @@ class BalancedAverage(UsesContext, Callback):
         if corners is None:
             return {}, "no corner-case analysis was available, so no epoch was flagged"
         flags = {str(c): [int(e) for e in eps] for c, eps in (corners.outlier_epochs or {}).items()}
-        return flags, f"{len(flags)} corner case(s) with ECOD outlier epochs {sorted({e for v in flags.values() for e in v})}"
+        return (
+            flags,
+            f"{len(flags)} corner case(s) with ECOD outlier epochs {sorted({e for v in flags.values() for e in v})}",
+        )
 
     def _average(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         flags, why = self._flags()
@@ -211,19 +224,33 @@ class BalancedAverage(UsesContext, Callback):
         on_disk = [e for e in window if self._snapshot(e).is_file()]
         missing = [e for e in window if e not in on_disk]
         if missing:
-            log.warning("BalancedAverage: the weights of window epoch(s) %s are not in %s (that fit ended, or the "
-                        "folder was removed); balanced_average.ckpt leaves them out", missing,
-                        self.fit_dir / average_file.WINDOW_DIR)
+            log.warning(
+                "BalancedAverage: the weights of window epoch(s) %s are not in %s (that fit ended, or the "
+                "folder was removed); balanced_average.ckpt leaves them out",
+                missing,
+                self.fit_dir / average_file.WINDOW_DIR,
+            )
         bad: dict[int, int] = {}
         for eps in flags.values():
             for e in set(eps):
                 bad[e] = bad.get(e, 0) + 1
-        report = {"status": "ok", "reason": "", "checkpoint": None, "window": self.window, "window_epochs": window,
-                  "outlier_epochs": flags, "averaged_epochs": [], "excluded_epochs": [], "missing_epochs": missing,
-                  "bn": {"reestimated": False, "batches": 0}}
+        report = {
+            "status": "ok",
+            "reason": "",
+            "checkpoint": None,
+            "window": self.window,
+            "window_epochs": window,
+            "outlier_epochs": flags,
+            "averaged_epochs": [],
+            "excluded_epochs": [],
+            "missing_epochs": missing,
+            "bn": {"reestimated": False, "batches": 0},
+        }
         if not on_disk:
-            report.update(status="not_enough_data", reason="no epoch weights in the window (no validation ran "
-                                                           "during the fit?)")
+            report.update(
+                status="not_enough_data",
+                reason="no epoch weights in the window (no validation ran during the fit?)",
+            )
             return None, report
         inliers = [e for e in on_disk if e not in bad]
         if not inliers:  # every window epoch collapses for some corner case: the least-flagged ones
@@ -232,10 +259,13 @@ class BalancedAverage(UsesContext, Callback):
             report["status"] = "no_inlier_epoch"
         report["averaged_epochs"] = inliers
         report["excluded_epochs"] = [e for e in on_disk if e not in inliers]
-        report["reason"] = (f"{why}; averaged {len(inliers)} of the {len(window)} epoch(s) in the last "
-                            f"{100 * self.window:g} % of the validated epochs")
-        state = average_states(torch.load(self._snapshot(e), map_location="cpu", weights_only=True)
-                               for e in inliers)
+        report["reason"] = (
+            f"{why}; averaged {len(inliers)} of the {len(window)} epoch(s) in the last "
+            f"{100 * self.window:g} % of the validated epochs"
+        )
+        state = average_states(
+            torch.load(self._snapshot(e), map_location="cpu", weights_only=True) for e in inliers
+        )
         return state, report
 
     def _save(self, trainer, pl_module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -262,8 +292,10 @@ class BalancedAverage(UsesContext, Callback):
         elif isinstance(loader, (list, tuple)):
             loader = loader[0] if loader else None
         if loader is None:
-            log.warning("BalancedAverage: no training dataloader at the end of the fit; the BatchNorm statistics "
-                        "of balanced_average.ckpt are the averaged ones, not re-estimated")
+            log.warning(
+                "BalancedAverage: no training dataloader at the end of the fit; the BatchNorm statistics "
+                "of balanced_average.ckpt are the averaged ones, not re-estimated"
+            )
             return {"reestimated": False, "batches": 0}
         hooks = self.hooks or self.context.hooks or BatchHooks()
         seen = [0]

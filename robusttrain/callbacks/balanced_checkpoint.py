@@ -10,6 +10,7 @@ same :class:`~robusttrain.metamorphic.batch.BatchHooks`). At the end of fitting 
 :func:`robusttrain.cornercases.select_balanced_epoch` (reference = least-loss epoch), writes
 ``balanced.ckpt`` and ``corner_cases.json`` and removes ``balanced_candidates/``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,7 +44,6 @@ from .context import RobustnessContext, UsesContext
 log = logging.getLogger(__name__)
 
 CANDIDATES = "balanced_candidates"
-
 
 
 class BalancedCheckpoint(UsesContext, Callback):
@@ -82,20 +82,36 @@ class BalancedCheckpoint(UsesContext, Callback):
         (True, "BalancedCheckpoint{'policy': 'last_inlier', 'monitor': 'val_loss'}")
     """
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, policy: str = "last_inlier",
-                 contamination: float = 0.1, tail: str = "low", metric: str = "dice",
-                 monitor: str = "val/loss", mode: str = "min", min_epoch: int = 0,
-                 retention: str | int = "auto", compute_dice: bool | None = None,
-                 class_names: list[str] | None = None, threshold: float = 0.5,
-                 worst_fraction: float = 0.1, hooks: BatchHooks | None = None, keep_candidates: bool = False,
-                 context: RobustnessContext | None = None) -> None:
+    def __init__(
+        self,
+        dirpath: str | os.PathLike | None = None,
+        policy: str = "last_inlier",
+        contamination: float = 0.1,
+        tail: str = "low",
+        metric: str = "dice",
+        monitor: str = "val/loss",
+        mode: str = "min",
+        min_epoch: int = 0,
+        retention: str | int = "auto",
+        compute_dice: bool | None = None,
+        class_names: list[str] | None = None,
+        threshold: float = 0.5,
+        worst_fraction: float = 0.1,
+        hooks: BatchHooks | None = None,
+        keep_candidates: bool = False,
+        context: RobustnessContext | None = None,
+    ) -> None:
         self.policy = check_choice("policy", policy, POLICIES)
         self.worst_fraction = check_worst_fraction(worst_fraction)
         self.mode = check_choice("mode", mode, ("min", "max"))
         self.tail = check_choice("tail", tail, TAILS)  # the analysis' own list of valid values
-        self.contamination = check_fraction("contamination", contamination, 0.0, MAX_CONTAMINATION, lo_open=True)
-        if not (retention in ("auto", "all") or (isinstance(retention, int) and not isinstance(retention, bool)
-                                                 and retention >= 1)):
+        self.contamination = check_fraction(
+            "contamination", contamination, 0.0, MAX_CONTAMINATION, lo_open=True
+        )
+        if not (
+            retention in ("auto", "all")
+            or (isinstance(retention, int) and not isinstance(retention, bool) and retention >= 1)
+        ):
             raise ValueError(f"retention={retention!r}: expected 'auto', 'all' or an int >= 1")
         self.dirpath = None if dirpath is None else Path(dirpath)
         self.metric, self.monitor, self.retention = metric, monitor, retention
@@ -103,15 +119,15 @@ class BalancedCheckpoint(UsesContext, Callback):
         self.threshold = check_fraction("threshold", threshold)
         self.compute_dice, self.class_names, self.hooks = compute_dice, class_names, hooks
         self.keep_candidates, self._context_arg = bool(keep_candidates), context
-        self._rows: list[dict] = []            # self-computed history (standalone mode)
+        self._rows: list[dict] = []  # self-computed history (standalone mode)
         self._monitor_values: dict[int, float] = {}
-        self._saved: list[int] = []            # epochs with a candidate checkpoint on disk
+        self._saved: list[int] = []  # epochs with a candidate checkpoint on disk
         self._sums: dict[tuple[str, int | str], np.ndarray] = {}  # (case, slice index or sample key)
         self._ctx = context
         self._dir: Path | None = self.dirpath
         self._computing = False
         self._warned_monitor = False
-        self._finished = False                 # end-of-fit work done in this fit
+        self._finished = False  # end-of-fit work done in this fit
         self.selection: Selection | None = None  # the last Selection, for programmatic use
 
     @property
@@ -157,7 +173,9 @@ class BalancedCheckpoint(UsesContext, Callback):
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._sums, self._seen = {}, 0
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
         if not self._computing or not self._active(trainer) or dataloader_idx != 0:
             return
         hooks = self._read
@@ -176,7 +194,11 @@ class BalancedCheckpoint(UsesContext, Callback):
             # case ids every sample is its own case (stable across epochs: validation isn't shuffled).
             # On one process the n-th validation sample is dataset index n: "idx<n>", as the
             # MetamorphicCallback names it; under DDP the rank's position identifies it.
-            key = f"idx{self._seen + i}" if trainer.world_size == 1 else f"val/r{trainer.global_rank}b{batch_idx}i{i}"
+            key = (
+                f"idx{self._seen + i}"
+                if trainer.world_size == 1
+                else f"val/r{trainer.global_rank}b{batch_idx}i{i}"
+            )
             cid = str(cids[i]) if cids is not None else key
             sl = int(slices[i]) if slices is not None else key
             self._sums[(cid, sl)] = s
@@ -194,16 +216,23 @@ class BalancedCheckpoint(UsesContext, Callback):
         if not per_case:
             return
         n = next(iter(per_case.values())).shape[0]
-        dm_names = getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
+        dm_names = (
+            getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
+        )
         names = self.class_names or dm_names
         names = list(names) if names and len(names) == n else [f"class{k}" for k in range(1, n + 1)]
         epoch = trainer.current_epoch
         self._rows = [r for r in self._rows if r["epoch"] != epoch]
         for cid in sorted(per_case):
             d, j = dice_from_sums(per_case[cid]), iou_from_sums(per_case[cid])
-            self._rows.append({"case_id": cid, "epoch": epoch,
-                               **{f"dice_{c}": float(v) for c, v in zip(names, d)},
-                               **{f"iou_{c}": float(v) for c, v in zip(names, j)}})
+            self._rows.append(
+                {
+                    "case_id": cid,
+                    "epoch": epoch,
+                    **{f"dice_{c}": float(v) for c, v in zip(names, d)},
+                    **{f"iou_{c}": float(v) for c, v in zip(names, j)},
+                }
+            )
 
     # ------------------------------------------------------------------ candidates
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -216,8 +245,12 @@ class BalancedCheckpoint(UsesContext, Callback):
         elif not self._warned_monitor and trainer.is_global_zero:
             self._warned_monitor = True
             keys = sorted(k for k in trainer.callback_metrics if not k.startswith(("mr/", "mining/")))
-            log.warning("BalancedCheckpoint: monitor=%r was not logged, so the least-loss epoch is "
-                        "unknown; logged keys: %s -- set monitor= to one of them", self.monitor, keys)
+            log.warning(
+                "BalancedCheckpoint: monitor=%r was not logged, so the least-loss epoch is "
+                "unknown; logged keys: %s -- set monitor= to one of them",
+                self.monitor,
+                keys,
+            )
         self._provisional(trainer)
         if epoch < self.min_epoch:
             return
@@ -246,20 +279,29 @@ class BalancedCheckpoint(UsesContext, Callback):
         h = load_history(h)
         least = self.best_epoch()
         try:
-            sel = select_balanced_epoch(h, self.policy, reference_epoch=least if least in set(h["epoch"]) else None,
-                                        contamination=self.contamination, tail=self.tail, metric=self.metric,
-                                        min_epoch=self.min_epoch, worst_fraction=self.worst_fraction)
+            sel = select_balanced_epoch(
+                h,
+                self.policy,
+                reference_epoch=least if least in set(h["epoch"]) else None,
+                contamination=self.contamination,
+                tail=self.tail,
+                metric=self.metric,
+                min_epoch=self.min_epoch,
+                worst_fraction=self.worst_fraction,
+            )
         except ValueError as err:  # too little history yet: the provisional view is optional
             log.info("BalancedCheckpoint: provisional corner cases unavailable: %s", err)
             return
-        self.context.corners = corners_file.from_selection(sel, least, f"provisional ({sel.status}): {sel.reason}")
+        self.context.corners = corners_file.from_selection(
+            sel, least, f"provisional ({sel.status}): {sel.reason}"
+        )
 
     def _keep(self, trainer) -> list[int]:
         eps = sorted(self._saved)
         if self.retention == "all":
             return eps
         if isinstance(self.retention, int):
-            return eps[-self.retention:]
+            return eps[-self.retention :]
         if self.policy != "last_inlier":
             return eps
         h = self._history()
@@ -271,7 +313,7 @@ class BalancedCheckpoint(UsesContext, Callback):
         n_ep = max(len(eps), total - self.min_epoch, 1)
         n_cases = int(h["case_id"].nunique())
         removable = max_flagged(n_cases, self.contamination) * max_flagged(n_ep, self.contamination)
-        return eps[-(removable + 1):]
+        return eps[-(removable + 1) :]
 
     def best_epoch(self) -> int | None:
         """Least (``mode="min"``) or greatest monitored epoch; ties go to the earliest."""
@@ -301,8 +343,12 @@ class BalancedCheckpoint(UsesContext, Callback):
     def teardown(self, trainer, pl_module, stage: str) -> None:
         # the fit is over: this trainer lets go of the run-directory lock its context took (the
         # reporter does it when present: its teardown still writes the final plots)
-        if stage == "fit" and self._dir is not None and trainer.is_global_zero \
-                and "RobustnessReporter" not in self.context.members:
+        if (
+            stage == "fit"
+            and self._dir is not None
+            and trainer.is_global_zero
+            and "RobustnessReporter" not in self.context.members
+        ):
             from robusttrain.rundir.lock import release
 
             release(self._dir, holder=trainer)
@@ -332,40 +378,78 @@ class BalancedCheckpoint(UsesContext, Callback):
 
     def _decide(self) -> dict:
         best = self.best_epoch()
-        base = {"policy": self.policy, "monitor": self.monitor, "mode": self.mode,
-                "least_loss_epoch": best, "contamination": self.contamination, "tail": self.tail,
-                "metric": self.metric, "min_epoch": self.min_epoch, "worst_fraction": self.worst_fraction,
-                "checkpoint": None}
+        base = {
+            "policy": self.policy,
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "least_loss_epoch": best,
+            "contamination": self.contamination,
+            "tail": self.tail,
+            "metric": self.metric,
+            "min_epoch": self.min_epoch,
+            "worst_fraction": self.worst_fraction,
+            "checkpoint": None,
+        }
         raw = self._history()
         if raw is None or raw.empty:
             self.selection = None
-            return {**base, "status": "not_enough_data", "reason": "no per-case history was recorded",
-                    "balanced_epoch": None, "reference_epoch": None, "corner_cases": [],
-                    "outlier_epochs": {}, "candidate_epochs": sorted(self._saved), "dice": {}}
+            return {
+                **base,
+                "status": "not_enough_data",
+                "reason": "no per-case history was recorded",
+                "balanced_epoch": None,
+                "reference_epoch": None,
+                "corner_cases": [],
+                "outlier_epochs": {},
+                "candidate_epochs": sorted(self._saved),
+                "dice": {},
+            }
         h = load_history(raw)
         epochs = set(h["epoch"].tolist())
         sel = select_balanced_epoch(
-            h, self.policy, reference_epoch=best if best in epochs else None,
+            h,
+            self.policy,
+            reference_epoch=best if best in epochs else None,
             candidates=[e for e in self._saved if self._candidate(e).is_file()],
-            contamination=self.contamination, tail=self.tail, metric=self.metric, min_epoch=self.min_epoch,
-            worst_fraction=self.worst_fraction)
+            contamination=self.contamination,
+            tail=self.tail,
+            metric=self.metric,
+            min_epoch=self.min_epoch,
+            worst_fraction=self.worst_fraction,
+        )
         self.selection = sel
         cc = sel.corner_cases
         margin = selection_margin(h, sel, metric=self.metric)  # diagnostics: how sure is the choice?
         if margin["warning"]:
             log.warning("BalancedCheckpoint: %s", margin["warning"])
-        return {**base, "status": sel.status, "reason": sel.reason, "balanced_epoch": sel.epoch, "margin": margin,
-                "reference_epoch": sel.reference_epoch, "columns": cc.columns, "threshold": cc.threshold,
-                "corner_cases": [{"case_id": c, "score": cc.scores[c], "contributions": cc.contributions[c]}
-                                 for c in cc.case_ids],
-                "outlier_epochs": sel.outlier_epochs, "candidate_epochs": sel.candidates,
-                "dice": {"least_loss": dice_summary(h, cc.columns, best),
-                         "balanced": dice_summary(h, cc.columns, sel.epoch)}}
+        return {
+            **base,
+            "status": sel.status,
+            "reason": sel.reason,
+            "balanced_epoch": sel.epoch,
+            "margin": margin,
+            "reference_epoch": sel.reference_epoch,
+            "columns": cc.columns,
+            "threshold": cc.threshold,
+            "corner_cases": [
+                {"case_id": c, "score": cc.scores[c], "contributions": cc.contributions[c]}
+                for c in cc.case_ids
+            ],
+            "outlier_epochs": sel.outlier_epochs,
+            "candidate_epochs": sel.candidates,
+            "dice": {
+                "least_loss": dice_summary(h, cc.columns, best),
+                "balanced": dice_summary(h, cc.columns, sel.epoch),
+            },
+        }
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return {"rows": list(self._rows), "monitor_values": dict(self._monitor_values),
-                "saved": list(self._saved)}
+        return {
+            "rows": list(self._rows),
+            "monitor_values": dict(self._monitor_values),
+            "saved": list(self._saved),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._rows = list(state_dict.get("rows", []))

@@ -9,6 +9,7 @@ against (loggers, progress bars): they are looked up in the trainer's own namesp
 >>> namespace_of(L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False))
 'lightning.pytorch'
 """
+
 from __future__ import annotations
 
 import contextlib

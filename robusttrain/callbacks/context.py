@@ -24,6 +24,7 @@ their attributes: what one produces and another consumes goes through this objec
 >>> ctx.missing() is None
 True
 """
+
 from __future__ import annotations
 
 import os
@@ -91,11 +92,19 @@ class RobustnessContext:
     auto: bool = field(default=False, repr=False)  # made by context_for, not given by the user
 
     # -- membership -------------------------------------------------------------------
-    def join(self, name: str, dirpath: str | os.PathLike | None = None, provides: tuple[str, ...] = (),
-             requires: tuple[str, ...] = ()) -> None:
+    def join(
+        self,
+        name: str,
+        dirpath: str | os.PathLike | None = None,
+        provides: tuple[str, ...] = (),
+        requires: tuple[str, ...] = (),
+    ) -> None:
         """Register one callback (its ``setup``); a second ``fit`` re-joins and re-finalizes."""
-        self.members[name] = {"dirpath": None if dirpath is None else Path(dirpath),
-                              "provides": tuple(provides), "requires": tuple(requires)}
+        self.members[name] = {
+            "dirpath": None if dirpath is None else Path(dirpath),
+            "provides": tuple(provides),
+            "requires": tuple(requires),
+        }
         self.run_dir = None
 
     def provides(self, capability: str) -> bool:
@@ -106,8 +115,10 @@ class RobustnessContext:
         for name, m in self.members.items():
             for cap in m["requires"]:
                 if not self.provides(cap):
-                    return (f"{name} needs {_WHAT.get(cap, cap)}: add {PROVIDERS.get(cap, cap)}(...) "
-                            "to the trainer callbacks")
+                    return (
+                        f"{name} needs {_WHAT.get(cap, cap)}: add {PROVIDERS.get(cap, cap)}(...) "
+                        "to the trainer callbacks"
+                    )
         return None
 
     def finalize(self, trainer: Any) -> Path:
@@ -123,7 +134,8 @@ class RobustnessContext:
             raise RobustnessConfigError(
                 "the robustness callbacks have different dirpath values ("
                 + ", ".join(f"{n}: {d}" for n, d in sorted(dirs.items()))
-                + "); give them the same dirpath (one run directory)")
+                + "); give them the same dirpath (one run directory)"
+            )
         d = next(iter(distinct), None) or default_run_dir(trainer)
         self.run_dir = Path(broadcast_object(trainer, str(d)))
         if getattr(trainer, "is_global_zero", True):
@@ -139,8 +151,10 @@ class RobustnessContext:
         """``run_dir`` where :meth:`finalize` must have run (hooks after ``on_fit_start``): one clear
         :class:`RobustnessConfigError` instead of ``None`` deep in a hook when it has not."""
         if self.run_dir is None:
-            raise RobustnessConfigError("the run directory is used before on_fit_start() resolved it "
-                                        "(RobustnessContext.finalize); run the callbacks through trainer.fit")
+            raise RobustnessConfigError(
+                "the run directory is used before on_fit_start() resolved it "
+                "(RobustnessContext.finalize); run the callbacks through trainer.fit"
+            )
         return self.run_dir
 
     def release_lock(self, trainer: Any, member: str) -> None:
@@ -198,8 +212,10 @@ def context_for(trainer: Any, explicit: RobustnessContext | None = None) -> Robu
     current = getattr(trainer, ATTR, None)
     if explicit is not None and current is not explicit:
         if current is not None and not current.auto:
-            raise RobustnessConfigError("two different RobustnessContext objects in one trainer; pass "
-                                        "the same context= to every robustness callback (or none)")
+            raise RobustnessConfigError(
+                "two different RobustnessContext objects in one trainer; pass "
+                "the same context= to every robustness callback (or none)"
+            )
         if current is not None:  # callbacks without context= joined first: theirs becomes this one
             explicit.absorb(current)
         current = explicit
@@ -239,7 +255,8 @@ class UsesContext:
         if self._dir is None:
             raise RobustnessConfigError(
                 f"{type(self).__name__}.fit_dir is used before on_fit_start(): add the callback to a Trainer's "
-                "callbacks and run fit (on_fit_start resolves the run directory)")
+                "callbacks and run fit (on_fit_start resolves the run directory)"
+            )
         return self._dir
 
     @property
@@ -247,7 +264,8 @@ class UsesContext:
         if self._ctx is None:
             raise RobustnessConfigError(
                 f"{type(self).__name__}.context is used before setup(): add the callback to a Trainer's "
-                "callbacks and run fit/validate (setup joins the shared RobustnessContext)")
+                "callbacks and run fit/validate (setup joins the shared RobustnessContext)"
+            )
         return self._ctx
 
     def join_context(self, trainer: Any) -> RobustnessContext:

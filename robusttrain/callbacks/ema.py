@@ -13,6 +13,7 @@ balanced average still averages the *raw* weights of the window epochs (its snap
 the swap back), so ``balanced_average.ckpt`` is a SWA-style average next to the EMA, not an average
 of EMAs. Use one of the two as the final model; compare both with ``robusttrain check``.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,13 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
         (True, 10)
     """
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, decay: float = 0.999,
-                 context: RobustnessContext | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dirpath: str | os.PathLike | None = None,
+        decay: float = 0.999,
+        context: RobustnessContext | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not (isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0.0 <= decay < 1.0):
             raise ValueError(f"decay={decay!r}: expected a number in [0, 1)")
         super().__init__(decay=float(decay), **kwargs)

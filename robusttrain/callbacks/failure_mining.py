@@ -21,6 +21,7 @@ After each validation (and at the epoch's end) rank 0 appends the epoch's new fa
 Logged per epoch: ``mining/bank_size``, ``mining/trainable``, ``mining/new``, ``mining/replayed``
 (expected replayed samples this epoch) and ``mining/weight/<perturbation>``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,12 +86,25 @@ class FailureMiningCallback(UsesContext, Callback):
         >>> # in your datamodule: DataLoader(mining.wrap(self.train_set), batch_size=8, shuffle=True)
     """
 
-    def __init__(self, replay_ratio: float = 0.2, train_probe_size: int = 32, every_n_epochs: int = 1,
-                 jitter: float = 0.1, clean_mix: float = 0.0, fresh_image: float = 0.0,
-                 allow_val_mining: bool = False, max_size: int = 2000, n_thumbs: int = 32,
-                 momentum: float = 0.5, floor: float = 0.05, min_clean_dice: float = 0.1,
-                 train_dataset: Any = None,
-                 dirpath: str | os.PathLike | None = None, context: RobustnessContext | None = None, enabled: bool = True):
+    def __init__(
+        self,
+        replay_ratio: float = 0.2,
+        train_probe_size: int = 32,
+        every_n_epochs: int = 1,
+        jitter: float = 0.1,
+        clean_mix: float = 0.0,
+        fresh_image: float = 0.0,
+        allow_val_mining: bool = False,
+        max_size: int = 2000,
+        n_thumbs: int = 32,
+        momentum: float = 0.5,
+        floor: float = 0.05,
+        min_clean_dice: float = 0.1,
+        train_dataset: Any = None,
+        dirpath: str | os.PathLike | None = None,
+        context: RobustnessContext | None = None,
+        enabled: bool = True,
+    ):
         self.replay_ratio = check_fraction("replay_ratio", replay_ratio, 0.0, MAX_REPLAY_RATIO)
         self.train_probe_size = check_int("train_probe_size", train_probe_size, 1)
         self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 1)
@@ -107,7 +121,7 @@ class FailureMiningCallback(UsesContext, Callback):
         self.allow_val_mining, self.enabled = bool(allow_val_mining), bool(enabled)
         self.train_dataset, self.dirpath, self._context_arg = train_dataset, dirpath, context
         self.bank: FailureBank | None = None
-        self.replay: ReplayDataset | None = None   # the dataset last returned by wrap()
+        self.replay: ReplayDataset | None = None  # the dataset last returned by wrap()
         self.rows: list[dict[str, Any]] = []
         self._ctx = context
         self._probe: TrainProbe | None = None
@@ -129,8 +143,15 @@ class FailureMiningCallback(UsesContext, Callback):
             return dataset
         if isinstance(dataset, ReplayDataset):
             dataset = dataset.base
-        self.replay = ReplayDataset(dataset, None, self.replay_ratio, self.jitter, self.allow_val_mining,
-                                    clean_mix=self.clean_mix, fresh_image=self.fresh_image)
+        self.replay = ReplayDataset(
+            dataset,
+            None,
+            self.replay_ratio,
+            self.jitter,
+            self.allow_val_mining,
+            clean_mix=self.clean_mix,
+            fresh_image=self.fresh_image,
+        )
         if self._ctx is not None and self._ctx.run_dir is not None:  # wrapped during fit: bind now
             self._bind(self.replay)
         return self.replay
@@ -157,8 +178,9 @@ class FailureMiningCallback(UsesContext, Callback):
         dm = getattr(trainer, "datamodule", None)
         self._val = getattr(dm, "val_dataset", None)
         base = self.train_dataset if self.train_dataset is not None else getattr(dm, "train_dataset", None)
-        self._probe = ctx.train_probe = TrainProbe(None if base is None else CleanDataset(base),
-                                                   self.train_probe_size, self.every_n_epochs)
+        self._probe = ctx.train_probe = TrainProbe(
+            None if base is None else CleanDataset(base), self.train_probe_size, self.every_n_epochs
+        )
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit" and self._ctx is not None:
@@ -169,7 +191,7 @@ class FailureMiningCallback(UsesContext, Callback):
             return
         run_dir = self.context.finalize(trainer)
         if self._restored is None:  # a fresh fit: its own, empty bank (never another run's, nor a
-            self.bank = None        # previous fit's of this callback)
+            self.bank = None  # previous fit's of this callback)
             self.rows, self._counts, self._weights_epoch = [], defaultdict(lambda: defaultdict(int)), -1
             if is_global_zero(trainer):
                 set_aside_foreign_bank(run_dir)
@@ -194,13 +216,15 @@ class FailureMiningCallback(UsesContext, Callback):
                 f"FailureMiningCallback(replay_ratio={self.replay_ratio}): the training data was not passed "
                 "through mining.wrap(dataset), so nothing would be replayed; build the train loader over "
                 "mining.wrap(train_dataset) (robusttrain datamodules: datamodule.wrap_train(mining.wrap)) "
-                "or set replay_ratio=0")
+                "or set replay_ratio=0"
+            )
         probe = self._probe
         assert probe is not None  # setup("fit") made it, and on_train_start runs after setup
         if probe.dataset is None:
             raise RobustnessConfigError(
                 "FailureMiningCallback: no training dataset to check; pass train_dataset= (a map-style "
-                "dataset) or build the train loader over mining.wrap(train_dataset)")
+                "dataset) or build the train loader over mining.wrap(train_dataset)"
+            )
         # The MR callback reads the train probe through its hooks only after the first epoch: read one
         # sample now, so samples the hooks cannot read (no mask) fail before training, also with
         # replay_ratio=0. No random stream moves (a resume must repeat the uninterrupted run).
@@ -214,9 +238,14 @@ class FailureMiningCallback(UsesContext, Callback):
     def _sink(self, record: Any, images: Any = None) -> None:
         if record.src_dice < self.min_clean_dice:
             if not self.below_floor:
-                log.warning("robusttrain: not mining violations whose clean Dice is below min_clean_dice=%g "
-                            "(e.g. %s: %.3g -> %.3g): the model does not segment these cases yet",
-                            self.min_clean_dice, record.case_id, record.src_dice, record.fol_dice)
+                log.warning(
+                    "robusttrain: not mining violations whose clean Dice is below min_clean_dice=%g "
+                    "(e.g. %s: %.3g -> %.3g): the model does not segment these cases yet",
+                    self.min_clean_dice,
+                    record.case_id,
+                    record.src_dice,
+                    record.fol_dice,
+                )
             self.below_floor += 1
             return
         # subscribed in setup("fit"); violations come from checks, which run after on_fit_start made the bank
@@ -232,8 +261,11 @@ class FailureMiningCallback(UsesContext, Callback):
         if self.replay is not None:
             self.replay.refresh()
             n = self.replay.n_trainable
-            self._epoch_stats = {"trainable": n, "replayed": self.replay.n_slots if n else 0,
-                                 "weights": self.replay.weights() if n else {}}
+            self._epoch_stats = {
+                "trainable": n,
+                "replayed": self.replay.n_slots if n else 0,
+                "weights": self.replay.weights() if n else {},
+            }
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.bank is not None and not trainer.sanity_checking:
@@ -245,13 +277,23 @@ class FailureMiningCallback(UsesContext, Callback):
         self._sync(trainer)
         epoch = int(trainer.current_epoch)
         st = self._epoch_stats
-        row = {"epoch": epoch, "bank_size": len(self.bank), "trainable": len(self.bank.trainable()),
-               "new": self._new_this_epoch, "replayed": st.get("replayed", 0),
-               **{f"weight/{p}": w for p, w in sorted(st.get("weights", {}).items())}}
+        row = {
+            "epoch": epoch,
+            "bank_size": len(self.bank),
+            "trainable": len(self.bank.trainable()),
+            "new": self._new_this_epoch,
+            "replayed": st.get("replayed", 0),
+            **{f"weight/{p}": w for p, w in sorted(st.get("weights", {}).items())},
+        }
         self._new_this_epoch = 0
         self.rows = [r for r in self.rows if r["epoch"] != epoch] + [row]
-        pl_module.log_dict({f"mining/{k}": float(v) for k, v in row.items() if k != "epoch"},
-                           on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
+        pl_module.log_dict(
+            {f"mining/{k}": float(v) for k, v in row.items() if k != "epoch"},
+            on_step=False,
+            on_epoch=True,
+            sync_dist=False,
+            rank_zero_only=True,
+        )
         if is_global_zero(trainer):
             mining_file.write(self.context.resolved_run_dir, pd.DataFrame(self.rows))
 
@@ -285,13 +327,19 @@ class FailureMiningCallback(UsesContext, Callback):
             self._write_weights()
 
     def _write_weights(self) -> None:
-        sampling_file.write(self.context.resolved_run_dir, self._weights_epoch, self.weights.weights(), self.weights.smoothed)
+        sampling_file.write(
+            self.context.resolved_run_dir, self._weights_epoch, self.weights.weights(), self.weights.smoothed
+        )
 
     # ---- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 2, "bank": self.bank.state_dict() if self.bank is not None else None,
-                "weights": self.weights.state_dict(), "weights_epoch": self._weights_epoch,
-                "rows": list(self.rows)}
+        return {
+            "version": 2,
+            "bank": self.bank.state_dict() if self.bank is not None else None,
+            "weights": self.weights.state_dict(),
+            "weights_epoch": self._weights_epoch,
+            "rows": list(self.rows),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.weights.load_state_dict(state.get("weights", {}))
@@ -310,6 +358,10 @@ def set_aside_foreign_bank(run_dir: Any) -> Path | None:
         return None
     dest = d.with_name(f"{failures_files.DIR}.before-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
     os.replace(d, dest)
-    log.warning("robusttrain: %s held an earlier run's failure bank; moved to %s (this run starts with an "
-                "empty bank and never replays failures it did not mine)", d, dest.name)
+    log.warning(
+        "robusttrain: %s held an earlier run's failure bank; moved to %s (this run starts with an "
+        "empty bank and never replays failures it did not mine)",
+        d,
+        dest.name,
+    )
     return dest

@@ -32,6 +32,7 @@ Volumes (B,C,H,W,D) work as images do: the suite perturbs them slice-wise (``MRS
 the model predicts whole volumes and Dice is per volume (failure mining replays them slice-wise too).
 Shapes the check cannot read are refused in ``setup`` with one line naming the shape and the hook to set.
 """
+
 from __future__ import annotations
 
 import time
@@ -122,14 +123,26 @@ class MetamorphicCallback(Callback):
         >>> trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False)   # then trainer.fit(...)
     """
 
-    def __init__(self, suite: MRSuite | None = None, hooks: BatchHooks | None = None,
-                 every_n_epochs: int = 1, max_cases: int | None = None, budget: float | None = None,
-                 final: str = "rotation",
-                 thresholds: Sequence[float] = THRESHOLDS, violation_threshold: float = 0.25,
-                 failure_images: int = 16, batch_size: int = 8, num_workers: int = 0, path: str = "auto",
-                 dirpath: str | None = None, val_dataset: Any = None,
-                 class_names: Sequence[str] | None = None, context: RobustnessContext | None = None,
-                 verbose: bool = True):
+    def __init__(
+        self,
+        suite: MRSuite | None = None,
+        hooks: BatchHooks | None = None,
+        every_n_epochs: int = 1,
+        max_cases: int | None = None,
+        budget: float | None = None,
+        final: str = "rotation",
+        thresholds: Sequence[float] = THRESHOLDS,
+        violation_threshold: float = 0.25,
+        failure_images: int = 16,
+        batch_size: int = 8,
+        num_workers: int = 0,
+        path: str = "auto",
+        dirpath: str | None = None,
+        val_dataset: Any = None,
+        class_names: Sequence[str] | None = None,
+        context: RobustnessContext | None = None,
+        verbose: bool = True,
+    ):
         if suite is not None and not isinstance(suite, MRSuite):
             raise ValueError(f"suite must be an MRSuite, got {type(suite).__name__}")
         if hooks is not None and not isinstance(hooks, BatchHooks):
@@ -146,8 +159,9 @@ class MetamorphicCallback(Callback):
         self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, 0)
         self.max_cases = None if max_cases is None else check_int("max_cases", max_cases, 1)
         self.violation_threshold = check_fraction("violation_threshold", violation_threshold)
-        self.thresholds = tuple(sorted({check_fraction("thresholds", t) for t in thresholds}
-                                       | {self.violation_threshold}))
+        self.thresholds = tuple(
+            sorted({check_fraction("thresholds", t) for t in thresholds} | {self.violation_threshold})
+        )
         self.failure_images = check_int("failure_images", failure_images, 0)
         self.batch_size = check_int("batch_size", batch_size, 1)
         self.num_workers = check_int("num_workers", num_workers, 0)
@@ -196,8 +210,9 @@ class MetamorphicCallback(Callback):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.clock.start()
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.clock.step()
         if self.budget.enabled:
             self.work.add(batch)
@@ -219,8 +234,12 @@ class MetamorphicCallback(Callback):
         splits = []
         if self.every_n_epochs > 0 and (epoch + 1) % self.every_n_epochs == 0:
             splits.append("val")
-        last = (self.budget.enabled and trainer.max_epochs is not None and trainer.max_epochs > 0
-                and epoch + 1 >= trainer.max_epochs)
+        last = (
+            self.budget.enabled
+            and trainer.max_epochs is not None
+            and trainer.max_epochs > 0
+            and epoch + 1 >= trainer.max_epochs
+        )
         probe = self._ctx.train_probe if self._ctx is not None else None
         if probe is not None and probe.size > 0 and (epoch + 1) % probe.every_n_epochs == 0 and not last:
             splits.append("train")  # nothing trains on what the last epoch would mine
@@ -239,8 +258,15 @@ class MetamorphicCallback(Callback):
             epoch = max(self._last_check_epoch, self._last_trained_epoch)
             self.check(trainer, pl_module, epoch, ["val"], full=True, log=False)
 
-    def check(self, trainer: Any, pl_module: Any, epoch: int, splits: Sequence[str] = ("val",),
-              full: bool = False, log: bool = True) -> None:
+    def check(
+        self,
+        trainer: Any,
+        pl_module: Any,
+        epoch: int,
+        splits: Sequence[str] = ("val",),
+        full: bool = False,
+        log: bool = True,
+    ) -> None:
         """Run the suite on ``splits`` now (all ranks must call it), update tables and files.
 
         With a ``budget``, a subset of the pairs unless ``full`` (the final check: ``final=True``).
@@ -264,18 +290,47 @@ class MetamorphicCallback(Callback):
             plan = self._plan(trainer, probes, train_px, epoch, full)
             for split, p in probes.items():
                 p.plan = plan.get(split)
-            results = run_check(predict, probes, self.suite, path=path, device=device,
-                                batch_size=self.batch_size, num_workers=self.num_workers, hooks=self.hooks,
-                                epoch=epoch, rank=trainer.global_rank, world_size=max(1, trainer.world_size),
-                                gather=lambda obj: gather_objects(trainer, obj),
-                                progress=lambda split, n: progress_bar(trainer, n, f"MR check ({split})"))
+            results = run_check(
+                predict,
+                probes,
+                self.suite,
+                path=path,
+                device=device,
+                batch_size=self.batch_size,
+                num_workers=self.num_workers,
+                hooks=self.hooks,
+                epoch=epoch,
+                rank=trainer.global_rank,
+                world_size=max(1, trainer.world_size),
+                gather=lambda obj: gather_objects(trainer, obj),
+                progress=lambda split, n: progress_bar(trainer, n, f"MR check ({split})"),
+            )
             for split, res in results.items():
                 n_cases = len(dict.fromkeys(probes[split].case_ids))
                 final = full and self.budget.enabled
-                basis = "rotation" if final and self.final == "rotation" else \
-                    "suite" if probes[split].plan is None else "subset"
-                metrics.update(self._record(trainer, pl_module, probes[split].dataset, res, epoch, split, predict,
-                                            path, n_cases=n_cases, final=final, basis=basis, sinks=log))
+                basis = (
+                    "rotation"
+                    if final and self.final == "rotation"
+                    else "suite"
+                    if probes[split].plan is None
+                    else "subset"
+                )
+                metrics.update(
+                    self._record(
+                        trainer,
+                        pl_module,
+                        probes[split].dataset,
+                        res,
+                        epoch,
+                        split,
+                        predict,
+                        path,
+                        n_cases=n_cases,
+                        final=final,
+                        basis=basis,
+                        sinks=log,
+                    )
+                )
                 if split == "val":
                     self._last_check_epoch = epoch
                     self._last_val_full = final or probes[split].plan is None
@@ -315,11 +370,17 @@ class MetamorphicCallback(Callback):
             if self.suite.in_channels is None:  # the number of tests depends on the data's channels
                 prepare_suite(self.suite, first, self.hooks)
             # the rotation's final table needs no whole suite at the end: nothing to set aside for it
-            reserve = 0.0 if self.final == "rotation" else \
-                final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
-            plan = self.budget.plan(work, {s: p.case_ids for s, p in probes.items()}, len(self.suite.tests),
-                                    reserve=reserve)
-            if rotation and "val" in probes:  # the last check completes the rotation: every pair not scored yet
+            reserve = (
+                0.0
+                if self.final == "rotation"
+                else final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
+            )
+            plan = self.budget.plan(
+                work, {s: p.case_ids for s, p in probes.items()}, len(self.suite.tests), reserve=reserve
+            )
+            if (
+                rotation and "val" in probes
+            ):  # the last check completes the rotation: every pair not scored yet
                 done = self.cases[self.cases["split"] == "val"] if len(self.cases) else self.cases
                 plan["val"] = complete_plan(plan.get("val"), probes["val"].case_ids, self.suite.tests, done)
         return broadcast_object(trainer, plan)
@@ -356,16 +417,31 @@ class MetamorphicCallback(Callback):
             return list(names)
         return ["fg"] if kf == 1 else [f"class{i + 1}" for i in range(kf)]
 
-    def _record(self, trainer, pl_module, ds, res, epoch, split, predict, path, n_cases=None,
-                final=False, basis="subset", sinks=True) -> dict[str, float]:
+    def _record(
+        self,
+        trainer,
+        pl_module,
+        ds,
+        res,
+        epoch,
+        split,
+        predict,
+        path,
+        n_cases=None,
+        final=False,
+        basis="subset",
+        sinks=True,
+    ) -> dict[str, float]:
         hist, scored = aggregate(res, self._names(trainer, res), epoch, self.suite)
         cases = scored
         if basis == "rotation" and len(self.cases):  # a top-up of an epoch already checked adds to it
             old = self.cases[(self.cases["epoch"] == epoch) & (self.cases["split"] == split)]
             if len(old):
                 new = set(map(tuple, scored[["case_id", "perturbation", "severity"]].astype(str).values))
-                keep = [tuple(r) not in new for r in old[["case_id", "perturbation", "severity"]]
-                        .astype(str).values]
+                keep = [
+                    tuple(r) not in new
+                    for r in old[["case_id", "perturbation", "severity"]].astype(str).values
+                ]
                 cases = pd.concat([old[keep], scored], ignore_index=True)
         self.cases = _replace(self.cases, cases, epoch, split)
         basis_cases, from_epoch = cases, epoch
@@ -383,22 +459,43 @@ class MetamorphicCallback(Callback):
             keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
             self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
         if trainer.is_global_zero and sinks:
-            self.last_failures = build_failures(res, scored, self.suite, ds, self.hooks,
-                                                self.reuse.predict_fn(pl_module, predict), path,
-                                                self.violation_threshold, self.failure_images, epoch,
-                                                device=next(pl_module.parameters()).device,
-                                                id_prefix=id_prefix(split))
+            self.last_failures = build_failures(
+                res,
+                scored,
+                self.suite,
+                ds,
+                self.hooks,
+                self.reuse.predict_fn(pl_module, predict),
+                path,
+                self.violation_threshold,
+                self.failure_images,
+                epoch,
+                device=next(pl_module.parameters()).device,
+                id_prefix=id_prefix(split),
+            )
             for rec, imgs in self.last_failures:
                 self._ctx.emit(rec, imgs)
         if trainer.is_global_zero and self.verbose:
             n_all = table[(table.perturbation == "all")]
-            scored = (f"{int(n_all.cases.iloc[0])}/{int(n_all.suite_cases.iloc[0])} test cases"
-                      if len(n_all) else "no test cases")
-            kind = {"rotation": f"final: every test case once, its latest score, weights of epochs "
-                                f"{from_epoch}-{epoch}", "suite": "final, whole suite"}.get(basis, split) \
-                if final else split
-            rank_zero_info(format_efr_console(table, f"MR check, epoch {epoch} ({kind}): EFR % over "
-                                                     f"{len(hist)} cases, {scored}"))
+            scored = (
+                f"{int(n_all.cases.iloc[0])}/{int(n_all.suite_cases.iloc[0])} test cases"
+                if len(n_all)
+                else "no test cases"
+            )
+            kind = (
+                {
+                    "rotation": f"final: every test case once, its latest score, weights of epochs "
+                    f"{from_epoch}-{epoch}",
+                    "suite": "final, whole suite",
+                }.get(basis, split)
+                if final
+                else split
+            )
+            rank_zero_info(
+                format_efr_console(
+                    table, f"MR check, epoch {epoch} ({kind}): EFR % over {len(hist)} cases, {scored}"
+                )
+            )
         prefix = "mr/efr" if split == "val" else f"mr/{split}_efr"
         return efr_metrics(table, prefix)
 
@@ -414,10 +511,16 @@ class MetamorphicCallback(Callback):
 
     # -- checkpoint state --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 2, "history": _to_state(self.history), "efr": _to_state(self.efr),
-                "cases": _to_state(self.cases), "suite": self.suite.state_dict(),
-                "budget": self.budget.state_dict(), "train_pixels": int(self.work.pixels),
-                "last_check": [self._last_check_epoch, self._last_val_full]}
+        return {
+            "version": 2,
+            "history": _to_state(self.history),
+            "efr": _to_state(self.efr),
+            "cases": _to_state(self.cases),
+            "suite": self.suite.state_dict(),
+            "budget": self.budget.state_dict(),
+            "train_pixels": int(self.work.pixels),
+            "last_check": [self._last_check_epoch, self._last_val_full],
+        }
 
     def check_resume(self, state: dict[str, Any]) -> None:
         """Refuse (``InputError``) a checkpoint state this callback could not continue: another suite.
@@ -455,8 +558,10 @@ def _replace(frame: pd.DataFrame, new: pd.DataFrame, epoch: int, split: str) -> 
 
 def _to_state(frame: pd.DataFrame) -> dict[str, list]:
     # plain python lists: loadable with torch.load(weights_only=True)
-    return {"columns": [str(c) for c in frame.columns],
-            "data": [[_py(v) for v in frame[c].tolist()] for c in frame.columns]}
+    return {
+        "columns": [str(c) for c in frame.columns],
+        "data": [[_py(v) for v in frame[c].tolist()] for c in frame.columns],
+    }
 
 
 def _py(v: Any) -> Any:

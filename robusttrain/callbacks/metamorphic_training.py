@@ -32,6 +32,7 @@ Example::
     >>> mt = MetamorphicTraining(perturbations=["blur", "contrast"], k=4, q=0.5)
     >>> trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False)   # then trainer.fit(...)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -81,13 +82,26 @@ class MetamorphicTraining(Callback):
         context: a shared :class:`RobustnessContext` (default: the trainer's).
     """
 
-    def __init__(self, perturbations: str | Sequence[str] | None = None, k: int = 4, q: float = 0.5,
-                 epsilon: float = 0.3, temperature: float = 0.0,
-                 severity_caps: int | Mapping[str, int] | None = None, max_cover: float = 0.1,
-                 consistency: float = 0.0, divergence: str = "js", ramp: float = 0.2,
-                 score_scale: float = 0.5, hooks: BatchHooks | None = None, seed: int = 0,
-                 record_every: int = 50, record_per_step: int = 2, dirpath: str | None = None,
-                 context: RobustnessContext | None = None):
+    def __init__(
+        self,
+        perturbations: str | Sequence[str] | None = None,
+        k: int = 4,
+        q: float = 0.5,
+        epsilon: float = 0.3,
+        temperature: float = 0.0,
+        severity_caps: int | Mapping[str, int] | None = None,
+        max_cover: float = 0.1,
+        consistency: float = 0.0,
+        divergence: str = "js",
+        ramp: float = 0.2,
+        score_scale: float = 0.5,
+        hooks: BatchHooks | None = None,
+        seed: int = 0,
+        record_every: int = 50,
+        record_per_step: int = 2,
+        dirpath: str | None = None,
+        context: RobustnessContext | None = None,
+    ):
         self.perturbations = None if perturbations is None else resolve(perturbations)
         self.k = check_int("k", k, 1)
         self.q = check_fraction("q", q)
@@ -97,13 +111,23 @@ class MetamorphicTraining(Callback):
         self.temperature = float(temperature)
         self.severity_caps = severity_caps
         self.max_cover = check_fraction("max_cover", max_cover)
-        if isinstance(consistency, bool) or not isinstance(consistency, (int, float)) \
-                or not math.isfinite(consistency) or consistency < 0:
-            raise ValueError(f"consistency must be a weight >= 0 (0 = no consistency term), got {consistency!r}")
+        if (
+            isinstance(consistency, bool)
+            or not isinstance(consistency, (int, float))
+            or not math.isfinite(consistency)
+            or consistency < 0
+        ):
+            raise ValueError(
+                f"consistency must be a weight >= 0 (0 = no consistency term), got {consistency!r}"
+            )
         self.consistency = float(consistency)
         self.divergence = check_choice("divergence", divergence, DIVERGENCES)
         self.ramp = check_fraction("ramp", ramp)
-        if isinstance(score_scale, bool) or not isinstance(score_scale, (int, float)) or not 0 < score_scale <= 1:
+        if (
+            isinstance(score_scale, bool)
+            or not isinstance(score_scale, (int, float))
+            or not 0 < score_scale <= 1
+        ):
             raise ValueError(f"score_scale must be in (0, 1] (1 = score at full size), got {score_scale!r}")
         self.score_scale = float(score_scale)
         if hooks is not None and not isinstance(hooks, BatchHooks):
@@ -154,8 +178,10 @@ class MetamorphicTraining(Callback):
             images = hooks.get_images(batch)
             masks = _index_masks(hooks.get_masks(batch))
         except Exception as err:  # noqa: BLE001 -- one line saying which hook to set
-            raise RobustnessConfigError(f"MetamorphicTraining cannot read the training batch: {err} "
-                                        "(pass hooks=BatchHooks(get_images=..., get_masks=...))") from None
+            raise RobustnessConfigError(
+                f"MetamorphicTraining cannot read the training batch: {err} "
+                "(pass hooks=BatchHooks(get_images=..., get_masks=...))"
+            ) from None
         if self.wok is None:
             self.wok = self._build(images)
         if self.wok.n_selected(images.shape[0]) == 0:
@@ -175,14 +201,18 @@ class MetamorphicTraining(Callback):
         if self._steps_seen == 0 and hooks.get_images(batch).data_ptr() != images.data_ptr():
             raise RobustnessConfigError(
                 "MetamorphicTraining could not write follow-ups into the batch: get_images returns a copy; "
-                "use consistency > 0 with metamorphic_loss(...) in training_step instead")
+                "use consistency > 0 with metamorphic_loss(...) in training_step instead"
+            )
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.pair and self._pending is not None and not self._consumed and self._steps_seen == 0:
             raise RobustnessConfigError(
                 f"MetamorphicTraining(consistency={self.consistency}) prepared follow-ups but training_step "
                 "never called metamorphic_loss(self, batch, logits, loss_fn); add that line to training_step "
-                "or set consistency=0 (follow-ups then replace images in place)")
+                "or set consistency=0 (follow-ups then replace images in place)"
+            )
         self._steps_seen += 1
         self._pending = None
 
@@ -193,21 +223,32 @@ class MetamorphicTraining(Callback):
         merged = _merge_rows([r for p in parts for r in p["rows"]])  # the same on every rank
         kept = sum(r["chosen"] for r in merged)
         if kept:  # which artifacts the model trained on this epoch: one curve per family (W&B, CSV)
-            pl_module.log_dict({f"mt/kept_share/{r['family']}": r["chosen"] / kept for r in merged},
-                               on_step=False, on_epoch=True, sync_dist=False)
+            pl_module.log_dict(
+                {f"mt/kept_share/{r['family']}": r["chosen"] / kept for r in merged},
+                on_step=False,
+                on_epoch=True,
+                sync_dist=False,
+            )
         if not trainer.is_global_zero:
             return
         new = pd.DataFrame(merged, columns=records_file.STATS_COLUMNS)
-        keep = self.stats[self.stats["epoch"] != int(trainer.current_epoch)] if len(self.stats) else self.stats
+        keep = (
+            self.stats[self.stats["epoch"] != int(trainer.current_epoch)] if len(self.stats) else self.stats
+        )
         self.stats = pd.concat([keep, new], ignore_index=True) if len(keep) else new
-        self.samples.extend(sorted((s for p in parts for s in p["samples"]),
-                                   key=lambda r: (r["step"], r["rank"], r["position"])))
+        self.samples.extend(
+            sorted(
+                (s for p in parts for s in p["samples"]), key=lambda r: (r["step"], r["rank"], r["position"])
+            )
+        )
         records_file.write_stats(self._ctx.run_dir, self.stats)
         records_file.write_samples(self._ctx.run_dir, self.samples)
         self._probs = None
 
     # -- the consistency term ------------------------------------------------------------
-    def loss(self, pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None) -> torch.Tensor:
+    def loss(
+        self, pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None
+    ) -> torch.Tensor:
         """``L_seg(x*) + lambda * D(p(x), p(x*))`` for this step's follow-ups (0 when there are none)."""
         self._consumed = True
         zero = main_zero(outputs)
@@ -249,17 +290,30 @@ class MetamorphicTraining(Callback):
         if not families:
             raise RobustnessConfigError(
                 f"MetamorphicTraining: none of the perturbations {names} runs on {images.shape[1]}-channel "
-                f"images; choose families from {sorted(usable)} (e.g. perturbations='mri' or 'xray')")
+                f"images; choose families from {sorted(usable)} (e.g. perturbations='mri' or 'xray')"
+            )
         caps = self.severity_caps
         if caps is None:
             caps = max(suite.severities) if suite is not None else DEFAULT_CAP
         slice_axis = getattr(suite, "slice_axis", -1) if suite is not None else -1
-        wok = WorstOfK(families, k=self.k, q=self.q, epsilon=self.epsilon, temperature=self.temperature,
-                       severity_caps=caps, max_cover=self.max_cover, seed=self.seed, slice_axis=slice_axis)
+        wok = WorstOfK(
+            families,
+            k=self.k,
+            q=self.q,
+            epsilon=self.epsilon,
+            temperature=self.temperature,
+            severity_caps=caps,
+            max_cover=self.max_cover,
+            seed=self.seed,
+            slice_axis=slice_axis,
+        )
         dropped = [n for n in names if n not in families]
-        rank_zero_info(f"[robusttrain] metamorphic training: worst of k={self.k} on q={self.q:g} of each batch, "
-                       f"families {families}" + (f" (not on this data: {dropped})" if dropped else "")
-                       + (f", consistency lambda={self.consistency:g} ({self.divergence})" if self.pair else ""))
+        rank_zero_info(
+            f"[robusttrain] metamorphic training: worst of k={self.k} on q={self.q:g} of each batch, "
+            f"families {families}"
+            + (f" (not on this data: {dropped})" if dropped else "")
+            + (f", consistency lambda={self.consistency:g} ({self.divergence})" if self.pair else "")
+        )
         return wok
 
     def _rates(self) -> dict[str, float] | None:
@@ -268,8 +322,12 @@ class MetamorphicTraining(Callback):
         if efr is None or not len(efr):
             return None
         t = getattr(self._ctx, "violation_threshold", None) or 0.25
-        rows = efr[(efr["metric"] == "dice") & (efr["severity"] == 0) & (efr["perturbation"] != "all")
-                   & ((efr["threshold"] - t).abs() < 1e-9)]
+        rows = efr[
+            (efr["metric"] == "dice")
+            & (efr["severity"] == 0)
+            & (efr["perturbation"] != "all")
+            & ((efr["threshold"] - t).abs() < 1e-9)
+        ]
         split = "train" if (rows["split"] == "train").any() else "val"
         rows = rows[rows["split"] == split]
         if not len(rows):
@@ -299,8 +357,14 @@ class MetamorphicTraining(Callback):
         dev = fol.images.device
         if "cand" not in self._acc:
             z = lambda: torch.zeros(len(fams), dtype=torch.float64, device=dev)
-            self._acc = {"cand": [0] * len(fams), "chosen": z(), "rejected": z(), "score": z(), "nscore": z(),
-                         "chosen_score": z()}
+            self._acc = {
+                "cand": [0] * len(fams),
+                "chosen": z(),
+                "rejected": z(),
+                "score": z(),
+                "nscore": z(),
+                "chosen_score": z(),
+            }
         pos = {f: i for i, f in enumerate(fams)}
         fam_idx = torch.tensor([[pos[f] for f in row] for row in fol.families], dtype=torch.long)
         for j in fam_idx.flatten().tolist():
@@ -328,9 +392,19 @@ class MetamorphicTraining(Callback):
         a = {k: (v.cpu().tolist() if torch.is_tensor(v) else v) for k, v in self._acc.items()}
         rows = []
         for i, fam in enumerate(self.wok.families):
-            rows.append({"epoch": epoch, "family": fam, "candidates": a["cand"][i], "chosen": a["chosen"][i],
-                         "rejected": a["rejected"][i], "score": a["score"][i], "nscore": a["nscore"][i],
-                         "chosen_score": a["chosen_score"][i], "weight": a.get("weights", [None] * 99)[i]})
+            rows.append(
+                {
+                    "epoch": epoch,
+                    "family": fam,
+                    "candidates": a["cand"][i],
+                    "chosen": a["chosen"][i],
+                    "rejected": a["rejected"][i],
+                    "score": a["score"][i],
+                    "nscore": a["nscore"][i],
+                    "chosen_score": a["chosen_score"][i],
+                    "weight": a.get("weights", [None] * 99)[i],
+                }
+            )
         self._acc = {}
         return rows
 
@@ -348,25 +422,40 @@ class MetamorphicTraining(Callback):
                 continue
             fam, sev, params = rec
             pos = int(fol.index[i])
-            self._epoch_samples.append({
-                "step": step, "epoch": int(trainer.current_epoch), "rank": int(trainer.global_rank),
-                "position": pos, "case_id": None if ids is None else str(list(ids)[pos]), "family": fam,
-                "severity": int(sev), "params": {k: v.tolist() for k, v in params.items()}})
+            self._epoch_samples.append(
+                {
+                    "step": step,
+                    "epoch": int(trainer.current_epoch),
+                    "rank": int(trainer.global_rank),
+                    "position": pos,
+                    "case_id": None if ids is None else str(list(ids)[pos]),
+                    "family": fam,
+                    "severity": int(sev),
+                    "params": {k: v.tolist() for k, v in params.items()},
+                }
+            )
 
     # -- checkpoint state --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, "stats": {c: [_py(v) for v in self.stats[c].tolist()] for c in self.stats.columns},
-                "samples": list(self.samples)}
+        return {
+            "version": 1,
+            "stats": {c: [_py(v) for v in self.stats[c].tolist()] for c in self.stats.columns},
+            "samples": list(self.samples),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         stats = state.get("stats") or {}
-        self.stats = pd.DataFrame(stats, columns=records_file.STATS_COLUMNS) if stats else \
-            pd.DataFrame(columns=records_file.STATS_COLUMNS)
+        self.stats = (
+            pd.DataFrame(stats, columns=records_file.STATS_COLUMNS)
+            if stats
+            else pd.DataFrame(columns=records_file.STATS_COLUMNS)
+        )
         self.samples = list(state.get("samples", []))
 
 
-def metamorphic_loss(pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None, *,
-                     required: bool = True) -> torch.Tensor:
+def metamorphic_loss(
+    pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None, *, required: bool = True
+) -> torch.Tensor:
     """The MR-consistency term of this training step: ``L_seg(x*) + lambda * D(p(x), p(x*))``.
 
     Call it in ``training_step`` with the clean batch, the model's outputs on it and your segmentation
@@ -380,11 +469,14 @@ def metamorphic_loss(pl_module: Any, batch: Any, outputs: Any, seg_loss: Callabl
     >>> float(metamorphic_loss(_M(), None, torch.zeros(1, 2, 4, 4), required=False))
     0.0
     """
-    cb = next((c for c in getattr(pl_module.trainer, "callbacks", []) if isinstance(c, MetamorphicTraining)), None)
+    cb = next(
+        (c for c in getattr(pl_module.trainer, "callbacks", []) if isinstance(c, MetamorphicTraining)), None
+    )
     if cb is None:
         if required:
-            raise RobustnessConfigError("metamorphic_loss(...) needs a MetamorphicTraining(consistency=...) "
-                                        "callback on the trainer")
+            raise RobustnessConfigError(
+                "metamorphic_loss(...) needs a MetamorphicTraining(consistency=...) callback on the trainer"
+            )
         return main_zero(outputs)
     return cb.loss(pl_module, batch, outputs, seg_loss)
 
@@ -404,7 +496,9 @@ def scoring_state(module: torch.nn.Module) -> Iterator[None]:
     and the RNG states are put back so scoring does not shift the training stream."""
     was = module.training
     cpu = torch.random.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    cuda = (
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    )
     module.eval()
     try:
         with torch.no_grad():
@@ -426,12 +520,14 @@ def _check_images(images: Any) -> None:
     if not torch.is_tensor(images) or not images.is_floating_point() or images.ndim not in (4, 5):
         raise RobustnessConfigError(
             f"MetamorphicTraining needs float (B,C,H,W) or (B,C,H,W,D) training images, got "
-            f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}")
+            f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}"
+        )
     lo, hi = float(images.min()), float(images.max())
     if lo < 0.0 or hi > 1.0:
         raise RobustnessConfigError(
             f"MetamorphicTraining perturbs images in [0, 1], but the training images span [{lo:.3g}, {hi:.3g}] "
-            "(normalise after the perturbation, e.g. in the model's forward, or pass hooks=BatchHooks(get_images=...))")
+            "(normalise after the perturbation, e.g. in the model's forward, or pass hooks=BatchHooks(get_images=...))"
+        )
 
 
 def _index_masks(masks: torch.Tensor) -> torch.Tensor:
@@ -468,12 +564,20 @@ def _merge_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out[key][c] += r[c]
     merged = []
     for r in out.values():
-        merged.append({"epoch": r["epoch"], "family": r["family"], "candidates": int(r["candidates"]),
-                       "chosen": int(r["chosen"]), "rejected": int(r["rejected"]),
-                       "mean_score": round(r["score"] / r["nscore"], 6) if r["nscore"] else None,
-                       "mean_chosen_score": round(r["chosen_score"] / r["chosen"], 6)
-                       if r["chosen"] and r["nscore"] else None,
-                       "weight": None if r["weight"] is None else round(float(r["weight"]), 6)})
+        merged.append(
+            {
+                "epoch": r["epoch"],
+                "family": r["family"],
+                "candidates": int(r["candidates"]),
+                "chosen": int(r["chosen"]),
+                "rejected": int(r["rejected"]),
+                "mean_score": round(r["score"] / r["nscore"], 6) if r["nscore"] else None,
+                "mean_chosen_score": round(r["chosen_score"] / r["chosen"], 6)
+                if r["chosen"] and r["nscore"]
+                else None,
+                "weight": None if r["weight"] is None else round(float(r["weight"]), 6),
+            }
+        )
     return merged
 
 

@@ -22,6 +22,7 @@ On global rank 0:
 
 At ``teardown`` the final ``corner_cases.json`` replaces the provisional corner cases.
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,18 +78,27 @@ class RobustnessReporter(UsesContext, Callback):
         >>> trainer = L.Trainer(max_epochs=2, callbacks=cbs, logger=False)   # then trainer.fit(...)
     """
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, every_n_epochs: int | None = None,
-                 plots: str | bool = "end", wandb: bool = True, console: bool = True,
-                 max_failures_per_epoch: int = 16, context: RobustnessContext | None = None) -> None:
+    def __init__(
+        self,
+        dirpath: str | os.PathLike | None = None,
+        every_n_epochs: int | None = None,
+        plots: str | bool = "end",
+        wandb: bool = True,
+        console: bool = True,
+        max_failures_per_epoch: int = 16,
+        context: RobustnessContext | None = None,
+    ) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.every_n_epochs = None if every_n_epochs is None else check_int("every_n_epochs", every_n_epochs, 1)
+        self.every_n_epochs = (
+            None if every_n_epochs is None else check_int("every_n_epochs", every_n_epochs, 1)
+        )
         self.max_failures_per_epoch = check_int("max_failures_per_epoch", max_failures_per_epoch, 0)
         self.plots = check_choice("plots", "epoch" if plots is True else plots, ("end", "epoch", False))
         self.wandb, self.console, self._context_arg = wandb, console, context
-        self.corners: Corners | None = None      # what the last report showed
+        self.corners: Corners | None = None  # what the last report showed
         self._ctx = context
-        self._pending: list[tuple[Any, dict | None]] = []   # failures since the last report
-        self._logged: set[str] = set()            # failure ids already in the W&B table
+        self._pending: list[tuple[Any, dict | None]] = []  # failures since the last report
+        self._logged: set[str] = set()  # failure ids already in the W&B table
         self._validated = False
         self._table: WandbTable | None = None
 
@@ -108,7 +118,7 @@ class RobustnessReporter(UsesContext, Callback):
         self._pending.append((record, images))
         if len(self._pending) > 4 * max(self.max_failures_per_epoch, 1):
             self._pending.sort(key=lambda ri: -ri[0].drop)
-            del self._pending[self.max_failures_per_epoch:]
+            del self._pending[self.max_failures_per_epoch :]
 
     def run_dir(self, trainer: Any) -> Path:
         return self.context.finalize(trainer)
@@ -134,7 +144,12 @@ class RobustnessReporter(UsesContext, Callback):
                 self._report(trainer, int(trainer.current_epoch) - 1, final=True)
             except Exception:  # reporting must never turn a finished fit into a failure
                 log.exception("RobustnessReporter: final report failed")
-        if stage == "fit" and self._ctx is not None and self._ctx.run_dir is not None and trainer.is_global_zero:
+        if (
+            stage == "fit"
+            and self._ctx is not None
+            and self._ctx.run_dir is not None
+            and trainer.is_global_zero
+        ):
             from robusttrain.rundir.lock import release
 
             release(self._ctx.run_dir, holder=trainer)  # this trainer lets go of the run-directory lock
@@ -174,8 +189,10 @@ class RobustnessReporter(UsesContext, Callback):
             if self._table is None:
                 # INCREMENTAL: each log uploads only the rows added since the previous log
                 # wandb's stub types columns as list[str | int], which a list[str] is not (invariance)
-                self._table = wandb.Table(columns=wandb_charts.FAILURE_COLUMNS,  # type: ignore[arg-type]
-                                          log_mode="INCREMENTAL")
+                self._table = wandb.Table(
+                    columns=wandb_charts.FAILURE_COLUMNS,  # type: ignore[arg-type]
+                    log_mode="INCREMENTAL",
+                )
             for row in rows:
                 self._table.add_data(*row)
             payload["failures/table"] = self._table
@@ -211,8 +228,9 @@ class RobustnessReporter(UsesContext, Callback):
         return list(names) if names else None
 
     # ------------------------------------------------------------------ console
-    def _print(self, epoch: int, efr: pd.DataFrame | None, corners: Corners | None,
-               history: pd.DataFrame | None) -> None:
+    def _print(
+        self, epoch: int, efr: pd.DataFrame | None, corners: Corners | None, history: pd.DataFrame | None
+    ) -> None:
         lines = []
         # the MR callback prints its EFR table when verbose; print it only when nobody did
         if efr is not None and not self.context.provides("mr"):
@@ -223,10 +241,15 @@ class RobustnessReporter(UsesContext, Callback):
         elif not corners.cases:
             lines.append(f"Corner cases, epoch {epoch}: none flagged ({corners.reason or ''})")
         else:
-            lines.append(f"Corner cases, epoch {epoch} (least-loss epoch {corners.least_loss_epoch}, "
-                         f"provisional balanced epoch {corners.balanced_epoch}):")
-            table = tables.corner_case_table(history, corners) if history is not None else \
-                pd.DataFrame({"case": corners.cases})
+            lines.append(
+                f"Corner cases, epoch {epoch} (least-loss epoch {corners.least_loss_epoch}, "
+                f"provisional balanced epoch {corners.balanced_epoch}):"
+            )
+            table = (
+                tables.corner_case_table(history, corners)
+                if history is not None
+                else pd.DataFrame({"case": corners.cases})
+            )
             now = history[history["epoch"] == history["epoch"].max()] if history is not None else None
             if now is not None:
                 cols = history_file.dice_columns(now)

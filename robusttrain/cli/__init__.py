@@ -4,6 +4,7 @@ Each command composes a recipe with Hydra and hands off to library code. Every c
 one error boundary (:mod:`robusttrain.cli.boundary`): errors the user can fix are one line with exit
 code 2, refused file operations one line with exit code 3, Ctrl-C 130 and SIGTERM 143.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,11 +58,16 @@ def _stage(name: str) -> Callable[[list[str]], int]:
             raise UsageError(f"unexpected argument '{positional[0]}' (expected key=value)")
         overwrite = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "overwrite"]
         if overwrite and (name != "fit" or overwrite[-1] not in ("true", "false")):
-            raise UsageError(f"bad value for 'overwrite': {overwrite[-1]!r} (expected true/false, fit only)"
-                             if name == "fit" else f"overwrite= is for fit only, not {name}")
+            raise UsageError(
+                f"bad value for 'overwrite': {overwrite[-1]!r} (expected true/false, fit only)"
+                if name == "fit"
+                else f"overwrite= is for fit only, not {name}"
+            )
         overrides = [o for o in overrides if o.split("=", 1)[0] != "overwrite"]
-        return run_stage(name, compose_recipe(recipe, overrides),
-                         overwrite=bool(overwrite) and overwrite[-1] == "true")
+        return run_stage(
+            name, compose_recipe(recipe, overrides), overwrite=bool(overwrite) and overwrite[-1] == "true"
+        )
+
     return run
 
 
@@ -70,12 +76,17 @@ def _tool(name: str) -> Callable[[list[str]], int]:
         from robusttrain.cli import tools
 
         return getattr(tools, name)(*_split(argv, paths=name in ("corners", "report")))
+
     return run
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "fit": _stage("fit"), "validate": _stage("validate"), "test": _stage("test"),
-    "check": _tool("check"), "corners": _tool("corners"), "gallery": _tool("gallery"),
+    "fit": _stage("fit"),
+    "validate": _stage("validate"),
+    "test": _stage("test"),
+    "check": _tool("check"),
+    "corners": _tool("corners"),
+    "gallery": _tool("gallery"),
     "report": _tool("report"),
 }
 
@@ -93,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"robusttrain: unknown command '{command}'; valid commands: {', '.join(COMMANDS)}",
-              file=sys.stderr)
+        print(
+            f"robusttrain: unknown command '{command}'; valid commands: {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
         return 2
     if any(a in ("-h", "--help") for a in rest):
         print(usage())
@@ -128,8 +141,10 @@ def _run_guarded(command: str, rest: list[str]) -> int:
                 raise
             return fail(boundary.os_error_line(e), boundary.EXIT_SYSTEM)
         except MemoryError as e:
-            return fail(f"out of memory ({e or 'MemoryError'}); use smaller inputs or batch sizes",
-                        boundary.EXIT_INPUT)
+            return fail(
+                f"out of memory ({e or 'MemoryError'}); use smaller inputs or batch sizes",
+                boundary.EXIT_INPUT,
+            )
     except (KeyboardInterrupt, SystemExit) as e:
         # Lightning turns the KeyboardInterrupt our signal handler raises into sys.exit(1) after its
         # graceful shutdown; a real SystemExit of another origin keeps its code

@@ -18,6 +18,7 @@ that arrived decides the exit code. A second signal during that shutdown is igno
 >>> os_error_line(OSError(28, "No space left on device", "/runs/a/history.csv"))
 "disk full (No space left on device) writing '/runs/a/history.csv'; free space or use another run_dir"
 """
+
 from __future__ import annotations
 
 import errno

@@ -3,6 +3,7 @@
 Everything is created by ``_target_`` instantiation; this module adds no behaviour of its own
 beyond the run directory and mapping construction errors to one clear line.
 """
+
 from __future__ import annotations
 
 import os
@@ -79,7 +80,9 @@ def build(section: str, node: Any) -> Any:
         node = OmegaConf.to_container(node, resolve=True)
     nested = {}
     if isinstance(node, dict):  # nested objects first, so their errors name their own keys
-        nested = {k: build(f"{section}.{k}", v) for k, v in node.items() if isinstance(v, dict) and "_target_" in v}
+        nested = {
+            k: build(f"{section}.{k}", v) for k, v in node.items() if isinstance(v, dict) and "_target_" in v
+        }
         node = {k: v for k, v in node.items() if k not in nested}
     try:
         return instantiate(node, _convert_="all", **nested)
@@ -97,8 +100,11 @@ def construction_error(section: str, node: Any, err: BaseException) -> str:
     if isinstance(node, DictConfig):
         node = OmegaConf.to_container(node, resolve=False)
     keys = [str(k) for k in node if not str(k).startswith("_")] if isinstance(node, dict) else []
-    hits = {k: m.start() for k in keys  # the key, or its singular ("unknown perturbation 'x'")
-            if (m := re.search(rf"(?<![\w.])({re.escape(k)}|{re.escape(_singular(k))})(?![\w])", msg))}
+    hits = {
+        k: m.start()
+        for k in keys  # the key, or its singular ("unknown perturbation 'x'")
+        if (m := re.search(rf"(?<![\w.])({re.escape(k)}|{re.escape(_singular(k))})(?![\w])", msg))
+    }
     if hits:
         key = min(hits, key=lambda k: (hits[k], -len(k)))
         return f"bad value for '{section}.{key}' ({node[key]!r}): {msg}"
@@ -110,7 +116,7 @@ def _singular(word: str) -> str:
 
 
 def _one_line(e: BaseException) -> str:
-    text = (e.args[0] if isinstance(e, KeyError) and e.args else str(e))
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
     text = str(text).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
@@ -146,12 +152,16 @@ def check_trainer(trainer_cfg: dict) -> None:
     epochs, steps, time = (trainer_cfg.get(k) for k in ("max_epochs", "max_steps", "max_time"))
     bounded = (isinstance(steps, int) and steps > 0) or bool(time)
     if epochs in (None, -1) and not bounded:
-        raise UsageError(f"trainer.max_epochs={'null' if epochs is None else epochs} would train without an "
-                         "end (Lightning: -1 forever, null 1000 epochs); set a positive number of epochs, or "
-                         "bound the run with trainer.max_steps=N or trainer.max_time=DD:HH:MM:SS")
+        raise UsageError(
+            f"trainer.max_epochs={'null' if epochs is None else epochs} would train without an "
+            "end (Lightning: -1 forever, null 1000 epochs); set a positive number of epochs, or "
+            "bound the run with trainer.max_steps=N or trainer.max_time=DD:HH:MM:SS"
+        )
     if epochs is not None and epochs != -1 and (not isinstance(epochs, int) or epochs < 1):
-        raise UsageError(f"bad value for 'trainer.max_epochs': {epochs!r} (expected a positive integer, "
-                         "or -1 together with trainer.max_steps=N or trainer.max_time)")
+        raise UsageError(
+            f"bad value for 'trainer.max_epochs': {epochs!r} (expected a positive integer, "
+            "or -1 together with trainer.max_steps=N or trainer.max_time)"
+        )
 
 
 def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit", write: bool = True) -> Run:
@@ -190,8 +200,10 @@ def _wire_replay(callbacks: list, datamodule: Any) -> None:
     for cb in callbacks:
         if isinstance(cb, FailureMiningCallback) and cb.enabled and cb.replay_ratio > 0:
             if not hasattr(datamodule, "wrap_train"):
-                raise UsageError(f"callbacks.mining replays failures, but {type(datamodule).__name__} has no "
-                                 "wrap_train(); set callbacks.mining.replay_ratio=0")
+                raise UsageError(
+                    f"callbacks.mining replays failures, but {type(datamodule).__name__} has no "
+                    "wrap_train(); set callbacks.mining.replay_ratio=0"
+                )
             datamodule.wrap_train(cb.wrap)
 
 
@@ -201,5 +213,7 @@ def _check_compatible(datamodule: Any, model: Any) -> None:
     for attr in ("num_classes", "in_channels"):
         d, m = getattr(datamodule, attr, None), hp.get(attr) if hasattr(hp, "get") else None
         if d is not None and m is not None and int(d) != int(m):
-            raise UsageError(f"model.{attr}={m} does not match the data ({type(datamodule).__name__} "
-                             f"has {attr}={d}); set model.{attr}={d}")
+            raise UsageError(
+                f"model.{attr}={m} does not match the data ({type(datamodule).__name__} "
+                f"has {attr}={d}); set model.{attr}={d}"
+            )

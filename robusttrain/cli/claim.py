@@ -13,6 +13,7 @@ and what a ``fit`` may find there before it starts.
 * Under DDP the other ranks re-run the command in child processes (``LOCAL_RANK``/``NODE_RANK`` set):
   rank 0 holds the lock for all of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,13 +26,40 @@ from robusttrain.io import TMP_PATTERN
 from robusttrain.rundir import lock
 
 # robusttrain's own files and folders in a run directory (fit's, and the other commands' beside them)
-FIT_OUTPUTS = ("config.yaml", "logs", "checkpoints", "history.csv", "balanced_history.csv", "efr.csv",
-               "mr_cases.csv", "corner_cases.json", "balanced.ckpt", "balanced_candidates", "failures",
-               "plots", "report.html", "wandb", "efr_table.csv", "efr_table.md", "config.validate.yaml",
-               "config.test.yaml", "config.check.yaml")
+FIT_OUTPUTS = (
+    "config.yaml",
+    "logs",
+    "checkpoints",
+    "history.csv",
+    "balanced_history.csv",
+    "efr.csv",
+    "mr_cases.csv",
+    "corner_cases.json",
+    "balanced.ckpt",
+    "balanced_candidates",
+    "failures",
+    "plots",
+    "report.html",
+    "wandb",
+    "efr_table.csv",
+    "efr_table.md",
+    "config.validate.yaml",
+    "config.test.yaml",
+    "config.check.yaml",
+)
 # where robusttrain writes temp files (never recursively into anything else the folder may hold)
-TMP_FOLDERS = (".", "checkpoints", "logs", "logs/validate", "logs/test", "logs/check", "failures",
-               "failures/thumbs", "plots", "balanced_candidates")
+TMP_FOLDERS = (
+    ".",
+    "checkpoints",
+    "logs",
+    "logs/validate",
+    "logs/test",
+    "logs/check",
+    "failures",
+    "failures/thumbs",
+    "plots",
+    "balanced_candidates",
+)
 FOLDERS = ("logs", "checkpoints", "failures", "plots", "balanced_candidates")
 CANDIDATE_TMP = ".epoch="  # BalancedCheckpoint's `.epoch=NNNN.ckpt.tmp` before its rename
 
@@ -93,14 +121,17 @@ def claim(run_dir: Path, command: str) -> None:
     owner = held.interrupted
     if owner is not None and not getattr(held, "announced", False):
         held.announced = True
-        _say(f"[robusttrain] run_dir {run_dir}: took over the lock of an interrupted run "
-             f"(pid {owner.get('pid', '?')}, {owner.get('command', '?')} since {owner.get('since', '?')}, "
-             "no longer running)")
+        _say(
+            f"[robusttrain] run_dir {run_dir}: took over the lock of an interrupted run "
+            f"(pid {owner.get('pid', '?')}, {owner.get('command', '?')} since {owner.get('since', '?')}, "
+            "no longer running)"
+        )
     for sub in FOLDERS:  # found now, not after the whole training (a file named `plots`)
         p = run_dir / sub
         if p.exists() and not p.is_dir():
-            raise UsageError(f"'{p}' is a file where robusttrain writes a folder; move it away or use "
-                             "another run_dir")
+            raise UsageError(
+                f"'{p}' is a file where robusttrain writes a folder; move it away or use another run_dir"
+            )
     n = remove_stale_temp_files(run_dir)
     if n:
         _say(f"[robusttrain] run_dir {run_dir}: removed {n} temporary file(s) left by an interrupted run")
@@ -129,8 +160,11 @@ def starts_clean(run_dir: Path) -> bool:
     if is_child_rank():
         return False
     owner = lock.hold(run_dir, "fit").interrupted
-    return (owner is not None and owner.get("command") == "fit"
-            and not (run_dir / "checkpoints" / "last.ckpt").exists())
+    return (
+        owner is not None
+        and owner.get("command") == "fit"
+        and not (run_dir / "checkpoints" / "last.ckpt").exists()
+    )
 
 
 def prepare_fresh_fit(run_dir: Path, overwrite: bool) -> None:
@@ -139,15 +173,19 @@ def prepare_fresh_fit(run_dir: Path, overwrite: bool) -> None:
         return
     if starts_clean(run_dir):
         gone = _remove_outputs(run_dir)
-        _say(f"[robusttrain] run_dir {run_dir}: the interrupted fit there saved no last.ckpt; starting clean "
-             f"(removed {', '.join(gone) or 'nothing'})")
+        _say(
+            f"[robusttrain] run_dir {run_dir}: the interrupted fit there saved no last.ckpt; starting clean "
+            f"(removed {', '.join(gone) or 'nothing'})"
+        )
     elif overwrite:
         gone = _remove_outputs(run_dir)
         _say(f"[robusttrain] run_dir {run_dir}: overwrite=true: removed {', '.join(gone) or 'nothing'}")
     else:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-        raise UsageError(f"run_dir '{run_dir}' is not empty ({shown}); resume its fit with ckpt=last, "
-                         "use another run_dir, or pass overwrite=true to replace its robusttrain files")
+        raise UsageError(
+            f"run_dir '{run_dir}' is not empty ({shown}); resume its fit with ckpt=last, "
+            "use another run_dir, or pass overwrite=true to replace its robusttrain files"
+        )
 
 
 def release_all() -> None:

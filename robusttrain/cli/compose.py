@@ -6,6 +6,7 @@ A local file that shadows a packaged one (``./recipes/polyp.yaml``) is announced
 time: its ``_target_`` s run, so the user must know it is not the packaged recipe. A YAML error in
 any recipe file (``!!python/...`` tags included) is one line naming the file and line.
 """
+
 from __future__ import annotations
 
 import re
@@ -49,8 +50,11 @@ def shadowed() -> list[str]:
     user = user_recipes_dir()
     if user is None:
         return []
-    return sorted(str(p.relative_to(user)) for p in user.rglob("*.yaml")
-                  if (PACKAGE_RECIPES / p.relative_to(user)).is_file())
+    return sorted(
+        str(p.relative_to(user))
+        for p in user.rglob("*.yaml")
+        if (PACKAGE_RECIPES / p.relative_to(user)).is_file()
+    )
 
 
 def _yaml_error(e: BaseException) -> str | None:
@@ -78,8 +82,12 @@ def compose_recipe(recipe: str | None, overrides: list[str]) -> DictConfig:
     (1, 'smoke')
     """
     for name in shadowed():
-        print(f"[robusttrain] ./recipes/{name} replaces the packaged recipe file {name} (its _target_s run "
-              "as written there)", file=sys.stderr, flush=True)
+        print(
+            f"[robusttrain] ./recipes/{name} replaces the packaged recipe file {name} (its _target_s run "
+            "as written there)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         return _compose_checked(recipe, overrides)
     except UsageError:
@@ -140,15 +148,20 @@ def _check_group_choices(overrides: list[str]) -> None:
         key, value = o.split("=", 1)
         name = key.lstrip("+~").split("@")[0]
         if name == "hydra" or name.startswith(("hydra.", "hydra/")):
-            raise UsageError(f"'{key}' cannot be set on the command line (robusttrain composes the recipe "
-                             "itself; put extra recipes in ./recipes)")
+            raise UsageError(
+                f"'{key}' cannot be set on the command line (robusttrain composes the recipe "
+                "itself; put extra recipes in ./recipes)"
+            )
         if "/" in name or _is_group(name):
             group = name if re.fullmatch(r"\w+(/\w+)*", name) and _is_group(name) else None
             valid = group_options(group) if group else []
             if group is None or value not in valid:
                 what = f"{group} '{value}'" if group else f"config group '{name}'"
-                raise UsageError(f"unknown {what}; valid choices: {', '.join(valid)}" if group else
-                                 f"unknown {what}; valid groups: {', '.join(GROUPS)}")
+                raise UsageError(
+                    f"unknown {what}; valid choices: {', '.join(valid)}"
+                    if group
+                    else f"unknown {what}; valid groups: {', '.join(GROUPS)}"
+                )
 
 
 def _allow_new_keys_in_open_mappings(recipe: str, overrides: list[str]) -> list[str]:
@@ -166,7 +179,11 @@ def _allow_new_keys_in_open_mappings(recipe: str, overrides: list[str]) -> list[
         key = o.split("=", 1)[0]
         parent = key.rpartition(".")[0]
         node = OmegaConf.select(base, parent, default=None) if o in candidates else None
-        if isinstance(node, DictConfig) and len(node) == 0 and OmegaConf.select(base, key, default=None) is None:
+        if (
+            isinstance(node, DictConfig)
+            and len(node) == 0
+            and OmegaConf.select(base, key, default=None) is None
+        ):
             o = "+" + o
         out.append(o)
     return out
@@ -192,8 +209,10 @@ def _unknown_key_message(recipe: str, key: str) -> str:
     node = OmegaConf.select(base, parent) if parent else base
     valid = ", ".join(str(k) for k in node.keys())
     where = f"under '{parent}'" if parent else "at the top level"
-    return (f"unknown key '{key}'; valid keys {where}: {valid} "
-            f"(to add a key the recipe does not have, write +{key}=...)")
+    return (
+        f"unknown key '{key}'; valid keys {where}: {valid} "
+        f"(to add a key the recipe does not have, write +{key}=...)"
+    )
 
 
 def _check_value_types(recipe: str, cfg: DictConfig, overrides: list[str]) -> None:
@@ -213,8 +232,10 @@ def _check_value_types(recipe: str, cfg: DictConfig, overrides: list[str]) -> No
             continue
         expected = _kind(default)
         if expected and not _compatible(expected, value):
-            raise UsageError(f"bad value for '{key}': {value!r} (expected {expected}, "
-                             f"recipe default {OmegaConf.to_container(default) if isinstance(default, (DictConfig, ListConfig)) else default!r})")
+            raise UsageError(
+                f"bad value for '{key}': {value!r} (expected {expected}, "
+                f"recipe default {OmegaConf.to_container(default) if isinstance(default, (DictConfig, ListConfig)) else default!r})"
+            )
 
 
 def _kind(v: Any) -> str | None:

@@ -1,4 +1,5 @@
 """``check``, ``corners``, ``gallery``, ``report``: thin glue from the command line to library code."""
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,9 @@ def gallery(recipe: str | None, overrides: list[str], positional: list[str]) -> 
     cfg = compose_recipe(recipe or "polyp", opts)
     out = output_file(extra.get("out", "gallery.png"), "out", ".png")
     images = _sample_images(build("data", cfg.data), int(n))
-    out = render_gallery(images, out, names=_suite_names(cfg), tile=int(tile),
-                         colors=None if colors is None else int(colors))
+    out = render_gallery(
+        images, out, names=_suite_names(cfg), tile=int(tile), colors=None if colors is None else int(colors)
+    )
     print(f"[robusttrain] gallery written to {Path(out).resolve()}")
     return 0
 
@@ -95,15 +97,19 @@ def corners(recipe: str | None, overrides: list[str], positional: list[str]) -> 
 
     opts = _only(overrides, {"policy", "contamination", "tail", "metric", "worst_fraction"}, "corners")
     if recipe is not None or len(positional) != 1:
-        raise UsageError("usage: corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto|cvar] "
-                         "[worst_fraction=0.1]")
+        raise UsageError(
+            "usage: corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto|cvar] "
+            "[worst_fraction=0.1]"
+        )
     kwargs: dict = {k: v for k, v in opts.items() if k not in NUMERIC_CORNER_OPTS}
     for key, expected in NUMERIC_CORNER_OPTS.items():
         if key in opts:
             try:
                 kwargs[key] = float(opts[key])
             except ValueError:
-                raise UsageError(f"bad value for '{key}': {opts[key]!r} (expected a number in {expected})") from None
+                raise UsageError(
+                    f"bad value for '{key}': {opts[key]!r} (expected a number in {expected})"
+                ) from None
     try:
         print(corners_report(positional[0], **kwargs))
     except (FileNotFoundError, ValueError, KeyError) as e:
@@ -129,7 +135,9 @@ def output_file(value: str, key: str, suffix: str) -> Path:
     """An output path the command can write: not a folder, the right suffix, a creatable parent."""
     path = Path(value).expanduser()
     if path.is_dir() or value.endswith(("/", os.sep)):
-        raise UsageError(f"bad value for '{key}': '{value}' is a directory (expected a file path ending in {suffix})")
+        raise UsageError(
+            f"bad value for '{key}': '{value}' is a directory (expected a file path ending in {suffix})"
+        )
     if path.suffix.lower() != suffix:
         raise UsageError(f"bad value for '{key}': '{value}' (expected a file path ending in {suffix})")
     parent = next((p for p in path.absolute().parents if p.exists()), None)
@@ -150,8 +158,10 @@ def _plain(value: Any, where: str, source: Path) -> Any:
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str) or k.startswith("_"):
-                raise UsageError(f"'{source}': key '{where}.{k}' is not allowed (a run directory's config is read "
-                                 "as plain values, never instantiated)")
+                raise UsageError(
+                    f"'{source}': key '{where}.{k}' is not allowed (a run directory's config is read "
+                    "as plain values, never instantiated)"
+                )
             _plain(v, f"{where}.{k}", source)
     elif isinstance(value, list):
         for i, v in enumerate(value):
@@ -188,12 +198,16 @@ def suite_from_run_config(source: Path) -> Any:
         raise UsageError(f"'{source}': '{where}' is a {type(node).__name__}, expected a mapping")
     target = node.get("_target_", SUITE_TARGET)
     if target != SUITE_TARGET:
-        raise UsageError(f"'{source}': '{where}._target_' is {target!r}; expected {SUITE_TARGET} (a run "
-                         "directory's config is read as plain values, never instantiated)")
+        raise UsageError(
+            f"'{source}': '{where}._target_' is {target!r}; expected {SUITE_TARGET} (a run "
+            "directory's config is read as plain values, never instantiated)"
+        )
     values = {k: v for k, v in node.items() if k != "_target_"}
     unknown = sorted(set(values) - SUITE_KEYS)
     if unknown:
-        raise UsageError(f"'{source}': unknown key '{where}.{unknown[0]}'; valid keys: {', '.join(sorted(SUITE_KEYS))}")
+        raise UsageError(
+            f"'{source}': unknown key '{where}.{unknown[0]}'; valid keys: {', '.join(sorted(SUITE_KEYS))}"
+        )
     _plain(values, where, source)
     try:
         return MRSuite(**{k: v for k, v in values.items() if v is not None or k == "perturbations"})
@@ -257,10 +271,17 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     datasets = {"val": dm.val_dataset}
     datasets.update({name: loader.dataset for name, loader in dm.extra_val_dataloaders().items()})
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = audit(model, datasets, suite, out_dir=run_dir, device=device,
-                batch_size=int(mr.get("batch_size", 8)), max_cases=mr.get("max_cases"),
-                class_names=getattr(dm, "class_names", None),
-                always=list(getattr(dm, "planted_hard_cases", []) or []))  # as the training-time check
+    out = audit(
+        model,
+        datasets,
+        suite,
+        out_dir=run_dir,
+        device=device,
+        batch_size=int(mr.get("batch_size", 8)),
+        max_cases=mr.get("max_cases"),
+        class_names=getattr(dm, "class_names", None),
+        always=list(getattr(dm, "planted_hard_cases", []) or []),
+    )  # as the training-time check
     print(out["markdown"])
     clean = "  ".join(f"{name}: Dice={v['dice']:.4f} IoU={v['iou']:.4f}" for name, v in out["clean"].items())
     print(f"[robusttrain] clean {clean}")

@@ -1,4 +1,5 @@
 """``fit``, ``validate`` and ``test``: compose, build, run, report the run directory and Dice."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,10 @@ def _resolve_ckpt(ckpt: str, run_dir: Path | None) -> Path:
     if ckpt == "last":
         path = run_dir / "checkpoints" / "last.ckpt"
         if not path.is_file():
-            raise UsageError(f"checkpoint not found: ckpt=last -> '{path}' (no fit has saved a checkpoint "
-                             "in this run_dir yet)")
+            raise UsageError(
+                f"checkpoint not found: ckpt=last -> '{path}' (no fit has saved a checkpoint "
+                "in this run_dir yet)"
+            )
         return check_file(path)
     if not Path(ckpt).expanduser().exists():
         raise UsageError(f"checkpoint not found: ckpt={ckpt} -> '{Path(ckpt).expanduser()}'")
@@ -95,9 +98,16 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False) -> int:
     return 0
 
 
-RESTORE_FRAMES = {"check_resume", "restore_callbacks", "restore_datamodule", "restore_training_state",
-                  "_restore_modules_and_callbacks", "restore_loops", "_check_callback_states",
-                  "_apply_resume_state"}  # the datamodule applies its restored RNG state lazily
+RESTORE_FRAMES = {
+    "check_resume",
+    "restore_callbacks",
+    "restore_datamodule",
+    "restore_training_state",
+    "_restore_modules_and_callbacks",
+    "restore_loops",
+    "_check_callback_states",
+    "_apply_resume_state",
+}  # the datamodule applies its restored RNG state lazily
 
 
 @contextlib.contextmanager
@@ -114,8 +124,10 @@ def _restoring(ckpt):
         if not frames & RESTORE_FRAMES:
             raise
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UsageError(f"checkpoint '{ckpt}': its saved training state cannot be restored ({type(e).__name__}"
-                         f"{': ' + text if text else ''}); resume from a checkpoint this recipe's fit wrote") from None
+        raise UsageError(
+            f"checkpoint '{ckpt}': its saved training state cannot be restored ({type(e).__name__}"
+            f"{': ' + text if text else ''}); resume from a checkpoint this recipe's fit wrote"
+        ) from None
 
 
 def _check_callback_states(trainer, state: dict) -> None:

@@ -9,6 +9,7 @@ Pure analysis on the long history table ``case_id, epoch, <metric>_<class>…``;
 >>> find_corner_cases(pd.DataFrame(rows)).case_ids
 ['bad']
 """
+
 from .balanced import POLICIES, Selection, epoch_table, select_balanced_epoch, worst_fraction_mean
 from .detect import MIN_SAMPLES, CornerCaseResult, OutlierEpochResult, find_corner_cases, find_outlier_epochs
 from .ecod import ecod_fit, max_flagged
@@ -16,8 +17,19 @@ from .history import load_history, metric_columns
 from .report import corners_report
 
 __all__ = [
-    "MIN_SAMPLES", "POLICIES", "CornerCaseResult", "OutlierEpochResult", "Selection",
-    "find_corner_cases", "find_outlier_epochs", "select_balanced_epoch", "epoch_table",
+    "MIN_SAMPLES",
+    "POLICIES",
+    "CornerCaseResult",
+    "OutlierEpochResult",
+    "Selection",
+    "find_corner_cases",
+    "find_outlier_epochs",
+    "select_balanced_epoch",
+    "epoch_table",
     "worst_fraction_mean",
-    "ecod_fit", "max_flagged", "load_history", "metric_columns", "corners_report",
+    "ecod_fit",
+    "max_flagged",
+    "load_history",
+    "metric_columns",
+    "corners_report",
 ]

@@ -18,6 +18,7 @@ Policies (all choose among *inlier* candidate epochs, ties go to the later epoch
 >>> (s.epoch, s.corner_cases.case_ids, s.outlier_epochs)
 (6, ['p5'], {'p5': [7]})
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -39,7 +40,7 @@ NO_INLIER = "no_inlier_epoch"
 class Selection:
     epoch: int | None
     policy: str
-    status: str            # ok | not_enough_data | no_inlier_epoch
+    status: str  # ok | not_enough_data | no_inlier_epoch
     reason: str
     reference_epoch: int | None
     corner_cases: CornerCaseResult
@@ -77,8 +78,9 @@ def worst_fraction_mean(scores, worst_fraction: float = 0.1) -> float:
     return float(v[:n].mean())
 
 
-def epoch_table(history: pd.DataFrame, columns: list[str], worst_of: list[str],
-                worst_fraction: float = 0.1) -> pd.DataFrame:
+def epoch_table(
+    history: pd.DataFrame, columns: list[str], worst_of: list[str], worst_fraction: float = 0.1
+) -> pd.DataFrame:
     """Per epoch: cohort mean of per-case mean Dice, the minimum over ``worst_of`` (or all cases)
     and ``cvar``, the mean over the worst ``worst_fraction`` of all cases."""
     h = history.assign(_score=case_scores(history, columns).to_numpy())
@@ -93,23 +95,35 @@ def _pareto_pick(tab: pd.DataFrame) -> tuple[int, str]:
     vals = tab.fillna(-np.inf)
     front = []
     for e, r in vals.iterrows():
-        dominated = ((vals["cohort"] >= r["cohort"]) & (vals["worst"] >= r["worst"])
-                     & ((vals["cohort"] > r["cohort"]) | (vals["worst"] > r["worst"]))).any()
+        dominated = (
+            (vals["cohort"] >= r["cohort"])
+            & (vals["worst"] >= r["worst"])
+            & ((vals["cohort"] > r["cohort"]) | (vals["worst"] > r["worst"]))
+        ).any()
         if not dominated:
             front.append(int(e))
     f = vals.loc[front]
     utopia = (f["cohort"].max(), f["worst"].max())
     dist = np.hypot(utopia[0] - f["cohort"], utopia[1] - f["worst"])
     best = int(max(front, key=lambda e: (-round(float(dist[e]), 12), e)))
-    return best, (f"Pareto front {sorted(front)}; epoch {best} is closest to utopia "
-                  f"(cohort {utopia[0]:.4f}, worst {utopia[1]:.4f})")
+    return best, (
+        f"Pareto front {sorted(front)}; epoch {best} is closest to utopia "
+        f"(cohort {utopia[0]:.4f}, worst {utopia[1]:.4f})"
+    )
 
 
-def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
-                          reference_epoch: int | None = None,
-                          candidates: Iterable[int] | None = None,
-                          contamination: float = 0.1, tail: str = "low", metric: str = "dice",
-                          min_epoch: int = 0, worst_fraction: float = 0.1) -> Selection:
+def select_balanced_epoch(
+    history: HistoryLike,
+    policy: str = "last_inlier",
+    *,
+    reference_epoch: int | None = None,
+    candidates: Iterable[int] | None = None,
+    contamination: float = 0.1,
+    tail: str = "low",
+    metric: str = "dice",
+    min_epoch: int = 0,
+    worst_fraction: float = 0.1,
+) -> Selection:
     """Pick the balanced epoch.
 
     Corner cases are found at ``reference_epoch`` (the least-loss epoch; None = last epoch), their
@@ -125,8 +139,9 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
     all_epochs = sorted(int(e) for e in h["epoch"].unique() if e >= min_epoch)
     cands = all_epochs if candidates is None else sorted({int(e) for e in candidates} & set(all_epochs))
     cc = find_corner_cases(h, epoch=reference_epoch, contamination=contamination, tail=tail, metric=metric)
-    sel = Selection(None, policy, NOT_ENOUGH, "", cc.epoch, cc, candidates=cands,
-                    worst_fraction=worst_fraction)
+    sel = Selection(
+        None, policy, NOT_ENOUGH, "", cc.epoch, cc, candidates=cands, worst_fraction=worst_fraction
+    )
     if not cands:
         sel.reason = "not enough data: no candidate epoch in the history"
         return sel
@@ -136,8 +151,9 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
         return sel
     bad: dict[int, int] = {}
     for case in cc.case_ids:
-        oe = find_outlier_epochs(h, case, contamination=contamination, tail=tail, metric=metric,
-                                 min_epoch=min_epoch)
+        oe = find_outlier_epochs(
+            h, case, contamination=contamination, tail=tail, metric=metric, min_epoch=min_epoch
+        )
         sel.outlier_epochs[case] = oe.epochs
         for e in oe.epochs:
             bad[e] = bad.get(e, 0) + 1
@@ -153,24 +169,30 @@ def select_balanced_epoch(history: HistoryLike, policy: str = "last_inlier", *,
         sel.status = NO_INLIER
         prefix = f"no inlier candidate epoch; using the {len(pool)} flagged for the fewest corner cases. "
     nflag = sum(len(v) for v in sel.outlier_epochs.values())
-    what = (f"{len(cc.case_ids)} corner case(s) at epoch {cc.epoch}, "
-            f"{len(bad)} distinct outlier epoch(s) ({nflag} flags) removed")
+    what = (
+        f"{len(cc.case_ids)} corner case(s) at epoch {cc.epoch}, "
+        f"{len(bad)} distinct outlier epoch(s) ({nflag} flags) removed"
+    )
     if policy == "last_inlier":
         sel.epoch = pool[-1]
         sel.reason = f"{prefix}{what}; last remaining epoch is {sel.epoch}"
     elif policy == "maximin":
         sub = tab.loc[pool]
         worst = sub["worst"].fillna(-np.inf)
-        sel.epoch = int(max(pool, key=lambda e: (round(float(worst[e]), 12),
-                                                 round(float(sub['cohort'][e]), 12), e)))
-        sel.reason = (f"{prefix}{what}; epoch {sel.epoch} has the best worst-case Dice "
-                      f"{float(worst[sel.epoch]):.4f}")
+        sel.epoch = int(
+            max(pool, key=lambda e: (round(float(worst[e]), 12), round(float(sub["cohort"][e]), 12), e))
+        )
+        sel.reason = (
+            f"{prefix}{what}; epoch {sel.epoch} has the best worst-case Dice {float(worst[sel.epoch]):.4f}"
+        )
     elif policy == "cvar":
         cv = tab.loc[pool, "cvar"].fillna(-np.inf)
         # ties (to 1e-12) go to the later epoch, as for every policy
         sel.epoch = int(max(pool, key=lambda e: (round(float(cv[e]), 12), e)))
-        sel.reason = (f"{prefix}{what}; epoch {sel.epoch} has the best mean Dice "
-                      f"{float(cv[sel.epoch]):.4f} over the worst {100 * worst_fraction:g} % of cases")
+        sel.reason = (
+            f"{prefix}{what}; epoch {sel.epoch} has the best mean Dice "
+            f"{float(cv[sel.epoch]):.4f} over the worst {100 * worst_fraction:g} % of cases"
+        )
     else:
         sel.epoch, why = _pareto_pick(tab.loc[pool, ["cohort", "worst"]])
         sel.reason = f"{prefix}{what}; {why}"

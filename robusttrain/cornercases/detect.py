@@ -6,6 +6,7 @@
 >>> find_corner_cases(pd.DataFrame(rows)).case_ids
 ['bad']
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ OK, NOT_ENOUGH = "ok", "not_enough_data"
 @dataclass
 class CornerCaseResult:
     """Flagged cases (most abnormal first) plus the scores of every analysed case."""
+
     epoch: int | None
     status: str
     reason: str
@@ -46,6 +48,7 @@ class CornerCaseResult:
 @dataclass
 class OutlierEpochResult:
     """Outlier (collapse) epochs of one case, ascending, plus the score of every analysed epoch."""
+
     case_id: str
     status: str
     reason: str
@@ -77,8 +80,13 @@ def _fit_rows(matrix: pd.DataFrame, contamination: float, tail: str):
     return scores, contrib, fit.threshold, flagged
 
 
-def find_corner_cases(history: HistoryLike, epoch: int | None = None, contamination: float = 0.1,
-                      tail: str = "low", metric: str = "dice") -> CornerCaseResult:
+def find_corner_cases(
+    history: HistoryLike,
+    epoch: int | None = None,
+    contamination: float = 0.1,
+    tail: str = "low",
+    metric: str = "dice",
+) -> CornerCaseResult:
     """ECOD across cases on their ``<metric>_<class>`` vectors at ``epoch`` (None = last epoch).
 
     ``tail="low"`` (default) flags only cases in the low-performance tail; ``"both"`` is the paper's
@@ -107,9 +115,15 @@ def find_corner_cases(history: HistoryLike, epoch: int | None = None, contaminat
     return res
 
 
-def find_outlier_epochs(history: HistoryLike, case_id: str, contamination: float = 0.1,
-                        tail: str = "low", metric: str = "dice", min_epoch: int = 0,
-                        epochs: list[int] | None = None) -> OutlierEpochResult:
+def find_outlier_epochs(
+    history: HistoryLike,
+    case_id: str,
+    contamination: float = 0.1,
+    tail: str = "low",
+    metric: str = "dice",
+    min_epoch: int = 0,
+    epochs: list[int] | None = None,
+) -> OutlierEpochResult:
     """ECOD across the epochs of one case (epochs × dims); refit from scratch on every call.
 
     ``tail="low"`` flags collapses only. ``min_epoch`` / ``epochs`` restrict the analysed epochs,

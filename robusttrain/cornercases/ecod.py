@@ -14,6 +14,7 @@ flag at most about ``1 + contamination·(n-1)`` samples.
 >>> np.flatnonzero(fit.labels).tolist()
 [4]
 """
+
 from __future__ import annotations
 
 import warnings
@@ -31,17 +32,23 @@ MAX_CONTAMINATION = 0.5  # PyOD's ECOD refuses more
 
 @dataclass
 class EcodFit:
-    scores: np.ndarray         # (n,) higher = more abnormal
+    scores: np.ndarray  # (n,) higher = more abnormal
     contributions: np.ndarray  # (n, d) per-dimension terms that sum to ``scores``
     threshold: float
-    labels: np.ndarray         # (n,) bool, True = outlier
+    labels: np.ndarray  # (n,) bool, True = outlier
 
 
 def check_args(contamination: float, tail: str) -> float:
     """Validate the ECOD arguments; returns ``contamination`` as a float."""
     check_choice("tail", tail, TAILS)
-    return check_fraction("contamination", contamination, 0.0, MAX_CONTAMINATION, lo_open=True,
-                          why="the share of outliers; PyOD's ECOD accepts at most 0.5")
+    return check_fraction(
+        "contamination",
+        contamination,
+        0.0,
+        MAX_CONTAMINATION,
+        lo_open=True,
+        why="the share of outliers; PyOD's ECOD accepts at most 0.5",
+    )
 
 
 def ecod_fit(X: np.ndarray, contamination: float = 0.1, tail: str = "low") -> EcodFit:
@@ -57,8 +64,9 @@ def ecod_fit(X: np.ndarray, contamination: float = 0.1, tail: str = "low") -> Ec
         det.fit(X)
     if tail == "both":
         contrib = np.asarray(det.O, dtype=np.float64)
-        return EcodFit(det.decision_scores_.astype(np.float64), contrib,
-                       float(det.threshold_), det.labels_.astype(bool))
+        return EcodFit(
+            det.decision_scores_.astype(np.float64), contrib, float(det.threshold_), det.labels_.astype(bool)
+        )
     # PyOD keeps the left-tail matrix as U_l; recompute it if a future version drops the attribute.
     left = getattr(det, "U_l", None)
     if left is None or np.shape(left) != X.shape:

@@ -5,6 +5,7 @@
 >>> metric_columns(h)
 ['dice_lv']
 """
+
 from __future__ import annotations
 
 import os
@@ -58,8 +59,10 @@ def load_history(source: HistoryLike) -> pd.DataFrame:
     bad = epoch.isna() | (epoch != epoch.round()) | (epoch < 0)
     if bad.any():
         i = bad.idxmax()
-        raise ValueError(f"history column 'epoch' has value {_plain(df['epoch'][i])!r} for case {df['case_id'][i]!r}; "
-                         "expected a whole number >= 0")
+        raise ValueError(
+            f"history column 'epoch' has value {_plain(df['epoch'][i])!r} for case {df['case_id'][i]!r}; "
+            "expected a whole number >= 0"
+        )
     df["epoch"] = epoch.astype(int)
     for col in score_columns(df):
         df[col] = _checked_scores(df, col)
@@ -79,8 +82,10 @@ def _checked_scores(df: pd.DataFrame, col: str) -> pd.Series:
     bad = (v.isna() & df[col].notna()) | ~(v.isna() | ((v >= 0) & (v <= 1)))
     if bad.any():
         i = bad.idxmax()
-        raise ValueError(f"history column {col!r} has value {_plain(df[col][i])!r} for case {df['case_id'][i]!r} at "
-                         f"epoch {df['epoch'][i]}; expected a score in [0, 1] (empty = not measured)")
+        raise ValueError(
+            f"history column {col!r} has value {_plain(df[col][i])!r} for case {df['case_id'][i]!r} at "
+            f"epoch {df['epoch'][i]}; expected a score in [0, 1] (empty = not measured)"
+        )
     return v.astype(float)
 
 
@@ -92,9 +97,7 @@ def metric_columns(history: pd.DataFrame, metric: str = "dice") -> list[str]:
     """Columns ``<metric>_<class>`` in table order (the ECOD dimensions)."""
     cols = [c for c in history.columns if str(c).startswith(f"{metric}_")]
     if not cols:
-        raise ValueError(
-            f"history has no '{metric}_<class>' columns; it has {list(history.columns)}"
-        )
+        raise ValueError(f"history has no '{metric}_<class>' columns; it has {list(history.columns)}")
     return cols
 
 

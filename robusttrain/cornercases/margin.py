@@ -20,6 +20,7 @@ gets a ``warning``: with so few cases the choice is mostly noise (docs/results.m
 >>> m["warning"].startswith("the selection rests on 6 validation cases (< 100)")
 True
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,11 +41,13 @@ def _cvar(k: float) -> Callable[[np.ndarray, int], np.ndarray]:
         s = np.sort(np.moveaxis(x, axis, -1), axis=-1)
         m = max(1, int(np.ceil(k * s.shape[-1] - 1e-9)))  # as worst_fraction_mean: ceil(k·n), at least 1
         return s[..., :m].mean(axis=-1)
+
     return stat
 
 
-def _interval(a: np.ndarray, b: np.ndarray, stat: Callable, confidence: float, n_resamples: int,
-              seed: int) -> dict[str, Any]:
+def _interval(
+    a: np.ndarray, b: np.ndarray, stat: Callable, confidence: float, n_resamples: int, seed: int
+) -> dict[str, Any]:
     value = float(stat(a, -1) - stat(b, -1))
     out = {"value": value, "ci_low": None, "ci_high": None, "n": int(a.size)}
     if np.array_equal(a, b):  # same scores (e.g. chosen = last): every resample gives 0
@@ -52,15 +55,28 @@ def _interval(a: np.ndarray, b: np.ndarray, stat: Callable, confidence: float, n
         return out
     if a.size < 2:  # one case: nothing to resample
         return out
-    res = bootstrap((a, b), lambda x, y, axis=-1: stat(x, axis) - stat(y, axis), paired=True, vectorized=True,
-                    n_resamples=n_resamples, confidence_level=confidence, method="percentile",
-                    rng=np.random.default_rng(seed))
+    res = bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: stat(x, axis) - stat(y, axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     out["ci_low"], out["ci_high"] = float(res.confidence_interval.low), float(res.confidence_interval.high)
     return out
 
 
-def selection_margin(history: HistoryLike, selection: Any, confidence: float = 0.95, n_resamples: int = 2000,
-                     seed: int = 0, metric: str = "dice") -> dict[str, Any]:
+def selection_margin(
+    history: HistoryLike,
+    selection: Any,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    metric: str = "dice",
+) -> dict[str, Any]:
     """The chosen epoch's margin over the last epoch, per criterion, with a paired bootstrap CI.
 
     ``selection`` is a :class:`~robusttrain.cornercases.Selection` on ``history``. Same inputs and
@@ -68,21 +84,38 @@ def selection_margin(history: HistoryLike, selection: Any, confidence: float = 0
     was chosen or no case has a score at both epochs.
     """
     h = load_history(history)
-    base = {"policy": selection.policy, "criterion": CRITERIA.get(selection.policy), "confidence": confidence,
-            "n_resamples": n_resamples, "seed": seed, "method": "percentile bootstrap over cases, paired",
-            "chosen_epoch": selection.epoch, "last_epoch": int(h["epoch"].max()) if not h.empty else None,
-            "n_cases": 0, "margins": {}, "warning": None}
+    base = {
+        "policy": selection.policy,
+        "criterion": CRITERIA.get(selection.policy),
+        "confidence": confidence,
+        "n_resamples": n_resamples,
+        "seed": seed,
+        "method": "percentile bootstrap over cases, paired",
+        "chosen_epoch": selection.epoch,
+        "last_epoch": int(h["epoch"].max()) if not h.empty else None,
+        "n_cases": 0,
+        "margins": {},
+        "warning": None,
+    }
     if selection.epoch is None or h.empty:
         return {**base, "status": "not_available", "reason": "no epoch was chosen"}
     cols = selection.corner_cases.columns or metric_columns(h, metric)
     scores = h.assign(_s=case_scores(h, cols).to_numpy()).pivot(index="case_id", columns="epoch", values="_s")
-    pair = scores[[selection.epoch, base["last_epoch"]]].dropna(how="any") if selection.epoch in scores else None
+    pair = (
+        scores[[selection.epoch, base["last_epoch"]]].dropna(how="any") if selection.epoch in scores else None
+    )
     if pair is None or pair.empty:
-        return {**base, "status": "not_available",
-                "reason": f"no case has a score at both epoch {selection.epoch} and epoch {base['last_epoch']}"}
+        return {
+            **base,
+            "status": "not_available",
+            "reason": f"no case has a score at both epoch {selection.epoch} and epoch {base['last_epoch']}",
+        }
     corners = [c for c in selection.corner_cases.case_ids if c in pair.index]
-    groups: dict[str, tuple[pd.DataFrame, Callable[..., Any]]] = {"cohort": (pair, np.mean), "worst": (pair.loc[corners] if corners else pair, np.min),
-              "cvar": (pair, _cvar(selection.worst_fraction))}
+    groups: dict[str, tuple[pd.DataFrame, Callable[..., Any]]] = {
+        "cohort": (pair, np.mean),
+        "worst": (pair.loc[corners] if corners else pair, np.min),
+        "cvar": (pair, _cvar(selection.worst_fraction)),
+    }
     margins = {}
     for name, (sub, stat) in groups.items():
         a, b = (sub.iloc[:, i].to_numpy(np.float64) for i in (0, 1))
@@ -91,10 +124,14 @@ def selection_margin(history: HistoryLike, selection: Any, confidence: float = 0
     out = {**base, "status": "ok", "reason": "", "n_cases": n, "margins": margins}
     if n < MIN_CASES:
         m = margins[out["criterion"] or "cohort"]
-        ci = ("no CI" if m["ci_low"] is None
-              else f"{100 * confidence:g} % CI [{m['ci_low']:+.4f}, {m['ci_high']:+.4f}]")
-        out["warning"] = (f"the selection rests on {n} validation cases (< {MIN_CASES}): its margin over the "
-                          f"last epoch ({out['criterion']} {m['value']:+.4f}, {ci}) is within the noise of a "
-                          "set this small; treat balanced.ckpt as a diagnostic, not a better model")
+        ci = (
+            "no CI"
+            if m["ci_low"] is None
+            else f"{100 * confidence:g} % CI [{m['ci_low']:+.4f}, {m['ci_high']:+.4f}]"
+        )
+        out["warning"] = (
+            f"the selection rests on {n} validation cases (< {MIN_CASES}): its margin over the "
+            f"last epoch ({out['criterion']} {m['value']:+.4f}, {ci}) is within the noise of a "
+            "set this small; treat balanced.ckpt as a diagnostic, not a better model"
+        )
     return out
-

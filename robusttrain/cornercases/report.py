@@ -10,6 +10,7 @@ The least-loss epoch comes from ``corner_cases.json`` (BalancedCheckpoint), else
 >>> print(corners_report(pd.DataFrame(rows), least_loss_epoch=7).splitlines()[3])
 balanced epoch (last_inlier): 6
 """
+
 from __future__ import annotations
 
 import os
@@ -54,10 +55,16 @@ def _gain(a: float | None, b: float | None) -> str:
     return "    n/a" if a is None or b is None or pd.isna(a) or pd.isna(b) else f"{b - a:+7.3f}"
 
 
-def corners_report(path_or_history: str | os.PathLike | pd.DataFrame, policy: str = "last_inlier",
-                   contamination: float = 0.1, tail: str = "low", metric: str = "dice",
-                   least_loss_epoch: int | None = None, min_epoch: int | None = None,
-                   worst_fraction: float | None = None) -> str:
+def corners_report(
+    path_or_history: str | os.PathLike | pd.DataFrame,
+    policy: str = "last_inlier",
+    contamination: float = 0.1,
+    tail: str = "low",
+    metric: str = "dice",
+    least_loss_epoch: int | None = None,
+    min_epoch: int | None = None,
+    worst_fraction: float | None = None,
+) -> str:
     """The flagged cases with their Dice at the least-loss and balanced epochs, and the gain.
 
     ``min_epoch`` / ``worst_fraction`` (the ``cvar`` policy's share of worst cases) None → the value in
@@ -83,17 +90,28 @@ def corners_report(path_or_history: str | os.PathLike | pd.DataFrame, policy: st
     cols = metric_columns(h, metric)
     epochs = set(h["epoch"].tolist())
     ref = least_loss_epoch if least_loss_epoch in epochs else None
-    sel = select_balanced_epoch(h, policy, reference_epoch=ref, candidates=candidates,
-                                contamination=contamination, tail=tail, metric=metric, min_epoch=min_epoch,
-                                worst_fraction=worst_fraction)
+    sel = select_balanced_epoch(
+        h,
+        policy,
+        reference_epoch=ref,
+        candidates=candidates,
+        contamination=contamination,
+        tail=tail,
+        metric=metric,
+        min_epoch=min_epoch,
+        worst_fraction=worst_fraction,
+    )
     cc = sel.corner_cases
-    lines = [f"corner-case report: {name}",
-             f"history: {h['case_id'].nunique()} cases x {len(epochs)} epochs; columns {', '.join(cols)}",
-             f"least-loss epoch: {'unknown' if least_loss_epoch is None else least_loss_epoch} ({source})",
-             f"balanced epoch ({policy}): {sel.epoch}",
-             f"status: {sel.status} - {sel.reason}",
-             f"corner cases at epoch {cc.epoch} (ECOD tail={tail}, contamination={contamination}): "
-             f"{len(cc.case_ids)} flagged" + (f", threshold {cc.threshold:.3f}" if cc.threshold is not None else "")]
+    lines = [
+        f"corner-case report: {name}",
+        f"history: {h['case_id'].nunique()} cases x {len(epochs)} epochs; columns {', '.join(cols)}",
+        f"least-loss epoch: {'unknown' if least_loss_epoch is None else least_loss_epoch} ({source})",
+        f"balanced epoch ({policy}): {sel.epoch}",
+        f"status: {sel.status} - {sel.reason}",
+        f"corner cases at epoch {cc.epoch} (ECOD tail={tail}, contamination={contamination}): "
+        f"{len(cc.case_ids)} flagged"
+        + (f", threshold {cc.threshold:.3f}" if cc.threshold is not None else ""),
+    ]
     mean = h.assign(mean=h[cols].mean(axis=1)).set_index(["epoch", "case_id"])
     la, lb = (f"@{least_loss_epoch}" if least_loss_epoch is not None else "@?"), f"@{sel.epoch}"
 
@@ -101,11 +119,16 @@ def corners_report(path_or_history: str | os.PathLike | pd.DataFrame, policy: st
         return mean[col].get((epoch, case)) if epoch is not None else None
 
     if cc.case_ids:
-        lines += ["", f"{'case':<22}{'score':>7}  {'dice' + la:>9}  {'dice' + lb:>9}  {'gain':>7}  outlier epochs"]
+        lines += [
+            "",
+            f"{'case':<22}{'score':>7}  {'dice' + la:>9}  {'dice' + lb:>9}  {'gain':>7}  outlier epochs",
+        ]
         for c in cc.case_ids:
             a, b = val(least_loss_epoch, c, "mean"), val(sel.epoch, c, "mean")
-            lines.append(f"{c:<22}{cc.scores[c]:7.2f}  {_fmt(a):>9}  {_fmt(b):>9}  {_gain(a, b)}  "
-                         f"{sel.outlier_epochs.get(c, [])}")
+            lines.append(
+                f"{c:<22}{cc.scores[c]:7.2f}  {_fmt(a):>9}  {_fmt(b):>9}  {_gain(a, b)}  "
+                f"{sel.outlier_epochs.get(c, [])}"
+            )
             for col in cols:
                 a, b = val(least_loss_epoch, c, col), val(sel.epoch, c, col)
                 lines.append(f"  {col:<27}  {_fmt(a):>9}  {_fmt(b):>9}  {_gain(a, b)}")

@@ -11,6 +11,7 @@ what an evaluation compares on held-out data: the epochs each policy would have 
 >>> t.choices["last_inlier"], t.choices["least_loss"], list(t.table.columns)
 (6, 7, ['cohort', 'worst', 'cvar'])
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -26,24 +27,43 @@ from .history import HistoryLike, load_history, metric_columns
 class Tradeoff:
     """``table``: per analysed epoch ``cohort`` / ``worst`` (corner cases) / ``cvar``;
     ``choices``: policy → epoch, plus ``least_loss`` (the reference) and ``last``."""
+
     table: pd.DataFrame
     choices: dict[str, int | None] = field(default_factory=dict)
     selections: dict[str, Selection] = field(default_factory=dict)
     worst_fraction: float = 0.1
 
 
-def policy_tradeoff(history: HistoryLike, reference_epoch: int | None = None,
-                     candidates: Iterable[int] | None = None, contamination: float = 0.1,
-                     tail: str = "low", metric: str = "dice", min_epoch: int = 0,
-                     worst_fraction: float = 0.1, policies: Iterable[str] = POLICIES) -> Tradeoff:
+def policy_tradeoff(
+    history: HistoryLike,
+    reference_epoch: int | None = None,
+    candidates: Iterable[int] | None = None,
+    contamination: float = 0.1,
+    tail: str = "low",
+    metric: str = "dice",
+    min_epoch: int = 0,
+    worst_fraction: float = 0.1,
+    policies: Iterable[str] = POLICIES,
+) -> Tradeoff:
     """Run :func:`select_balanced_epoch` once per policy on the same history and arguments."""
     h = load_history(history)
     cands = None if candidates is None else list(candidates)
     epochs = sorted(int(e) for e in h["epoch"].unique() if e >= min_epoch)
     ref = reference_epoch if reference_epoch in set(h["epoch"].tolist()) else None
-    sels = {p: select_balanced_epoch(h, p, reference_epoch=ref, candidates=cands, contamination=contamination,
-                                     tail=tail, metric=metric, min_epoch=min_epoch,
-                                     worst_fraction=worst_fraction) for p in policies}
+    sels = {
+        p: select_balanced_epoch(
+            h,
+            p,
+            reference_epoch=ref,
+            candidates=cands,
+            contamination=contamination,
+            tail=tail,
+            metric=metric,
+            min_epoch=min_epoch,
+            worst_fraction=worst_fraction,
+        )
+        for p in policies
+    }
     corner = next(iter(sels.values())).corner_cases.case_ids if sels else []
     table = epoch_table(h, metric_columns(h, metric), corner, worst_fraction).loc[epochs]
     choices: dict[str, int | None] = {"least_loss": ref, "last": epochs[-1] if epochs else None}

@@ -1,4 +1,5 @@
 """Cheap smooth random fields (upsampled white noise) shared by the synthetic generators."""
+
 from __future__ import annotations
 
 import cv2
@@ -10,7 +11,7 @@ def smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
     g = rng.standard_normal((cells + 3, cells + 3)).astype(np.float32)
     big = cv2.resize(g, (size + 3 * size // cells, size + 3 * size // cells), interpolation=cv2.INTER_CUBIC)
     o = size // cells  # crop the border, where cubic upsampling is biased
-    return big[o:o + size, o:o + size]
+    return big[o : o + size, o : o + size]
 
 
 def fractal_noise(rng: np.random.Generator, size: int, cells: int, octaves: int = 3) -> np.ndarray:
@@ -28,7 +29,9 @@ def grid(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.meshgrid(c, c, indexing="ij")
 
 
-def star_radius(rng: np.random.Generator, theta: np.ndarray, r: float, wobble: float, k_max: int = 4) -> np.ndarray:
+def star_radius(
+    rng: np.random.Generator, theta: np.ndarray, r: float, wobble: float, k_max: int = 4
+) -> np.ndarray:
     """Radius r(θ) of an irregular blob: ``r`` modulated by random angular harmonics."""
     # evaluate on a 1-D angle table and look it up: cos over the full image per harmonic is slow
     t = np.linspace(-np.pi, np.pi, 1025, dtype=np.float32)
@@ -44,7 +47,7 @@ class MemoCache:
 
     def __init__(self, cache_mb: float = 512):
         self._store: dict[int, tuple] = {}
-        self._left = int(cache_mb * 2 ** 20)
+        self._left = int(cache_mb * 2**20)
 
     def get(self, i: int, make) -> tuple:
         if i in self._store:

@@ -13,6 +13,7 @@ Example::
     >>> src = open_acdc("/path/to/acdc")                               # doctest: +SKIP
     >>> image, label = src.load(0); src.case_id(0), src.slice_index(0)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import re
@@ -62,16 +63,22 @@ def _check(image: np.ndarray, label: np.ndarray, path: Path) -> tuple[np.ndarray
     if not np.isfinite(image).all():
         raise DataError(f"{path}: image contains NaN or inf values")
     if not np.isfinite(label).all():
-        raise DataError(f"{path}: label contains NaN or inf values (expected class indices 0..{NUM_CLASSES - 1})")
+        raise DataError(
+            f"{path}: label contains NaN or inf values (expected class indices 0..{NUM_CLASSES - 1})"
+        )
     lab = np.rint(label)
     if not np.array_equal(lab, label):
         odd = np.asarray(label)[lab != label]
-        raise DataError(f"{path}: label values are not whole numbers (e.g. {float(odd.flat[0]):g}, {odd.size} "
-                        "voxels); a label map resampled with linear interpolation? resample labels with "
-                        "nearest neighbour")
+        raise DataError(
+            f"{path}: label values are not whole numbers (e.g. {float(odd.flat[0]):g}, {odd.size} "
+            "voxels); a label map resampled with linear interpolation? resample labels with "
+            "nearest neighbour"
+        )
     if lab.size and (lab.min() < 0 or lab.max() >= NUM_CLASSES):
-        raise DataError(f"{path}: label values {sorted(np.unique(lab).astype(int).tolist())} outside the class "
-                        f"range 0..{NUM_CLASSES - 1} (bg, RV, MYO, LV)")
+        raise DataError(
+            f"{path}: label values {sorted(np.unique(lab).astype(int).tolist())} outside the class "
+            f"range 0..{NUM_CLASSES - 1} (bg, RV, MYO, LV)"
+        )
     image = image.astype(np.float32)
     lo, hi = float(image.min()), float(image.max())
     if lo < 0 or hi > 1:  # raw MRI intensities: per-volume min-max as in the SSL4MIS preprocessing
@@ -147,13 +154,19 @@ class H5Source(_VolumeSource):
             with h5py.File(f, "r") as h:
                 missing = [k for k in ("image", "label") if k not in h]
                 if missing:
-                    raise DataError(f"HDF5 file {f}: missing dataset(s) {missing} (expected 'image' and 'label')")
+                    raise DataError(
+                        f"HDF5 file {f}: missing dataset(s) {missing} (expected 'image' and 'label')"
+                    )
                 if h["image"].shape != h["label"].shape:
-                    raise DataError(f"HDF5 file {f}: image shape {h['image'].shape} differs from label "
-                                    f"shape {h['label'].shape}")
+                    raise DataError(
+                        f"HDF5 file {f}: image shape {h['image'].shape} differs from label "
+                        f"shape {h['label'].shape}"
+                    )
                 if len(h["image"].shape) not in (2, 3):  # e.g. a trailing channel dimension (D, H, W, 1)
-                    raise DataError(f"HDF5 file {f}: image shape {h['image'].shape}; expected a (D, H, W) "
-                                    "volume or an (H, W) slice (drop extra dimensions)")
+                    raise DataError(
+                        f"HDF5 file {f}: image shape {h['image'].shape}; expected a (D, H, W) "
+                        "volume or an (H, W) slice (drop extra dimensions)"
+                    )
                 return h["image"].shape
         except OSError as e:
             raise DataError(f"cannot read HDF5 file {f} (corrupt or not HDF5: {e})") from None
@@ -181,7 +194,7 @@ class NiftiSource(_VolumeSource):
             m = _NAME.match(_stem(im))
             if not m:
                 continue
-            gt = im.with_name(_stem(im) + "_gt" + im.name[len(_stem(im)):])
+            gt = im.with_name(_stem(im) + "_gt" + im.name[len(_stem(im)) :])
             if not gt.exists():
                 raise DataError(f"image {im} has no label file {gt.name} beside it")
             pat, fr = m.group(1), int(m.group(2))
@@ -197,7 +210,9 @@ class NiftiSource(_VolumeSource):
                 raise DataError(f"cannot read NIfTI file {im} ({e})") from None
             self._gt[im] = gt
             n = shape[2] if len(shape) >= 3 else 1
-            entries += [(im, f"{pat}_{names[(pat, fr)]}", k if len(shape) >= 3 else None, k) for k in range(n)]
+            entries += [
+                (im, f"{pat}_{names[(pat, fr)]}", k if len(shape) >= 3 else None, k) for k in range(n)
+            ]
         super().__init__(root, entries)
 
     def _read(self, path: Path):
@@ -224,5 +239,7 @@ def open_acdc(root: str | Path) -> _VolumeSource:
         return H5Source(root)
     if next(root.rglob("patient*_frame*.nii*"), None) is not None:
         return NiftiSource(root)
-    raise DataError(f"ACDC folder {root}: empty dataset (expected *.h5 files with 'image'/'label' or "
-                    f"patientXXX/patientXXX_frameYY.nii.gz with _gt labels)")
+    raise DataError(
+        f"ACDC folder {root}: empty dataset (expected *.h5 files with 'image'/'label' or "
+        f"patientXXX/patientXXX_frameYY.nii.gz with _gt labels)"
+    )

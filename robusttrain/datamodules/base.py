@@ -6,6 +6,7 @@ decoding), and optionally ``hard_cases`` (``{case_id: kind}``). Synthetic genera
 readers are sources; :class:`SegmentationDataset` adds the Albumentations pipeline and the batch dict
 of ``docs/design.md``.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,15 @@ class SegmentationDataset(Dataset):
         (torch.Size([3, 64, 64]), torch.int64, 'synpolyp_0000')
     """
 
-    def __init__(self, source: Any, indices: Sequence[int] | None = None, transforms: Sequence | None = None,
-                 image_size: int | None = None, resize: str = "stretch", seed: int | None = 0):
+    def __init__(
+        self,
+        source: Any,
+        indices: Sequence[int] | None = None,
+        transforms: Sequence | None = None,
+        image_size: int | None = None,
+        resize: str = "stretch",
+        seed: int | None = 0,
+    ):
         self.source = source
         self.indices = list(range(len(source))) if indices is None else [int(i) for i in indices]
         self.image_size = image_size
@@ -57,8 +65,12 @@ class SegmentationDataset(Dataset):
         j = self.indices[i]
         image, mask = self.source.load(j)
         img, msk = apply_pipeline(self.pipeline, image, mask, self.image_size)
-        return {"image": torch.from_numpy(img), "mask": torch.from_numpy(msk),
-                "case_id": self.source.case_id(j), "slice_index": int(self.source.slice_index(j))}
+        return {
+            "image": torch.from_numpy(img),
+            "mask": torch.from_numpy(msk),
+            "case_id": self.source.case_id(j),
+            "slice_index": int(self.source.slice_index(j)),
+        }
 
     def sample_case_ids(self) -> list[str]:
         """Case id of every sample, in sample order."""
@@ -87,10 +99,12 @@ def collate_samples(batch: list) -> Any:
         first = batch[0]
         odd = next((b for b in batch if b["image"].shape != first["image"].shape), None)
         if odd is not None:
-            raise DataError(f"images of different sizes in one batch: case {first.get('case_id')!r} is "
-                            f"{tuple(first['image'].shape)}, case {odd.get('case_id')!r} is "
-                            f"{tuple(odd['image'].shape)}; set data.resize=stretch or letterbox (with "
-                            "data.image_size), or data.batch_size=1")
+            raise DataError(
+                f"images of different sizes in one batch: case {first.get('case_id')!r} is "
+                f"{tuple(first['image'].shape)}, case {odd.get('case_id')!r} is "
+                f"{tuple(odd['image'].shape)}; set data.resize=stretch or letterbox (with "
+                "data.image_size), or data.batch_size=1"
+            )
     return torch.utils.data.default_collate(batch)
 
 
@@ -147,28 +161,49 @@ class BaseSegDataModule(L.LightningDataModule):
     default_train_transforms: list = []
     default_resize: str = "stretch"
 
-    def __init__(self, root: str | None = None, image_size: int = 128, batch_size: int = 8, num_workers: int = 0,
-                 val_fraction: float = 0.2, seed: int = 0, extra_val: dict[str, str] | None = None,
-                 n_train: int = 200, n_val: int = 50, hard_fraction: float = 0.1,
-                 train_transforms: Sequence | None = None, val_transforms: Sequence | None = None,
-                 resize: str | None = None, pin_memory: bool = False):
+    def __init__(
+        self,
+        root: str | None = None,
+        image_size: int = 128,
+        batch_size: int = 8,
+        num_workers: int = 0,
+        val_fraction: float = 0.2,
+        seed: int = 0,
+        extra_val: dict[str, str] | None = None,
+        n_train: int = 200,
+        n_val: int = 50,
+        hard_fraction: float = 0.1,
+        train_transforms: Sequence | None = None,
+        val_transforms: Sequence | None = None,
+        resize: str | None = None,
+        pin_memory: bool = False,
+    ):
         super().__init__()
         # every value is checked here, so a bad recipe fails before any data is read
         name = type(self).__name__
         self.root = None if root in (None, "", "null", "None") else _folder(name, "root", root)
-        self.image_size = check_int("image_size", image_size, 1, owner=name, why="the square training size in pixels")
+        self.image_size = check_int(
+            "image_size", image_size, 1, owner=name, why="the square training size in pixels"
+        )
         self.batch_size = check_int("batch_size", batch_size, 1, owner=name)
-        self.num_workers = check_int("num_workers", num_workers, 0, owner=name, why="0 = load in the main process")
-        self.val_fraction = check_fraction("val_fraction", val_fraction, hi_open=True, owner=name,
-                                           why="0 = validate on the training data")
+        self.num_workers = check_int(
+            "num_workers", num_workers, 0, owner=name, why="0 = load in the main process"
+        )
+        self.val_fraction = check_fraction(
+            "val_fraction", val_fraction, hi_open=True, owner=name, why="0 = validate on the training data"
+        )
         self.seed = check_int("seed", seed, None, owner=name)
         if extra_val is not None and not hasattr(extra_val, "items"):
             raise ValueError(f"{name}: extra_val={extra_val!r}: expected a mapping name -> folder")
-        self.extra_val = {str(k): _folder(name, f"extra_val[{k!r}]", v) for k, v in dict(extra_val or {}).items()}
+        self.extra_val = {
+            str(k): _folder(name, f"extra_val[{k!r}]", v) for k, v in dict(extra_val or {}).items()
+        }
         self.n_train = check_int("n_train", n_train, 1, owner=name, why="synthetic training items")
         self.n_val = check_int("n_val", n_val, 1, owner=name, why="synthetic validation items")
         self.hard_fraction = check_fraction("hard_fraction", hard_fraction, owner=name)
-        self.train_transforms = self.default_train_transforms if train_transforms is None else train_transforms
+        self.train_transforms = (
+            self.default_train_transforms if train_transforms is None else train_transforms
+        )
         self.val_transforms = val_transforms or []
         self.resize = resize or self.default_resize
         check_choice("resize", self.resize, RESIZE_MODES, owner=name)
@@ -207,7 +242,9 @@ class BaseSegDataModule(L.LightningDataModule):
     # --- datasets ----------------------------------------------------------------------------
     def _view(self, source: Any, indices: Sequence[int] | None, train: bool) -> SegmentationDataset:
         tf = self.train_transforms if train else self.val_transforms
-        return SegmentationDataset(source, indices, tf, self.image_size, self.resize, seed=self.seed + (not train))
+        return SegmentationDataset(
+            source, indices, tf, self.image_size, self.resize, seed=self.seed + (not train)
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_dataset is not None:
@@ -286,10 +323,18 @@ class BaseSegDataModule(L.LightningDataModule):
                 self._apply_resume_state(g)
         # drop a lone trailing sample: BatchNorm models fail on a batch of one
         drop_last = shuffle and len(ds) > self.batch_size and len(ds) % self.batch_size == 1
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=g, drop_last=drop_last,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          pin_memory=self.pin_memory, worker_init_fn=seed_worker if self.num_workers else None,
-                          collate_fn=collate_samples)
+        return DataLoader(
+            ds,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            generator=g,
+            drop_last=drop_last,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=self.pin_memory,
+            worker_init_fn=seed_worker if self.num_workers else None,
+            collate_fn=collate_samples,
+        )
 
     def wrap_train(self, wrap: Any) -> None:
         """Build the train loader over ``wrap(train_dataset)`` (e.g. ``FailureMiningCallback.wrap``,
@@ -314,8 +359,9 @@ class BaseSegDataModule(L.LightningDataModule):
 
     def extra_val_datasets(self) -> dict[str, SegmentationDataset]:
         if self._extra is None:
-            self._extra = {name: self._view(self._read(folder), None, False)
-                           for name, folder in self.extra_val.items()}
+            self._extra = {
+                name: self._view(self._read(folder), None, False) for name, folder in self.extra_val.items()
+            }
         return self._extra
 
     def extra_val_dataloaders(self) -> dict[str, DataLoader]:

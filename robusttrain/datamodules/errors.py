@@ -1,4 +1,5 @@
 """The one exception type for bad input data."""
+
 from robusttrain.errors import InputError
 
 

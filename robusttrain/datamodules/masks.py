@@ -24,6 +24,7 @@ Traceback (most recent call last):
 ...
 robusttrain.datamodules.errors.DataError: mask file b.png: values 0 (54 px), 1 (9 px), 7 (1 px) fit neither mask encoding: expected class indices 0..1 (mask_mode='class_index') or 0/255 foreground masks (mask_mode='binary255')
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -91,28 +92,35 @@ def describe_values(m: np.ndarray) -> str:
 
 
 def _expected(num_classes: int) -> str:
-    return (f"class indices 0..{num_classes - 1} (mask_mode='class_index') or 0/255 foreground masks "
-            f"(mask_mode='binary255')")
+    return (
+        f"class indices 0..{num_classes - 1} (mask_mode='class_index') or 0/255 foreground masks "
+        f"(mask_mode='binary255')"
+    )
 
 
 def decode_mask(m: np.ndarray, mode: str, num_classes: int, path: str | Path) -> np.ndarray:
     """(H,W) uint8 class indices from a raw mask in encoding ``mode``; DataError naming ``path``."""
     kind = classify(m, num_classes)
     if kind is None:
-        raise DataError(f"mask file {path}: values {describe_values(m)} fit neither mask encoding: "
-                        f"expected {_expected(num_classes)}")
+        raise DataError(
+            f"mask file {path}: values {describe_values(m)} fit neither mask encoding: "
+            f"expected {_expected(num_classes)}"
+        )
     if kind not in (EMPTY, mode):
         other = "0/255 foreground" if kind == BINARY else f"class indices 0..{num_classes - 1}"
-        raise DataError(f"mask file {path}: values {describe_values(m)} look like {other}, but this dataset's "
-                        f"masks are {mode} (mask_mode={mode!r}); fix the file or pass mask_mode={kind!r}")
+        raise DataError(
+            f"mask file {path}: values {describe_values(m)} look like {other}, but this dataset's "
+            f"masks are {mode} (mask_mode={mode!r}); fix the file or pass mask_mode={kind!r}"
+        )
     if mode == BINARY:
         full = 65535 if m.max() > 255 else 255
         return (m > full // 2).astype(np.uint8)
     return m.astype(np.uint8)
 
 
-def detect_mask_mode(paths: Sequence[Path], read: Callable[[Path], np.ndarray], num_classes: int,
-                     sample: int = 16) -> tuple[str, str]:
+def detect_mask_mode(
+    paths: Sequence[Path], read: Callable[[Path], np.ndarray], num_classes: int, sample: int = 16
+) -> tuple[str, str]:
     """(mode, reason) from up to ``sample`` masks spread over ``paths``; DataError when they disagree.
 
     All-empty samples give ``binary255`` (each file is still checked when it is loaded).
@@ -125,12 +133,16 @@ def detect_mask_mode(paths: Sequence[Path], read: Callable[[Path], np.ndarray], 
         m = read(paths[i])
         kind = classify(m, num_classes)
         if kind is None:
-            raise DataError(f"mask file {paths[i]}: values {describe_values(m)} fit neither mask encoding: "
-                            f"expected {_expected(num_classes)}")
+            raise DataError(
+                f"mask file {paths[i]}: values {describe_values(m)} fit neither mask encoding: "
+                f"expected {_expected(num_classes)}"
+            )
         if kind != EMPTY:
             seen.setdefault(kind, paths[i])
     if len(seen) > 1:
-        raise DataError(f"masks mix encodings: {seen[INDEX]} holds class indices but {seen[BINARY]} is 0/255; "
-                        "convert them to one encoding (or pass mask_mode= to refuse the others by name)")
+        raise DataError(
+            f"masks mix encodings: {seen[INDEX]} holds class indices but {seen[BINARY]} is 0/255; "
+            "convert them to one encoding (or pass mask_mode= to refuse the others by name)"
+        )
     mode = next(iter(seen), BINARY)
     return mode, f"{mode} (auto, from {len(pick)} of {len(paths)} masks)"

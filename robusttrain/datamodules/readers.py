@@ -23,6 +23,7 @@ Example::
     >>> src = FolderSource("/path/to/kvasir_seg")                 # doctest: +SKIP
     >>> image, mask = src.load(0); src.case_id(0)                 # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,19 +56,25 @@ def _pairs_in(img_dir: Path, mask_dir: Path, prefix: str = "") -> list[tuple[Pat
     for m in _files(mask_dir):
         stem = m.stem[:-5] if m.stem.endswith("_mask") else m.stem
         if stem in masks:
-            raise DataError(f"more than one mask for image '{stem}': {masks[stem]} and {m} (expected one; "
-                            "remove or rename the other)")
+            raise DataError(
+                f"more than one mask for image '{stem}': {masks[stem]} and {m} (expected one; "
+                "remove or rename the other)"
+            )
         masks[stem] = m
     pairs = []
     seen: dict[str, Path] = {}
     for im in _files(img_dir):
         if im.stem in seen:
-            raise DataError(f"two images with case id '{prefix + im.stem}': {seen[im.stem]} and {im} "
-                            "(expected one file per case; remove or rename one)")
+            raise DataError(
+                f"two images with case id '{prefix + im.stem}': {seen[im.stem]} and {im} "
+                "(expected one file per case; remove or rename one)"
+            )
         seen[im.stem] = im
         if im.stem not in masks:
-            raise DataError(f"image {im} has no mask in {mask_dir} "
-                            f"(expected {im.stem}.<jpg|png|tif> or {im.stem}_mask.<ext>)")
+            raise DataError(
+                f"image {im} has no mask in {mask_dir} "
+                f"(expected {im.stem}.<jpg|png|tif> or {im.stem}_mask.<ext>)"
+            )
         pairs.append((im, masks[im.stem], prefix + im.stem))
     return pairs
 
@@ -92,8 +99,10 @@ def find_pairs(root: str | Path) -> list[tuple[Path, Path, str]]:
         missing = "masks/" if img_dir else "images/"
         raise DataError(f"data folder {root}: found {(img_dir or mask_dir).name}/ but no {missing} folder")
     else:
-        raise DataError(f"data folder {root}: expected images/ + masks/, TrainDataset/ or "
-                        f"TestDataset/<name>/images|masks inside")
+        raise DataError(
+            f"data folder {root}: expected images/ + masks/, TrainDataset/ or "
+            f"TestDataset/<name>/images|masks inside"
+        )
     if not pairs:
         raise DataError(f"data folder {root}: empty dataset (no image files with extensions {IMAGE_EXTS})")
     return pairs
@@ -101,8 +110,9 @@ def find_pairs(root: str | Path) -> list[tuple[Path, Path, str]]:
 
 def check_image_bits(image_bits: int | None) -> int | None:
     """``image_bits`` if it is None or an integer in 8..16, else ValueError naming it."""
-    if image_bits is not None and (isinstance(image_bits, bool) or not isinstance(image_bits, int)
-                                   or not 8 <= image_bits <= 16):
+    if image_bits is not None and (
+        isinstance(image_bits, bool) or not isinstance(image_bits, int) or not 8 <= image_bits <= 16
+    ):
         raise ValueError(f"image_bits={image_bits!r}: expected null or an integer in 8..16")
     return image_bits
 
@@ -124,8 +134,10 @@ def check_pixels(path: Path) -> None:
     finally:
         Image.MAX_IMAGE_PIXELS = limit
     if w * h > MAX_PIXELS:
-        raise DataError(f"image file {path} declares {w}x{h} pixels, more than the limit of {MAX_PIXELS:,} "
-                        "(a decompression bomb or a mistaken file); resize it or remove it")
+        raise DataError(
+            f"image file {path} declares {w}x{h} pixels, more than the limit of {MAX_PIXELS:,} "
+            "(a decompression bomb or a mistaken file); resize it or remove it"
+        )
 
 
 def read_image(path: Path, grey: bool = False, image_bits: int | None = None) -> np.ndarray:
@@ -151,13 +163,16 @@ def _to_8bit(img: np.ndarray, path: Path, image_bits: int | None) -> np.ndarray:
         if top <= 255:
             return img.astype(np.uint8)
         bits = int(top).bit_length()
-        raise DataError(f"image file {path} is {img.dtype.itemsize * 8}-bit with values up to {top} ({bits} "
-                        f"significant bits); set data.image_bits={bits} (or the scanner's bit depth) to scale "
-                        "it to 8 bits, or convert the files")
+        raise DataError(
+            f"image file {path} is {img.dtype.itemsize * 8}-bit with values up to {top} ({bits} "
+            f"significant bits); set data.image_bits={bits} (or the scanner's bit depth) to scale "
+            "it to 8 bits, or convert the files"
+        )
     full = 2 ** int(image_bits) - 1
     if top > full:
-        raise DataError(f"image file {path} has values up to {top}, above image_bits={image_bits} "
-                        f"(max {full})")
+        raise DataError(
+            f"image file {path} has values up to {top}, above image_bits={image_bits} (max {full})"
+        )
     return np.round(img.astype(np.float64) * (255.0 / full)).astype(np.uint8)
 
 
@@ -182,7 +197,9 @@ def check_not_truncated(path: Path) -> None:
         with Image.open(path) as im:
             im.load()
     except OSError as e:
-        raise DataError(f"image file {path} is a truncated or corrupt JPEG ({e}); re-export or remove it") from None
+        raise DataError(
+            f"image file {path} is a truncated or corrupt JPEG ({e}); re-export or remove it"
+        ) from None
     finally:
         ImageFile.LOAD_TRUNCATED_IMAGES = allow
 
@@ -212,8 +229,15 @@ class FolderSource:
     after construction (``mask_mode_reason`` says how it was chosen).
     """
 
-    def __init__(self, root: str | Path, grey: bool = False, mask_mode: str = "auto",
-                 num_classes: int = 2, cache_mb: float = 1024, image_bits: int | None = None):
+    def __init__(
+        self,
+        root: str | Path,
+        grey: bool = False,
+        mask_mode: str = "auto",
+        num_classes: int = 2,
+        cache_mb: float = 1024,
+        image_bits: int | None = None,
+    ):
         self.image_bits = check_image_bits(image_bits)
         self.root = Path(root)
         check_mask_mode(mask_mode)
@@ -221,11 +245,12 @@ class FolderSource:
         self.grey, self.num_classes = grey, num_classes
         if mask_mode == "auto":
             self.mask_mode, self.mask_mode_reason = detect_mask_mode(
-                [p[1] for p in self.pairs], read_raw_mask, num_classes)
+                [p[1] for p in self.pairs], read_raw_mask, num_classes
+            )
         else:
             self.mask_mode, self.mask_mode_reason = mask_mode, f"{mask_mode} (configured)"
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._budget = int(cache_mb * 2 ** 20)
+        self._budget = int(cache_mb * 2**20)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -243,8 +268,10 @@ class FolderSource:
         img = read_image(ip, self.grey, self.image_bits)
         mask = read_mask(mp, self.mask_mode, self.num_classes)
         if img.shape[:2] != mask.shape:
-            raise DataError(f"image {ip} is {img.shape[1]}x{img.shape[0]} but its mask {mp} is "
-                            f"{mask.shape[1]}x{mask.shape[0]} (expected the same size)")
+            raise DataError(
+                f"image {ip} is {img.shape[1]}x{img.shape[0]} but its mask {mp} is "
+                f"{mask.shape[1]}x{mask.shape[0]} (expected the same size)"
+            )
         if img.nbytes + mask.nbytes <= self._budget:
             self._budget -= img.nbytes + mask.nbytes
             self._cache[i] = (img, mask)

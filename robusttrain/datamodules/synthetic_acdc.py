@@ -18,6 +18,7 @@ Example::
     >>> img, mask = src.load(0); img.shape, sorted(set(mask.ravel().tolist())), src.case_id(0)
     ((96, 96), [0, 1, 2, 3], 'synpat000_ED')
 """
+
 from __future__ import annotations
 
 import cv2
@@ -36,20 +37,33 @@ def _n_slices(seed: int, pid: int) -> int:
 def _patient(seed: int, pid: int) -> dict:
     r = np.random.default_rng([seed, pid, 1])
     return dict(
-        cy=0.5 + r.uniform(-0.06, 0.06), cx=0.52 + r.uniform(-0.06, 0.06),
-        r_lv=r.uniform(0.075, 0.12), th=r.uniform(0.022, 0.036), es=r.uniform(0.6, 0.78),
-        th_es=r.uniform(1.2, 1.45), rv_dir=np.pi - 0.35 + r.uniform(-0.35, 0.35),
-        rv_w=r.uniform(0.035, 0.07), rv_span=r.uniform(0.9, 1.3),
-        blood=r.uniform(0.68, 0.92), rv_blood=r.uniform(0.85, 1.0), myo=r.uniform(0.2, 0.34),
-        tissue=r.uniform(0.3, 0.45), fat=r.uniform(0.65, 0.85),
-        body=(r.uniform(0.36, 0.44), r.uniform(0.3, 0.36)), lung=r.uniform(0.03, 0.1),
-        liver=(r.uniform(0.62, 0.75), r.uniform(0.25, 0.45)), pm_ang=r.uniform(0.5, 0.9),
-        pm_big=r.uniform(0.26, 0.36), n_pm=int(r.integers(2, 4)), seed_shape=int(r.integers(1 << 30)),
+        cy=0.5 + r.uniform(-0.06, 0.06),
+        cx=0.52 + r.uniform(-0.06, 0.06),
+        r_lv=r.uniform(0.075, 0.12),
+        th=r.uniform(0.022, 0.036),
+        es=r.uniform(0.6, 0.78),
+        th_es=r.uniform(1.2, 1.45),
+        rv_dir=np.pi - 0.35 + r.uniform(-0.35, 0.35),
+        rv_w=r.uniform(0.035, 0.07),
+        rv_span=r.uniform(0.9, 1.3),
+        blood=r.uniform(0.68, 0.92),
+        rv_blood=r.uniform(0.85, 1.0),
+        myo=r.uniform(0.2, 0.34),
+        tissue=r.uniform(0.3, 0.45),
+        fat=r.uniform(0.65, 0.85),
+        body=(r.uniform(0.36, 0.44), r.uniform(0.3, 0.36)),
+        lung=r.uniform(0.03, 0.1),
+        liver=(r.uniform(0.62, 0.75), r.uniform(0.25, 0.45)),
+        pm_ang=r.uniform(0.5, 0.9),
+        pm_big=r.uniform(0.26, 0.36),
+        n_pm=int(r.integers(2, 4)),
+        seed_shape=int(r.integers(1 << 30)),
     )
 
 
-def render_acdc_slice(seed: int, pid: int, phase: str, s: int, n_slices: int, size: int = 128,
-                      hard: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def render_acdc_slice(
+    seed: int, pid: int, phase: str, s: int, n_slices: int, size: int = 128, hard: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """One slice: float32 (H,W) image in [0,1] and uint8 (H,W) label. ``s=0`` is the base."""
     p = _patient(seed, pid)
     ph = PHASES.index(phase)
@@ -72,7 +86,7 @@ def render_acdc_slice(seed: int, pid: int, phase: str, s: int, n_slices: int, si
     img = np.where(np.hypot((y - ly) / 0.12, (x - lx) / 0.16) < 1, p["tissue"] + 0.08, img)
 
     # LV cavity and myocardium, scaled from base to apex; ES: smaller cavity, thicker wall
-    sc = 0.3 + 0.7 * z ** 0.6
+    sc = 0.3 + 0.7 * z**0.6
     cav = p["r_lv"] * sc * (p["es"] if ph else 1.0) - 0.02 * (z < 0.15)
     th = p["th"] * (p["th_es"] if ph else 1.0)
     dy, dx = y - cy, x - cx
@@ -91,7 +105,9 @@ def render_acdc_slice(seed: int, pid: int, phase: str, s: int, n_slices: int, si
         w = p["rv_w"] * np.sqrt((z - 0.3) / 0.7) * (0.75 if ph else 1.0) * (0.5 if thin else 1.0)
         gap = 0.006
         rv = (d > r_out + gap) & (d < r_out + gap + w * prof * 2.2) & (np.abs(dphi) < p["rv_span"])
-        rv_wall = (d > r_out) & (d < r_out + gap + w * prof * 2.2 + 0.008) & (np.abs(dphi) < p["rv_span"] + 0.1)
+        rv_wall = (
+            (d > r_out) & (d < r_out + gap + w * prof * 2.2 + 0.008) & (np.abs(dphi) < p["rv_span"] + 0.1)
+        )
         img = np.where(rv_wall, p["myo"] + 0.05, img)
         rv_int = p["blood"] * p["rv_blood"]
         if thin:  # low contrast: RV blood only a little brighter than myocardium
@@ -120,8 +136,10 @@ def render_acdc_slice(seed: int, pid: int, phase: str, s: int, n_slices: int, si
     img = cv2.GaussianBlur(img.astype(np.float32), (0, 0), 0.7)  # partial volume
     img *= 1 + 0.18 * smooth_noise(rng, size, 2)  # coil bias field
     sigma = rng.uniform(0.02, 0.045)
-    img = np.sqrt((img + sigma * rng.standard_normal(img.shape, dtype=np.float32)) ** 2
-                  + (sigma * rng.standard_normal(img.shape, dtype=np.float32)) ** 2)  # Rician
+    img = np.sqrt(
+        (img + sigma * rng.standard_normal(img.shape, dtype=np.float32)) ** 2
+        + (sigma * rng.standard_normal(img.shape, dtype=np.float32)) ** 2
+    )  # Rician
     label = np.zeros((size, size), np.uint8)
     label[rv] = 1
     label[myo] = 2
@@ -135,8 +153,14 @@ class SyntheticACDCSource:
     Samples are slices; ``hard_cases`` maps the planted case ids to their kind.
     """
 
-    def __init__(self, n_patients: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1,
-                 start: int = 0):
+    def __init__(
+        self,
+        n_patients: int,
+        seed: int = 0,
+        image_size: int = 128,
+        hard_fraction: float = 0.1,
+        start: int = 0,
+    ):
         self.seed, self.size, self.start = int(seed), int(image_size), int(start)
         self._cache = MemoCache()  # slices are deterministic: generate each once
         self.cases = [(start + i, ph) for i in range(int(n_patients)) for ph in PHASES]
@@ -147,8 +171,9 @@ class SyntheticACDCSource:
         self.hard_cases: dict[str, str] = {}
         if hard_fraction > 0 and self.cases:
             k = min(len(self.cases), max(1, int(round(hard_fraction * len(self.cases)))))
-            pick = np.random.default_rng([self.seed, self.start, int(n_patients), 4241]).choice(len(self.cases), k,
-                                                                                                replace=False)
+            pick = np.random.default_rng([self.seed, self.start, int(n_patients), 4241]).choice(
+                len(self.cases), k, replace=False
+            )
             for j, c in enumerate(sorted(pick.tolist())):
                 self.hard_cases[self._name(c)] = HARD_KINDS[j % 2]
 
@@ -168,6 +193,15 @@ class SyntheticACDCSource:
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         c = int(self._case_of[i])
         pid, ph = self.cases[c]
-        return self._cache.get(i, lambda: render_acdc_slice(self.seed, pid, ph, int(self._slice_of[i]),
-                                                            self._counts[c], self.size,
-                                                            self.hard_cases.get(self._name(c))))
+        return self._cache.get(
+            i,
+            lambda: render_acdc_slice(
+                self.seed,
+                pid,
+                ph,
+                int(self._slice_of[i]),
+                self._counts[c],
+                self.size,
+                self.hard_cases.get(self._name(c)),
+            ),
+        )

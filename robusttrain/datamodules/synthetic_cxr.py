@@ -11,6 +11,7 @@ Example::
     >>> img, mask = render_cxr(seed=0, index=0, size=64); img.shape, int(mask.max())
     ((64, 64), 1)
 """
+
 from __future__ import annotations
 
 import cv2
@@ -32,7 +33,9 @@ def render_cxr(seed: int, index: int, size: int = 128, hard: bool = False) -> tu
     for side in (-1, 1):
         cx = mid + side * rng.uniform(0.17, 0.22)
         hw = rng.uniform(0.11, 0.15)
-        inner = mid + side * (0.05 + (0.06 if side > 0 else 0.0) * (y > 0.5))  # heart bulges left (image right)
+        inner = mid + side * (
+            0.05 + (0.06 if side > 0 else 0.0) * (y > 0.5)
+        )  # heart bulges left (image right)
         dome = base - rng.uniform(0.03, 0.08) * np.cos(np.clip((x - cx) / hw, -1.5, 1.5))
         t = np.clip((y - top) / (dome - top), 0, 1)
         width = hw * np.sqrt(np.clip(t * 1.8, 0, 1))  # rounded apex
@@ -49,8 +52,8 @@ def render_cxr(seed: int, index: int, size: int = 128, hard: bool = False) -> tu
     sp = rng.uniform(0.06, 0.075)
     for k in range(10):
         yc = top - 0.02 + k * sp + rng.uniform(0.15, 0.3) * (x - mid) ** 2 * 4
-        img = img + 0.13 * np.exp(-((y - yc) / 0.012) ** 2) * body
-    img = img + 0.2 * np.exp(-((y - top + 0.01 - 0.3 * np.abs(x - mid) ** 1.5) / 0.015) ** 2) * body
+        img = img + 0.13 * np.exp(-(((y - yc) / 0.012) ** 2)) * body
+    img = img + 0.2 * np.exp(-(((y - top + 0.01 - 0.3 * np.abs(x - mid) ** 1.5) / 0.015) ** 2)) * body
     img = cv2.GaussianBlur(img.astype(np.float32), (0, 0), 0.8)
     img = img * (1 + 0.1 * smooth_noise(rng, size, 3)) * rng.uniform(0.85, 1.1)
     img += 0.02 * rng.standard_normal(img.shape, dtype=np.float32)
@@ -60,7 +63,9 @@ def render_cxr(seed: int, index: int, size: int = 128, hard: bool = False) -> tu
 class SyntheticCXRSource:
     """``n`` synthetic chest X-rays, ids ``syncxr_{start+i:04d}``; ``hard_cases`` = planted opacities."""
 
-    def __init__(self, n: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1, start: int = 0):
+    def __init__(
+        self, n: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1, start: int = 0
+    ):
         self.n, self.seed, self.size, self.start = int(n), int(seed), int(image_size), int(start)
         self._cache = MemoCache()  # frames are deterministic: generate each once
         self._hard = set(choose_hard(self.n, hard_fraction, self.seed + 1, self.start))

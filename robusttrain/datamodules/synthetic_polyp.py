@@ -15,6 +15,7 @@ Example::
     >>> img.shape, img.dtype, mask.shape, int(mask.max())
     ((128, 128, 3), dtype('uint8'), (128, 128), 1)
 """
+
 from __future__ import annotations
 
 import cv2
@@ -44,8 +45,9 @@ def _spot(y, x, cy, cx, s):
     return np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / (2 * s * s))
 
 
-def render_polyp_frame(seed: int, index: int, size: int = 256, hard: str | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def render_polyp_frame(
+    seed: int, index: int, size: int = 256, hard: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """One RGB frame (H,W,3 uint8) and its binary mask (H,W uint8 {0,1})."""
     rng = np.random.default_rng([int(seed), int(index)])
     y, x = grid(size)
@@ -59,7 +61,7 @@ def render_polyp_frame(seed: int, index: int, size: int = 256, hard: str | None 
     # vessels: thin tortuous lines where a smooth field crosses zero; they darken green/blue most
     v1, v2 = smooth_noise(rng, size, 5), smooth_noise(rng, size, 9)
     w = rng.uniform(0.02, 0.05)
-    vessels = np.exp(-(v1 / w) ** 2) * 0.8 + np.exp(-(v2 / (w * 0.7)) ** 2) * 0.5
+    vessels = np.exp(-((v1 / w) ** 2)) * 0.8 + np.exp(-((v2 / (w * 0.7)) ** 2)) * 0.5
     img *= 1 - rng.uniform(0.15, 0.35) * vessels[..., None] * np.array([0.35, 1.0, 0.9], np.float32)
 
     # folds: warped rings around the (dark) lumen
@@ -69,7 +71,7 @@ def render_polyp_frame(seed: int, index: int, size: int = 256, hard: str | None 
     phase = dl * rng.uniform(14, 26) + 1.5 * smooth_noise(rng, size, 4)
     folds = (0.5 + 0.5 * np.sin(phase)) ** 3
     fold_shade = 1 - rng.uniform(0.12, 0.28) * folds
-    lumen = 1 - 0.9 * np.exp(-(dl / rng.uniform(0.06, 0.14)) ** 2)
+    lumen = 1 - 0.9 * np.exp(-((dl / rng.uniform(0.06, 0.14)) ** 2))
 
     # polyp shape and placement
     kind = hard
@@ -78,7 +80,10 @@ def render_polyp_frame(seed: int, index: int, size: int = 256, hard: str | None 
     elif kind == "flat_pale":
         r_p, far = rng.uniform(0.06, 0.11), rng.uniform(0.1, 0.6)
     else:
-        r_p, far = rng.uniform(0.06, 0.2) if rng.random() < 0.8 else rng.uniform(0.2, 0.28), rng.uniform(0.0, 0.55)
+        r_p, far = (
+            rng.uniform(0.06, 0.2) if rng.random() < 0.8 else rng.uniform(0.2, 0.28),
+            rng.uniform(0.0, 0.55),
+        )
     a = ang + np.pi + rng.uniform(-1.2, 1.2)  # keep away from the lumen
     py, px = cy + far * R * np.sin(a), cx + far * R * np.cos(a)
     aspect, rot = rng.uniform(0.75, 1.25), rng.uniform(0, np.pi)
@@ -90,7 +95,7 @@ def render_polyp_frame(seed: int, index: int, size: int = 256, hard: str | None 
     dn = d / rth
     label = (dn < 1) & (fov > 0.5)
     alpha = np.clip((1 - dn) * rth * size + 0.5, 0, 1)[..., None]  # ~1 px soft edge
-    h = np.sqrt(np.clip(1 - dn ** 2, 0, 1))  # dome height
+    h = np.sqrt(np.clip(1 - dn**2, 0, 1))  # dome height
     light = rng.uniform(0, 2 * np.pi)
     lyd, lxd = np.sin(light), np.cos(light)
 
@@ -112,11 +117,11 @@ def render_polyp_frame(seed: int, index: int, size: int = 256, hard: str | None 
         img *= (1 - 0.3 * (1 - fold_shade) * alpha[..., 0])[..., None]
     # shadow rim on the side away from the light
     side = np.clip(-(dx * lxd + dy * lyd) / (r_p + 1e-6), 0, 1)
-    img *= (1 - rim * side * np.exp(-((dn - 1.05) / 0.12) ** 2) * (dn > 0.9))[..., None]
+    img *= (1 - rim * side * np.exp(-(((dn - 1.05) / 0.12) ** 2)) * (dn > 0.9))[..., None]
 
     # illumination: fall-off from the scope's light, darker lumen, vignette
     dc = np.hypot(y - cy, x - cx) / R
-    illum = np.clip(1.08 - rng.uniform(0.35, 0.6) * dc ** 2, 0.12, 1.2)
+    illum = np.clip(1.08 - rng.uniform(0.35, 0.6) * dc**2, 0.12, 1.2)
     if kind == "dark_edge":
         illum *= 0.8
     img *= illum[..., None]
@@ -128,7 +133,9 @@ def render_polyp_frame(seed: int, index: int, size: int = 256, hard: str | None 
         for _ in range(rng.integers(2, 4)):
             gy, gx = py + rng.uniform(-0.6, 0.6) * r_p, px + rng.uniform(-0.6, 0.6) * r_p
             hl += np.clip(2.5 * _spot(y, x, gy, gx, rng.uniform(0.15, 0.3) * r_p) - 0.5, 0, 1)
-        hl += np.clip(2 * _spot(y, x, cy + rng.uniform(-0.3, 0.3), cx + rng.uniform(-0.3, 0.3), 0.04) - 0.6, 0, 1)
+        hl += np.clip(
+            2 * _spot(y, x, cy + rng.uniform(-0.3, 0.3), cx + rng.uniform(-0.3, 0.3), 0.04) - 0.6, 0, 1
+        )
     white = np.clip(glints + hl, 0, 1)[..., None]
     img = img * (1 - white) + white * np.array([1.0, 0.98, 0.97], np.float32)
 
@@ -158,7 +165,9 @@ class SyntheticPolypSource:
         ('synpolyp_0003', ['flat_pale', 'glare_tissue'])
     """
 
-    def __init__(self, n: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1, start: int = 0):
+    def __init__(
+        self, n: int, seed: int = 0, image_size: int = 128, hard_fraction: float = 0.1, start: int = 0
+    ):
         self.n, self.seed, self.size, self.start = int(n), int(seed), int(image_size), int(start)
         self._cache = MemoCache()  # frames are deterministic: generate each once
         self._hard = choose_hard(self.n, hard_fraction, self.seed, self.start)

@@ -13,6 +13,7 @@ Example::
     >>> from robusttrain.datamodules.transforms import build_pipeline
     >>> p = build_pipeline([{"_target_": "HorizontalFlip", "p": 0.5}], image_size=64)
 """
+
 from __future__ import annotations
 
 import importlib
@@ -74,14 +75,17 @@ def _summary(e: Exception) -> str:
     errors = getattr(e, "errors", None) or getattr(e.__cause__, "errors", None)  # albumentations wraps it
     if callable(errors):
         try:
-            return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg', '')}" for d in errors())
+            return "; ".join(
+                f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg', '')}" for d in errors()
+            )
         except Exception:  # not pydantic after all
             pass
     return " ".join(str(e).split())
 
 
-def build_pipeline(items: Sequence[Any] | None, image_size: int | None, resize: str = "stretch",
-                   seed: int | None = 0) -> A.Compose:
+def build_pipeline(
+    items: Sequence[Any] | None, image_size: int | None, resize: str = "stretch", seed: int | None = 0
+) -> A.Compose:
     """Compose ``resize`` (to ``image_size`` square) followed by the configured transforms.
 
     ``resize``: ``stretch`` (A.Resize), ``letterbox`` (keep aspect: LongestMaxSize + zero pad) or ``none``.
@@ -94,8 +98,10 @@ def build_pipeline(items: Sequence[Any] | None, image_size: int | None, resize: 
     if image_size and resize == "stretch":
         steps.append(A.Resize(image_size, image_size))
     elif image_size and resize == "letterbox":
-        steps += [A.LongestMaxSize(max_size=image_size),
-                  A.PadIfNeeded(image_size, image_size, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=0)]
+        steps += [
+            A.LongestMaxSize(max_size=image_size),
+            A.PadIfNeeded(image_size, image_size, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=0),
+        ]
     steps += [build_transform(t) for t in (_plain(items) or [])]
     pipeline = A.Compose(steps)
     if seed is not None:
@@ -112,8 +118,9 @@ def seed_pipeline(pipeline: A.BaseCompose, seed: int) -> None:
     pipeline.set_random_state(np.random.default_rng(seed), random.Random(seed))
 
 
-def apply_pipeline(pipeline: A.Compose, image: np.ndarray, mask: np.ndarray,
-                   image_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+def apply_pipeline(
+    pipeline: A.Compose, image: np.ndarray, mask: np.ndarray, image_size: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Run the pipeline; return float32 (C,H,W) image in [0,1] and int64 (H,W) mask.
 
     A final size fix-up guarantees that batches collate even if a configured crop changed the size.

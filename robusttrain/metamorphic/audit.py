@@ -15,6 +15,7 @@ threshold; a last row ``clean`` holds the clean mean Dice / IoU (in %) of each d
 >>> print(format_efr_tables(out["tables"]).splitlines()[0])
 ### EFR (%) at t = 0.25
 """
+
 from __future__ import annotations
 
 import os
@@ -30,12 +31,21 @@ from .runner import aggregate
 from .suite import MRSuite
 
 
-def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | None = None,
-          out_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
-          batch_size: int = 8, path: str = "auto", max_cases: int | None = None,
-          thresholds: Sequence[float] = THRESHOLDS, class_names: Sequence[str] | None = None,
-          hooks: BatchHooks | None = None, to_probabilities: str | Callable | None = None,
-          always: Sequence[str] = ()) -> dict[str, Any]:
+def audit(
+    model: torch.nn.Module,
+    datasets: dict[str, Any],
+    suite: MRSuite | None = None,
+    out_dir: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    batch_size: int = 8,
+    path: str = "auto",
+    max_cases: int | None = None,
+    thresholds: Sequence[float] = THRESHOLDS,
+    class_names: Sequence[str] | None = None,
+    hooks: BatchHooks | None = None,
+    to_probabilities: str | Callable | None = None,
+    always: Sequence[str] = (),
+) -> dict[str, Any]:
     """Run ``suite`` (default: nine families x severities 2, 4) on every dataset.
 
     The same call as the training-time check (:func:`robusttrain.metamorphic.check.run_check`: the
@@ -49,8 +59,11 @@ def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | Non
     """
     suite = suite or MRSuite()
     hooks = hooks or BatchHooks()
-    dev = torch.device(device) if device is not None else next(
-        (p.device for p in model.parameters()), torch.device("cpu"))
+    dev = (
+        torch.device(device)
+        if device is not None
+        else next((p.device for p in model.parameters()), torch.device("cpu"))
+    )
     path = path if path != "auto" else ("torch" if dev.type == "cuda" else "numpy")
     model = model.to(dev)
     predict = predict_fn(model, to_probabilities)
@@ -58,8 +71,15 @@ def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | Non
     with checking_state(model, suite.seed):
         for name, ds in datasets.items():
             idx, ids = probe_cases(ds, name, max_cases, suite.seed, always if name == "val" else ())
-            res = run_check(predict, {name: Probe(ds, idx, ids, id_prefix=id_prefix(name))}, suite,
-                            path=path, device=dev, batch_size=batch_size, hooks=hooks)[name]
+            res = run_check(
+                predict,
+                {name: Probe(ds, idx, ids, id_prefix=id_prefix(name))},
+                suite,
+                path=path,
+                device=dev,
+                batch_size=batch_size,
+                hooks=hooks,
+            )[name]
             hist, cases = aggregate(res, class_names or [], 0, suite)
             t = efr_table(cases, thresholds)
             t.insert(0, "split", name)
@@ -71,16 +91,25 @@ def audit(model: torch.nn.Module, datasets: dict[str, Any], suite: MRSuite | Non
     md = format_efr_tables(tables)
     if out_dir is not None:
         from robusttrain.io import atomic_write_csv, atomic_write_text
-        long = pd.concat([t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True)
+
+        long = pd.concat(
+            [t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True
+        )
         long = long[["threshold"] + [c for c in long.columns if c != "threshold"]]
         atomic_write_csv(os.path.join(out_dir, "efr_table.csv"), long)
         atomic_write_text(os.path.join(out_dir, "efr_table.md"), md)
-    return {"tables": tables, "efr": efr, "cases": pd.concat(cases_all, ignore_index=True),
-            "clean": clean, "markdown": md}
+    return {
+        "tables": tables,
+        "efr": efr,
+        "cases": pd.concat(cases_all, ignore_index=True),
+        "clean": clean,
+        "markdown": md,
+    }
 
 
-def paper_tables(efr: pd.DataFrame, clean: dict[str, dict[str, float]],
-                 thresholds: Sequence[float] = THRESHOLDS) -> dict[float, pd.DataFrame]:
+def paper_tables(
+    efr: pd.DataFrame, clean: dict[str, dict[str, float]], thresholds: Sequence[float] = THRESHOLDS
+) -> dict[float, pd.DataFrame]:
     """Per threshold: rows perturbation (+ ``clean``), columns ``<dataset>/Dice``, ``<dataset>/IoU`` (%)."""
     out = {}
     pooled = efr[efr["severity"] == 0]
@@ -104,6 +133,8 @@ def format_efr_tables(tables: dict[float, pd.DataFrame]) -> str:
     for t, table in tables.items():
         head = "| perturbation | " + " | ".join(table.columns) + " |"
         sep = "|---|" + "---:|" * len(table.columns)
-        rows = [f"| {p} | " + " | ".join(f"{v:.2f}" for v in r) + " |" for p, r in zip(table.index, table.values)]
+        rows = [
+            f"| {p} | " + " | ".join(f"{v:.2f}" for v in r) + " |" for p, r in zip(table.index, table.values)
+        ]
         parts.append("\n".join([f"### EFR (%) at t = {t:g}", "", head, sep, *rows, ""]))
     return "\n".join(parts)

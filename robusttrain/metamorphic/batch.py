@@ -9,6 +9,7 @@ is known; a case without ``case_id`` is named ``idx<dataset index>``.
 >>> [pb.case_ids for pb in iter_probe(ds, [2, 0], batch_size=2, hooks=hooks)]
 [['idx2', 'idx0']]
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
@@ -27,8 +28,10 @@ class HookError(InputError):
 
 
 MASK_KEYS = ("mask", "label")  # robusttrain's, then MONAI's convention
-WHERE = ("pass MetamorphicCallback(hooks=BatchHooks({hook}=...)) (BatchHooks is importable from "
-         "robusttrain.callbacks; the other robustness callbacks use the same hooks)")
+WHERE = (
+    "pass MetamorphicCallback(hooks=BatchHooks({hook}=...)) (BatchHooks is importable from "
+    "robusttrain.callbacks; the other robustness callbacks use the same hooks)"
+)
 
 
 def _found(batch: Any) -> str:
@@ -44,8 +47,10 @@ def default_get_images(batch: Any) -> torch.Tensor:
         return batch["image"]
     if isinstance(batch, (list, tuple)) and len(batch) >= 2 and torch.is_tensor(batch[0]):
         return batch[0]
-    raise HookError("cannot find images in the batch (expected a dict with 'image' or an (image, mask) "
-                    f"tuple, got {_found(batch)}); " + WHERE.format(hook="get_images"))
+    raise HookError(
+        "cannot find images in the batch (expected a dict with 'image' or an (image, mask) "
+        f"tuple, got {_found(batch)}); " + WHERE.format(hook="get_images")
+    )
 
 
 def default_get_masks(batch: Any) -> torch.Tensor:
@@ -54,8 +59,10 @@ def default_get_masks(batch: Any) -> torch.Tensor:
     elif isinstance(batch, (list, tuple)) and len(batch) >= 2 and torch.is_tensor(batch[1]):
         m = batch[1]
     else:
-        raise HookError(f"cannot find masks in the batch (expected a dict with one of {list(MASK_KEYS)} or an "
-                        f"(image, mask) tuple, got {_found(batch)}); " + WHERE.format(hook="get_masks"))
+        raise HookError(
+            f"cannot find masks in the batch (expected a dict with one of {list(MASK_KEYS)} or an "
+            f"(image, mask) tuple, got {_found(batch)}); " + WHERE.format(hook="get_masks")
+        )
     return m
 
 
@@ -109,11 +116,15 @@ def normalise_mask(m: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         m = m[:, 0]
     want = "(B,H,W,D)" if images.ndim == 5 else "(B,H,W)"
     if m.shape == images.shape and images.ndim == 4:  # e.g. (B,H,W,D) volumes read without a channel dim
-        raise HookError(f"images {tuple(images.shape)} have the masks' shape: images need a channel dim, "
-                        "(B,C,H,W) or (B,C,H,W,D); pass get_images=")
+        raise HookError(
+            f"images {tuple(images.shape)} have the masks' shape: images need a channel dim, "
+            "(B,C,H,W) or (B,C,H,W,D); pass get_images="
+        )
     if m.ndim != images.ndim - 1 or m.shape[0] != images.shape[0] or m.shape[1:] != images.shape[2:]:
-        raise HookError(f"masks must be {want} class indices matching images {tuple(images.shape)}, "
-                        f"got {tuple(m.shape)}; pass get_masks=")
+        raise HookError(
+            f"masks must be {want} class indices matching images {tuple(images.shape)}, "
+            f"got {tuple(m.shape)}; pass get_masks="
+        )
     return m.round().long() if m.is_floating_point() else m.long()
 
 
@@ -177,16 +188,20 @@ def read_batch(indices: list[int], batch: Any, hooks: BatchHooks, id_prefix: str
     images = hooks.get_images(batch)
     if not torch.is_tensor(images) or images.ndim not in (4, 5):
         shape = tuple(images.shape) if torch.is_tensor(images) else type(images).__name__
-        raise HookError(f"images must be (B,C,H,W) images or (B,C,H,W,D) volumes, got {shape}; "
-                        "pass get_images= returning one of those")
+        raise HookError(
+            f"images must be (B,C,H,W) images or (B,C,H,W,D) volumes, got {shape}; "
+            "pass get_images= returning one of those"
+        )
     masks = normalise_mask(hooks.get_masks(batch), images)
     cids = hooks.get_case_ids(batch)
     cids = [f"{id_prefix}{i}" for i in indices] if cids is None else case_id_list(cids)
     sl = hooks.get_slice_indices(batch)
     sl = [0] * len(indices) if sl is None else [int(s) for s in sl]
     if len(cids) != len(indices) or len(sl) != len(indices):
-        raise HookError("get_case_ids / get_slice_indices returned a list whose length differs "
-                        "from the batch size; fix get_case_ids=")
+        raise HookError(
+            "get_case_ids / get_slice_indices returned a list whose length differs "
+            "from the batch size; fix get_case_ids="
+        )
     images = images.float()
     check_finite_images(images, cids)
     return ProbeBatch(indices, images, masks, cids, sl)
@@ -197,15 +212,28 @@ def check_finite_images(images: torch.Tensor, case_ids: Sequence[str]) -> None:
     finite = torch.isfinite(images).flatten(1).all(1)
     if not bool(finite.all()):
         bad = [case_ids[i] for i in (~finite).nonzero().flatten().tolist()]
-        raise InputError(f"probe images of case(s) {bad} contain NaN or inf; expected finite values "
-                         f"in [0,1] (check the dataset / transforms)")
+        raise InputError(
+            f"probe images of case(s) {bad} contain NaN or inf; expected finite values "
+            f"in [0,1] (check the dataset / transforms)"
+        )
 
 
-def iter_probe(dataset: Dataset, indices: Sequence[int], batch_size: int, hooks: BatchHooks,
-               num_workers: int = 0, id_prefix: str = "idx") -> Iterator[ProbeBatch]:
+def iter_probe(
+    dataset: Dataset,
+    indices: Sequence[int],
+    batch_size: int,
+    hooks: BatchHooks,
+    num_workers: int = 0,
+    id_prefix: str = "idx",
+) -> Iterator[ProbeBatch]:
     """Batches of ``dataset[indices]`` in the given order, read through ``hooks``."""
-    loader = DataLoader(_Indexed(dataset, indices), batch_size=batch_size, shuffle=False,
-                        num_workers=num_workers, collate_fn=_collate)
+    loader = DataLoader(
+        _Indexed(dataset, indices),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=_collate,
+    )
     for idx, batch in loader:
         yield read_batch(idx, batch, hooks, id_prefix)
 

@@ -29,6 +29,7 @@ True
 >>> sorted(len(v) for v in plan["val"].values())
 [3, 3, 3, 3]
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -53,8 +54,10 @@ def check_budget(budget: Any) -> float | None:
     if budget is None:
         return None
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < float(budget) <= 1:
-        raise ValueError(f"budget must be a fraction of training time in (0, 1] (e.g. 0.25) or None "
-                         f"for the full suite every check, got {budget!r}")
+        raise ValueError(
+            f"budget must be a fraction of training time in (0, 1] (e.g. 0.25) or None "
+            f"for the full suite every check, got {budget!r}"
+        )
     return float(budget)
 
 
@@ -68,8 +71,14 @@ def training_work(n_pixels: float, probe_pixels: float) -> float:
     return TRAIN_FACTOR * float(n_pixels) / max(1.0, float(probe_pixels))
 
 
-def final_reserve(n_samples: int, n_tests: int, clean_cost: float, followup_cost: float,
-                  epochs_covered: float, total_epochs: int | None) -> float:
+def final_reserve(
+    n_samples: int,
+    n_tests: int,
+    clean_cost: float,
+    followup_cost: float,
+    epochs_covered: float,
+    total_epochs: int | None,
+) -> float:
     """Share of the end-of-training full-suite check charged to a check covering ``epochs_covered``.
 
     >>> final_reserve(40, 18, 1.0, 1.25, 1, 8)   # (40 x 1 + 40 x 18 x 1.25) / 8
@@ -88,8 +97,14 @@ class CheckBudget:
     (defaults 1 and :data:`FOLLOWUP_FACTOR`); fixed numbers, so plans never depend on the clock.
     """
 
-    def __init__(self, budget: float | None, seed: int = 0, min_per_test: int = 1,
-                 clean_cost: float = 1.0, followup_cost: float = FOLLOWUP_FACTOR):
+    def __init__(
+        self,
+        budget: float | None,
+        seed: int = 0,
+        min_per_test: int = 1,
+        clean_cost: float = 1.0,
+        followup_cost: float = FOLLOWUP_FACTOR,
+    ):
         self.budget = check_budget(budget)
         self.seed, self.min_per_test = int(seed), max(0, int(min_per_test))
         self.clean_cost, self.followup_cost = float(clean_cost), float(followup_cost)
@@ -103,8 +118,9 @@ class CheckBudget:
         """(clean, follow-up) work units per probe sample."""
         return self.clean_cost, self.followup_cost
 
-    def plan(self, train_work: float, probes: Mapping[str, Sequence[str]], n_tests: int,
-             reserve: float = 0.0) -> dict[str, dict[int, set[str]] | None]:
+    def plan(
+        self, train_work: float, probes: Mapping[str, Sequence[str]], n_tests: int, reserve: float = 0.0
+    ) -> dict[str, dict[int, set[str]] | None]:
         """Per split: ``{test index: case ids}`` to score, or None for the whole suite.
 
         ``train_work``: work units trained since the last check (:func:`training_work`).

@@ -26,6 +26,7 @@ scoring):
 >>> res["val"].src.shape[0], was_eval, model.training   # 3 cases scored in eval mode, train mode restored
 (3, True, True)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,9 @@ def id_prefix(split: str) -> str:
     return "idx" if split == "val" else f"{split}/idx"
 
 
-def probe_cases(dataset: Any, split: str, max_cases: int | None, seed: int,
-                always: Sequence[str] = ()) -> tuple[list[int], list[str]]:
+def probe_cases(
+    dataset: Any, split: str, max_cases: int | None, seed: int, always: Sequence[str] = ()
+) -> tuple[list[int], list[str]]:
     """Dataset indices and case ids of the probe: a seeded subset of ``max_cases`` whole cases.
 
     Cases in ``always`` (planted hard cases) are kept first; the rest are a seeded draw, so the probe
@@ -78,8 +80,9 @@ def probe_cases(dataset: Any, split: str, max_cases: int | None, seed: int,
     return idx, [ids[i] for i in idx]
 
 
-def select_probe(case_ids: Sequence[str], max_cases: int | None, seed: int, split: str,
-                 always: Sequence[str] = ()) -> list[int]:
+def select_probe(
+    case_ids: Sequence[str], max_cases: int | None, seed: int, split: str, always: Sequence[str] = ()
+) -> list[int]:
     """Indices of a seeded subset of ``max_cases`` whole cases (all when None); see :func:`probe_cases`.
 
     >>> select_probe(["a", "a", "b", "c"], max_cases=2, seed=0, split="val", always=["c"])  # c + one draw
@@ -90,8 +93,9 @@ def select_probe(case_ids: Sequence[str], max_cases: int | None, seed: int, spli
         keep = [c for c in cases if c in set(always)][:max_cases]
         rest = [c for c in cases if c not in set(keep)]
         rng = np.random.default_rng(stable_seed(seed, split, "probe"))
-        pick: np.ndarray | list[int] = (rng.choice(len(rest), size=max_cases - len(keep), replace=False)
-                                        if max_cases > len(keep) else [])
+        pick: np.ndarray | list[int] = (
+            rng.choice(len(rest), size=max_cases - len(keep), replace=False) if max_cases > len(keep) else []
+        )
         chosen = set(keep) | {rest[int(i)] for i in pick}
     else:
         chosen = set(cases)
@@ -102,8 +106,12 @@ def select_probe(case_ids: Sequence[str], max_cases: int | None, seed: int, spli
 def checking_state(model: torch.nn.Module, seed: int) -> Iterator[None]:
     """Eval mode, no_grad, seeded RNGs; restores every module's mode and all RNG states."""
     modes = [(m, m.training) for m in model.modules()]
-    rng = (torch.get_rng_state(), np.random.get_state(), random.getstate(),
-           torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    rng = (
+        torch.get_rng_state(),
+        np.random.get_state(),
+        random.getstate(),
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+    )
     try:
         model.eval()
         # seeding makes anything random in the datasets' __getitem__ replay each epoch (and in the audit)
@@ -122,8 +130,11 @@ def checking_state(model: torch.nn.Module, seed: int) -> Iterator[None]:
             torch.cuda.set_rng_state_all(rng[3])
 
 
-def predict_fn(model: Callable[[torch.Tensor], Any], to_probabilities: str | Callable | None = None,
-               forward_context: Callable[[], Any] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+def predict_fn(
+    model: Callable[[torch.Tensor], Any],
+    to_probabilities: str | Callable | None = None,
+    forward_context: Callable[[], Any] | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """``predict(images) -> (B,K,...) float probabilities``; ``to_probabilities`` as the hooks take it
     (a string choice or a callable), ``forward_context`` e.g. Lightning's precision plugin's."""
     convert = to_probabilities if callable(to_probabilities) else to_probabilities_fn(to_probabilities)
@@ -133,18 +144,25 @@ def predict_fn(model: Callable[[torch.Tensor], Any], to_probabilities: str | Cal
         with ctx():
             out = model(images)
         probs = convert(out)
-        if not torch.is_tensor(probs) or probs.ndim != images.ndim or probs.shape[0] != images.shape[0] \
-                or probs.shape[2:] != images.shape[2:]:
+        if (
+            not torch.is_tensor(probs)
+            or probs.ndim != images.ndim
+            or probs.shape[0] != images.shape[0]
+            or probs.shape[2:] != images.shape[2:]
+        ):
             want = "(B,K,H,W,D)" if images.ndim == 5 else "(B,K,H,W)"
-            raise HookError(f"to_probabilities must return {want} matching the images {tuple(images.shape)}, "
-                            f"got {getattr(probs, 'shape', type(probs).__name__)}; fix to_probabilities=")
+            raise HookError(
+                f"to_probabilities must return {want} matching the images {tuple(images.shape)}, "
+                f"got {getattr(probs, 'shape', type(probs).__name__)}; fix to_probabilities="
+            )
         return probs.float()
 
     return predict
 
 
-def to_indices(plan: Mapping[int, set[str]] | None, indices: Sequence[int],
-               case_ids: Sequence[str]) -> dict[int, set[int]] | None:
+def to_indices(
+    plan: Mapping[int, set[str]] | None, indices: Sequence[int], case_ids: Sequence[str]
+) -> dict[int, set[int]] | None:
     """A per-test set of case ids -> the dataset indices (every slice of each case).
 
     >>> to_indices({0: {"a"}, 1: {"b"}}, [10, 11, 12], ["a", "a", "b"])
@@ -184,11 +202,22 @@ class ProgressBar(Protocol):
     def close(self) -> object: ...
 
 
-def run_check(predict: Callable[[torch.Tensor], torch.Tensor], probes: Mapping[str, Probe], suite: MRSuite, *,
-              path: str = "torch", device: torch.device | str | None = None, batch_size: int = 8,
-              num_workers: int = 0, hooks: BatchHooks | None = None, epoch: int | None = None,
-              rank: int = 0, world_size: int = 1, gather: Callable[[Any], list[Any]] | None = None,
-              progress: Callable[[str, int], ProgressBar] | None = None) -> dict[str, ProbeResult]:
+def run_check(
+    predict: Callable[[torch.Tensor], torch.Tensor],
+    probes: Mapping[str, Probe],
+    suite: MRSuite,
+    *,
+    path: str = "torch",
+    device: torch.device | str | None = None,
+    batch_size: int = 8,
+    num_workers: int = 0,
+    hooks: BatchHooks | None = None,
+    epoch: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    gather: Callable[[Any], list[Any]] | None = None,
+    progress: Callable[[str, int], ProgressBar] | None = None,
+) -> dict[str, ProbeResult]:
     """Score every probe (split) under ``suite``; call inside :func:`checking_state`.
 
     Each rank scores its shard (``indices[rank::world_size]``); ``gather(obj) -> [every rank's obj]``
@@ -210,13 +239,24 @@ def run_check(predict: Callable[[torch.Tensor], torch.Tensor], probes: Mapping[s
         if sel is not None and split != "val":
             keep = set().union(*sel.values())
             idx = [i for i in idx if i in keep]
-        shard = idx[rank::max(1, world_size)]
-        n_fol = len(shard) * len(suite.tests) if sel is None else sum(len(set(shard) & s) for s in sel.values())
+        shard = idx[rank :: max(1, world_size)]
+        n_fol = (
+            len(shard) * len(suite.tests) if sel is None else sum(len(set(shard) & s) for s in sel.values())
+        )
         bar = progress(split, len(shard) + n_fol) if progress is not None else None
         batches = iter_probe(p.dataset, shard, batch_size, hooks, num_workers, p.id_prefix)
-        res = run_probe(predict, batches, suite, split, path=path, device=device,
-                        progress=None if bar is None else bar.update, epoch=epoch, selection=sel,
-                        clean=p.clean)
+        res = run_probe(
+            predict,
+            batches,
+            suite,
+            split,
+            path=path,
+            device=device,
+            progress=None if bar is None else bar.update,
+            epoch=epoch,
+            selection=sel,
+            clean=p.clean,
+        )
         if bar is not None:
             bar.close()
         out[split] = ProbeResult.merge([ProbeResult(**part) for part in gather(res.to_obj())])

@@ -15,6 +15,7 @@ how many test cases the full suite has in that row (``cases / suite_cases`` = co
 >>> t[(t.severity == 0) & (t.metric == "dice")][["perturbation", "errors", "cases", "efr"]].values.tolist()
 [['blur', 1, 2, 0.5], ['all', 1, 2, 0.5]]
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -25,8 +26,23 @@ import pandas as pd
 from .records import relative_drops
 
 THRESHOLDS = (0.25, 0.5)
-EFR_COLUMNS = ["epoch", "split", "perturbation", "severity", "metric", "threshold",
-               "errors", "cases", "efr", "efr_low", "efr_high", "suite_cases", "final", "basis", "from_epoch"]
+EFR_COLUMNS = [
+    "epoch",
+    "split",
+    "perturbation",
+    "severity",
+    "metric",
+    "threshold",
+    "errors",
+    "cases",
+    "efr",
+    "efr_low",
+    "efr_high",
+    "suite_cases",
+    "final",
+    "basis",
+    "from_epoch",
+]
 # what efr_table returns (the callback adds epoch, split, final, basis, from_epoch)
 TABLE_COLUMNS = EFR_COLUMNS[2:-3]
 
@@ -62,8 +78,12 @@ def is_error(src: np.ndarray, fol: np.ndarray, threshold: float) -> np.ndarray:
     return relative_drops(src, fol) > threshold
 
 
-def efr_table(cases: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS,
-              metrics: Iterable[str] = ("dice", "iou"), suite_cases: int | None = None) -> pd.DataFrame:
+def efr_table(
+    cases: pd.DataFrame,
+    thresholds: Sequence[float] = THRESHOLDS,
+    metrics: Iterable[str] = ("dice", "iou"),
+    suite_cases: int | None = None,
+) -> pd.DataFrame:
     """EFR rows from one row per test case (``perturbation, severity, src_<m>, fol_<m>``).
 
     Returns columns ``perturbation, severity, metric, threshold, errors, cases, efr, efr_low,
@@ -92,9 +112,20 @@ def efr_table(cases: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS,
             for t in thresholds:
                 err = int(is_error(sub[f"src_{m}"].to_numpy(), sub[f"fol_{m}"].to_numpy(), t).sum())
                 lo, hi = wilson_interval(err, n)
-                rows.append({"perturbation": p, "severity": s, "metric": m, "threshold": float(t),
-                             "errors": err, "cases": n, "efr": err / n if n else float("nan"),
-                             "efr_low": lo, "efr_high": hi, "suite_cases": max(full, n)})
+                rows.append(
+                    {
+                        "perturbation": p,
+                        "severity": s,
+                        "metric": m,
+                        "threshold": float(t),
+                        "errors": err,
+                        "cases": n,
+                        "efr": err / n if n else float("nan"),
+                        "efr_low": lo,
+                        "efr_high": hi,
+                        "suite_cases": max(full, n),
+                    }
+                )
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
@@ -110,8 +141,10 @@ def efr_key(perturbation: str, metric: str, threshold: float, prefix: str = "mr/
 def efr_metrics(table: pd.DataFrame, prefix: str = "mr/efr") -> dict[str, float]:
     """The pooled-severity rows of an EFR table as logger keys (:func:`efr_key`)."""
     pooled = table[table["severity"] == 0]
-    return {efr_key(str(r.perturbation), str(r.metric), float(r.threshold), prefix): float(r.efr)
-            for r in pooled.itertuples()}
+    return {
+        efr_key(str(r.perturbation), str(r.metric), float(r.threshold), prefix): float(r.efr)
+        for r in pooled.itertuples()
+    }
 
 
 def _fmt_t(t: float) -> str:
@@ -124,8 +157,7 @@ def format_efr_console(table: pd.DataFrame, title: str = "") -> str:
     pooled = table[table["severity"] == 0]
     if pooled.empty:
         return f"{title}(no metamorphic test cases)"
-    wide = pooled.pivot_table(index="perturbation", columns=["metric", "threshold"],
-                              values="efr", sort=False)
+    wide = pooled.pivot_table(index="perturbation", columns=["metric", "threshold"], values="efr", sort=False)
     wide.columns = [f"{m}@{_fmt_t(t)}" for m, t in wide.columns]
     n = pooled.groupby("perturbation", sort=False)["cases"].first()
     wide = (wide * 100).round(1)

@@ -7,6 +7,7 @@ slice in ``extra["slices"]`` so the whole follow-up volume can be re-created.
 
 >>> from robusttrain.metamorphic.failures import build_failures   # used by the callback / audit
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -27,10 +28,20 @@ def _params_lists(p: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {k: v[0].tolist() for k, v in p.items()}
 
 
-def build_failures(res: ProbeResult, cases: pd.DataFrame, suite: MRSuite, dataset: Any,
-                   hooks: BatchHooks, predict: Callable | None, path: str, threshold: float,
-                   n_images: int, epoch: int, device: Any = None, id_prefix: str = "idx"
-                   ) -> list[tuple[FailureRecord, dict | None]]:
+def build_failures(
+    res: ProbeResult,
+    cases: pd.DataFrame,
+    suite: MRSuite,
+    dataset: Any,
+    hooks: BatchHooks,
+    predict: Callable | None,
+    path: str,
+    threshold: float,
+    n_images: int,
+    epoch: int,
+    device: Any = None,
+    id_prefix: str = "idx",
+) -> list[tuple[FailureRecord, dict | None]]:
     """Records of every violation in ``cases`` (worst first); images for the ``n_images`` worst.
 
     Images are re-created from ``dataset`` (so they work for cases scored on other ranks):
@@ -55,17 +66,36 @@ def build_failures(res: ProbeResult, cases: pd.DataFrame, suite: MRSuite, datase
             if p is None:  # scored on another rank: re-sample (deterministic) from the image
                 q = load(i)
                 p = suite.params_for(res.split, k, [r.case_id], [si], q.images, q.masks)[0]
-            slices.append({"index": int(res.index[i]), "slice_index": si,
-                           "seed": suite.slice_seed(r.case_id, k, si), "params": _params_lists(p)})
+            slices.append(
+                {
+                    "index": int(res.index[i]),
+                    "slice_index": si,
+                    "seed": suite.slice_seed(r.case_id, k, si),
+                    "params": _params_lists(p),
+                }
+            )
         main = next(s for s in slices if s["index"] == int(res.index[w]))
-        rec = FailureRecord(case_id=r.case_id, split=res.split, perturbation=r.perturbation,
-                            severity=int(r.severity), params=main["params"], seed=main["seed"],
-                            epoch=int(epoch), src_dice=float(r.src_dice), fol_dice=float(r.fol_dice),
-                            src_iou=float(r.src_iou), fol_iou=float(r.fol_iou), index=main["index"],
-                            slice_index=main["slice_index"],
-                            extra={"consistency": float(r.consistency), "case_seed": int(r.seed),
-                                   "threshold": threshold,
-                                   "slices": slices if len(slices) > 1 else []})
+        rec = FailureRecord(
+            case_id=r.case_id,
+            split=res.split,
+            perturbation=r.perturbation,
+            severity=int(r.severity),
+            params=main["params"],
+            seed=main["seed"],
+            epoch=int(epoch),
+            src_dice=float(r.src_dice),
+            fol_dice=float(r.fol_dice),
+            src_iou=float(r.src_iou),
+            fol_iou=float(r.fol_iou),
+            index=main["index"],
+            slice_index=main["slice_index"],
+            extra={
+                "consistency": float(r.consistency),
+                "case_seed": int(r.seed),
+                "threshold": threshold,
+                "slices": slices if len(slices) > 1 else [],
+            },
+        )
         imgs = None
         if predict is not None and n < n_images:
             imgs = _images(load(w), suite, k, res.split, predict, path, device)
@@ -87,5 +117,10 @@ def _images(pb, suite: MRSuite, k: int, split: str, predict: Callable, path: str
         src_img, fol_img = sl(src_img, True)[j], sl(fol_img, True)[j]
         gt, lab0, lab1 = sl(gt, False)[j], sl(lab0, False)[j], sl(lab1, False)[j]
     u8 = lambda t: t.cpu().numpy().astype(np.uint8)
-    return {"source": _to_uint8_hwc(src_img), "followup": _to_uint8_hwc(fol_img),
-            "gt": u8(gt), "pred_source": u8(lab0), "pred_followup": u8(lab1)}
+    return {
+        "source": _to_uint8_hwc(src_img),
+        "followup": _to_uint8_hwc(fol_img),
+        "gt": u8(gt),
+        "pred_source": u8(lab0),
+        "pred_followup": u8(lab1),
+    }

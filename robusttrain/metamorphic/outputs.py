@@ -30,6 +30,7 @@ robusttrain.metamorphic.outputs.ProbabilityOutputError: model outputs look like 
 >>> auto(torch.tensor([-2.0, 3.0]).view(1, 1, 2, 1)).shape, auto.kind   # values outside [0,1]: logits
 (torch.Size([1, 2, 2, 1]), 'logits')
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,21 +53,32 @@ _SUM_TOL = 1e-3  # softmax outputs in float16 sum to 1 within ~1e-3
 class NonFiniteOutputError(InputError):
     """Model outputs or probabilities hold NaN/inf. ``epoch``/``split`` say where, when known."""
 
-    def __init__(self, what: str, epoch: int | None = None, split: str | None = None,
-                 case_ids: Sequence[str] = ()):
+    def __init__(
+        self, what: str, epoch: int | None = None, split: str | None = None, case_ids: Sequence[str] = ()
+    ):
         self.what, self.epoch, self.split, self.case_ids = what, epoch, split, list(case_ids)
-        where = "".join([f" at epoch {epoch}" if epoch is not None else "",
-                         f" on the '{split}' probe" if split is not None else "",
-                         f" (cases {_some(self.case_ids)})" if self.case_ids else ""])
-        super().__init__(f"{what} contain NaN or inf{where}: the robustness check stops here "
-                         f"(no EFR, corner cases or checkpoint choice from them)")
+        where = "".join(
+            [
+                f" at epoch {epoch}" if epoch is not None else "",
+                f" on the '{split}' probe" if split is not None else "",
+                f" (cases {_some(self.case_ids)})" if self.case_ids else "",
+            ]
+        )
+        super().__init__(
+            f"{what} contain NaN or inf{where}: the robustness check stops here "
+            f"(no EFR, corner cases or checkpoint choice from them)"
+        )
 
-    def at(self, epoch: int | None = None, split: str | None = None,
-           case_ids: Sequence[str] = ()) -> NonFiniteOutputError:
+    def at(
+        self, epoch: int | None = None, split: str | None = None, case_ids: Sequence[str] = ()
+    ) -> NonFiniteOutputError:
         """The same error with the context filled in (fields already set are kept)."""
-        return NonFiniteOutputError(self.what, self.epoch if self.epoch is not None else epoch,
-                                    self.split if self.split is not None else split,
-                                    self.case_ids or case_ids)
+        return NonFiniteOutputError(
+            self.what,
+            self.epoch if self.epoch is not None else epoch,
+            self.split if self.split is not None else split,
+            self.case_ids or case_ids,
+        )
 
 
 def _some(ids: list[str], n: int = 4) -> str:
@@ -89,7 +101,8 @@ def main_output(outputs: Any) -> torch.Tensor:
         raise ProbabilityOutputError(
             "cannot turn the model's outputs into (B,K,H,W) or (B,K,H,W,D) probabilities (got "
             f"{getattr(outputs, 'shape', type(outputs).__name__)}); pass {WHERE.format(v=...)} "
-            "with a callable outputs -> probabilities")
+            "with a callable outputs -> probabilities"
+        )
     return outputs
 
 
@@ -123,7 +136,7 @@ def logits_to_probabilities(logits: torch.Tensor, detect_probabilities: bool = T
 
 
 def _verdict(t: torch.Tensor, lo: float, hi: float) -> str:
-    """"logits", "probabilities" (K>1 channels in [0,1] summing to 1: unambiguous) or "ambiguous"
+    """ "logits", "probabilities" (K>1 channels in [0,1] summing to 1: unambiguous) or "ambiguous"
     (one channel, not constant, all values in [0,1]: sigmoid outputs and small logits look alike)."""
     if not 0.0 <= lo < hi <= 1.0:
         return "logits"
@@ -135,10 +148,12 @@ def _verdict(t: torch.Tensor, lo: float, hi: float) -> str:
 def _looks_like(t: torch.Tensor, lo: float, hi: float) -> str:
     k = t.shape[1]
     fn, extra = ("sigmoid", "") if k == 1 else ("softmax", ", channels sum to 1")
-    return (f"model outputs look like probabilities already ({k} channel{'s' * (k > 1)}, values in "
-            f"[{lo:.3g}, {hi:.3g}]{extra}), but logits were expected: {fn} would be applied twice. "
-            f"Pass {WHERE.format(v='identity')} if the model returns probabilities "
-            "(or to_probabilities='logits' if these really are logits)")
+    return (
+        f"model outputs look like probabilities already ({k} channel{'s' * (k > 1)}, values in "
+        f"[{lo:.3g}, {hi:.3g}]{extra}), but logits were expected: {fn} would be applied twice. "
+        f"Pass {WHERE.format(v='identity')} if the model returns probabilities "
+        "(or to_probabilities='logits' if these really are logits)"
+    )
 
 
 class AutoProbabilities:
@@ -178,8 +193,10 @@ class AutoProbabilities:
                 self.kind = "logits"
             elif verdict == "probabilities":  # unambiguous: a second softmax would flatten every score
                 self.kind = "identity"
-                log.warning("%s; reading them as probabilities from now on (to_probabilities='identity')",
-                            _looks_like(tf, lo, hi).split(". Pass")[0])
+                log.warning(
+                    "%s; reading them as probabilities from now on (to_probabilities='identity')",
+                    _looks_like(tf, lo, hi).split(". Pass")[0],
+                )
                 return identity_probabilities(t)
             else:
                 self._warn_ambiguous(lo, hi)
@@ -189,10 +206,15 @@ class AutoProbabilities:
         if self.warned:
             return
         self.warned = True
-        log.warning("model outputs have 1 channel with every value in [%.3g, %.3g]: logits or sigmoid "
-                    "probabilities? Reading them as logits (sigmoid applied). If the model returns "
-                    "probabilities, pass %s; pass %s to silence this", lo, hi,
-                    WHERE.format(v="identity"), WHERE.format(v="logits"))
+        log.warning(
+            "model outputs have 1 channel with every value in [%.3g, %.3g]: logits or sigmoid "
+            "probabilities? Reading them as logits (sigmoid applied). If the model returns "
+            "probabilities, pass %s; pass %s to silence this",
+            lo,
+            hi,
+            WHERE.format(v="identity"),
+            WHERE.format(v="logits"),
+        )
 
 
 def identity_probabilities(probs: torch.Tensor) -> torch.Tensor:
@@ -202,7 +224,8 @@ def identity_probabilities(probs: torch.Tensor) -> torch.Tensor:
     if lo < -_SUM_TOL or hi > 1 + _SUM_TOL:
         raise ProbabilityOutputError(
             f"to_probabilities='identity' but the model outputs lie in [{lo:.3g}, {hi:.3g}], not [0,1]; "
-            f"they look like logits: pass {WHERE.format(v='auto')}")
+            f"they look like logits: pass {WHERE.format(v='auto')}"
+        )
     return torch.cat([1 - probs, probs], dim=1) if probs.shape[1] == 1 else probs
 
 
@@ -212,8 +235,10 @@ def to_probabilities_fn(spec: str | Callable | None) -> Callable[[Any], torch.Te
         return spec
     name = "auto" if spec is None else spec
     if name not in TO_PROBABILITIES:
-        raise ValueError(f"to_probabilities={spec!r}: expected one of {TO_PROBABILITIES} or a callable "
-                         "outputs -> (B,K,H,W) probabilities")
+        raise ValueError(
+            f"to_probabilities={spec!r}: expected one of {TO_PROBABILITIES} or a callable "
+            "outputs -> (B,K,H,W) probabilities"
+        )
     if name == "identity":
         return lambda out: identity_probabilities(main_output(out))
     if name == "auto":
@@ -227,4 +252,5 @@ def check_probabilities(probs: torch.Tensor) -> None:
     if lo < -_SUM_TOL or hi > 1 + _SUM_TOL:
         raise ProbabilityOutputError(
             f"probabilities must lie in [0,1], got values in [{lo:.3g}, {hi:.3g}]: did to_probabilities= "
-            "return logits? (leave it unset for logits, or 'identity' for probabilities)")
+            "return logits? (leave it unset for logits, or 'identity' for probabilities)"
+        )

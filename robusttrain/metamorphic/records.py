@@ -1,4 +1,5 @@
 """FailureRecord: one metamorphic-relation violation, the unit the failure bank stores and replays."""
+
 from __future__ import annotations
 
 import hashlib
@@ -46,8 +47,7 @@ class FailureRecord:
     @property
     def key(self) -> tuple:
         """Identity for de-duplication: same case, perturbation and parameters."""
-        return (self.case_id, self.slice_index, self.perturbation, self.severity,
-                _freeze(self.params))
+        return (self.case_id, self.slice_index, self.perturbation, self.severity, _freeze(self.params))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -92,5 +92,6 @@ def relative_drop(src: float, fol: float) -> float:
 
 
 def _freeze(params: dict[str, Any]) -> tuple:
-    return tuple(sorted((k, tuple(np.asarray(v, dtype=float).round(6).ravel().tolist()))
-                        for k, v in params.items()))
+    return tuple(
+        sorted((k, tuple(np.asarray(v, dtype=float).round(6).ravel().tolist())) for k, v in params.items())
+    )

@@ -19,6 +19,7 @@ earliest epoch whose weights scored one of its pairs (a whole-suite check: ``bas
 >>> {k: sorted(v) for k, v in plan.items()}   # blur 2 on b was scored in epoch 0; nothing of blur 4 yet
 {0: ['a'], 1: ['a', 'b']}
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -41,8 +42,12 @@ def scored_pairs(cases: pd.DataFrame, tests: Sequence[tuple[str, int]]) -> dict[
     return out
 
 
-def complete_plan(plan: Mapping[int, set[str]] | None, case_ids: Sequence[str],
-                  tests: Sequence[tuple[str, int]], scored: pd.DataFrame) -> dict[int, set[str]] | None:
+def complete_plan(
+    plan: Mapping[int, set[str]] | None,
+    case_ids: Sequence[str],
+    tests: Sequence[tuple[str, int]],
+    scored: pd.DataFrame,
+) -> dict[int, set[str]] | None:
     """``plan`` (test index -> case ids; None = the whole suite) plus every pair of ``case_ids`` x
     ``tests`` that ``scored`` (this run's mr_cases rows of the split) has no score for."""
     if plan is None:

@@ -18,6 +18,7 @@ every probe sample, and ``tested`` records which pairs were scored.
 >>> list(cases.columns[:6])
 ['epoch', 'split', 'case_id', 'perturbation', 'severity', 'seed']
 """
+
 from __future__ import annotations
 
 import time
@@ -73,8 +74,17 @@ class ProbeResult:
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])[first]
         cids = sum((list(p.case_id) for p in parts), [])
         tested = np.concatenate([p.tested_mask for p in parts])[first]
-        return cls(parts[0].split, idx[first], [cids[i] for i in first], cat("slice_index"),
-                   cat("src"), cat("fol"), cat("cons"), {"timing": timing} if timing else {}, tested)
+        return cls(
+            parts[0].split,
+            idx[first],
+            [cids[i] for i in first],
+            cat("slice_index"),
+            cat("src"),
+            cat("fol"),
+            cat("cons"),
+            {"timing": timing} if timing else {},
+            tested,
+        )
 
 
 def _sum_timing(items: Iterable[dict | None]) -> dict:
@@ -83,9 +93,13 @@ def _sum_timing(items: Iterable[dict | None]) -> dict:
     ts = [t for t in items if t]
     if not ts:
         return {}
-    return {"clean_s": max(t["clean_s"] for t in ts), "followup_s": max(t["followup_s"] for t in ts),
-            "n_clean": sum(t["n_clean"] for t in ts), "n_followup": sum(t["n_followup"] for t in ts),
-            "n_reused": sum(t.get("n_reused", 0) for t in ts)}
+    return {
+        "clean_s": max(t["clean_s"] for t in ts),
+        "followup_s": max(t["followup_s"] for t in ts),
+        "n_clean": sum(t["n_clean"] for t in ts),
+        "n_followup": sum(t["n_followup"] for t in ts),
+        "n_reused": sum(t.get("n_reused", 0) for t in ts),
+    }
 
 
 class _Followups:
@@ -106,11 +120,13 @@ class _Followups:
         if not self.items:
             return
         # the cases of these follow-ups (they may come from earlier probe batches) name a NaN's origin
-        self.where["case_ids"] = list(dict.fromkeys(it[0]["pb"].case_ids[r] for it in self.items for r in it[1]))
+        self.where["case_ids"] = list(
+            dict.fromkeys(it[0]["pb"].case_ids[r] for it in self.items for r in it[1])
+        )
         labels = probabilities_to_labels(self.predict(torch.cat([it[3] for it in self.items])))
         start = 0
         for block, rows, k, imgs, masks, src_lab in self.items:
-            lab = labels[start:start + imgs.shape[0]]
+            lab = labels[start : start + imgs.shape[0]]
             start += imgs.shape[0]
             kc = block["k_classes"]
             block["fol"][rows, k] = slice_sums(lab, masks, kc).cpu().numpy()
@@ -121,11 +137,19 @@ class _Followups:
         self.items, self.n = [], 0
 
 
-def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, split: str,
-              path: str = "torch", device: torch.device | str | None = None,
-              progress: Callable[[int], object] | None = None, epoch: int | None = None,
-              selection: Selection | None = None, forward_batch: int | None = None,
-              clean: Callable[[ProbeBatch], tuple[torch.Tensor, int] | None] | None = None) -> ProbeResult:
+def run_probe(
+    predict: Predict,
+    batches: Iterable[ProbeBatch],
+    suite: MRSuite,
+    split: str,
+    path: str = "torch",
+    device: torch.device | str | None = None,
+    progress: Callable[[int], object] | None = None,
+    epoch: int | None = None,
+    selection: Selection | None = None,
+    forward_batch: int | None = None,
+    clean: Callable[[ProbeBatch], tuple[torch.Tensor, int] | None] | None = None,
+) -> ProbeResult:
     """Score every probe slice clean, and under every test of ``suite`` (or the ``selection``).
 
     ``progress(n)`` is called with the number of samples forwarded; ``forward_batch``: follow-ups
@@ -161,10 +185,14 @@ def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, s
             # under-count classes that neither the model nor this batch's masks contain
             k_classes = max(2, int(probs.shape[1]))
         n = len(pb.indices)
-        block = {"pb": pb, "k_classes": k_classes, "src": slice_sums(src_lab, masks, k_classes).cpu().numpy(),
-                 "fol": np.zeros((n, n_tests, k_classes - 1, 3), np.int64),
-                 "cons": np.zeros((n, n_tests, k_classes - 1, 3), np.int64),
-                 "tested": np.zeros((n, n_tests), bool)}
+        block = {
+            "pb": pb,
+            "k_classes": k_classes,
+            "src": slice_sums(src_lab, masks, k_classes).cpu().numpy(),
+            "fol": np.zeros((n, n_tests, k_classes - 1, 3), np.int64),
+            "cons": np.zeros((n, n_tests, k_classes - 1, 3), np.int64),
+            "tested": np.zeros((n, n_tests), bool),
+        }
         blocks.append(block)
         if progress:
             progress(n)
@@ -172,16 +200,26 @@ def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, s
         t_clean, n_clean = t_clean + t1 - t0, n_clean + n
         u8 = None
         for k in range(n_tests):
-            rows = list(range(n)) if selection is None else \
-                [i for i, j in enumerate(pb.indices) if j in selection.get(k, ())]
+            rows = (
+                list(range(n))
+                if selection is None
+                else [i for i, j in enumerate(pb.indices) if j in selection.get(k, ())]
+            )
             if not rows:
                 continue
             if path == "numpy" and u8 is None:  # once per batch, not per test
-                u8 = to_uint8_list(volume_to_slices(pb.images, suite.slice_axis) if pb.images.ndim == 5
-                                   else pb.images)
+                u8 = to_uint8_list(
+                    volume_to_slices(pb.images, suite.slice_axis) if pb.images.ndim == 5 else pb.images
+                )
             sub = rows if len(rows) < n else slice(None)
-            params = suite.params_for(split, k, [pb.case_ids[i] for i in rows],
-                                      [pb.slice_indices[i] for i in rows], pb.images[sub], pb.masks[sub])
+            params = suite.params_for(
+                split,
+                k,
+                [pb.case_ids[i] for i in rows],
+                [pb.slice_indices[i] for i in rows],
+                pb.images[sub],
+                pb.masks[sub],
+            )
             per = len(u8) // n if u8 is not None else 1  # uint8 slices per sample (volumes: S)
             sub_u8 = None if u8 is None else [u8[i * per + j] for i in rows for j in range(per)]
             fimg = suite.apply(k, images[sub], masks[sub], params, path=path, uint8=sub_u8)
@@ -192,27 +230,47 @@ def run_probe(predict: Predict, batches: Iterable[ProbeBatch], suite: MRSuite, s
         t2 = time.perf_counter()
         queue.flush()
         t_fol += time.perf_counter() - t2
-    timing = {"clean_s": t_clean, "followup_s": t_fol, "n_clean": n_clean, "n_followup": n_fol,
-              "n_reused": n_reused}
+    timing = {
+        "clean_s": t_clean,
+        "followup_s": t_fol,
+        "n_clean": n_clean,
+        "n_followup": n_fol,
+        "n_reused": n_reused,
+    }
     n_tests = len(suite.tests)
     if not blocks:
         z = np.zeros((0, 1, 3), np.int64)
-        return ProbeResult(split, np.zeros(0, np.int64), [], np.zeros(0, np.int64), z,
-                           np.zeros((0, n_tests, 1, 3), np.int64), np.zeros((0, n_tests, 1, 3), np.int64),
-                           {"timing": timing}, np.zeros((0, n_tests), bool))
+        return ProbeResult(
+            split,
+            np.zeros(0, np.int64),
+            [],
+            np.zeros(0, np.int64),
+            z,
+            np.zeros((0, n_tests, 1, 3), np.int64),
+            np.zeros((0, n_tests, 1, 3), np.int64),
+            {"timing": timing},
+            np.zeros((0, n_tests), bool),
+        )
     kf = max(b["src"].shape[1] for b in blocks)  # class count is fixed by the model's output channels
     pad = lambda a: np.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, kf - a.shape[-2]), (0, 0)])
     cat = lambda name: np.concatenate([pad(b[name]) for b in blocks])
     pbs = [b["pb"] for b in blocks]
-    return ProbeResult(split, np.asarray(sum((p.indices for p in pbs), []), np.int64),
-                       sum((list(p.case_ids) for p in pbs), []),
-                       np.asarray(sum((list(p.slice_indices) for p in pbs), []), np.int64),
-                       cat("src"), cat("fol"), cat("cons"), {"timing": timing},
-                       np.concatenate([b["tested"] for b in blocks]))
+    return ProbeResult(
+        split,
+        np.asarray(sum((p.indices for p in pbs), []), np.int64),
+        sum((list(p.case_ids) for p in pbs), []),
+        np.asarray(sum((list(p.slice_indices) for p in pbs), []), np.int64),
+        cat("src"),
+        cat("fol"),
+        cat("cons"),
+        {"timing": timing},
+        np.concatenate([b["tested"] for b in blocks]),
+    )
 
 
 def _checked(predict: Predict, where: dict, epoch: int | None, split: str) -> Predict:
     """``predict`` whose NaN/inf outputs stop the check with the epoch, split and cases named."""
+
     def run(images: torch.Tensor) -> torch.Tensor:
         try:
             probs = predict(images)
@@ -220,6 +278,7 @@ def _checked(predict: Predict, where: dict, epoch: int | None, split: str) -> Pr
         except NonFiniteOutputError as e:
             raise e.at(epoch, split, where.get("case_ids", ())) from None
         return probs
+
     return run
 
 
@@ -235,8 +294,9 @@ def _case_sums(res: ProbeResult, arr: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def aggregate(res: ProbeResult, class_names: Sequence[str], epoch: int,
-              suite: MRSuite) -> tuple[pd.DataFrame, pd.DataFrame]:
+def aggregate(
+    res: ProbeResult, class_names: Sequence[str], epoch: int, suite: MRSuite
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(history rows: clean per-class Dice/IoU per case; test-case rows for mr_cases.csv).
 
     Test-case rows only for the (case, test) pairs scored on every slice of the case.
@@ -252,18 +312,33 @@ def aggregate(res: ProbeResult, class_names: Sequence[str], epoch: int,
     hist, rows = [], []
     for cid in case_order(res):
         d, j = dice_from_sums(src[cid]), iou_from_sums(src[cid])
-        hist.append({"case_id": cid, "epoch": int(epoch), **{f"dice_{n}": float(v) for n, v in zip(names, d)},
-                     **{f"iou_{n}": float(v) for n, v in zip(names, j)}})
+        hist.append(
+            {
+                "case_id": cid,
+                "epoch": int(epoch),
+                **{f"dice_{n}": float(v) for n, v in zip(names, d)},
+                **{f"iou_{n}": float(v) for n, v in zip(names, j)},
+            }
+        )
         for k, (pname, sev) in enumerate(suite.tests):
             if not tested[cid][k]:
                 continue
             fd, fj = dice_from_sums(fol[cid][k]), iou_from_sums(fol[cid][k])
-            rows.append({"epoch": int(epoch), "split": res.split, "case_id": cid,
-                         "perturbation": pname, "severity": int(sev),
-                         "seed": suite.case_seed(cid, k),
-                         "src_dice": float(d.mean()), "fol_dice": float(fd.mean()),
-                         "src_iou": float(j.mean()), "fol_iou": float(fj.mean()),
-                         "consistency": float(dice_from_sums(cons[cid][k]).mean())})
+            rows.append(
+                {
+                    "epoch": int(epoch),
+                    "split": res.split,
+                    "case_id": cid,
+                    "perturbation": pname,
+                    "severity": int(sev),
+                    "seed": suite.case_seed(cid, k),
+                    "src_dice": float(d.mean()),
+                    "fol_dice": float(fd.mean()),
+                    "src_iou": float(j.mean()),
+                    "fol_iou": float(fj.mean()),
+                    "consistency": float(dice_from_sums(cons[cid][k]).mean()),
+                }
+            )
     cases = pd.DataFrame(rows, columns=CASE_COLUMNS)
     if len(cases):
         cases["drop_dice"] = relative_drops(cases["src_dice"], cases["fol_dice"])
@@ -271,8 +346,19 @@ def aggregate(res: ProbeResult, class_names: Sequence[str], epoch: int,
     return pd.DataFrame(hist), cases
 
 
-CASE_COLUMNS = ["epoch", "split", "case_id", "perturbation", "severity", "seed", "src_dice",
-                "fol_dice", "src_iou", "fol_iou", "consistency"]
+CASE_COLUMNS = [
+    "epoch",
+    "split",
+    "case_id",
+    "perturbation",
+    "severity",
+    "seed",
+    "src_dice",
+    "fol_dice",
+    "src_iou",
+    "fol_iou",
+    "consistency",
+]
 
 
 def worst_slice(res: ProbeResult, case_id: str, k: int) -> int:

@@ -13,6 +13,7 @@ perfect score (1.0).
 >>> round(float(dice_from_sums(s)[0, 0]), 3), round(float(iou_from_sums(s)[0, 0]), 3)
 (0.8, 0.667)
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -36,7 +37,9 @@ def probabilities_to_labels(probs: torch.Tensor) -> torch.Tensor:
     :class:`ProbabilityOutputError`.
     """
     if probs.ndim not in (4, 5):
-        raise ValueError(f"expected probabilities of shape (B,K,H,W) or (B,K,H,W,D), got {tuple(probs.shape)}")
+        raise ValueError(
+            f"expected probabilities of shape (B,K,H,W) or (B,K,H,W,D), got {tuple(probs.shape)}"
+        )
     check_probabilities(probs)
     if probs.shape[1] == 1:
         return (probs[:, 0] > 0.5).long()

@@ -28,6 +28,7 @@ foreground (the middle one without a mask), seeded by (case, test), so replay is
 >>> s3.apply(0, vol, None, p3).shape
 torch.Size([1, 1, 16, 16, 6])
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,8 +43,17 @@ from robusttrain.errors import InputError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PERTURBATIONS = ("saturation", "contrast", "white_balance", "specularity", "blur",
-                         "instrument", "feces", "blood", "text")  # the "endoscopy" suite
+DEFAULT_PERTURBATIONS = (
+    "saturation",
+    "contrast",
+    "white_balance",
+    "specularity",
+    "blur",
+    "instrument",
+    "feces",
+    "blood",
+    "text",
+)  # the "endoscopy" suite
 DEFAULT_SEVERITIES = (2, 4)
 # Version of the perturbations' param units in cached params: "relative" since spatial params became
 # fractions of the image (issue 11). Cached params of another version are re-sampled, never replayed.
@@ -66,7 +76,9 @@ def _to_uint8_hwc(img: torch.Tensor) -> np.ndarray:
 
 def to_uint8_list(images: torch.Tensor) -> list[np.ndarray]:
     """(B,C,H,W) float [0,1] -> list of HWC uint8 arrays (the numpy path's input)."""
-    u8 = (images.detach().float().clamp(0, 1) * 255).round_().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    u8 = (
+        (images.detach().float().clamp(0, 1) * 255).round_().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    )
     return list(u8)
 
 
@@ -110,16 +122,23 @@ class MRSuite:
     ['bias_field', 'ghosting']
     """
 
-    def __init__(self, perturbations: str | Sequence[str] | None = None,
-                 severities: Sequence[int] = DEFAULT_SEVERITIES, seed: int = 0,
-                 perturbation_kwargs: dict[str, dict] | None = None, slice_axis: int = -1):
+    def __init__(
+        self,
+        perturbations: str | Sequence[str] | None = None,
+        severities: Sequence[int] = DEFAULT_SEVERITIES,
+        seed: int = 0,
+        perturbation_kwargs: dict[str, dict] | None = None,
+        slice_axis: int = -1,
+    ):
         from robusttrain.perturbations.base import check_severity
         from robusttrain.perturbations.suites import resolve
 
         # validated here, when the suite is built, not after a first training epoch
         if isinstance(slice_axis, bool) or slice_axis not in (-3, -2, -1, 2, 3, 4):
-            raise ValueError(f"slice_axis must be a spatial axis of (B,C,H,W,D) volumes: -1 (D), -2 (W), "
-                             f"-3 (H) or 4, 3, 2, got {slice_axis!r}")
+            raise ValueError(
+                f"slice_axis must be a spatial axis of (B,C,H,W,D) volumes: -1 (D), -2 (W), "
+                f"-3 (H) or 4, 3, 2, got {slice_axis!r}"
+            )
         self.slice_axis = int(slice_axis) - 5 if slice_axis > 0 else int(slice_axis)
         self.names = resolve(perturbations) if perturbations is not None else list(DEFAULT_PERTURBATIONS)
         if not self.names or not list(severities):
@@ -129,7 +148,9 @@ class MRSuite:
         self.perturbation_kwargs = dict(perturbation_kwargs or {})
         extra = sorted(set(self.perturbation_kwargs) - set(self.names))
         if extra:
-            raise ValueError(f"perturbation_kwargs has {extra[0]!r}, which is not in perturbations={self.names}")
+            raise ValueError(
+                f"perturbation_kwargs has {extra[0]!r}, which is not in perturbations={self.names}"
+            )
         self.tests: list[tuple[str, int]] = []
         self.skipped: dict[str, str] = {}
         self._ops: dict[tuple[str, int], Any] = {}
@@ -151,8 +172,10 @@ class MRSuite:
         for name in self.names:
             if name not in known:
                 raise ValueError(f"unknown perturbation '{name}'; available: {sorted(known)}")
-            ops = {sev: P.get(name, severity=sev, **self.perturbation_kwargs.get(name, {}))
-                   for sev in self.severities}
+            ops = {
+                sev: P.get(name, severity=sev, **self.perturbation_kwargs.get(name, {}))
+                for sev in self.severities
+            }
             reason = next((r for r in (self._cannot_apply(o, probe) for o in ops.values()) if r), "")
             if reason:  # a family runs at every severity or not at all
                 self.skipped[name] = reason
@@ -161,10 +184,17 @@ class MRSuite:
                 self._ops[(name, sev)] = op
                 self.tests.append((name, sev))
         if self.skipped:
-            hint = (" -- for grey images use the modality's suite: MRSuite(\"mri\") or MRSuite(\"xray\")"
-                    if in_channels == 1 else "")
-            log.warning("metamorphic suite: skipped on %d-channel images: %s%s", in_channels,
-                        "; ".join(f"{k} ({v})" for k, v in self.skipped.items()), hint)
+            hint = (
+                ' -- for grey images use the modality\'s suite: MRSuite("mri") or MRSuite("xray")'
+                if in_channels == 1
+                else ""
+            )
+            log.warning(
+                "metamorphic suite: skipped on %d-channel images: %s%s",
+                in_channels,
+                "; ".join(f"{k} ({v})" for k, v in self.skipped.items()),
+                hint,
+            )
 
     @staticmethod
     def _cannot_apply(op: Any, probe: torch.Tensor) -> str:
@@ -190,8 +220,15 @@ class MRSuite:
     def slice_seed(self, case_id: str, k: int, slice_index: int) -> int:
         return stable_seed(self.case_seed(case_id, k), int(slice_index))
 
-    def params_for(self, split: str, k: int, case_ids: Sequence[str], slice_indices: Sequence[int],
-                   images: torch.Tensor, masks: torch.Tensor | None = None) -> list[dict]:
+    def params_for(
+        self,
+        split: str,
+        k: int,
+        case_ids: Sequence[str],
+        slice_indices: Sequence[int],
+        images: torch.Tensor,
+        masks: torch.Tensor | None = None,
+    ) -> list[dict]:
         """Per-sample params (each with leading dim 1, on CPU) for test ``k``; cached."""
         name, sev = self.tests[k]
         out = []
@@ -199,8 +236,8 @@ class MRSuite:
             key = (split, cid, name, sev, int(si))
             if key not in self._cache:
                 g = torch.Generator().manual_seed(self.slice_seed(cid, k, si))
-                img = images[i:i + 1].detach().float().cpu()
-                m = None if masks is None else masks[i:i + 1].detach().cpu()
+                img = images[i : i + 1].detach().float().cpu()
+                m = None if masks is None else masks[i : i + 1].detach().cpu()
                 if img.ndim == 5:  # one draw per volume, on its representative slice
                     img, m = self._representative_slice(img, m)
                 p = self.op(k).sample_params(img, m, generator=g)
@@ -208,16 +245,17 @@ class MRSuite:
             out.append(self._cache[key])
         return out
 
-    def _representative_slice(self, vol: torch.Tensor, mask: torch.Tensor | None
-                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _representative_slice(
+        self, vol: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         slices = volume_to_slices(vol, self.slice_axis)
         j = slices.shape[0] // 2
         if mask is not None:
             mslices = volume_to_slices(mask, self.slice_axis, channels=False)
             fg = (mslices > 0).flatten(1).sum(1)
             j = int(fg.argmax()) if int(fg.max()) > 0 else j
-            return slices[j:j + 1], mslices[j:j + 1]
-        return slices[j:j + 1], None
+            return slices[j : j + 1], mslices[j : j + 1]
+        return slices[j : j + 1], None
 
     def cached(self, split: str, k: int, case_id: str, slice_index: int) -> dict | None:
         """Cached params of one slice for test ``k`` (None when not sampled yet)."""
@@ -225,9 +263,15 @@ class MRSuite:
         return self._cache.get((split, case_id, name, sev, int(slice_index)))
 
     # -- applying ---------------------------------------------------------------------
-    def apply(self, k: int, images: torch.Tensor, masks: torch.Tensor | None,
-              params: list[dict], path: str = "torch", uint8: list[np.ndarray] | None = None
-              ) -> torch.Tensor:
+    def apply(
+        self,
+        k: int,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        params: list[dict],
+        path: str = "torch",
+        uint8: list[np.ndarray] | None = None,
+    ) -> torch.Tensor:
         """Follow-up images for test ``k`` on ``path`` ("torch": batched; "numpy": uint8 per image).
 
         ``uint8``: the batch already converted by :func:`to_uint8_list` (saves one conversion per test;
@@ -243,9 +287,12 @@ class MRSuite:
         if path == "numpy":
             src = uint8 if uint8 is not None else to_uint8_list(images)
             mk = None if masks is None else masks.cpu().numpy()
-            outs = [op.apply_numpy(src[i], mask=None if mk is None else mk[i],
-                                   params={n: v[0].numpy() for n, v in p.items()})[0]
-                    for i, p in enumerate(params)]
+            outs = [
+                op.apply_numpy(
+                    src[i], mask=None if mk is None else mk[i], params={n: v[0].numpy() for n, v in p.items()}
+                )[0]
+                for i, p in enumerate(params)
+            ]
             if all(o.dtype == np.uint8 and o.shape == outs[0].shape for o in outs):
                 arr = np.stack(outs)
                 arr = arr[..., None] if arr.ndim == 3 else arr
@@ -258,16 +305,25 @@ class MRSuite:
         try:
             batched = {n: torch.cat([p[n] for p in params]).to(images.device) for n in params[0]}
         except RuntimeError:  # per-sample params of different shapes: apply one by one
-            return torch.cat([self.apply(k, images[i:i + 1], None if masks is None else
-                                         masks[i:i + 1], [p], path) for i, p in enumerate(params)])
+            return torch.cat(
+                [
+                    self.apply(k, images[i : i + 1], None if masks is None else masks[i : i + 1], [p], path)
+                    for i, p in enumerate(params)
+                ]
+            )
         out, _ = op.apply_batch(images, masks, params=batched)
         return out.to(images.dtype)
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"names": self.names, "severities": self.severities, "seed": self.seed,
-                "param_units": PARAM_UNITS, "slice_axis": self.slice_axis,
-                "cache": [[list(k), v] for k, v in self._cache.items()]}
+        return {
+            "names": self.names,
+            "severities": self.severities,
+            "seed": self.seed,
+            "param_units": PARAM_UNITS,
+            "slice_axis": self.slice_axis,
+            "cache": [[list(k), v] for k, v in self._cache.items()],
+        }
 
     def describe(self) -> str:
         """One line naming the suite (recorded with every checkpoint; compared on resume)."""
@@ -275,19 +331,25 @@ class MRSuite:
 
     def check_state(self, state: dict) -> None:
         """Raise :class:`InputError` when a checkpoint's suite ``state`` differs from this suite."""
-        if (state.get("seed", self.seed) != self.seed or list(state.get("names", self.names)) != self.names
-                or [int(s) for s in state.get("severities", self.severities)] != self.severities
-                or state.get("slice_axis", self.slice_axis) != self.slice_axis):
+        if (
+            state.get("seed", self.seed) != self.seed
+            or list(state.get("names", self.names)) != self.names
+            or [int(s) for s in state.get("severities", self.severities)] != self.severities
+            or state.get("slice_axis", self.slice_axis) != self.slice_axis
+        ):
             raise InputError(
                 "cannot resume: the checkpoint's metamorphic suite (perturbations="
                 f"{list(state.get('names', []))} severities={list(state.get('severities', []))} seed="
                 f"{state.get('seed')}) differs from the configured one ({self.describe()}); its EFR and "
-                "history would not be comparable -- resume with the same suite or start a new run_dir")
+                "history would not be comparable -- resume with the same suite or start a new run_dir"
+            )
 
     def load_state_dict(self, state: dict) -> None:
         self.check_state(state)
         if state.get("cache") and state.get("param_units") != PARAM_UNITS:
-            log.warning("metamorphic suite: checkpoint holds params in older (pixel) units; "
-                        "params will be re-sampled in relative units")
+            log.warning(
+                "metamorphic suite: checkpoint holds params in older (pixel) units; "
+                "params will be re-sampled in relative units"
+            )
             return
         self._cache = {tuple(k): v for k, v in state.get("cache", [])}

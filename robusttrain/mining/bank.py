@@ -35,6 +35,7 @@ warning is logged once.
 >>> len(FailureBank.load(run)), len(FailureBank.load(run).trainable())
 (1, 1)
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,14 @@ _STRIP_KEYS = ("source", "followup", "gt", "pred_source", "pred_followup")
 class FailureBank:
     """De-duplicating, bounded, file-backed store of :class:`FailureRecord` (see module doc)."""
 
-    def __init__(self, run_dir: str | os.PathLike | None = None, max_size: int = 2000,
-                 n_thumbs: int = 32, allow_val_mining: bool = False, thumb_height: int = 96):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike | None = None,
+        max_size: int = 2000,
+        n_thumbs: int = 32,
+        allow_val_mining: bool = False,
+        thumb_height: int = 96,
+    ):
         if max_size < 2:
             raise ValueError("max_size must be >= 2")
         self.dir = Path(run_dir) / failures_file.DIR if run_dir is not None else None
@@ -67,9 +74,9 @@ class FailureBank:
         self.allow_val_mining = allow_val_mining
         self.entries: dict[str, dict[str, Any]] = {}  # id -> {"record", "last_epoch", "count"}
         self.n_batches = 0
-        self._new: list[str] = []          # ids added since the last flush
-        self._seen: set[str] = set()       # existing ids seen again since the last flush
-        self._n_new = 0                    # genuinely new keys since the last flush
+        self._new: list[str] = []  # ids added since the last flush
+        self._seen: set[str] = set()  # existing ids seen again since the last flush
+        self._n_new = 0  # genuinely new keys since the last flush
         self._images: dict[str, dict[str, np.ndarray]] = {}  # pending thumbnails
         self._warned = False
 
@@ -81,9 +88,12 @@ class FailureBank:
         """Add one record; returns True when its key is new to the bank."""
         rid = failure_id(record)
         if record.split != "train" and self.allow_val_mining and not self._warned:
-            log.warning("allow_val_mining=True: failures on split %r will be trained on — the "
-                        "validation scores of this run are no longer an unbiased estimate "
-                        "(data leakage).", record.split)
+            log.warning(
+                "allow_val_mining=True: failures on split %r will be trained on — the "
+                "validation scores of this run are no longer an unbiased estimate "
+                "(data leakage).",
+                record.split,
+            )
             self._warned = True
         entry = self.entries.get(rid)
         if entry is None:
@@ -122,8 +132,9 @@ class FailureBank:
 
     def worst(self, n: int) -> list[str]:
         """Ids of the ``n`` largest drops (ties: most recent, then id)."""
-        return sorted(self.entries, key=lambda i: (-self.entries[i]["record"].drop,
-                                                   -self.entries[i]["last_epoch"], i))[:n]
+        return sorted(
+            self.entries, key=lambda i: (-self.entries[i]["record"].drop, -self.entries[i]["last_epoch"], i)
+        )[:n]
 
     # ---- eviction ---------------------------------------------------------------------------
     def _evict(self) -> None:
@@ -131,9 +142,10 @@ class FailureBank:
             return
         n_severe = self.max_size // 2
         keep = set(self.worst(n_severe))
-        rest = sorted((i for i in self.entries if i not in keep),
-                      key=lambda i: (-self.entries[i]["last_epoch"],
-                                     -self.entries[i]["record"].drop, i))
+        rest = sorted(
+            (i for i in self.entries if i not in keep),
+            key=lambda i: (-self.entries[i]["last_epoch"], -self.entries[i]["record"].drop, i),
+        )
         keep.update(rest[: self.max_size - len(keep)])
         self.entries = {i: e for i, e in self.entries.items() if i in keep}
 
@@ -148,8 +160,9 @@ class FailureBank:
         Returns the number of new records. Call on one process only (rank 0) under DDP.
         """
         lines = [_line(i, self.entries[i]) for i in self._new if i in self.entries]
-        lines.append(json.dumps({"kind": "batch", "epoch": int(epoch), "seen": sorted(self._seen),
-                                 "n": len(lines)}))
+        lines.append(
+            json.dumps({"kind": "batch", "epoch": int(epoch), "seen": sorted(self._seen), "n": len(lines)})
+        )
         self._apply_seen(self._seen, epoch)
         n_new = self._n_new
         self._new, self._seen, self._n_new = [], set(), 0
@@ -195,18 +208,29 @@ class FailureBank:
                     p.unlink(missing_ok=True)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"entries": [{"id": i, "last_epoch": e["last_epoch"], "count": e["count"],
-                             "record": e["record"].to_dict()} for i, e in self.entries.items()],
-                "pending_new": list(self._new), "pending_seen": sorted(self._seen),
-                "n_batches": self.n_batches, "max_size": self.max_size}
+        return {
+            "entries": [
+                {"id": i, "last_epoch": e["last_epoch"], "count": e["count"], "record": e["record"].to_dict()}
+                for i, e in self.entries.items()
+            ],
+            "pending_new": list(self._new),
+            "pending_seen": sorted(self._seen),
+            "n_batches": self.n_batches,
+            "max_size": self.max_size,
+        }
 
     def load_state_dict(self, state: dict[str, Any], rewrite_files: bool = True) -> None:
         """Restore from a checkpoint; the file log is rewritten to match (files may be ahead
         of the checkpoint when a run was killed after it). Pass ``rewrite_files=False`` on
         non-zero DDP ranks."""
-        self.entries = {d["id"]: {"record": FailureRecord.from_dict(d["record"]),
-                                  "last_epoch": d["last_epoch"], "count": d["count"]}
-                        for d in state["entries"]}
+        self.entries = {
+            d["id"]: {
+                "record": FailureRecord.from_dict(d["record"]),
+                "last_epoch": d["last_epoch"],
+                "count": d["count"],
+            }
+            for d in state["entries"]
+        }
         self._new = list(state.get("pending_new", []))
         self._seen = set(state.get("pending_seen", []))
         self.n_batches = state.get("n_batches", 0)
@@ -257,23 +281,38 @@ class FailureBank:
         marker = batch[-1]
         for d in batch[:-1]:
             rec = _record_from_line(d)
-            self.entries[d["id"]] = {"record": rec, "last_epoch": d.get("last_epoch", rec.epoch),
-                                     "count": d.get("count", 1)}
+            self.entries[d["id"]] = {
+                "record": rec,
+                "last_epoch": d.get("last_epoch", rec.epoch),
+                "count": d.get("count", 1),
+            }
         self._apply_seen(marker.get("seen", []), marker["epoch"])
         self._evict()
         self.n_batches += 1
 
 
 def _snapshot(entries: dict[str, dict[str, Any]]) -> dict[str, tuple]:
-    return {i: (e["last_epoch"], e["count"], json.dumps(e["record"].to_dict(), sort_keys=True,
-                                                          default=json_default))
-            for i, e in entries.items()}
+    return {
+        i: (
+            e["last_epoch"],
+            e["count"],
+            json.dumps(e["record"].to_dict(), sort_keys=True, default=json_default),
+        )
+        for i, e in entries.items()
+    }
 
 
 def _line(rid: str, entry: dict[str, Any]) -> str:
-    return json.dumps({"kind": "failure", "id": rid, "last_epoch": entry["last_epoch"],
-                       "count": entry["count"], **entry["record"].to_dict()},
-                      default=json_default)
+    return json.dumps(
+        {
+            "kind": "failure",
+            "id": rid,
+            "last_epoch": entry["last_epoch"],
+            "count": entry["count"],
+            **entry["record"].to_dict(),
+        },
+        default=json_default,
+    )
 
 
 def _record_from_line(d: dict[str, Any]) -> FailureRecord:
@@ -299,8 +338,9 @@ def thumbnail_strip(images: dict[str, np.ndarray], height: int = 96) -> np.ndarr
         if im.dtype != np.uint8:
             im = (np.clip(im, 0, 1) * 255).round().astype(np.uint8)
         w = max(1, round(im.shape[1] * height / im.shape[0]))
-        tiles.append(cv2.resize(np.ascontiguousarray(im[..., :3]), (w, height),
-                                interpolation=cv2.INTER_NEAREST))
+        tiles.append(
+            cv2.resize(np.ascontiguousarray(im[..., :3]), (w, height), interpolation=cv2.INTER_NEAREST)
+        )
     return np.concatenate(tiles, axis=1) if tiles else None
 
 

@@ -26,6 +26,7 @@ global streams that the metamorphic check saves and restores. Two consequences f
 >>> is_crop_list(ds[0]), is_crop_list(({"a": 1}, 2))
 (True, False)
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -43,6 +43,7 @@ other map-style dataset (``Subset`` included) its own dict / tuple with the imag
 >>> len(ds), ds.n_slots, ds[7]["case_id"]  # 8 samples, ~2 replayed per epoch; empty bank: originals
 (8, 2, 'c7')
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,13 @@ from robusttrain.rundir import sampling as sampling_file
 _RESIZE_STEPS = ("Resize", "LongestMaxSize", "PadIfNeeded")
 
 
-def apply_image(op: Any, img: np.ndarray, msk: np.ndarray, params: dict | None = None,
-                rng: np.random.Generator | None = None) -> np.ndarray:
+def apply_image(
+    op: Any,
+    img: np.ndarray,
+    msk: np.ndarray,
+    params: dict | None = None,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
     """``op`` on one HWC image, or slice-wise on an (S,H,W,C) volume with *one* set of params (drawn on
     its most-foreground slice when not given), as the metamorphic check perturbs volumes.
 
@@ -187,8 +193,7 @@ class CleanView:
         meta = {"case_id": src.case_id(j), "slice_index": int(src.slice_index(j))}
         return img, msk.astype(np.int64), meta
 
-    def finish(self, image: np.ndarray, mask: np.ndarray, meta: dict[str, Any],
-               augment: bool = True) -> Any:
+    def finish(self, image: np.ndarray, mask: np.ndarray, meta: dict[str, Any], augment: bool = True) -> Any:
         """Run the augmentations (unless ``augment=False``) and build the sample: robusttrain's dict,
         or (any other dataset) the loaded sample with ``image`` in place of its image."""
         if "sample" in meta:
@@ -210,9 +215,12 @@ class CleanView:
             if image.ndim == 2:
                 image = image[..., None]
         img = image.astype(np.float32) / 255.0 if image.dtype == np.uint8 else np.clip(image, 0, 1)
-        return {"image": torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)),
-                "mask": torch.from_numpy(np.ascontiguousarray(mask, dtype=np.int64)),
-                "case_id": meta["case_id"], "slice_index": meta["slice_index"]}
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)),
+            "mask": torch.from_numpy(np.ascontiguousarray(mask, dtype=np.int64)),
+            "case_id": meta["case_id"],
+            "slice_index": meta["slice_index"],
+        }
 
 
 def check_round_trip(view: CleanView, collate: Any = None) -> None:
@@ -228,9 +236,11 @@ def check_round_trip(view: CleanView, collate: Any = None) -> None:
     except HookError:
         raise
     except Exception as err:  # a hook that assumes batch-only structure, a collate mismatch
-        raise HookError(f"failure replay cannot read or rebuild your training samples ({type(err).__name__}: "
-                        f"{err}); set MetamorphicCallback(hooks=BatchHooks(...)) to match the sample format "
-                        "(BatchHooks is importable from robusttrain.callbacks)") from None
+        raise HookError(
+            f"failure replay cannot read or rebuild your training samples ({type(err).__name__}: "
+            f"{err}); set MetamorphicCallback(hooks=BatchHooks(...)) to match the sample format "
+            "(BatchHooks is importable from robusttrain.callbacks)"
+        ) from None
 
 
 class CleanDataset(Dataset):
@@ -324,8 +334,9 @@ class _SlotDataset(Dataset):
         return _forward(self, name)
 
 
-def jitter_params(recorded: dict[str, Any], fresh: dict[str, np.ndarray], alpha: float
-                  ) -> dict[str, np.ndarray]:
+def jitter_params(
+    recorded: dict[str, Any], fresh: dict[str, np.ndarray], alpha: float
+) -> dict[str, np.ndarray]:
     """Recorded params in ``fresh``'s dtypes; float ones moved ``alpha`` toward ``fresh``.
 
     >>> jitter_params({"s": [2.0], "n": [3]}, {"s": np.array([4.0], np.float32), "n": np.array([9])}, 0.5)
@@ -354,11 +365,19 @@ class ReplayDataset(_SlotDataset):
     matching entry in ``sources``.
     """
 
-    def __init__(self, base: SizedDataset, run_dir: str | os.PathLike | None, replay_ratio: float = 0.2,
-                 jitter: float = 0.1, allow_val_mining: bool = False,
-                 sources: dict[str, SizedDataset] | None = None,
-                 perturbation_kwargs: dict[str, dict] | None = None,
-                 clean_mix: float = 0.0, fresh_image: float = 0.0, hooks: BatchHooks | None = None):
+    def __init__(
+        self,
+        base: SizedDataset,
+        run_dir: str | os.PathLike | None,
+        replay_ratio: float = 0.2,
+        jitter: float = 0.1,
+        allow_val_mining: bool = False,
+        sources: dict[str, SizedDataset] | None = None,
+        perturbation_kwargs: dict[str, dict] | None = None,
+        clean_mix: float = 0.0,
+        fresh_image: float = 0.0,
+        hooks: BatchHooks | None = None,
+    ):
         super().__init__(base, replay_ratio, hooks)
         for name, v in (("clean_mix", clean_mix), ("fresh_image", fresh_image)):
             if not 0.0 <= v <= 1.0:
@@ -402,13 +421,16 @@ class ReplayDataset(_SlotDataset):
         """Re-read the bank and sampling weights if their files changed; True when re-read."""
         if self.dir is None:  # not bound to a run yet: nothing to replay
             return False
-        sig = (failures_file.log_signature(failures_file.log_path(self.dir.parent)),
-               failures_file.log_signature(sampling_file.path(self.dir.parent)))
+        sig = (
+            failures_file.log_signature(failures_file.log_path(self.dir.parent)),
+            failures_file.log_signature(sampling_file.path(self.dir.parent)),
+        )
         if sig == self._sig and not force:
             return False
         self._sig = sig
-        bank = FailureBank.load(self.dir.parent, allow_val_mining=self.allow_val_mining,
-                                max_size=10**9)  # the writer already applied its bound
+        bank = FailureBank.load(
+            self.dir.parent, allow_val_mining=self.allow_val_mining, max_size=10**9
+        )  # the writer already applied its bound
         by: dict[str, list[FailureRecord]] = {}
         for r in bank.trainable():
             if r.split in self.views and r.index >= 0:
@@ -440,8 +462,9 @@ class ReplayDataset(_SlotDataset):
             self._ops[key] = P.get(name, severity=int(severity), **self.perturbation_kwargs.get(name, {}))
         return self._ops[key]
 
-    def recreate(self, record: FailureRecord, rng: np.random.Generator | None = None,
-                 jitter: float | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    def recreate(
+        self, record: FailureRecord, rng: np.random.Generator | None = None, jitter: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """(follow-up HWC uint8, unchanged mask, meta) of ``record``; exact with ``jitter=0``."""
         rng = rng if rng is not None else np.random.default_rng()
         jitter = self.jitter if jitter is None else jitter
@@ -479,9 +502,15 @@ class ReplayDataset(_SlotDataset):
 class RandomPerturbationDataset(_SlotDataset):
     """Baseline: slots hold a random perturbation x severity with random params (see module doc)."""
 
-    def __init__(self, base: SizedDataset, perturbations: Sequence[str], severities: Sequence[int] = (2, 4),
-                 ratio: float = 0.2, perturbation_kwargs: dict[str, dict] | None = None,
-                 hooks: BatchHooks | None = None):
+    def __init__(
+        self,
+        base: SizedDataset,
+        perturbations: Sequence[str],
+        severities: Sequence[int] = (2, 4),
+        ratio: float = 0.2,
+        perturbation_kwargs: dict[str, dict] | None = None,
+        hooks: BatchHooks | None = None,
+    ):
         super().__init__(base, ratio, hooks)
         self.tests = [(p, int(s)) for p in perturbations for s in severities]
         self.perturbation_kwargs = dict(perturbation_kwargs or {})

@@ -26,6 +26,7 @@ suite's): image (S,H,W,C) uint8, mask (S,H,W) -- the replay perturbs it slice-wi
 >>> img.shape, mask.shape, codec.write(vol, img)["image"].shape
 ((5, 8, 8, 1), (5, 8, 8), torch.Size([1, 8, 8, 5]))
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -52,14 +53,18 @@ class SampleCodec:
         images = self.hooks.get_images(batch)
         if not torch.is_tensor(images) or images.ndim not in (4, 5):
             shape = tuple(getattr(images, "shape", ()))
-            raise HookError(f"failure replay needs (C,H,W) images or (C,H,W,D) volumes; got batches of shape "
-                            f"{shape} -- set get_images= or replay_ratio=0")
+            raise HookError(
+                f"failure replay needs (C,H,W) images or (C,H,W,D) volumes; got batches of shape "
+                f"{shape} -- set get_images= or replay_ratio=0"
+            )
         masks = normalise_mask(self.hooks.get_masks(batch), images)
         cids = self.hooks.get_case_ids(batch)
         cids = case_id_list(cids) if cids is not None else []  # a custom hook may return a tensor
         sl = self.hooks.get_slice_indices(batch)
-        meta = {"case_id": cids[0] if cids else f"{self.id_prefix}{index}",
-                "slice_index": int(sl[0]) if sl else 0}
+        meta = {
+            "case_id": cids[0] if cids else f"{self.id_prefix}{index}",
+            "slice_index": int(sl[0]) if sl else 0,
+        }
         img = (images[:1].detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
         if img.ndim == 5:  # a volume: its slices along the suite's axis
             slices = volume_to_slices(img, self.slice_axis).permute(0, 2, 3, 1)
@@ -71,14 +76,17 @@ class SampleCodec:
         """A copy of ``sample`` whose image is ``image`` (HWC uint8), in the original's type and dtype."""
         leaf = self.hooks.get_images(sample)
         if image.ndim == 4:  # slices (S,H,W,C) -> the volume (C,H,W,D) they came from
-            vol = slices_to_volume(torch.from_numpy(np.ascontiguousarray(image)).permute(0, 3, 1, 2), 1,
-                                   self.slice_axis)[0]
+            vol = slices_to_volume(
+                torch.from_numpy(np.ascontiguousarray(image)).permute(0, 3, 1, 2), 1, self.slice_axis
+            )[0]
             image = vol.movedim(0, -1).numpy()  # channels last, as _like expects
         new = _like(leaf, image)
         out, found = _replace_leaf(sample, leaf, new)
         if not found:
-            raise HookError("cannot put a replayed image back into the training sample: get_images= "
-                            "must return the sample's own image tensor (e.g. lambda b: b['img'])")
+            raise HookError(
+                "cannot put a replayed image back into the training sample: get_images= "
+                "must return the sample's own image tensor (e.g. lambda b: b['img'])"
+            )
         return out
 
     def check(self, dataset: Any, collate: Any = None) -> None:
@@ -92,8 +100,10 @@ class SampleCodec:
         except HookError:
             raise
         except Exception as err:  # a hook that assumes batch-only structure, a collate mismatch
-            raise HookError(f"failure replay cannot read or rebuild your training samples ({type(err).__name__}: "
-                            f"{err}); set hooks= on MetamorphicCallback to match the sample format") from None
+            raise HookError(
+                f"failure replay cannot read or rebuild your training samples ({type(err).__name__}: "
+                f"{err}); set hooks= on MetamorphicCallback to match the sample format"
+            ) from None
 
 
 def _like(leaf: Any, image: np.ndarray) -> Any:
@@ -106,7 +116,7 @@ def _like(leaf: Any, image: np.ndarray) -> Any:
         t = torch.from_numpy(chw)
         t = (t.to(leaf.dtype) if leaf.dtype == torch.uint8 else t.to(leaf.dtype) / 255.0).reshape(shape)
         if type(leaf) is not torch.Tensor:  # MONAI's MetaTensor (a subclass): its type and metadata,
-            with torch.no_grad():          # which the client's collate (list_data_collate) reads
+            with torch.no_grad():  # which the client's collate (list_data_collate) reads
                 out = leaf.detach().clone()
                 out.copy_(t)
             return out

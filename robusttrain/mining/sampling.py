@@ -16,6 +16,7 @@ so every ``w_p >= floor`` and the weights sum to 1 (``floor`` is capped at ``1/P
 >>> w.update({"blur": 0.0, "text": 0.4, "contrast": 0.0})["text"]
 0.45
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -59,8 +60,9 @@ class FailureDrivenWeights:
         self.smoothed = {str(k): float(v) for k, v in state.get("smoothed", {}).items()}
 
 
-def rates_from_efr(efr: Any, split: str = "train", metric: str = "dice", threshold: float = 0.25,
-                   epoch: int | None = None) -> dict[str, float]:
+def rates_from_efr(
+    efr: Any, split: str = "train", metric: str = "dice", threshold: float = 0.25, epoch: int | None = None
+) -> dict[str, float]:
     """Per-perturbation failure rate (errors / cases over severities) of one epoch of ``efr``.
 
     ``efr``: the MetamorphicCallback's table (``epoch,split,perturbation,severity,metric,

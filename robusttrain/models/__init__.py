@@ -1,4 +1,5 @@
 """The recipes' default LightningModule. Nothing else in robusttrain depends on it."""
+
 from robusttrain.models.networks import build_network
 from robusttrain.models.segmentation import SegmentationModule
 

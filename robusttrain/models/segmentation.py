@@ -1,4 +1,5 @@
 """SegmentationModule: a plain Lightning segmentation model (MONAI net, Dice+CE, AdamW+cosine)."""
+
 from __future__ import annotations
 
 import math
@@ -33,28 +34,47 @@ class SegmentationModule(L.LightningModule):
     torch.Size([2, 2, 32, 32])
     """
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 2, network: str = "basic_unet",
-                 features: Sequence[int] | None = None, dropout: float = 0.0,
-                 class_names: Sequence[str] | None = None, lr: float = 2e-3,
-                 weight_decay: float = 1e-4, warmup_epochs: int = 0) -> None:
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 2,
+        network: str = "basic_unet",
+        features: Sequence[int] | None = None,
+        dropout: float = 0.0,
+        class_names: Sequence[str] | None = None,
+        lr: float = 2e-3,
+        weight_decay: float = 1e-4,
+        warmup_epochs: int = 0,
+    ) -> None:
         super().__init__()
         if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
             raise ValueError(f"model.warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
         if num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2 (background + foreground), got {num_classes}")
         self.save_hyperparameters()
-        self.net = build_network(network, in_channels, num_classes,
-                                 features=list(features) if features is not None else None,
-                                 dropout=dropout)
+        self.net = build_network(
+            network,
+            in_channels,
+            num_classes,
+            features=list(features) if features is not None else None,
+            dropout=dropout,
+        )
         names = list(class_names) if class_names else [f"class{i}" for i in range(1, num_classes)]
         if len(names) != num_classes - 1:
-            raise ValueError(f"model.class_names has {len(names)} names but num_classes={num_classes} "
-                             f"needs {num_classes - 1} (foreground classes only)")
+            raise ValueError(
+                f"model.class_names has {len(names)} names but num_classes={num_classes} "
+                f"needs {num_classes - 1} (foreground classes only)"
+            )
         self.class_names = names
         self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True, include_background=False)
         # Global (dataset-level) Dice per foreground class, as in the papers' tables.
-        self.val_dice = DiceScore(num_classes=num_classes, include_background=False,
-                                  average="none", aggregation_level="global", input_format="index")
+        self.val_dice = DiceScore(
+            num_classes=num_classes,
+            include_background=False,
+            average="none",
+            aggregation_level="global",
+            input_format="index",
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)
@@ -102,8 +122,7 @@ class SegmentationModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         """AdamW; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up."""
-        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
-                                weight_decay=self.hparams.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
         warmup = int(self.hparams.warmup_epochs or 0)
         total = max(1, int(self.trainer.max_epochs or 1))
         sched = CosineAnnealingLR(opt, T_max=max(1, total - warmup))
@@ -148,8 +167,12 @@ def stretch_cosine(scheduler: Any, t_max: int) -> bool:
         old, s.T_max, changed = s.T_max, t_max, True
         epoch = max(0, int(s.last_epoch))
         for group, base in zip(s.optimizer.param_groups, s.base_lrs):
-            group["lr"] = s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * min(epoch, t_max) / t_max)) / 2
+            group["lr"] = (
+                s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * min(epoch, t_max) / t_max)) / 2
+            )
         s._last_lr = [g["lr"] for g in s.optimizer.param_groups]
-        rank_zero_info(f"[robusttrain] cosine LR schedule stretched from {old} to {t_max} epochs "
-                       f"(trainer.max_epochs changed on resume); LR now {s._last_lr[0]:.3g}")
+        rank_zero_info(
+            f"[robusttrain] cosine LR schedule stretched from {old} to {t_max} epochs "
+            f"(trainer.max_epochs changed on resume); LR now {s._last_lr[0]:.3g}"
+        )
     return changed

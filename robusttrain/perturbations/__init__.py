@@ -9,6 +9,7 @@ registered by name:
     >>> get("blur", severity=2).severity
     2
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -67,8 +68,11 @@ def available(channels: int | None = None) -> list[str]:
         return list(_REGISTRY)
     if channels not in (1, 3):
         raise ValueError(f"available: channels must be 1 or 3 (or None for all), got {channels!r}")
-    return [n for n, cls in _REGISTRY.items()
-            if not (channels == 3 and getattr(cls, "grey_only", False)) and not (channels == 1 and cls.rgb)]
+    return [
+        n
+        for n, cls in _REGISTRY.items()
+        if not (channels == 3 and getattr(cls, "grey_only", False)) and not (channels == 1 and cls.rgb)
+    ]
 
 
 def get(name: str, severity: int = 3, **kwargs: Any) -> Perturbation:
@@ -93,7 +97,36 @@ def family_class(name: str) -> Callable[..., Perturbation]:
     return _REGISTRY[name]
 
 
-__all__ = ["Params", "Perturbation", "available", "get", "index_params", "stack_params", "fov_mask", "fov_mask_np",
-           "Saturation", "Contrast", "WhiteBalance", "Blur", "MotionBlur", "Specularity", "Text", "Instrument", "Feces", "Blood", "Melt", "Adversarial",
-           "BiasField", "Ghosting", "Gibbs", "Spike", "RicianNoise", "Gamma", "QuantumNoise", "Exposure",
-           "XrayMarkers", "Collimation", "suites"]
+__all__ = [
+    "Params",
+    "Perturbation",
+    "available",
+    "get",
+    "index_params",
+    "stack_params",
+    "fov_mask",
+    "fov_mask_np",
+    "Saturation",
+    "Contrast",
+    "WhiteBalance",
+    "Blur",
+    "MotionBlur",
+    "Specularity",
+    "Text",
+    "Instrument",
+    "Feces",
+    "Blood",
+    "Melt",
+    "Adversarial",
+    "BiasField",
+    "Ghosting",
+    "Gibbs",
+    "Spike",
+    "RicianNoise",
+    "Gamma",
+    "QuantumNoise",
+    "Exposure",
+    "XrayMarkers",
+    "Collimation",
+    "suites",
+]

@@ -7,6 +7,7 @@ Severity -> eps (1: 1/255, 2: 2/255, 3: 4/255, 4: 6/255, 5: 8/255). The perturba
 params (``delta`` (B,C,H,W)), so replays on either path are exact. For the metamorphic checker only —
 never use it as a blind augmentation.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -35,12 +36,18 @@ class Adversarial(Perturbation):
     rgb = False
     EPS = {1: 1 / 255, 2: 2 / 255, 3: 4 / 255, 4: 6 / 255, 5: 8 / 255}
 
-    def __init__(self, model: Callable[[torch.Tensor], torch.Tensor] | None = None, severity: int = 3,
-                 target: str = "untargeted"):
+    def __init__(
+        self,
+        model: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        severity: int = 3,
+        target: str = "untargeted",
+    ):
         super().__init__(severity)
         if model is None or not callable(model):
-            raise ValueError("adversarial: needs the model, a callable images -> logits, e.g. "
-                             "get('adversarial', severity=3, model=net)")
+            raise ValueError(
+                "adversarial: needs the model, a callable images -> logits, e.g. "
+                "get('adversarial', severity=3, model=net)"
+            )
         if target not in ("untargeted", "background"):
             raise ValueError(f"adversarial: target must be 'untargeted' or 'background', got {target!r}")
         self.model, self.target, self.eps = model, target, self.EPS[self.severity]
@@ -55,7 +62,9 @@ class Adversarial(Perturbation):
         with torch.enable_grad():
             logits = self.model(x)
             if self.target == "background":
-                labels = torch.zeros(logits.shape[0], *logits.shape[2:], dtype=torch.long, device=logits.device)
+                labels = torch.zeros(
+                    logits.shape[0], *logits.shape[2:], dtype=torch.long, device=logits.device
+                )
                 sign = -1.0  # descend towards all-background (DAG target A)
             else:
                 if masks is not None:
@@ -65,14 +74,17 @@ class Adversarial(Perturbation):
                 else:
                     labels = logits.argmax(1).detach()
                 sign = 1.0
-            grad, = torch.autograd.grad(self._loss(logits, labels), x)
+            (grad,) = torch.autograd.grad(self._loss(logits, labels), x)
         delta = sign * self.eps * grad.sign()
         return {"delta": delta.detach()}
 
     def sample_numpy(self, image, mask=None, rng=None):
         image, mask = self.check_numpy(image, mask)
-        dev = next(iter(self.model.parameters())).device if isinstance(self.model, torch.nn.Module) and \
-            any(True for _ in self.model.parameters()) else torch.device("cpu")
+        dev = (
+            next(iter(self.model.parameters())).device
+            if isinstance(self.model, torch.nn.Module) and any(True for _ in self.model.parameters())
+            else torch.device("cpu")
+        )
         t = image_to_batch(image).to(dev)
         m = None if mask is None else torch.from_numpy(np.asarray(mask, np.int64))[None].to(dev)
         # (C,H,W), the same schema as index_params of a batch
@@ -84,8 +96,10 @@ class Adversarial(Perturbation):
     def _apply_np(self, image, mask, params):
         d = np.asarray(params["delta"], np.float32).transpose(1, 2, 0)  # schema is (C,H,W)
         if d.shape != image.shape:
-            raise ValueError(f"adversarial: params['delta'] has shape {d.shape[::-1]} (C,H,W) but the image is "
-                             f"{image.shape} (H,W,C); replay params on the image they were computed for")
+            raise ValueError(
+                f"adversarial: params['delta'] has shape {d.shape[::-1]} (C,H,W) but the image is "
+                f"{image.shape} (H,W,C); replay params on the image they were computed for"
+            )
         if image.dtype == np.uint8:
             return np.clip(np.rint(image.astype(np.float32) + d * 255), 0, 255).astype(np.uint8)
         return np.clip(image + d, 0, 1).astype(np.float32)

@@ -23,6 +23,7 @@ Example:
     >>> out["image"].shape, back.severity, back.noise, back.perturbation.noise
     ((32, 32, 3), 2, False, False)
 """
+
 from __future__ import annotations
 
 import inspect
@@ -40,7 +41,9 @@ from .base import Perturbation
 from .seeding import Reseeder
 
 _P = inspect.Parameter
-TRANSFORMS: dict[str, type[PerturbationTransform]] = {}  # family -> its transform class (filled by _FamilyMeta)
+TRANSFORMS: dict[
+    str, type[PerturbationTransform]
+] = {}  # family -> its transform class (filled by _FamilyMeta)
 
 
 class _FamilyMeta(type(A.DualTransform)):  # type: ignore[misc]
@@ -57,7 +60,9 @@ class _FamilyMeta(type(A.DualTransform)):  # type: ignore[misc]
         if not family:
             return super().__new__(mcs, name, bases, dct, **kwargs)
         if name != _class_name(family):
-            raise TypeError(f"{name}: the transform of family {family!r} must be called {_class_name(family)}")
+            raise TypeError(
+                f"{name}: the transform of family {family!r} must be called {_class_name(family)}"
+            )
         sig, schema, arg_names, doc = _family_spec(family)
 
         def __init__(self: PerturbationTransform, *args: Any, **kw: Any) -> None:
@@ -91,9 +96,13 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
 
     def __init__(self, p: float = 1.0, **family_args: Any):
         if not self.family:
-            raise TypeError("PerturbationTransform is abstract: use transform_class(name) or e.g. BlurTransform")
+            raise TypeError(
+                "PerturbationTransform is abstract: use transform_class(name) or e.g. BlurTransform"
+            )
         super().__init__(p=p)
-        self.family_args = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in family_args.items()}
+        self.family_args = {
+            k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in family_args.items()
+        }
         for k, v in self.family_args.items():
             if k not in _taken():
                 setattr(self, k, v)
@@ -111,8 +120,13 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
         rng = self._reseed(int(self.random_generator.integers(0, 2**32)))
         return {"perturbation_params": self.perturbation.sample_numpy(image, mask, rng), "lesion": mask}
 
-    def apply(self, img: np.ndarray, perturbation_params: dict[str, Any] | None = None,
-              lesion: np.ndarray | None = None, **params: Any) -> np.ndarray:
+    def apply(
+        self,
+        img: np.ndarray,
+        perturbation_params: dict[str, Any] | None = None,
+        lesion: np.ndarray | None = None,
+        **params: Any,
+    ) -> np.ndarray:
         pert = self.perturbation
         if perturbation_params is None:  # called outside __call__: sample, as apply_numpy does
             out, _ = pert.apply_numpy(img, lesion)
@@ -138,8 +152,11 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
 def _taken() -> frozenset[str]:
     global _TAKEN
     if _TAKEN is None:  # names Albumentations itself uses on a transform (class or instance)
-        _TAKEN = (frozenset(dir(PerturbationTransform)) | frozenset(vars(A.NoOp(p=1.0)))
-                  | {"family_args", "perturbation"})
+        _TAKEN = (
+            frozenset(dir(PerturbationTransform))
+            | frozenset(vars(A.NoOp(p=1.0)))
+            | {"family_args", "perturbation"}
+        )
     return _TAKEN
 
 
@@ -155,26 +172,41 @@ def _family_spec(family: str) -> tuple[inspect.Signature, type, tuple[str, ...],
     fam = family_class(family)
     params = list(inspect.signature(fam.__init__).parameters.values())[1:]
     if any(q.name == "model" for q in params):
-        raise ValueError(f"{family}: has no Albumentations transform (it needs a model, which cannot go into a "
-                         f"serialised pipeline or data-loader workers); available: {sorted(TRANSFORMS)}")
-    bad = [q.name for q in params if q.kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD) or q.name in ("p", "strict")]
+        raise ValueError(
+            f"{family}: has no Albumentations transform (it needs a model, which cannot go into a "
+            f"serialised pipeline or data-loader workers); available: {sorted(TRANSFORMS)}"
+        )
+    bad = [
+        q.name for q in params if q.kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD) or q.name in ("p", "strict")
+    ]
     if bad:
-        raise TypeError(f"{family}: constructor arguments {bad} cannot be Albumentations init args "
-                        "(*args/**kwargs or the reserved names p/strict)")
+        raise TypeError(
+            f"{family}: constructor arguments {bad} cannot be Albumentations init args "
+            "(*args/**kwargs or the reserved names p/strict)"
+        )
     try:
         hints = typing.get_type_hints(fam.__init__)
     except Exception:  # unresolvable annotation: validate nothing rather than fail the import
         hints = {}
     name = _class_name(family)
-    fields: dict[str, Any] = {q.name: (hints.get(q.name, Any), ... if q.default is _P.empty else q.default)
-                              for q in params}
+    fields: dict[str, Any] = {
+        q.name: (hints.get(q.name, Any), ... if q.default is _P.empty else q.default) for q in params
+    }
     schema = create_model(f"{name}InitSchema", __base__=BaseTransformInitSchema, **fields)
-    sig = inspect.Signature([_P("self", _P.POSITIONAL_OR_KEYWORD)]
-                            + [q.replace(kind=_P.KEYWORD_ONLY) if q.kind is _P.KEYWORD_ONLY
-                               else q.replace(kind=_P.POSITIONAL_OR_KEYWORD) for q in params]
-                            + [_P("p", _P.KEYWORD_ONLY, default=1.0, annotation=float)])
-    doc = (f"Albumentations transform for the ``{family}`` perturbation: arguments as "
-           f":class:`{fam.__module__}.{fam.__qualname__}`, plus ``p``.")
+    sig = inspect.Signature(
+        [_P("self", _P.POSITIONAL_OR_KEYWORD)]
+        + [
+            q.replace(kind=_P.KEYWORD_ONLY)
+            if q.kind is _P.KEYWORD_ONLY
+            else q.replace(kind=_P.POSITIONAL_OR_KEYWORD)
+            for q in params
+        ]
+        + [_P("p", _P.KEYWORD_ONLY, default=1.0, annotation=float)]
+    )
+    doc = (
+        f"Albumentations transform for the ``{family}`` perturbation: arguments as "
+        f":class:`{fam.__module__}.{fam.__qualname__}`, plus ``p``."
+    )
     return sig, schema, tuple(q.name for q in params), doc
 
 
@@ -292,9 +324,30 @@ class CollimationTransform(PerturbationTransform):
     family = "collimation"
 
 
-__all__ = ["PerturbationTransform", "TRANSFORMS", "transform_class", "transform_for",
-           "SaturationTransform", "ContrastTransform", "WhiteBalanceTransform", "BlurTransform",
-           "MotionBlurTransform", "SpecularityTransform", "InstrumentTransform", "FecesTransform",
-           "BloodTransform", "TextTransform", "MeltTransform", "BiasFieldTransform", "GhostingTransform",
-           "GibbsTransform", "SpikeTransform", "RicianNoiseTransform", "GammaTransform", "QuantumNoiseTransform",
-           "ExposureTransform", "XrayMarkersTransform", "CollimationTransform"]
+__all__ = [
+    "PerturbationTransform",
+    "TRANSFORMS",
+    "transform_class",
+    "transform_for",
+    "SaturationTransform",
+    "ContrastTransform",
+    "WhiteBalanceTransform",
+    "BlurTransform",
+    "MotionBlurTransform",
+    "SpecularityTransform",
+    "InstrumentTransform",
+    "FecesTransform",
+    "BloodTransform",
+    "TextTransform",
+    "MeltTransform",
+    "BiasFieldTransform",
+    "GhostingTransform",
+    "GibbsTransform",
+    "SpikeTransform",
+    "RicianNoiseTransform",
+    "GammaTransform",
+    "QuantumNoiseTransform",
+    "ExposureTransform",
+    "XrayMarkersTransform",
+    "CollimationTransform",
+]

@@ -25,6 +25,7 @@ generator), so deciding which samples to perturb never waits for the accelerator
 (families that must not cover the lesion look at them) and never changed.
 ``Perturbation.apply_batch`` stays the functional form the metamorphic suite uses.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -42,11 +43,17 @@ def _check_severity(severity: Any, name: str) -> tuple[int, int]:
 
     if ok(severity):
         return int(severity), int(severity)
-    if isinstance(severity, (tuple, list)) and len(severity) == 2 and all(map(ok, severity)) \
-            and severity[0] <= severity[1]:
+    if (
+        isinstance(severity, (tuple, list))
+        and len(severity) == 2
+        and all(map(ok, severity))
+        and severity[0] <= severity[1]
+    ):
         return int(severity[0]), int(severity[1])
-    raise ValueError(f"BatchAugmentation({name}): severity must be an int in 1..5 or a (low, high) pair with "
-                     f"1 <= low <= high <= 5 (a severity is drawn per sample), got {severity!r}")
+    raise ValueError(
+        f"BatchAugmentation({name}): severity must be an int in 1..5 or a (low, high) pair with "
+        f"1 <= low <= high <= 5 (a severity is drawn per sample), got {severity!r}"
+    )
 
 
 class BatchAugmentation(torch.nn.Module):
@@ -72,13 +79,20 @@ class BatchAugmentation(torch.nn.Module):
         True
     """
 
-    def __init__(self, family: str | Perturbation, severity: int | tuple[int, int] | None = None,
-                 p: float = 0.5, **kwargs: Any):
+    def __init__(
+        self,
+        family: str | Perturbation,
+        severity: int | tuple[int, int] | None = None,
+        p: float = 0.5,
+        **kwargs: Any,
+    ):
         super().__init__()
         if isinstance(family, Perturbation):
             if kwargs:
-                raise ValueError(f"BatchAugmentation({family.name}): got a perturbation object and constructor "
-                                 f"arguments {sorted(kwargs)}; pass one or the other")
+                raise ValueError(
+                    f"BatchAugmentation({family.name}): got a perturbation object and constructor "
+                    f"arguments {sorted(kwargs)}; pass one or the other"
+                )
             self.family, base = family.name, family.init_args()
             self._perturbations: dict[int, Perturbation] = {family.severity: family}
             severity = family.severity if severity is None else severity
@@ -86,11 +100,15 @@ class BatchAugmentation(torch.nn.Module):
             family_class(family)  # unknown name: one error listing the valid ones
             self.family, base, self._perturbations = family, dict(kwargs), {}
         else:
-            raise TypeError(f"BatchAugmentation: family must be a registered name or a Perturbation, "
-                            f"got {type(family).__name__}")
+            raise TypeError(
+                f"BatchAugmentation: family must be a registered name or a Perturbation, "
+                f"got {type(family).__name__}"
+            )
         self.severity = _check_severity(3 if severity is None else severity, self.family)
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"BatchAugmentation({self.family}): p must be a probability in [0, 1], got {p!r}")
+            raise ValueError(
+                f"BatchAugmentation({self.family}): p must be a probability in [0, 1], got {p!r}"
+            )
         self.p = float(p)
         self._base_args = {k: v for k, v in base.items() if k != "severity"}
         self.perturbation(self.severity[0])  # build one now: bad family arguments fail here
@@ -106,8 +124,9 @@ class BatchAugmentation(torch.nn.Module):
             self._perturbations[severity] = family_class(self.family)(severity=severity, **self._base_args)
         return self._perturbations[severity]
 
-    def generate_parameters(self, images: torch.Tensor, mask: torch.Tensor | None = None,
-                            generator: torch.Generator | None = None) -> Params:
+    def generate_parameters(
+        self, images: torch.Tensor, mask: torch.Tensor | None = None, generator: torch.Generator | None = None
+    ) -> Params:
         """Draw which samples to perturb, their severities and the family's params for them."""
         images = check_batch(images, f"BatchAugmentation({self.family})", rgb=False, check_range=False)
         mask = check_masks(mask, images, self.family)
@@ -135,12 +154,19 @@ class BatchAugmentation(torch.nn.Module):
         out = images.clone()
         for s, idx in groups:
             i = idx.to(images.device, non_blocking=True)
-            done, _ = self.perturbation(s).apply_batch(images[i], _take(mask, i), params=self._family_params(params, s))
+            done, _ = self.perturbation(s).apply_batch(
+                images[i], _take(mask, i), params=self._family_params(params, s)
+            )
             out[i] = done.to(out.dtype)
         return out
 
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, params: Params | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        images: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        params: Params | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Perturb a (B,C,H,W) batch; with ``params`` replay them exactly. The params used go to ``_params``."""
         if params is None:
             params = self.generate_parameters(images, mask, generator)
@@ -153,19 +179,25 @@ class BatchAugmentation(torch.nn.Module):
         for key in ("batch_prob", "severity"):
             v = params.get(key) if isinstance(params, dict) else None
             if not isinstance(v, torch.Tensor) or v.ndim != 1 or (b is not None and v.shape[0] != b):
-                raise ValueError(f"BatchAugmentation({self.family}): params[{key!r}] must be a tensor of shape "
-                                 f"(B,){'' if b is None else f' with B={b}'} as made by generate_parameters, got "
-                                 f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
+                raise ValueError(
+                    f"BatchAugmentation({self.family}): params[{key!r}] must be a tensor of shape "
+                    f"(B,){'' if b is None else f' with B={b}'} as made by generate_parameters, got "
+                    f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}"
+                )
         chosen, severity = params["batch_prob"].cpu().bool(), params["severity"].cpu()
-        return [(int(s), torch.nonzero(chosen & (severity == s)).flatten())
-                for s in torch.unique(severity[chosen]).tolist()]
+        return [
+            (int(s), torch.nonzero(chosen & (severity == s)).flatten())
+            for s in torch.unique(severity[chosen]).tolist()
+        ]
 
     def _family_params(self, params: Params, s: int) -> Params:
         prefix = f"s{s}."
-        sub = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+        sub = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
         if not sub:
-            raise ValueError(f"BatchAugmentation({self.family}): params have no '{prefix}*' entries for the samples "
-                             f"of severity {s}; pass the params this augmentation produced")
+            raise ValueError(
+                f"BatchAugmentation({self.family}): params have no '{prefix}*' entries for the samples "
+                f"of severity {s}; pass the params this augmentation produced"
+            )
         return sub
 
 

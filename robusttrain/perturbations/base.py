@@ -24,6 +24,7 @@ positions as fractions of the height / width (pixel *centres*: ``y_rel = (y_px +
 gets the paper's pixel ranges. Such params carry a ``_rel`` suffix (``sigma_rel``, ``center_rel``, ...);
 params recorded by older versions in pixels have other keys and are refused with a clear error.
 """
+
 from __future__ import annotations
 
 import functools
@@ -85,8 +86,14 @@ SEVERITIES = (1, 2, 3, 4, 5)
 
 def check_severity(severity: int, name: str = "perturbation") -> int:
     """Validate a severity level (an int 1..5) and return it."""
-    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= int(severity) <= 5:
-        raise ValueError(f"{name}: severity must be an int in 1..5 (5 = strongest clinically plausible), got {severity!r}")
+    if (
+        isinstance(severity, bool)
+        or not isinstance(severity, (int, np.integer))
+        or not 1 <= int(severity) <= 5
+    ):
+        raise ValueError(
+            f"{name}: severity must be an int in 1..5 (5 = strongest clinically plausible), got {severity!r}"
+        )
     return int(severity)
 
 
@@ -97,7 +104,9 @@ def check_batch(images: Any, name: str, rgb: bool, check_range: bool = True) -> 
     accelerator it would force a device->host synchronisation in the hot path.
     """
     if not isinstance(images, torch.Tensor):
-        raise TypeError(f"{name}: images must be a torch.Tensor of shape (B,C,H,W), got {type(images).__name__}")
+        raise TypeError(
+            f"{name}: images must be a torch.Tensor of shape (B,C,H,W), got {type(images).__name__}"
+        )
     if images.ndim != 4:
         raise ValueError(f"{name}: images must have shape (B,C,H,W), got shape {tuple(images.shape)}")
     if images.shape[0] == 0:
@@ -106,19 +115,27 @@ def check_batch(images: Any, name: str, rgb: bool, check_range: bool = True) -> 
         raise TypeError(f"{name}: images must be a float tensor in [0,1], got dtype {images.dtype}")
     c = images.shape[1]
     if rgb and c != 3:
-        raise ValueError(f"{name}: needs RGB images with 3 channels in dim 1 (B,3,H,W), got {c} channels "
-                         f"(shape {tuple(images.shape)}; channels-last input must be permuted first)")
+        raise ValueError(
+            f"{name}: needs RGB images with 3 channels in dim 1 (B,3,H,W), got {c} channels "
+            f"(shape {tuple(images.shape)}; channels-last input must be permuted first)"
+        )
     if not rgb and c not in (1, 3):
-        raise ValueError(f"{name}: expected 1 or 3 channels in dim 1 (B,C,H,W), got shape {tuple(images.shape)}")
+        raise ValueError(
+            f"{name}: expected 1 or 3 channels in dim 1 (B,C,H,W), got shape {tuple(images.shape)}"
+        )
     if check_range and images.device.type == "cpu":
         lo, hi = torch.aminmax(images)
         if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
             # NaN compares false with everything: without this it would pass the range check
             # and flow through every perturbation into a "robustness" figure
             bad = sorted({int(i) for i in (~torch.isfinite(images)).flatten(1).any(1).nonzero().flatten()})
-            raise ValueError(f"{name}: images contain NaN or inf (batch index {bad}); expected finite values in [0,1]")
+            raise ValueError(
+                f"{name}: images contain NaN or inf (batch index {bad}); expected finite values in [0,1]"
+            )
         if float(lo) < -1e-4 or float(hi) > 1 + 1e-4:
-            raise ValueError(f"{name}: float images must lie in [0,1], got values in [{float(lo):.3g}, {float(hi):.3g}]")
+            raise ValueError(
+                f"{name}: float images must lie in [0,1], got values in [{float(lo):.3g}, {float(hi):.3g}]"
+            )
     return images
 
 
@@ -127,12 +144,16 @@ def check_masks(masks: Any, images: torch.Tensor, name: str) -> torch.Tensor | N
     if masks is None:
         return None
     if not isinstance(masks, torch.Tensor):
-        raise TypeError(f"{name}: masks must be a torch.Tensor (B,H,W) of class indices, got {type(masks).__name__}")
+        raise TypeError(
+            f"{name}: masks must be a torch.Tensor (B,H,W) of class indices, got {type(masks).__name__}"
+        )
     if masks.ndim == 4 and masks.shape[1] == 1:
         masks = masks[:, 0]
     b, _, h, w = images.shape
     if masks.shape != (b, h, w):
-        raise ValueError(f"{name}: masks must have shape (B,H,W)={(b, h, w)} to match images, got {tuple(masks.shape)}")
+        raise ValueError(
+            f"{name}: masks must have shape (B,H,W)={(b, h, w)} to match images, got {tuple(masks.shape)}"
+        )
     return masks.to(images.device)
 
 
@@ -173,7 +194,9 @@ def check_mask_np(mask: Any, image: np.ndarray, name: str) -> np.ndarray | None:
     if mask.ndim == 3 and mask.shape[2] == 1:
         mask = mask[:, :, 0]
     if mask.shape != image.shape[:2]:
-        raise ValueError(f"{name}: mask must have shape (H,W)={image.shape[:2]} to match the image, got {mask.shape}")
+        raise ValueError(
+            f"{name}: mask must have shape (H,W)={image.shape[:2]} to match the image, got {mask.shape}"
+        )
     return mask
 
 
@@ -321,8 +344,9 @@ class Perturbation:
     def _content_torch(self, images: torch.Tensor, masks: torch.Tensor | None, draws: Params) -> Params:
         return {}
 
-    def _content_numpy(self, image: np.ndarray, mask: np.ndarray | None, draws: dict[str, np.ndarray]
-                       ) -> dict[str, np.ndarray]:
+    def _content_numpy(
+        self, image: np.ndarray, mask: np.ndarray | None, draws: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         # Default: reuse the torch sampler on a one-image batch (exact same logic) — only when the
         # family has image-dependent params at all; the conversion costs a full-image pass.
         if type(self)._content_torch is Perturbation._content_torch:
@@ -332,22 +356,30 @@ class Perturbation:
         d = {k: torch.as_tensor(v)[None] for k, v in draws.items()}
         return index_params(self._content_torch(t, m, d), 0)
 
-    def sample_params(self, images: torch.Tensor, masks: torch.Tensor | None = None,
-                      generator: torch.Generator | None = None) -> Params:
+    def sample_params(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Params:
         """Draw per-sample params for a (B,C,H,W) batch (tensors with leading dim B, on the images' device)."""
         images = check_batch(images, self.name, self.rgb, check_range=False)
         masks = check_masks(masks, images, self.name)
         return self._sample_torch(images, masks, generator)
 
-    def _sample_torch(self, images: torch.Tensor, masks: torch.Tensor | None,
-                      generator: torch.Generator | None) -> Params:
-        draws = {k: torch.as_tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()}
+    def _sample_torch(
+        self, images: torch.Tensor, masks: torch.Tensor | None, generator: torch.Generator | None
+    ) -> Params:
+        draws = {
+            k: torch.as_tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()
+        }
         params = params_to(draws, images.device)
         params.update(self._content_torch(images, masks, params))
         return params
 
-    def sample_numpy(self, image: np.ndarray, mask: np.ndarray | None = None,
-                     rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    def sample_numpy(
+        self, image: np.ndarray, mask: np.ndarray | None = None, rng: np.random.Generator | None = None
+    ) -> dict[str, np.ndarray]:
         """Draw the params of one HWC image (the numpy schema: ``index_params`` of a batch)."""
         image, mask = self.check_numpy(image, mask)
         draws = {k: np.asarray(v)[0] for k, v in self._draw(NumpyRandom(rng), 1).items()}
@@ -369,9 +401,13 @@ class Perturbation:
         image = check_image(image, self.name, self.rgb)
         return image, check_mask_np(mask, image, self.name)
 
-    def apply_batch(self, images: torch.Tensor, masks: torch.Tensor | None = None,
-                    generator: torch.Generator | None = None, params: Params | None = None
-                    ) -> tuple[torch.Tensor, Params]:
+    def apply_batch(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        params: Params | None = None,
+    ) -> tuple[torch.Tensor, Params]:
         """Apply to a (B,C,H,W) float batch in [0,1]; replays exactly when ``params`` is given."""
         images = check_batch(images, self.name, self.rgb)
         masks = check_masks(masks, images, self.name)
@@ -382,16 +418,23 @@ class Perturbation:
             params = params_to(params, images.device)
         return self._apply_torch(images, masks, params), params
 
-    def apply_numpy(self, image: np.ndarray, mask: np.ndarray | None = None,
-                    params: dict[str, Any] | None = None, rng: np.random.Generator | None = None
-                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def apply_numpy(
+        self,
+        image: np.ndarray,
+        mask: np.ndarray | None = None,
+        params: dict[str, Any] | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Apply to one HWC image (uint8 or float32 in [0,1]); returns the same dtype and the params used."""
         squeeze = isinstance(image, np.ndarray) and image.ndim == 2 and not self.rgb
         image, mask = self.check_numpy(image, mask)
         if params is None:
             params = self.sample_numpy(image, mask, rng)
         else:
-            params = {k: np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+            params = {
+                k: np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                for k, v in params.items()
+            }
             self._check_keys(params)
         out = self._apply_np(image, mask, params)
         return (out[:, :, 0] if squeeze and out.ndim == 3 else out), params
@@ -401,24 +444,31 @@ class Perturbation:
             return
         missing = sorted(set(self.PARAM_KEYS) - set(params))
         extra = sorted(set(params) - set(self.PARAM_KEYS))
-        raise ValueError(f"{self.name}: params must have the keys {list(self.PARAM_KEYS)}; missing {missing}, "
-                         f"unexpected {extra} (spatial params are relative to the image size, keys *_rel; "
-                         f"pixel-unit params recorded by an older version cannot be replayed, re-sample them)")
+        raise ValueError(
+            f"{self.name}: params must have the keys {list(self.PARAM_KEYS)}; missing {missing}, "
+            f"unexpected {extra} (spatial params are relative to the image size, keys *_rel; "
+            f"pixel-unit params recorded by an older version cannot be replayed, re-sample them)"
+        )
 
     def _check_params(self, params: Params, b: int) -> None:
         self._check_keys(params)
         for k, v in params.items():
             if not isinstance(v, torch.Tensor) or v.ndim == 0 or v.shape[0] != b:
                 got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-                raise ValueError(f"{self.name}: params[{k!r}] must be a tensor with leading dim B={b}, got {got}")
+                raise ValueError(
+                    f"{self.name}: params[{k!r}] must be a tensor with leading dim B={b}, got {got}"
+                )
 
     def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
         raise NotImplementedError
 
-    def _apply_np(self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]) -> np.ndarray:
+    def _apply_np(
+        self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]
+    ) -> np.ndarray:
         raise NotImplementedError
 
     def to_albumentations(self, p: float = 1.0):
         """This perturbation as an Albumentations transform (see :mod:`robusttrain.perturbations.albu`)."""
         from .albu import transform_for
+
         return transform_for(self, p=p)

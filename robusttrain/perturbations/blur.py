@@ -4,6 +4,7 @@ Torch path: per-sample kernels. Small kernels run as grouped convolutions (separ
 kernels wider than 15 px go through an FFT of the reflect-padded batch, whose cost does not grow with
 sigma. Border handling is reflect-101 everywhere, which is OpenCV's default, so both paths agree.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,8 @@ def reflect_pad(x: torch.Tensor, left: int, right: int, top: int, bottom: int) -
     if left < w and right < w and top < h and bottom < h:
         return F.pad(x, (left, right, top, bottom), mode="reflect")
     return x.index_select(-2, _reflect_index(h, top, bottom, x.device)).index_select(
-        -1, _reflect_index(w, left, right, x.device))
+        -1, _reflect_index(w, left, right, x.device)
+    )
 
 
 def _reflect_index(n: int, before: int, after: int, device: torch.device) -> torch.Tensor:
@@ -66,7 +68,7 @@ def fft_filter(images: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     kpad = torch.roll(kpad, shifts=(-r, -r), dims=(1, 2))
     spec = torch.fft.rfft2(x, s=(fh, fw)) * torch.fft.rfft2(kpad)[:, None]
     y = torch.fft.irfft2(spec, s=(fh, fw))
-    return y[:, :, r:r + h, r:r + w]
+    return y[:, :, r : r + h, r : r + w]
 
 
 def _cpu_planes(images: torch.Tensor) -> bool:
@@ -76,7 +78,7 @@ def _cpu_planes(images: torch.Tensor) -> bool:
     written into one preallocated output) are exact float filters like the torch ones and several
     times faster than grouped convolution or the FFT; autograd is not needed for perturbations.
     """
-    return (images.device.type == "cpu" and images.dtype == torch.float32 and not images.requires_grad)
+    return images.device.type == "cpu" and images.dtype == torch.float32 and not images.requires_grad
 
 
 def _support(k1d: np.ndarray) -> np.ndarray:
@@ -84,7 +86,7 @@ def _support(k1d: np.ndarray) -> np.ndarray:
     r = len(k1d) // 2
     nz = np.flatnonzero(k1d)
     a = int(max(r - nz[0], nz[-1] - r)) if len(nz) else 0
-    return k1d[r - a: r + a + 1]
+    return k1d[r - a : r + a + 1]
 
 
 def _opencv_planes(images: torch.Tensor, kernels: torch.Tensor, prepare, filter_plane) -> torch.Tensor:
@@ -105,8 +107,14 @@ def _opencv_planes(images: torch.Tensor, kernels: torch.Tensor, prepare, filter_
 
 def separable_filter_cpu(images: torch.Tensor, k1d: torch.Tensor) -> torch.Tensor:
     """:func:`separable_filter` with OpenCV on CPU float32: one ``sepFilter2D`` per plane."""
-    return _opencv_planes(images, k1d, _support, lambda src, g, dst: cv2.sepFilter2D(
-        src, cv2.CV_32F, g, g, dst=dst, borderType=cv2.BORDER_REFLECT_101))
+    return _opencv_planes(
+        images,
+        k1d,
+        _support,
+        lambda src, g, dst: cv2.sepFilter2D(
+            src, cv2.CV_32F, g, g, dst=dst, borderType=cv2.BORDER_REFLECT_101
+        ),
+    )
 
 
 def crop_kernel(k: np.ndarray) -> np.ndarray:
@@ -120,7 +128,7 @@ def crop_kernel(k: np.ndarray) -> np.ndarray:
     if len(ys) == 0:
         return k
     a, b = int(np.abs(ys - r).max()), int(np.abs(xs - r).max())
-    return np.ascontiguousarray(k[r - a: r + a + 1, r - b: r + b + 1])
+    return np.ascontiguousarray(k[r - a : r + a + 1, r - b : r + b + 1])
 
 
 DIRECT_AREA = 130  # cv2.filter2D filters float kernels of at least this many taps through a DFT (slow here)
@@ -140,7 +148,12 @@ def kernel_pieces(k: np.ndarray) -> list[tuple[np.ndarray, int, int]]:
         ys, xs = np.nonzero(k[i0:i1, j0:j1])
         if len(ys) == 0:
             return
-        i0, i1, j0, j1 = i0 + int(ys.min()), i0 + int(ys.max()) + 1, j0 + int(xs.min()), j0 + int(xs.max()) + 1
+        i0, i1, j0, j1 = (
+            i0 + int(ys.min()),
+            i0 + int(ys.max()) + 1,
+            j0 + int(xs.min()),
+            j0 + int(xs.max()) + 1,
+        )
         if (i1 - i0) * (j1 - j0) < DIRECT_AREA:
             out.append((np.ascontiguousarray(k[i0:i1, j0:j1], np.float32), i0 - r0, j0 - c0))
         elif i1 - i0 >= j1 - j0:
@@ -166,7 +179,7 @@ def filter2d_pieces(src: np.ndarray, k: np.ndarray, dst: np.ndarray | None = Non
     acc = None
     for piece, dy, dx in kernel_pieces(k):
         ph, pw = piece.shape
-        view = pad[r0 + dy: r0 + dy + h + ph - 1, c0 + dx: c0 + dx + w + pw - 1]
+        view = pad[r0 + dy : r0 + dy + h + ph - 1, c0 + dx : c0 + dx + w + pw - 1]
         # anchor (0, 0): out[y, x] = sum piece[i, j] * view[y + i, x + j], the top-left h x w is exact
         part = cv2.filter2D(view, cv2.CV_32F, piece, anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)[:h, :w]
         if acc is None:
@@ -248,7 +261,7 @@ def _noise_texture() -> np.ndarray:
 
 
 NOISE_PERIOD = 256  # texture period in reference pixels
-NOISE_STEPS = 64    # offsets are in 1/64 of the period: whole pixels at 128, 256 and 512 px
+NOISE_STEPS = 64  # offsets are in 1/64 of the period: whole pixels at 128, 256 and 512 px
 
 
 def noise_period(h: int, w: int) -> int:
@@ -266,7 +279,7 @@ def texture_at(p: int) -> np.ndarray:
         return t
     big = np.tile(t, (3, 3, 1))  # resample a 3x3 tiling and keep the centre: the result stays periodic
     interp = cv2.INTER_AREA if p < NOISE_PERIOD else cv2.INTER_LINEAR
-    return np.ascontiguousarray(cv2.resize(big, (3 * p, 3 * p), interpolation=interp)[p:2 * p, p:2 * p])
+    return np.ascontiguousarray(cv2.resize(big, (3 * p, 3 * p), interpolation=interp)[p : 2 * p, p : 2 * p])
 
 
 def _shift(offset, p: int):
@@ -316,7 +329,9 @@ def add_noise_torch(x: torch.Tensor, level: torch.Tensor, offset: torch.Tensor) 
         for i, (lv, (oy, ox)) in enumerate(zip(level.tolist(), offset.tolist())):
             if lv > 0:
                 oy, ox = _shift(int(oy), p), _shift(int(ox), p)
-                np.add(xn[i], _noise_tile_torch(int(lv), h, w).numpy()[:c, oy:oy + h, ox:ox + w], out=xn[i])
+                np.add(
+                    xn[i], _noise_tile_torch(int(lv), h, w).numpy()[:c, oy : oy + h, ox : ox + w], out=xn[i]
+                )
             np.clip(xn[i], 0.0, 1.0, out=xn[i])
         return x
     tex = _texture_on(x.device, p)[:c]
@@ -336,7 +351,7 @@ def add_noise_np(img: np.ndarray, level: int, offset: np.ndarray, inplace: bool 
     p = noise_period(h, w)
     oy, ox = _shift(int(offset[0]), p), _shift(int(offset[1]), p)
     pos, neg = _noise_tiles_u8(int(level), h, w)
-    pos, neg = pos[oy:oy + h, ox:ox + w, :c], neg[oy:oy + h, ox:ox + w, :c]
+    pos, neg = pos[oy : oy + h, ox : ox + w, :c], neg[oy : oy + h, ox : ox + w, :c]
     if img.dtype == np.uint8:
         # pos and neg never overlap, so two saturating passes equal clip(x + noise).
         if inplace and img.flags.c_contiguous:
@@ -432,8 +447,8 @@ def _pyramid_blur(image: np.ndarray, sigma: float) -> np.ndarray:
         small = cv2.pyrDown(small)
     # The [1 4 6 4 1]/16 pyramid kernel has variance 1 at its own level, i.e. 4**i at full resolution for
     # level i; down and up each add sum_i 4**i = (4**n - 1)/3.
-    rest = max(sigma ** 2 - 2 * (4 ** levels - 1) / 3, 0.25)
-    s = math.sqrt(rest) / (2 ** levels)
+    rest = max(sigma**2 - 2 * (4**levels - 1) / 3, 0.25)
+    s = math.sqrt(rest) / (2**levels)
     ks = 2 * math.ceil(3 * s) + 1
     g = cv2.getGaussianKernel(ks, s)
     small = cv2.sepFilter2D(small, -1, g, g, borderType=cv2.BORDER_REFLECT_101)
@@ -490,12 +505,21 @@ class MotionBlur(Perturbation):
 
     name = "motion_blur"
     rgb = False
-    LENGTH = {1: (3.0, 7.0), 2: (7.0, 12.0), 3: (12.0, 18.0), 4: (18.0, 26.0), 5: (26.0, 36.0)}  # px at REF_SIDE
+    LENGTH = {
+        1: (3.0, 7.0),
+        2: (7.0, 12.0),
+        3: (12.0, 18.0),
+        4: (18.0, 26.0),
+        5: (26.0, 36.0),
+    }  # px at REF_SIDE
     PARAM_KEYS = ("length_rel", "angle")
 
     def _draw(self, r, b):
         lo, hi = self.LENGTH[self.severity]
-        return {"length_rel": r.uniform(lo / REF_SIDE, hi / REF_SIDE, (b,)), "angle": r.uniform(0.0, math.pi, (b,))}
+        return {
+            "length_rel": r.uniform(lo / REF_SIDE, hi / REF_SIDE, (b,)),
+            "angle": r.uniform(0.0, math.pi, (b,)),
+        }
 
     @staticmethod
     def _kmax(length_px: float) -> int:
@@ -504,7 +528,11 @@ class MotionBlur(Perturbation):
     def _apply_torch(self, images, masks, params):
         s = short_side(*images.shape[-2:])
         length = params["length_rel"].float() * s
-        hi = float(length.max()) if length.device.type == "cpu" else self.LENGTH[self.severity][1] / REF_SIDE * s
+        hi = (
+            float(length.max())
+            if length.device.type == "cpu"
+            else self.LENGTH[self.severity][1] / REF_SIDE * s
+        )
         kmax = self._kmax(hi)
         k = motion_kernel(length, params["angle"], kmax)
         if _cpu_planes(images):
@@ -519,12 +547,16 @@ class MotionBlur(Perturbation):
 
     def _apply_np(self, image, mask, params):
         length = float(params["length_rel"]) * short_side(*image.shape[:2])
-        k = crop_kernel(motion_kernel(np.float32([length]), params["angle"][None], self._kmax(length), xp=np)[0])
+        k = crop_kernel(
+            motion_kernel(np.float32([length]), params["angle"][None], self._kmax(length), xp=np)[0]
+        )
         if k.shape[0] * k.shape[1] < DIRECT_AREA:
             out = cv2.filter2D(image, -1, k, borderType=cv2.BORDER_REFLECT_101)
         else:  # large diagonal lines: float planes, direct pieces instead of OpenCV's (slow) DFT path
-            planes = [filter2d_pieces(np.ascontiguousarray(image[:, :, c], np.float32), k)
-                      for c in range(image.shape[2])]
+            planes = [
+                filter2d_pieces(np.ascontiguousarray(image[:, :, c], np.float32), k)
+                for c in range(image.shape[2])
+            ]
             out = cv2.merge(planes) if len(planes) > 1 else planes[0]
             out = cv2.convertScaleAbs(out) if image.dtype == np.uint8 else out  # rounds, saturates
         if out.ndim == 2:

@@ -8,6 +8,7 @@ of the scene is not border). The torch version grows the border from the edge by
 3x3 geodesic dilations (no data-dependent loop, so no host sync); the numpy version labels 8-connected
 components, which the dilations converge to — the two agree unless the border is a maze.
 """
+
 from __future__ import annotations
 
 import cv2

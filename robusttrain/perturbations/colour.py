@@ -4,6 +4,7 @@ Each is an affine map of RGB, ``out = clip(M @ rgb + offset)`` with a per-sample
 uint8 numpy path is ONE fused pass (``cv2.transform``, saturating and rounding) and the torch path is
 one batched matmul into a preallocated output — no chain of full-image passes.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,22 +39,38 @@ class _AffineColour(Perturbation):
     def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
         b, c, h, w = images.shape
         m, off = self._affine(params, c)
-        if c == 1 and images.device.type == "cpu" and images.dtype == torch.float32 and not images.requires_grad:
+        if (
+            c == 1
+            and images.device.type == "cpu"
+            and images.dtype == torch.float32
+            and not images.requires_grad
+        ):
             # grey (MRI / X-ray) on CPU: one fused OpenCV pass per cache-resident plane beats a (1x1) bmm
-            x, out = images.detach().contiguous().numpy(), torch.empty(images.shape, dtype=images.dtype)  # contiguous planes
+            x, out = (
+                images.detach().contiguous().numpy(),
+                torch.empty(images.shape, dtype=images.dtype),
+            )  # contiguous planes
             o = out.numpy()
             for i, (mi, oi) in enumerate(zip(m[:, 0, 0].tolist(), off[:, 0].tolist())):
                 cv2.addWeighted(x[i, 0], mi, x[i, 0], 0.0, oi, dst=o[i, 0])
-                if oi < 1e-3 or mi + oi > 0.999:  # x in [0,1] (±1e-4) maps into [oi, mi + oi]: clip if it may leave
+                if (
+                    oi < 1e-3 or mi + oi > 0.999
+                ):  # x in [0,1] (±1e-4) maps into [oi, mi + oi]: clip if it may leave
                     np.clip(o[i, 0], 0.0, 1.0, out=o[i, 0])
             return out
         out = torch.empty_like(images)
         # One read + one write of the batch: out = offset + M @ x, then an in-place clamp.
-        torch.baddbmm(off.to(images.dtype)[:, :, None], m.to(images.dtype), images.reshape(b, c, h * w),
-                      out=out.view(b, c, h * w))
+        torch.baddbmm(
+            off.to(images.dtype)[:, :, None],
+            m.to(images.dtype),
+            images.reshape(b, c, h * w),
+            out=out.view(b, c, h * w),
+        )
         return out.clamp_(0.0, 1.0)
 
-    def _apply_np(self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]) -> np.ndarray:
+    def _apply_np(
+        self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]
+    ) -> np.ndarray:
         m, off = self._affine({k: np.asarray(v)[None] for k, v in params.items()}, image.shape[2])
         scale = 255.0 if image.dtype == np.uint8 else 1.0
         affine = np.concatenate([m[0], off[0][:, None] * scale], axis=1).astype(np.float64)
@@ -85,13 +102,20 @@ class Saturation(_AffineColour):
 
     def _draw(self, r: TorchRandom | NumpyRandom, b: int) -> dict[str, Any]:
         lo, hi = self.RANGES[self.severity]
-        return {"factor": r.uniform(lo, hi, (b,)), "brightness": r.uniform(1.0, 1.0 + 0.04 * self.severity, (b,))}
+        return {
+            "factor": r.uniform(lo, hi, (b,)),
+            "brightness": r.uniform(1.0, 1.0 + 0.04 * self.severity, (b,)),
+        }
 
     def _affine(self, params, channels=3):
         f, br = params["factor"], params["brightness"]
         xp = _xp(f)
         m = br[:, None, None] * _saturation_matrix(f, xp)
-        off = xp.zeros((f.shape[0], 3), dtype=xp.float32) if xp is np else torch.zeros(f.shape[0], 3, device=f.device)
+        off = (
+            xp.zeros((f.shape[0], 3), dtype=xp.float32)
+            if xp is np
+            else torch.zeros(f.shape[0], 3, device=f.device)
+        )
         return m, off
 
 
@@ -138,7 +162,9 @@ class Contrast(_AffineColour):
             m = (c * br)[:, None, None]
         else:
             m = (c * br)[:, None, None] * _saturation_matrix(s, xp)
-        ones = xp.ones((1, channels), dtype=xp.float32) if xp is np else torch.ones(1, channels, device=c.device)
+        ones = (
+            xp.ones((1, channels), dtype=xp.float32) if xp is np else torch.ones(1, channels, device=c.device)
+        )
         return m, ((1 - c) * br * mean)[:, None] * ones
 
 
@@ -165,12 +191,18 @@ class WhiteBalance(_AffineColour):
     def __init__(self, severity: int = 3, cast: str | None = None):
         super().__init__(severity)
         if cast is not None and cast not in self.CASTS:
-            raise ValueError(f"white_balance: cast must be one of {self.CASTS} or None (random), got {cast!r}")
+            raise ValueError(
+                f"white_balance: cast must be one of {self.CASTS} or None (random), got {cast!r}"
+            )
         self.cast = cast
 
     def _draw(self, r, b):
         lo, hi = self.RANGES[self.severity]
-        cast = r.integers(0, 2, (b,)) if self.cast is None else (r.integers(0, 1, (b,)) + self.CASTS.index(self.cast))
+        cast = (
+            r.integers(0, 2, (b,))
+            if self.cast is None
+            else (r.integers(0, 1, (b,)) + self.CASTS.index(self.cast))
+        )
         scale = r.uniform(lo, hi, (b,))
         jitter = r.uniform(0.97, 1.03, (b, 2))
         if isinstance(scale, np.ndarray):  # numpy path (one image per call): the same gains in fewer tiny ops
@@ -184,7 +216,7 @@ class WhiteBalance(_AffineColour):
         xp = _xp(scale)
         one = xp.ones_like(scale)
         s1, s2 = scale * jitter[:, 0], scale * jitter[:, 1]
-        green = xp.stack([s1, one, s2], 1)   # R, G, B for a green cast
+        green = xp.stack([s1, one, s2], 1)  # R, G, B for a green cast
         purple = xp.stack([s1, s2, one], 1)  # R, G, B for a purple cast
         gains = xp.where((cast == 0)[:, None], green, purple)
         return {"cast": cast, "gains": gains.astype(np.float32) if xp is np else gains.float()}

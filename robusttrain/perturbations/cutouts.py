@@ -3,6 +3,7 @@
 A cut-out is an RGBA float32 array (S,S,4) in [0,1], S = :data:`SIZE`, the object centred and fitted into
 the square with its aspect ratio kept; the alpha edge is pre-blurred so pasted objects have soft edges.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +25,9 @@ def _smooth_noise(rng: np.random.Generator, cells: int, ch: int = 1) -> np.ndarr
     return up.reshape(SIZE, SIZE, ch)
 
 
-def _blob(rng: np.random.Generator, rx: float, ry: float, harmonics: int = 5, rough: float = 0.25) -> np.ndarray:
+def _blob(
+    rng: np.random.Generator, rx: float, ry: float, harmonics: int = 5, rough: float = 0.25
+) -> np.ndarray:
     """Filled irregular blob: a radius modulated by a few random harmonics."""
     t = np.linspace(0, 2 * np.pi, 90, endpoint=False)
     r = np.ones_like(t)
@@ -110,7 +113,7 @@ def fit_square(rgb: np.ndarray, alpha: np.ndarray, edge_sigma: float = 1.0) -> n
     rgba = cv2.resize(rgba, (nw, nh), interpolation=cv2.INTER_AREA)
     out = np.zeros((SIZE, SIZE, 4), np.float32)
     oy, ox = (SIZE - nh) // 2, (SIZE - nw) // 2
-    out[oy:oy + nh, ox:ox + nw] = rgba.reshape(nh, nw, 4)
+    out[oy : oy + nh, ox : ox + nw] = rgba.reshape(nh, nw, 4)
     out[:, :, 3] = np.clip(_soft(out[:, :, 3], edge_sigma), 0, 1)
     return out
 
@@ -121,7 +124,9 @@ def _read_mask(path: Path, channel: int) -> np.ndarray | None:
         ok, pages = cv2.imreadmulti(str(path), flags=cv2.IMREAD_UNCHANGED)
         if ok and len(pages) > 1:
             if channel >= len(pages):
-                raise ValueError(f"mask {path}: has {len(pages)} channels, mask_channel={channel} is out of range")
+                raise ValueError(
+                    f"mask {path}: has {len(pages)} channels, mask_channel={channel} is out of range"
+                )
             m = pages[channel]
             return (m > 0).astype(np.float32)
     m = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
@@ -183,6 +188,8 @@ def load_cutouts(folder: str | Path, mask_channel: int = 0) -> list[np.ndarray]:
             continue
         out.append(fit_square(rgb, alpha))
     if not out:
-        raise ValueError(f"cut-out folder {folder} has no usable files; expected RGBA PNGs, or image + mask pairs "
-                         f"(name.jpg + name_mask.png, or images/name.jpg + masks/name[_mask].*) with a non-empty mask")
+        raise ValueError(
+            f"cut-out folder {folder} has no usable files; expected RGBA PNGs, or image + mask pairs "
+            f"(name.jpg + name_mask.png, or images/name.jpg + masks/name[_mask].*) with a non-empty mask"
+        )
     return out

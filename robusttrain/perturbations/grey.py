@@ -6,6 +6,7 @@ one clear message: an RGB frame reaching an MRI artifact is a configuration mist
 about. Every spatial quantity they use is relative to the image size (normalised coordinates, cycles
 per image, fractions of the shorter side), so params sampled at one size replay at any other.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,10 @@ from .base import Params, Perturbation, from_float01, to_float01
 
 
 def _grey_error(name: str, what: str) -> ValueError:
-    return ValueError(f"{name}: needs single-channel (grey) images — MRI / X-ray intensities — "
-                      f"{what}; convert colour images to grey first or use a colour family")
+    return ValueError(
+        f"{name}: needs single-channel (grey) images — MRI / X-ray intensities — "
+        f"{what}; convert colour images to grey first or use a colour family"
+    )
 
 
 class GreyPerturbation(Perturbation):
@@ -42,8 +45,10 @@ class GreyPerturbation(Perturbation):
 
     def _check_channels_torch(self, images: Any) -> None:
         if isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[1] != 1:
-            raise _grey_error(self.name, f"a (B,1,H,W) batch, got shape {tuple(images.shape)} "
-                                         f"with {images.shape[1]} channels")
+            raise _grey_error(
+                self.name,
+                f"a (B,1,H,W) batch, got shape {tuple(images.shape)} with {images.shape[1]} channels",
+            )
 
     def _check_channels_np(self, image: Any) -> None:
         if isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[2] != 1:
@@ -62,19 +67,29 @@ class GreyPerturbation(Perturbation):
         return super().check_numpy(image, mask)
 
     def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
-        if (self.cpu_planes and images.device.type == "cpu" and images.dtype == torch.float32
-                and not images.requires_grad):
+        if (
+            self.cpu_planes
+            and images.device.type == "cpu"
+            and images.dtype == torch.float32
+            and not images.requires_grad
+        ):
             x = images.detach().contiguous().numpy()
-            out = torch.empty(images.shape, dtype=images.dtype)  # contiguous planes, whatever the input strides
+            out = torch.empty(
+                images.shape, dtype=images.dtype
+            )  # contiguous planes, whatever the input strides
             o = out.numpy()
             mk = None if masks is None else masks.detach().cpu().numpy()
             pn = {k: v.detach().cpu().numpy() for k, v in params.items()}
             for i in range(x.shape[0]):
-                self._grey_np(x[i, 0], None if mk is None else mk[i], {k: v[i] for k, v in pn.items()}, out=o[i, 0])
+                self._grey_np(
+                    x[i, 0], None if mk is None else mk[i], {k: v[i] for k, v in pn.items()}, out=o[i, 0]
+                )
             return out
         return self._grey_torch(images[:, 0], masks, params).unsqueeze(1)
 
-    def _apply_np(self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]) -> np.ndarray:
+    def _apply_np(
+        self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]
+    ) -> np.ndarray:
         x = np.ascontiguousarray(to_float01(image)[:, :, 0])
         out = self._grey_np(x, mask, params, out=np.empty_like(x))
         return from_float01(out, image.dtype)[:, :, None]
@@ -82,8 +97,9 @@ class GreyPerturbation(Perturbation):
     def _grey_torch(self, x: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
         raise NotImplementedError
 
-    def _grey_np(self, x: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray],
-                 out: np.ndarray) -> np.ndarray:
+    def _grey_np(
+        self, x: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray], out: np.ndarray
+    ) -> np.ndarray:
         """Write the result for one float32 (H,W) plane ``x`` into ``out`` (same shape) and return it."""
         raise NotImplementedError
 
@@ -121,7 +137,7 @@ def _noise_padded(h: int, w: int) -> np.ndarray:
 def noise_window_np(offset: np.ndarray, h: int, w: int, field: int = 0) -> np.ndarray:
     """One sample's (H,W) noise (a read-only view) at integer ``offset`` (oy, ox)."""
     oy, ox = int(offset[0]) % NOISE_SIDE, int(offset[1]) % NOISE_SIDE
-    return _noise_padded(h, w)[field, oy:oy + h, ox:ox + w]
+    return _noise_padded(h, w)[field, oy : oy + h, ox : ox + w]
 
 
 _TEXTURE_ON: dict[torch.device, torch.Tensor] = {}
@@ -143,7 +159,9 @@ def noise_windows(offset: torch.Tensor, h: int, w: int, field: int = 0) -> torch
 # --------------------------------------------------------------------------------------
 # Tone curves: out = clip(gain * x**gamma + offset).
 # --------------------------------------------------------------------------------------
-def tone_torch(x: torch.Tensor, gamma: torch.Tensor, gain: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+def tone_torch(
+    x: torch.Tensor, gamma: torch.Tensor, gain: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
     """Per-sample tone curve on a (B,H,W) batch."""
     s = (slice(None),) + (None,) * (x.ndim - 1)
     # exp(gamma log x + log gain): several times faster than pow with a per-sample exponent tensor;
@@ -153,7 +171,9 @@ def tone_torch(x: torch.Tensor, gamma: torch.Tensor, gain: torch.Tensor, offset:
     return out.exp_().add_(offset.to(x.dtype)[s]).clamp_(0.0, 1.0)
 
 
-def tone_np(x: np.ndarray, gamma: float, gain: float, offset: float, out: np.ndarray | None = None) -> np.ndarray:
+def tone_np(
+    x: np.ndarray, gamma: float, gain: float, offset: float, out: np.ndarray | None = None
+) -> np.ndarray:
     """The same curve on one float32 image (x >= 0), written into ``out`` when given."""
     # exp(gamma log x + log gain) in three OpenCV passes: twice as fast as cv2.pow alone. x is floored
     # (inputs may undershoot 0 by float noise, and log 0 = -inf would turn addWeighted's 0 * -inf into

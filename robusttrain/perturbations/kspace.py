@@ -7,6 +7,7 @@ fractions of the Nyquist band (``k / (n/2)``), so a mask defined in those units 
 image size. A separable mask is applied as 1-D passes along x and y (OpenCV row DFTs per plane on
 the numpy / CPU path, ``torch.fft`` on the batch elsewhere); the paths agree far below one grey level.
 """
+
 from __future__ import annotations
 
 import cv2
@@ -17,7 +18,11 @@ import torch
 def freqs(n: int, half: bool = False, xp=torch, device: torch.device | None = None):
     """Signed integer frequencies (cycles per image) of an n-point FFT axis (``half``: the rfft axis)."""
     if xp is torch:
-        f = torch.fft.rfftfreq(n, d=1.0 / n, device=device) if half else torch.fft.fftfreq(n, d=1.0 / n, device=device)
+        f = (
+            torch.fft.rfftfreq(n, d=1.0 / n, device=device)
+            if half
+            else torch.fft.fftfreq(n, d=1.0 / n, device=device)
+        )
         return f.round()
     f = np.fft.rfftfreq(n, d=1.0 / n) if half else np.fft.fftfreq(n, d=1.0 / n)
     return np.round(f)

@@ -7,6 +7,7 @@ Navier-Stokes). The dilation and the inpainting radius are fractions of the shor
 batched GPU inpainting), so it synchronises with the host; melt is a checker relation, not a hot-path
 augmentation.
 """
+
 from __future__ import annotations
 
 import cv2
@@ -42,8 +43,12 @@ class Melt(Perturbation):
         dilate = r.integers(self.severity, self.severity + 1, (b,)) / REF_SIDE
         radius = r.integers(3, 6, (b,)) / REF_SIDE
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
-        return {"threshold": zeros + self.THRESH[self.severity], "dilate_rel": f32(dilate),
-                "method": r.integers(0, 2, (b,)), "radius_rel": f32(radius)}
+        return {
+            "threshold": zeros + self.THRESH[self.severity],
+            "dilate_rel": f32(dilate),
+            "method": r.integers(0, 2, (b,)),
+            "radius_rel": f32(radius),
+        }
 
     def region(self, image: np.ndarray, mask: np.ndarray | None, params: dict) -> np.ndarray:
         """uint8 (H,W) inpainting mask (255 = melt) for one image."""

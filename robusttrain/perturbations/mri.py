@@ -7,6 +7,7 @@ coordinates, cycles per image, fractions of the k-space band, intensities in [0,
 a 128 px slice replay on the same slice at 256 px. Severity 1 is a just-visible artifact, severity 5 the
 strongest one a clinical scan plausibly shows; the ranges are in each class's docstring.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,12 +72,15 @@ def bias_log_field(coeffs, strength, h: int, w: int, device=None):
     if xp is torch:
         grid = g @ c @ g.T  # (B,G,G)
         centre = grid.mean((1, 2), keepdim=True)
-        scale = strength.float()[:, None, None] / (grid - centre).abs().amax((1, 2), keepdim=True).clamp_min(1e-6)
+        scale = strength.float()[:, None, None] / (grid - centre).abs().amax((1, 2), keepdim=True).clamp_min(
+            1e-6
+        )
         return (py @ c @ px.T - centre) * scale
     grid = g @ c @ g.T
     centre = grid.mean((1, 2), keepdims=True)
     scale = np.asarray(strength, np.float32)[:, None, None] / np.maximum(
-        np.abs(grid - centre).max((1, 2), keepdims=True), 1e-6)
+        np.abs(grid - centre).max((1, 2), keepdims=True), 1e-6
+    )
     return ((py @ c @ px.T - centre) * scale).astype(np.float32)
 
 
@@ -167,7 +171,9 @@ class Ghosting(GreyPerturbation):
             idx = (ax == a).nonzero().flatten()
             if idx.numel():
                 k = freqs(n, True, torch, x.device)
-                comb = (torch.remainder(k[None], g[idx].to(k.dtype)[:, None]) == 0) & (k.abs() > RESTORE)[None]
+                comb = (torch.remainder(k[None], g[idx].to(k.dtype)[:, None]) == 0) & (k.abs() > RESTORE)[
+                    None
+                ]
                 out[idx] = filter_axis_torch(x[idx], 1 - it[idx].float()[:, None] * comb, dim)
         return out.abs_().clamp_(max=1.0).to(x.dtype)
 
@@ -210,7 +216,7 @@ class Gibbs(GreyPerturbation):
         out = x
         for n, dim, col in ((w, -1, 1), (h, -2, 0)):
             k = freqs(n, True, torch, x.device)
-            out = filter_axis_torch(out, (k[None] <= keep[:, col:col + 1] * n / 2).float(), dim)
+            out = filter_axis_torch(out, (k[None] <= keep[:, col : col + 1] * n / 2).float(), dim)
         return out.abs().clamp_(max=1.0).to(x.dtype)
 
     def _grey_np(self, x, mask, params, out):
@@ -233,7 +239,9 @@ def _spike_factors(freq, phase, amp, h: int, w: int, xp, device=None):
         left = torch.cat([a * torch.cos(by), -a * torch.sin(by)], 1).transpose(1, 2)
         return left, torch.cat([torch.cos(ax), torch.sin(ax)], 1)
     by = (2 * np.pi * np.asarray(fy, np.float32)[:, :, None] * v).astype(np.float32)
-    ax = (2 * np.pi * np.asarray(fx, np.float32)[:, :, None] * u + np.asarray(phase, np.float32)[:, :, None]).astype(np.float32)
+    ax = (
+        2 * np.pi * np.asarray(fx, np.float32)[:, :, None] * u + np.asarray(phase, np.float32)[:, :, None]
+    ).astype(np.float32)
     a = np.asarray(amp, np.float32)[:, :, None]
     left = np.concatenate([a * np.cos(by), -a * np.sin(by)], 1).transpose(0, 2, 1)
     return left, np.concatenate([np.cos(ax), np.sin(ax)], 1)
@@ -388,8 +396,11 @@ class Gamma(_Tone):
         xp = torch if isinstance(sign, torch.Tensor) else np
         g = xp.exp(sign * r.uniform(lo, hi, (b,)))
         d = 0.04 * self.severity
-        return {"gamma": g.float() if xp is torch else g.astype(np.float32),
-                "gain": r.uniform(1 - d, 1 + d, (b,)), "offset": r.uniform(0.0, 0.0, (b,))}
+        return {
+            "gamma": g.float() if xp is torch else g.astype(np.float32),
+            "gain": r.uniform(1 - d, 1 + d, (b,)),
+            "offset": r.uniform(0.0, 0.0, (b,)),
+        }
 
 
 __all__ = ["BiasField", "Ghosting", "Gibbs", "Spike", "RicianNoise", "Gamma"]

@@ -14,6 +14,7 @@ same params draw the same object at any resolution. Both paths resample the cut-
 bilinear formula (``grid_sample`` with ``align_corners=True`` / its numpy twin) inside a window around
 the object only.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,19 +58,29 @@ class PastedObject(PlacedSampling, Perturbation):
     SIZE_FRAC = {1: (0.12, 0.18), 2: (0.18, 0.25), 3: (0.25, 0.32), 4: (0.32, 0.40), 5: (0.40, 0.50)}
     PARAM_KEYS = ("index", "center_rel", "size_rel", "angle", "flip", "gain", "visible")
 
-    def __init__(self, severity: int = 3, cutouts: str | Path | None = None, mask_channel: int = 0,
-                 n_procedural: int = 8):
+    def __init__(
+        self,
+        severity: int = 3,
+        cutouts: str | Path | None = None,
+        mask_channel: int = 0,
+        n_procedural: int = 8,
+    ):
         super().__init__(severity)
         self.cutouts = None if cutouts is None else str(cutouts)
-        items = (load_cutouts(cutouts, mask_channel) if cutouts is not None
-                 else procedural_cutouts(self.kind, n_procedural))
+        items = (
+            load_cutouts(cutouts, mask_channel)
+            if cutouts is not None
+            else procedural_cutouts(self.kind, n_procedural)
+        )
         self.bank = np.stack(items)  # (N,S,S,4) float32
         a = self.bank[..., 3]
         self._luma = ((self.bank[..., :3] @ LUMA) * a).sum((1, 2)) / np.maximum(a.sum((1, 2)), 1e-6)
         self._bank_on: dict[torch.device, torch.Tensor] = {}
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(severity={self.severity}, cutouts={self.cutouts!r}, n={len(self.bank)})"
+        return (
+            f"{type(self).__name__}(severity={self.severity}, cutouts={self.cutouts!r}, n={len(self.bank)})"
+        )
 
     def _bank(self, device):
         if device not in self._bank_on:
@@ -101,13 +112,27 @@ class PastedObject(PlacedSampling, Perturbation):
         jit = dev(r.uniform(0, 1, (b, 2)))
         y = ((cells[:, 0] // wc) + jit[:, 0]) * k  # continuous coordinates in [0, h)
         x = ((cells[:, 0] % wc) + jit[:, 1]) * k
-        vis = (gather_cells(free, y[:, None], x[:, None], k) if th else gather_cells_np(free, y[:, None], x[:, None], k))[:, 0]
-        near = (gather_cells(luma, y[:, None], x[:, None], k) if th else gather_cells_np(luma, y[:, None], x[:, None], k))[:, 0]
+        vis = (
+            gather_cells(free, y[:, None], x[:, None], k)
+            if th
+            else gather_cells_np(free, y[:, None], x[:, None], k)
+        )[:, 0]
+        near = (
+            gather_cells(luma, y[:, None], x[:, None], k)
+            if th
+            else gather_cells_np(luma, y[:, None], x[:, None], k)
+        )[:, 0]
         idx = dev(r.integers(0, len(self.bank), (b,)))
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
-        return {"index": idx, "center_rel": f32(xp.stack([y / h, x / w], 1)), "size_rel": f32(size / side),
-                "angle": f32(dev(r.uniform(0, 2 * math.pi, (b,)))), "flip": dev(r.integers(0, 2, (b,))),
-                "gain": f32(self._gain(near, idx, xp, device)), "visible": f32(vis)}
+        return {
+            "index": idx,
+            "center_rel": f32(xp.stack([y / h, x / w], 1)),
+            "size_rel": f32(size / side),
+            "angle": f32(dev(r.uniform(0, 2 * math.pi, (b,)))),
+            "flip": dev(r.integers(0, 2, (b,))),
+            "gain": f32(self._gain(near, idx, xp, device)),
+            "visible": f32(vis),
+        }
 
     # -- rendering ----------------------------------------------------------------------------
     def _half(self, h: int, w: int) -> int:
@@ -135,26 +160,39 @@ class PastedObject(PlacedSampling, Perturbation):
         sub = (torch.arange(n, device=dev, dtype=torch.float32) + 0.5) / n - 0.5
         off = (torch.arange(-half, half + 1, device=dev, dtype=torch.float32)[:, None] + sub).reshape(-1)
         e = lambda t: t.float()[:, None, None]  # noqa: E731
-        u, v = self._source_coords(ry[:, None, None] + off[None, :, None], rx[:, None, None] + off[None, None, :],
-                                   e(cy), e(cx), e(params["size_rel"]) * short_side(h, w), e(params["angle"]),
-                                   e(params["flip"]), torch)
+        u, v = self._source_coords(
+            ry[:, None, None] + off[None, :, None],
+            rx[:, None, None] + off[None, None, :],
+            e(cy),
+            e(cx),
+            e(params["size_rel"]) * short_side(h, w),
+            e(params["angle"]),
+            e(params["flip"]),
+            torch,
+        )
         grid = torch.stack([u / (SIZE - 1) * 2 - 1, v / (SIZE - 1) * 2 - 1], -1)  # (B,P*n,P*n,2)
         src = self._bank(dev)[params["index"]]
-        rgba = F.grid_sample(src, grid.to(src.dtype), mode="bilinear", padding_mode="zeros", align_corners=True)
+        rgba = F.grid_sample(
+            src, grid.to(src.dtype), mode="bilinear", padding_mode="zeros", align_corners=True
+        )
         alpha = rgba[:, 3:]
         prem = (rgba[:, :3] * params["gain"].float()[:, None, None, None]).clamp(0, 1) * alpha
         if n > 1:  # area-average the sub-pixel samples (colour premultiplied by alpha)
             alpha, prem = F.avg_pool2d(alpha, n), F.avg_pool2d(prem, n)
         colour = prem / alpha.clamp_min(1e-6)
         win = torch.arange(-half, half + 1, device=dev, dtype=torch.float32)
-        py, px = ry[:, None, None] + win[None, :, None], rx[:, None, None] + win[None, None, :]  # (B,P,1), (B,1,P)
-        inside = ((py >= 0) & (py < h) & (px >= 0) & (px < w))
+        py, px = (
+            ry[:, None, None] + win[None, :, None],
+            rx[:, None, None] + win[None, None, :],
+        )  # (B,P,1), (B,1,P)
+        inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
         alpha = alpha[:, 0] * inside * params["visible"].float()[:, None, None]
         # Scatter the window into full-size canvases; out-of-image pixels go to a spare slot at index H*W.
         idx = torch.where(inside, py * w + px, torch.full_like(py * px, h * w)).long().reshape(b, -1)
         acan = images.new_zeros(b, h * w + 1).scatter_(1, idx, alpha.reshape(b, -1).to(images.dtype))
         ccan = images.new_zeros(b, c, h * w + 1).scatter_(
-            2, idx[:, None].expand(b, c, -1), colour.reshape(b, c, -1).to(images.dtype))
+            2, idx[:, None].expand(b, c, -1), colour.reshape(b, c, -1).to(images.dtype)
+        )
         a = acan[:, : h * w].view(b, 1, h, w) * fov_mask(images)
         if masks is not None:
             a = a * (masks[:, None] == 0)
@@ -182,7 +220,9 @@ class PastedObject(PlacedSampling, Perturbation):
         prem = np.clip(rgba[:, :, :3] * np.float32(params["gain"]), 0, 1) * alpha
         if n > 1:  # n x n box mean (avg_pool2d's twin); cv2's area resize at an integer factor is one
             hh, ww = y1 - y0, x1 - x0  # SIMD pass, ~10x a numpy mean over strided axes
-            alpha = cv2.resize(np.ascontiguousarray(alpha[:, :, 0]), (ww, hh), interpolation=cv2.INTER_AREA)[:, :, None]
+            alpha = cv2.resize(np.ascontiguousarray(alpha[:, :, 0]), (ww, hh), interpolation=cv2.INTER_AREA)[
+                :, :, None
+            ]
             prem = cv2.resize(np.ascontiguousarray(prem), (ww, hh), interpolation=cv2.INTER_AREA)
         colour = prem / np.maximum(alpha, np.float32(1e-6))
         alpha = alpha[:, :, 0] * fov_mask_np(image)[y0:y1, x0:x1]
@@ -241,14 +281,19 @@ class Instrument(PastedObject):
         lo, hi = self.SIZE_FRAC[self.severity]
         size = dev(r.uniform(lo, hi, (b,))) * side
         j = torch.arange(nc, device=device, dtype=torch.float32) if th else np.arange(nc, dtype=np.float32)
-        theta = dev(r.uniform(0, 2 * math.pi, (b, 1))) + j[None] * (2 * math.pi / nc)  # (B,C) entry directions
+        theta = dev(r.uniform(0, 2 * math.pi, (b, 1))) + j[None] * (
+            2 * math.pi / nc
+        )  # (B,C) entry directions
         inward = theta + math.pi + dev(r.uniform(-self.JITTER, self.JITTER, (b, nc)))
         idx = dev(r.integers(0, len(self.bank), (b,)))
         flip = dev(r.integers(0, 2, (b,)))
         # March each ray from the centre; the entry point is the farthest ray point inside the view.
         cy0, cx0 = h / 2, w / 2
-        steps = (torch.arange(1, self.STEPS + 1, device=device).float() if th
-                 else np.arange(1, self.STEPS + 1, dtype=np.float32)) * (0.5 * math.hypot(h, w) / self.STEPS)
+        steps = (
+            torch.arange(1, self.STEPS + 1, device=device).float()
+            if th
+            else np.arange(1, self.STEPS + 1, dtype=np.float32)
+        ) * (0.5 * math.hypot(h, w) / self.STEPS)
         sy, sx = xp.sin(theta)[..., None], xp.cos(theta)[..., None]
         py, px = cy0 + steps * sy, cx0 + steps * sx  # (B,C,T)
         inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
@@ -257,23 +302,37 @@ class Instrument(PastedObject):
         ey, ex = cy0 + t_edge * sy[..., 0], cx0 + t_edge * sx[..., 0]
         dy, dx = xp.sin(inward), xp.cos(inward)
         # The shaft (entry point to ~60 % of the cut-out inwards) must stay off the lesion.
-        fr = (torch.linspace(0.05, 0.6, 8, device=device) if th else np.linspace(0.05, 0.6, 8).astype(np.float32))
+        fr = (
+            torch.linspace(0.05, 0.6, 8, device=device)
+            if th
+            else np.linspace(0.05, 0.6, 8).astype(np.float32)
+        )
         along = size[:, None, None] * fr  # (B,1,8)
         qy, qx = ey[..., None] + dy[..., None] * along, ex[..., None] + dx[..., None] * along
         okf = gather(free, qy.reshape(b, -1), qx.reshape(b, -1), k).reshape(qy.shape)
         okf = okf.float().mean(-1) if th else okf.astype(np.float32).mean(-1)  # (B,C)
         score = (okf >= 1) * (2.0 * nc) + okf * nc - j[None]  # first fully free candidate, else the freest
         pick = score.argmax(1)
-        take = (lambda a: a.gather(1, pick[:, None])[:, 0]) if th else (lambda a: np.take_along_axis(a, pick[:, None], 1)[:, 0])  # noqa: E731
+        take = (
+            (lambda a: a.gather(1, pick[:, None])[:, 0])
+            if th
+            else (lambda a: np.take_along_axis(a, pick[:, None], 1)[:, 0])
+        )  # noqa: E731
         ey, ex, dy, dx, ang, ok = take(ey), take(ex), take(dy), take(dx), take(inward), take(okf)
         base = self.OVERHANG * size
         cy, cx = ey - dy * base + dy * size / 2, ex - dx * base + dx * size / 2
         my, mx = ey + dy * 0.35 * size, ex + dx * 0.35 * size  # mid-shaft: brightness reference
         near = gather(luma, my[:, None], mx[:, None], k)[:, 0]
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
-        return {"index": idx, "center_rel": f32(xp.stack([cy / h, cx / w], 1)), "size_rel": f32(size / side),
-                "angle": f32(ang), "flip": flip, "gain": f32(self._gain(near, idx, xp, device)),
-                "visible": f32(ok >= 0.5)}
+        return {
+            "index": idx,
+            "center_rel": f32(xp.stack([cy / h, cx / w], 1)),
+            "size_rel": f32(size / side),
+            "angle": f32(ang),
+            "flip": flip,
+            "gain": f32(self._gain(near, idx, xp, device)),
+            "visible": f32(ok >= 0.5),
+        }
 
 
 class Feces(PastedObject):

@@ -6,6 +6,7 @@ and holds no lesion pixel. Picks use the Gumbel-max trick on the whole grid, so 
 tensor ops only (no host sync). The numpy path computes the same maps with OpenCV and then reuses the
 torch picker on those tiny maps with a generator seeded from its ``rng``.
 """
+
 from __future__ import annotations
 
 import cv2
@@ -65,7 +66,11 @@ def _maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch
     luma = (low * torch.as_tensor(LUMA, device=low.device, dtype=low.dtype)[None, :, None, None]).sum(1)
     if masks is not None:
         hc, wc = free.shape[-2:]
-        les = F.max_pool2d((masks[:, None, : hc * k, : wc * k] != 0).float(), k) if k > 1 else (masks[:, None] != 0).float()
+        les = (
+            F.max_pool2d((masks[:, None, : hc * k, : wc * k] != 0).float(), k)
+            if k > 1
+            else (masks[:, None] != 0).float()
+        )
         free = free & (les[:, 0] < 0.5)
     return luma, free, k
 
@@ -128,6 +133,7 @@ __all__ = ["maps_torch", "maps_np", "erode_cells", "pick_cells", "gather_cells",
 
 # ---- numpy twins, used by the numpy path's sampler (torch op overhead dominates on such tiny maps) ----
 
+
 def maps_np_arrays(image: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int]:
     """Like :func:`maps_np` but returns (luma (1,Hc,Wc) float32, free (1,Hc,Wc) bool, k) as numpy."""
     luma, free, k = maps_np(image, mask)
@@ -176,12 +182,15 @@ class PlacedSampling:
     def _sample_torch(self, images, masks, generator):
         luma, free, k = maps_torch(images, masks)
         extra = {"fov": maps_torch(images, None)[1] if masks is not None else free} if self.needs_fov else {}
-        return self._place(luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device,
-                           **extra)
+        return self._place(
+            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, **extra
+        )
 
     def sample_numpy(self, image, mask=None, rng=None):
         image, mask = self.check_numpy(image, mask)
         luma, free, k = maps_np_arrays(image, mask)
-        extra = {"fov": maps_np_arrays(image, None)[1] if mask is not None else free} if self.needs_fov else {}
+        extra = (
+            {"fov": maps_np_arrays(image, None)[1] if mask is not None else free} if self.needs_fov else {}
+        )
         p = self._place(luma, free, k, image.shape[0], image.shape[1], NumpyRandom(rng), **extra)
         return {key: np.asarray(v)[0] for key, v in p.items()}

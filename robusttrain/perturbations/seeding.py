@@ -15,6 +15,7 @@ Example:
     >>> bool(np.array_equal(r(12345).random(3), np.random.default_rng(12345).random(3)))
     True
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,8 @@ def _hash_consts(init: int, mult: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
-_MIX_HASH = _hash_consts(0x43B0D7E5, 0x931E8875, 16)   # mix_entropy: 4 pool words + 12 mixes
-_GEN_HASH = _hash_consts(0x8B51F9DD, 0x58F38DED, 8)    # generate_state: 8 32-bit words
+_MIX_HASH = _hash_consts(0x43B0D7E5, 0x931E8875, 16)  # mix_entropy: 4 pool words + 12 mixes
+_GEN_HASH = _hash_consts(0x8B51F9DD, 0x58F38DED, 8)  # generate_state: 8 32-bit words
 _MIX_ORDER = [(s, d) for s in range(4) for d in range(4) if s != d]
 
 
@@ -65,8 +66,10 @@ def pcg64_state(seed: int) -> tuple[int, int]:
 
 
 def _matches_numpy() -> bool:
-    return all(pcg64_state(s) == tuple(np.random.PCG64(s).state["state"].values())
-               for s in (0, 1, 2**31 + 12345, 2**32 - 1))
+    return all(
+        pcg64_state(s) == tuple(np.random.PCG64(s).state["state"].values())
+        for s in (0, 1, 2**31 + 12345, 2**32 - 1)
+    )
 
 
 EXACT = _matches_numpy()  # False only if NumPy ever changed its seeding: then Reseeder uses default_rng

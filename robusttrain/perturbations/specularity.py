@@ -13,6 +13,7 @@ of its bounding box must be free; the field of view is convex) and only their wi
 n x n sub-pixel grid (:func:`~robusttrain.perturbations.base.supersampling`), so a spot looks the same
 at 128 px as the 512-px spot does downsized.
 """
+
 from __future__ import annotations
 
 import math
@@ -108,16 +109,23 @@ class Specularity(PlacedSampling, Perturbation):
             on_free = on_free & (gather(free, y + sy * reach, x + sx * reach, k) > 0)
             on_free = on_free & (y + sy * reach >= 0) & (y + sy * reach <= h - 1)
             on_free = on_free & (x + sx * reach >= 0) & (x + sx * reach <= w - 1)
-        valid = (xp.arange(hi)[None] < n[:, None]) if not th else (torch.arange(hi, device=device)[None] < n[:, None])
+        valid = (
+            (xp.arange(hi)[None] < n[:, None])
+            if not th
+            else (torch.arange(hi, device=device)[None] < n[:, None])
+        )
         valid = valid & inside & on_free
         near = gather_cells(luma, y, x, k) if th else gather_cells_np(luma, y, x, k)
         gray = xp.clip(near / 0.45, 0.35, 1.0)
         strength = gray * dev(r.uniform(0.85, 1.0, (b, hi))) * valid
         f32 = (lambda t: t.float()) if th else (lambda t: t.astype(np.float32))  # noqa: E731
         # y, x are continuous coordinates (cells span [i*k, (i+1)*k)), so y / h is already relative
-        return {"center_rel": f32(xp.stack([y / h, x / w], -1)),
-                "axes_rel": f32(xp.stack([a, bb], -1) / side), "angle": f32(ang), "strength": f32(strength)}
-
+        return {
+            "center_rel": f32(xp.stack([y / h, x / w], -1)),
+            "axes_rel": f32(xp.stack([a, bb], -1) / side),
+            "angle": f32(ang),
+            "strength": f32(strength),
+        }
 
     def _window(self, h: int, w: int) -> int:
         return math.ceil(REACH * self.LAMBDA[self.severity] * short_side(h, w)) + 1
@@ -128,7 +136,9 @@ class Specularity(PlacedSampling, Perturbation):
         p = 2 * half + 1
         # window offsets on the n x n sub-pixel grid: pixel j's samples sit at j + (i + 0.5)/n - 0.5
         sub = (torch.arange(n, device=images.device, dtype=torch.float32) + 0.5) / n - 0.5
-        off = (torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)[:, None] + sub).reshape(-1)
+        off = (
+            torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)[:, None] + sub
+        ).reshape(-1)
         cy = rel_to_px(params["center_rel"][..., 0].float(), h)
         cx = rel_to_px(params["center_rel"][..., 1].float(), w)
         ry, rx = torch.round(cy), torch.round(cx)
@@ -136,8 +146,17 @@ class Specularity(PlacedSampling, Perturbation):
         px = rx[..., None, None] + off[None, :]  # (B,S,1,P*n)
         e = lambda t: t.float()[..., None, None]  # noqa: E731
         ax = params["axes_rel"].float() * side
-        alpha = _alpha(py, px, e(cy), e(cx), e(ax[..., 0]), e(ax[..., 1]), e(params["angle"]),
-                       e(params["strength"]), torch)
+        alpha = _alpha(
+            py,
+            px,
+            e(cy),
+            e(cx),
+            e(ax[..., 0]),
+            e(ax[..., 1]),
+            e(params["angle"]),
+            e(params["strength"]),
+            torch,
+        )
         if n > 1:
             alpha = alpha.reshape(b, -1, p, n, p, n).mean((3, 5))
         win = torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)
@@ -184,8 +203,8 @@ class Specularity(PlacedSampling, Perturbation):
             sy1, sx1 = min(ys + p, y1), min(xs + p, x1)
             if sy1 <= sy0 or sx1 <= sx0:
                 continue
-            win = a[sy0 - ys:sy1 - ys, sx0 - xs:sx1 - xs]
-            dst = canvas[sy0 - y0:sy1 - y0, sx0 - x0:sx1 - x0]
+            win = a[sy0 - ys : sy1 - ys, sx0 - xs : sx1 - xs]
+            dst = canvas[sy0 - y0 : sy1 - y0, sx0 - x0 : sx1 - x0]
             np.maximum(dst, win, out=dst)
         if mask is not None:
             canvas *= mask[y0:y1, x0:x1] == 0

@@ -9,13 +9,23 @@ of them runs (only ``contrast`` and ``blur`` of the endoscopy suite do).
 >>> resolve(["xray", "motion_blur"])[-1]
 'motion_blur'
 """
+
 from __future__ import annotations
 
 from typing import Iterable
 
 SUITES: dict[str, tuple[str, ...]] = {
-    "endoscopy": ("saturation", "contrast", "white_balance", "specularity", "blur", "instrument", "feces",
-                  "blood", "text"),
+    "endoscopy": (
+        "saturation",
+        "contrast",
+        "white_balance",
+        "specularity",
+        "blur",
+        "instrument",
+        "feces",
+        "blood",
+        "text",
+    ),
     "mri": ("bias_field", "ghosting", "gibbs", "spike", "rician_noise", "gamma", "blur", "contrast"),
     "xray": ("quantum_noise", "exposure", "blur", "xray_markers", "collimation", "contrast"),
 }
@@ -42,11 +52,15 @@ def resolve(spec: str | Iterable[str]) -> list[str]:
         elif item in known:
             names = (item,)
         elif isinstance(spec, str):
-            raise ValueError(f"unknown perturbation suite {item!r}; valid suites: {', '.join(SUITES)} "
-                             f"(or a list of family names: {', '.join(sorted(known))})")
+            raise ValueError(
+                f"unknown perturbation suite {item!r}; valid suites: {', '.join(SUITES)} "
+                f"(or a list of family names: {', '.join(sorted(known))})"
+            )
         else:
-            raise ValueError(f"unknown perturbation {item!r}; valid families: {', '.join(sorted(known))}; "
-                             f"valid suites: {', '.join(SUITES)}")
+            raise ValueError(
+                f"unknown perturbation {item!r}; valid families: {', '.join(sorted(known))}; "
+                f"valid suites: {', '.join(SUITES)}"
+            )
         out.extend(n for n in names if n not in out)
     if not out:
         raise ValueError(f"perturbations: empty list; give a suite ({', '.join(SUITES)}) or family names")

@@ -10,6 +10,7 @@ Resolution independence: the text height and margins are fractions of the shorte
 times larger (at the 512-px font size) and area-averaged down by ``n``, so a 128-px frame shows what a
 512-px frame with the same overlay looks like once downsized (a cv2 font cannot be drawn 3 px high).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -24,8 +25,10 @@ from .base import REF_SIDE, Perturbation, TorchRandom, short_side
 CHARS = " 0123456789/:<>%.-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _IDX = {c: i for i, c in enumerate(CHARS)}
 # Placeholders: d = 0-9, m = 0-5, t = 0-2, o = 0-1; anything else is literal.
-BLOCKS = (("td/od/20td", "<td:md:md>", "CVP:d", "EH:Ad  CM:d", "CT:d  EF:d"),
-          ("ID:dddddd", "SN dddddd", "FR:dd%", "AGE:dd", "M"))
+BLOCKS = (
+    ("td/od/20td", "<td:md:md>", "CVP:d", "EH:Ad  CM:d", "CT:d  EF:d"),
+    ("ID:dddddd", "SN dddddd", "FR:dd%", "AGE:dd", "M"),
+)
 LINES = {1: (2, 0), 2: (3, 0), 3: (4, 0), 4: (4, 2), 5: (5, 3)}
 FONT_PX = {1: 11, 2: 12, 3: 13, 4: 14, 5: 16}  # glyph cell height on a 512-px image (shorter side)
 MARGIN = 0.015  # block margin from the image edge, fraction of the shorter side
@@ -60,7 +63,9 @@ def glyph_atlas(font_px: int) -> np.ndarray:
     atlas = np.zeros((len(CHARS), font_px, w), np.uint8)
     for i, ch in enumerate(CHARS):
         if ch != " ":
-            cv2.putText(atlas[i], ch, (0, int(font_px * 0.78)), cv2.FONT_HERSHEY_PLAIN, scale, 255, 1, cv2.LINE_AA)
+            cv2.putText(
+                atlas[i], ch, (0, int(font_px * 0.78)), cv2.FONT_HERSHEY_PLAIN, scale, 255, 1, cv2.LINE_AA
+            )
     return atlas.astype(np.float32) / 255.0
 
 
@@ -90,6 +95,7 @@ class Layout(NamedTuple):
     n-times finer grid and area-averaged); ``font``, ``gw``, ``pitch``: glyph height, width and line
     pitch on that grid; ``rows``: (block 0, block 1) heights and ``bw`` the width on that grid (clipped
     to the image); ``m``: margin in image px; ``h``, ``w``: the image size."""
+
     n: int
     font: int
     gw: int
@@ -157,8 +163,11 @@ class Text(Perturbation):
             rows = tuple(min(nl * pitch, lim_h) for nl in LINES[self.severity])
             lay = self._layouts[key] = Layout(n, font, gw, pitch, rows, min(L * gw, lim_w), m, h, w)
             # per (corner, block): fine-grid origin and pixel box, so the numpy path does no layout maths
-            self._boxes[key] = {(c, k): tuple(int(v) for v in lay.origin_ss(c, k)) + lay.region(c, k)
-                                for c in range(4) for k in range(2)}
+            self._boxes[key] = {
+                (c, k): tuple(int(v) for v in lay.origin_ss(c, k)) + lay.region(c, k)
+                for c in range(4)
+                for k in range(2)
+            }
         return self._layouts[key]
 
     def _draw(self, r, b):
@@ -181,7 +190,9 @@ class Text(Perturbation):
         # position of the first and second free corner (or 3 when missing)
         first = ((rank < 1).sum(1)).clamp(max=3)
         second = ((rank < 2).sum(1)).clamp(max=3)
-        corner = torch.stack([order.gather(1, first[:, None])[:, 0], order.gather(1, second[:, None])[:, 0]], 1)
+        corner = torch.stack(
+            [order.gather(1, first[:, None])[:, 0], order.gather(1, second[:, None])[:, 0]], 1
+        )
         n1 = LINES[self.severity][1]
         vis = torch.stack([rank[:, -1] >= 1, (rank[:, -1] >= 2) & (n1 > 0)], 1)
         return corner, vis.float()
@@ -209,8 +220,10 @@ class Text(Perturbation):
         image, mask = self.check_numpy(image, mask)
         rng = rng if rng is not None else np.random.default_rng()
         u = rng.random(2 * 5 * L + 5)  # one draw: characters, corner order keys, level (as _draw)
-        codes = (np.where(_FIXED >= 0, _FIXED, (u[:-5].reshape(2, 5, L) * _SPAN).astype(np.int64) + _LO + 1)
-                 * _SHOWN[self.severity])
+        codes = (
+            np.where(_FIXED >= 0, _FIXED, (u[:-5].reshape(2, 5, L) * _SPAN).astype(np.int64) + _LO + 1)
+            * _SHOWN[self.severity]
+        )
         order = np.argsort(u[-5:-1])
         if mask is not None:
             h, w = image.shape[:2]
@@ -227,7 +240,12 @@ class Text(Perturbation):
         n1 = LINES[self.severity][1]
         corner = np.array((list(order) + [3, 3])[:2], np.int64)
         visible = np.array([len(order) >= 1, len(order) >= 2 and n1 > 0], np.float32)
-        return {"codes": codes, "level": np.float32(0.75 + 0.25 * u[-1]), "corner": corner, "visible": visible}
+        return {
+            "codes": codes,
+            "level": np.float32(0.75 + 0.25 * u[-1]),
+            "corner": corner,
+            "visible": visible,
+        }
 
     def _apply_torch(self, images, masks, params):
         b, c, h, w = images.shape
@@ -241,12 +259,15 @@ class Text(Perturbation):
             if nl == 0:
                 continue
             glyphs = atlas[params["codes"][:, k, :nl]]  # (B,nl,L,pitch,gw)
-            block = glyphs.permute(0, 1, 3, 2, 4).reshape(b, nl * lay.pitch, L * lay.gw)[:, :rows, :lay.bw]
+            block = glyphs.permute(0, 1, 3, 2, 4).reshape(b, nl * lay.pitch, L * lay.gw)[:, :rows, : lay.bw]
             block = block * params["visible"][:, k, None, None].to(block.dtype)
             y0, x0 = lay.origin_ss(params["corner"][:, k], k)  # (B,)
             # blocks are clipped inside the margins (see layout), so every index lies in the image
-            idx = ((y0[:, None, None] + torch.arange(rows, device=dev)[:, None]) * ws
-                   + x0[:, None, None] + torch.arange(lay.bw, device=dev)[None, :]).reshape(b, -1)
+            idx = (
+                (y0[:, None, None] + torch.arange(rows, device=dev)[:, None]) * ws
+                + x0[:, None, None]
+                + torch.arange(lay.bw, device=dev)[None, :]
+            ).reshape(b, -1)
             canvas.scatter_reduce_(1, idx, block.reshape(b, -1).to(images.dtype), reduce="amax")
         canvas = canvas.view(b, 1, hs, ws)
         if n > 1:
@@ -269,11 +290,15 @@ class Text(Perturbation):
             nl, rows = LINES[self.severity][k], lay.rows[k]
             if vis[k] <= 0 or nl == 0:
                 continue
-            a = atlas[codes[k, :nl]].transpose(0, 2, 1, 3).reshape(nl * lay.pitch, L * lay.gw)[:rows, :lay.bw]
+            a = (
+                atlas[codes[k, :nl]]
+                .transpose(0, 2, 1, 3)
+                .reshape(nl * lay.pitch, L * lay.gw)[:rows, : lay.bw]
+            )
             ys, xs, y0, y1, x0, x1 = boxes[(int(corner[k]), k)]
             if n > 1:  # place the block on the fine grid of its pixel box, then area-average by n
                 fine = np.zeros(((y1 - y0) * n, (x1 - x0) * n), np.float32)
-                fine[ys - y0 * n: ys - y0 * n + rows, xs - x0 * n: xs - x0 * n + lay.bw] = a
+                fine[ys - y0 * n : ys - y0 * n + rows, xs - x0 * n : xs - x0 * n + lay.bw] = a
                 a = fine.reshape(y1 - y0, n, x1 - x0, n).mean((1, 3))
             if mask is not None and np.count_nonzero(mask[y0:y1, x0:x1]):  # (sampled corners hold none)
                 a = a * (mask[y0:y1, x0:x1] == 0)
@@ -287,5 +312,7 @@ class Text(Perturbation):
         return out
 
 
-_SHOWN = {s: np.stack([np.arange(5) < n0, np.arange(5) < n1])[:, :, None].astype(np.int64)
-          for s, (n0, n1) in LINES.items()}
+_SHOWN = {
+    s: np.stack([np.arange(5) < n0, np.arange(5) < n1])[:, :, None].astype(np.int64)
+    for s, (n0, n1) in LINES.items()
+}

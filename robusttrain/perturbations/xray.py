@@ -4,6 +4,7 @@
 Same two-path contract as every family (:mod:`.base`); params in image-size-free units (fractions of the
 shorter side, normalised coordinates, intensities in [0,1]), so they replay at any size.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,8 +86,11 @@ class Exposure(_Tone):
         off = r.uniform(*self.OFFSET[self.severity], (b,))
         if isinstance(sign, torch.Tensor):
             return {"gamma": torch.exp(sign * lg), "gain": torch.ones(b), "offset": -sign * off}
-        return {"gamma": np.exp(sign * lg).astype(np.float32), "gain": np.ones(b, np.float32),
-                "offset": (-sign * off).astype(np.float32)}
+        return {
+            "gamma": np.exp(sign * lg).astype(np.float32),
+            "gain": np.ones(b, np.float32),
+            "offset": (-sign * off).astype(np.float32),
+        }
 
 
 # --------------------------------------------------------------------------------------
@@ -114,7 +118,7 @@ def collimation_alpha(depth, angle, soft, h: int, w: int, xp=torch, device=None)
     alpha = None
     for k, d in enumerate(dist):
         dk = dep[:, k, None, None]
-        a = ((dk - d) / sf + 0.5)
+        a = (dk - d) / sf + 0.5
         a = (a.clamp(0.0, 1.0) if xp is torch else np.clip(a, 0.0, 1.0)) * (dk > 0)
         alpha = a if alpha is None else (torch.maximum(alpha, a) if xp is torch else np.maximum(alpha, a))
     return alpha
@@ -141,13 +145,13 @@ def collimation_alpha_np(depth: np.ndarray, angle: float, soft: float, h: int, w
             d = v[:n, None] - t * (u[None, :] - cu)
         elif k == 1:
             rows, cols = slice(h - n, h), slice(None)
-            d = (np.float32(h / s) - v[h - n:, None]) + t * (u[None, :] - cu)
+            d = (np.float32(h / s) - v[h - n :, None]) + t * (u[None, :] - cu)
         elif k == 2:
             rows, cols = slice(None), slice(0, n)
             d = u[None, :n] + t * (v[:, None] - cv)
         else:
             rows, cols = slice(None), slice(w - n, w)
-            d = (np.float32(w / s) - u[None, w - n:]) - t * (v[:, None] - cv)
+            d = (np.float32(w / s) - u[None, w - n :]) - t * (v[:, None] - cv)
         a = np.clip((dk - d) / sf + np.float32(0.5), 0.0, 1.0)
         np.maximum(alpha[rows, cols], a, out=alpha[rows, cols])
     return alpha
@@ -171,20 +175,29 @@ class Collimation(GreyPerturbation):
     """
 
     name = "collimation"
-    SIDES_DEPTH = {1: (1, 0.03, 0.06), 2: (2, 0.05, 0.09), 3: (2, 0.08, 0.12), 4: (3, 0.1, 0.15), 5: (4, 0.12, 0.2)}
+    SIDES_DEPTH = {
+        1: (1, 0.03, 0.06),
+        2: (2, 0.05, 0.09),
+        3: (2, 0.08, 0.12),
+        4: (3, 0.1, 0.15),
+        5: (4, 0.12, 0.2),
+    }
 
     def _draw(self, r, b):
         n, lo, hi = self.SIDES_DEPTH[self.severity]
         keys = r.uniform(0.0, 1.0, (b, 4))
         th = isinstance(keys, torch.Tensor)
-        kth = (keys.sort(1).values if th else np.sort(keys, 1))[:, n - 1:n]
+        kth = (keys.sort(1).values if th else np.sort(keys, 1))[:, n - 1 : n]
         depth = r.uniform(lo, hi, (b, 4)) * (keys <= kth)
         bright = r.uniform(0.0, 1.0, (b,)) < 0.7
         lb, ld = r.uniform(0.85, 1.0, (b,)), r.uniform(0.0, 0.06, (b,))
         level = torch.where(bright, lb, ld) if th else np.where(bright, lb, ld).astype(np.float32)
-        return {"depth": depth.float() if th else depth.astype(np.float32),
-                "angle": r.uniform(-math.radians(3), math.radians(3), (b,)),
-                "soft": r.uniform(0.002, 0.008, (b,)), "level": level}
+        return {
+            "depth": depth.float() if th else depth.astype(np.float32),
+            "angle": r.uniform(-math.radians(3), math.radians(3), (b,)),
+            "soft": r.uniform(0.002, 0.008, (b,)),
+            "level": level,
+        }
 
     def _content_torch(self, images, masks, draws):
         # Keep every blade (ramp included, at its tilt) off the labelled anatomy.

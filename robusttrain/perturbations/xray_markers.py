@@ -6,6 +6,7 @@ atlas but heavier strokes); a block is a gather from the atlas, done identically
 fractions of the shorter image side and positions normalised, so params replay at any size. Annotations
 never cover labelled anatomy (the mask), which is left unchanged.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -20,8 +21,24 @@ from .grey import GreyPerturbation
 CHARS = " ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:./-"
 _IDX = {c: i for i, c in enumerate(CHARS)}
 LMAX = 10  # characters per annotation
-VOCAB = ("PORTABLE", "AP", "PA", "SUPINE", "ERECT", "UPRIGHT", "SEMI-ERECT", "AP SUPINE", "INSP", "CHEST",
-         "110KV", "2.5MAS", "1.8MAS", "180 CM", "12:04", "BEDSIDE")
+VOCAB = (
+    "PORTABLE",
+    "AP",
+    "PA",
+    "SUPINE",
+    "ERECT",
+    "UPRIGHT",
+    "SEMI-ERECT",
+    "AP SUPINE",
+    "INSP",
+    "CHEST",
+    "110KV",
+    "2.5MAS",
+    "1.8MAS",
+    "180 CM",
+    "12:04",
+    "BEDSIDE",
+)
 _VOCAB_CODES = np.array([[_IDX[c] for c in v.ljust(LMAX)] for v in VOCAB], np.int64)
 MARKERS = ("L", "R")
 WORDS = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4}  # annotations shown at each severity (plus the side marker)
@@ -39,8 +56,16 @@ def stamp_atlas(font_px: int) -> np.ndarray:
     atlas = np.zeros((len(CHARS), font_px, gw), np.uint8)
     for i, ch in enumerate(CHARS):
         if ch != " ":
-            cv2.putText(atlas[i], ch, (0, int(round(font_px * 0.88))), cv2.FONT_HERSHEY_SIMPLEX, scale, 255,
-                        thick, cv2.LINE_AA)
+            cv2.putText(
+                atlas[i],
+                ch,
+                (0, int(round(font_px * 0.88))),
+                cv2.FONT_HERSHEY_SIMPLEX,
+                scale,
+                255,
+                thick,
+                cv2.LINE_AA,
+            )
     return atlas.astype(np.float32) / 255.0
 
 
@@ -101,7 +126,9 @@ class XrayMarkers(GreyPerturbation):
         xp = torch if th else np
         vocab = r.integers(0, len(VOCAB), (b, KMAX))
         shown = np.arange(KMAX) < WORDS[self.severity]
-        table, shown = (torch.as_tensor(_VOCAB_CODES), torch.as_tensor(shown)) if th else (_VOCAB_CODES, shown)
+        table, shown = (
+            (torch.as_tensor(_VOCAB_CODES), torch.as_tensor(shown)) if th else (_VOCAB_CODES, shown)
+        )
         codes = table[vocab] * shown[None, :, None]
         band = r.integers(0, 2, (b, KMAX)) == 0
         wy = xp.where(band, r.uniform(0.015, 0.08, (b, KMAX)), r.uniform(0.88, 0.95, (b, KMAX)))
@@ -110,8 +137,13 @@ class XrayMarkers(GreyPerturbation):
         mx = xp.where(right, r.uniform(0.82, 0.9, (b,)), r.uniform(0.03, 0.12, (b,)))
         marker_pos = xp.stack([r.uniform(0.03, 0.15, (b,)), mx], -1)
         f32 = (lambda a: a.float()) if th else (lambda a: a.astype(np.float32))  # noqa: E731
-        return {"marker": r.integers(0, 2, (b,)), "marker_pos": f32(marker_pos), "codes": codes,
-                "word_pos": f32(word_pos), "level": r.uniform(0.8, 1.0, (b,))}
+        return {
+            "marker": r.integers(0, 2, (b,)),
+            "marker_pos": f32(marker_pos),
+            "codes": codes,
+            "word_pos": f32(word_pos),
+            "level": r.uniform(0.8, 1.0, (b,)),
+        }
 
     @staticmethod
     def _origin(pos, n: int, size: int, xp):
@@ -156,14 +188,14 @@ class XrayMarkers(GreyPerturbation):
             if not codes[k].any():
                 continue
             block = atlas[codes[k]].transpose(1, 0, 2).reshape(fp, LMAX * gw)[:fp, :bw]
-            reg = canvas[wy[k]:wy[k] + fp, wx[k]:wx[k] + bw]
+            reg = canvas[wy[k] : wy[k] + fp, wx[k] : wx[k] + bw]
             np.maximum(reg, block, out=reg)
         my = int(self._origin(params["marker_pos"][0], h, mp, np))
         mx = int(self._origin(params["marker_pos"][1], w, mp, np))
-        reg = canvas[my:my + mp, mx:mx + mp]
+        reg = canvas[my : my + mp, mx : mx + mp]
         np.maximum(reg, marker_stamps(mp)[int(params["marker"])], out=reg)
         if mask is not None:
-            canvas *= (mask == 0)
+            canvas *= mask == 0
         np.subtract(np.float32(params["level"]), x, out=out)
         np.multiply(out, canvas, out=out)
         return np.add(out, x, out=out)

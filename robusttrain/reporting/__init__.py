@@ -5,6 +5,7 @@ files (docs/design.md); never recomputes analysis and never imports Lightning.
 >>> write_report("runs/acdc")                                     # doctest: +SKIP
 PosixPath('runs/acdc/report.html')
 """
+
 from robusttrain.reporting.html import render_report, write_report
 from robusttrain.reporting.plots import write_plots
 

@@ -13,6 +13,7 @@ are drawn (the first flagged cases); the others are listed in the table.
 >>> "not available: history.csv missing" in path.read_text()
 True
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,6 +42,7 @@ _ENV = Environment(autoescape=True, keep_trailing_newline=True)
 def _render(template: str, **values: Any) -> Markup:
     return Markup(_ENV.from_string(template).render(**values))
 
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;
 max-width:1200px;padding:1rem 2rem;color:#222;background:#fff}
@@ -57,10 +59,16 @@ img{max-width:100%;border:1px solid #ddd;margin:.3rem 0}
 nav a{margin-right:1rem}
 """
 
-SECTIONS = [("summary", "Run summary"), ("clean-dice", "Clean Dice"), ("efr-table", "EFR table"),
-            ("efr-curves", "EFR curves"), ("corner-cases", "Corner cases"),
-            ("tradeoff", "Checkpoint trade-off"),
-            ("failures", "Worst failures"), ("gallery", "Perturbation gallery")]
+SECTIONS = [
+    ("summary", "Run summary"),
+    ("clean-dice", "Clean Dice"),
+    ("efr-table", "EFR table"),
+    ("efr-curves", "EFR curves"),
+    ("corner-cases", "Corner cases"),
+    ("tradeoff", "Checkpoint trade-off"),
+    ("failures", "Worst failures"),
+    ("gallery", "Perturbation gallery"),
+]
 
 
 def _na(what: str) -> Markup:
@@ -68,8 +76,11 @@ def _na(what: str) -> Markup:
 
 
 def _png(data: bytes, alt: str) -> Markup:
-    return _render('<img alt="{{ alt }}" src="data:image/png;base64,{{ data }}">', alt=alt,
-                   data=base64.b64encode(data).decode("ascii"))
+    return _render(
+        '<img alt="{{ alt }}" src="data:image/png;base64,{{ data }}">',
+        alt=alt,
+        data=base64.b64encode(data).decode("ascii"),
+    )
 
 
 def _img(run_dir: Path, rel: str | Path, alt: str) -> Markup:
@@ -83,8 +94,11 @@ def _plot(ctx, key: str, alt: str) -> Markup:
 
 def _table(frame: pd.DataFrame, float_format: str = "{:.1f}", index: bool = True) -> Markup:
     # pandas escapes every cell and header (escape=True): its HTML is safe to insert as it is
-    return Markup(frame.to_html(float_format=lambda v: float_format.format(v), na_rep="–", border=0,
-                                escape=True, index=index))
+    return Markup(
+        frame.to_html(
+            float_format=lambda v: float_format.format(v), na_rep="–", border=0, escape=True, index=index
+        )
+    )
 
 
 def _summary(run_dir: Path, history, efr, ctx) -> str:
@@ -97,13 +111,28 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
         facts["perturbations"] = ", ".join(p for p in dict.fromkeys(efr["perturbation"]) if p != "all")
         # severity 0 marks the MR callback's pooled rows, not a severity that was run
         facts["severities"] = ", ".join(str(s) for s in sorted(efr["severity"].unique()) if s > 0)
-    files = [n for n in (load.CONFIG, load.HISTORY, load.EFR, load.EFR_TABLE, load.CORNERS,
-                         load.FAILURES, "balanced.ckpt") if (run_dir / n).exists()]
+    files = [
+        n
+        for n in (
+            load.CONFIG,
+            load.HISTORY,
+            load.EFR,
+            load.EFR_TABLE,
+            load.CORNERS,
+            load.FAILURES,
+            "balanced.ckpt",
+        )
+        if (run_dir / n).exists()
+    ]
     facts["files"] = ", ".join(files) or "none"
-    return _render("<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>"
-                   "{% endfor %}</table>{% if config %}<details><summary>config.yaml</summary><pre>{{ config }}"
-                   "</pre></details>{% else %}{{ na }}{% endif %}", facts=facts,
-                   config=load.load_config_text(run_dir), na=_na("config.yaml missing"))
+    return _render(
+        "<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>"
+        "{% endfor %}</table>{% if config %}<details><summary>config.yaml</summary><pre>{{ config }}"
+        "</pre></details>{% else %}{{ na }}{% endif %}",
+        facts=facts,
+        config=load.load_config_text(run_dir),
+        na=_na("config.yaml missing"),
+    )
 
 
 def _clean_dice(run_dir, history, efr, ctx) -> str:
@@ -124,14 +153,17 @@ def _clean_dice(run_dir, history, efr, ctx) -> str:
 def _efr_table(run_dir, history, efr, ctx) -> str:
     given = load.load_efr_table(run_dir)
     if given is not None:  # `robusttrain check` already laid it out; show it as written
-        return Markup("<p>From <code>efr_table.csv</code> (robusttrain check).</p>") + \
-            _table(given, "{}", index=False)
+        return Markup("<p>From <code>efr_table.csv</code> (robusttrain check).</p>") + _table(
+            given, "{}", index=False
+        )
     if efr is None:
         return _na("efr.csv missing (and no efr_table.csv)")
-    return _render("<p>EFR (%) at the last checked epoch ({{ epoch }}), severities pooled (errors / cases).</p>"
-                   "{% for t, table in tabs %}<h3>t = {{ t }}</h3>{{ table }}{% endfor %}",
-                   epoch=int(efr["epoch"].max()),
-                   tabs=[(f"{t:g}", _table(table)) for t, table in tables.efr_tables(efr).items()])
+    return _render(
+        "<p>EFR (%) at the last checked epoch ({{ epoch }}), severities pooled (errors / cases).</p>"
+        "{% for t, table in tabs %}<h3>t = {{ t }}</h3>{{ table }}{% endfor %}",
+        epoch=int(efr["epoch"].max()),
+        tabs=[(f"{t:g}", _table(table)) for t, table in tables.efr_tables(efr).items()],
+    )
 
 
 def _efr_curves(run_dir, history, efr, ctx) -> str:
@@ -144,26 +176,36 @@ def _corner_cases(run_dir, history, efr, ctx) -> str:
     corners = ctx["corners"]
     if corners is None:
         return _na("corner_cases.json missing")
-    head = _render("<p>Policy <b>{{ c.policy or '?' }}</b>: balanced epoch <b>{{ c.balanced_epoch }}</b>, "
-                   "least-loss epoch <b>{{ c.least_loss_epoch }}</b>.{% if c.reason %} {{ c.reason }}{% endif %}</p>",
-                   c=corners)
+    head = _render(
+        "<p>Policy <b>{{ c.policy or '?' }}</b>: balanced epoch <b>{{ c.balanced_epoch }}</b>, "
+        "least-loss epoch <b>{{ c.least_loss_epoch }}</b>.{% if c.reason %} {{ c.reason }}{% endif %}</p>",
+        c=corners,
+    )
     if not corners.cases:
         return head + Markup("<p>No corner cases flagged.</p>")
     if history is None:
-        return head + _render("<p>Flagged: {{ cases }}</p>", cases=", ".join(corners.cases)) + \
-            _na("history.csv missing (no curves)")
+        return (
+            head
+            + _render("<p>Flagged: {{ cases }}</p>", cases=", ".join(corners.cases))
+            + _na("history.csv missing (no curves)")
+        )
     out = head + Markup("<h3>Least-loss vs balanced</h3>")
     out += _table(tables.epoch_comparison(history, corners), "{:.4f}", index=False)
     out += Markup("<h3>Flagged cases</h3>")
     out += _table(tables.corner_case_table(history, corners), "{:.3f}", index=False)
     shown = corners.cases[:MAX_CASE_PLOTS]
     if len(corners.cases) > len(shown):
-        out += _render("<p>Curves of the first {{ n }} of {{ total }} flagged cases (the report draws at most "
-                       "{{ n }}; all are in the table above).</p>", n=len(shown), total=len(corners.cases))
+        out += _render(
+            "<p>Curves of the first {{ n }} of {{ total }} flagged cases (the report draws at most "
+            "{{ n }}; all are in the table above).</p>",
+            n=len(shown),
+            total=len(corners.cases),
+        )
     for cid in shown:
         key = f"corner_{cid}"
-        out += _plot(ctx, key, f"corner case {cid}") if key in ctx["plots"] else \
-            _na(f"{cid} not in history.csv")
+        out += (
+            _plot(ctx, key, f"corner case {cid}") if key in ctx["plots"] else _na(f"{cid} not in history.csv")
+        )
     return out
 
 
@@ -173,13 +215,25 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
     if "tradeoff" not in ctx["plots"]:
         return _na("fewer than two epochs in history.csv")
     trade = plots.run_tradeoff(history, ctx["corners"])
-    rows = [{"policy": name, "epoch": "-" if e is None else e,
-             "cohort mean Dice": trade.table["cohort"].get(e), "worst-k mean Dice": trade.table["cvar"].get(e)}
-            for name, e in trade.choices.items()]
-    return (_render("<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice "
-                    "of the worst {{ pct }} % of cases. A policy only helps if it also holds on held-out data "
-                    "(<code>benchmarks/evidence.py</code>).</p>", pct=f"{100 * trade.worst_fraction:g}")
-            + _table(pd.DataFrame(rows), "{:.4f}", index=False) + _plot(ctx, "tradeoff", "trade-off"))
+    rows = [
+        {
+            "policy": name,
+            "epoch": "-" if e is None else e,
+            "cohort mean Dice": trade.table["cohort"].get(e),
+            "worst-k mean Dice": trade.table["cvar"].get(e),
+        }
+        for name, e in trade.choices.items()
+    ]
+    return (
+        _render(
+            "<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice "
+            "of the worst {{ pct }} % of cases. A policy only helps if it also holds on held-out data "
+            "(<code>benchmarks/evidence.py</code>).</p>",
+            pct=f"{100 * trade.worst_fraction:g}",
+        )
+        + _table(pd.DataFrame(rows), "{:.4f}", index=False)
+        + _plot(ctx, "tradeoff", "trade-off")
+    )
 
 
 def _thumb(run_dir: Path, rec: dict[str, Any]) -> Path | None:
@@ -195,9 +249,11 @@ def _num(v: Any, fmt: str) -> str:
         return str(v)
 
 
-STRIP = ('<div class="strip"><div class="meta"><b>{{ r.case_id }}</b><br>{{ r.perturbation }} severity '
-         '{{ r.severity }}<br>epoch {{ r.epoch }}, split {{ r.split }}<br>Dice {{ src }} → {{ fol }} '
-         '(drop {{ drop }} %)</div>{{ pic }}</div>')
+STRIP = (
+    '<div class="strip"><div class="meta"><b>{{ r.case_id }}</b><br>{{ r.perturbation }} severity '
+    "{{ r.severity }}<br>epoch {{ r.epoch }}, split {{ r.split }}<br>Dice {{ src }} → {{ fol }} "
+    "(drop {{ drop }} %)</div>{{ pic }}</div>"
+)
 
 
 def _failures(run_dir, history, efr, ctx) -> str:
@@ -207,15 +263,25 @@ def _failures(run_dir, history, efr, ctx) -> str:
     if not records:
         return "<p>No failures recorded.</p>"
     worst = sorted(records, key=lambda r: _drop(r), reverse=True)[:WORST_FAILURES]
-    out = _render("<p>{{ n }} failures recorded; the {{ k }} largest relative Dice drops:</p>",
-                  n=len(records), k=len(worst))
+    out = _render(
+        "<p>{{ n }} failures recorded; the {{ k }} largest relative Dice drops:</p>",
+        n=len(records),
+        k=len(worst),
+    )
     for rec in worst:
         thumb = _thumb(run_dir, rec)
         pic = _img(run_dir, thumb, f"failure {rec.get('case_id')}") if thumb else _na("thumbnail missing")
-        out += _render(STRIP, r=rec, pic=pic, src=_num(rec.get("src_dice", float("nan")), ".3f"),
-                       fol=_num(rec.get("fol_dice", float("nan")), ".3f"), drop=_num(100 * _drop(rec), ".1f"))
-    return out + Markup("<p>Strips: source | follow-up | ground truth | prediction on source | "
-                        "prediction on follow-up.</p>")
+        out += _render(
+            STRIP,
+            r=rec,
+            pic=pic,
+            src=_num(rec.get("src_dice", float("nan")), ".3f"),
+            fol=_num(rec.get("fol_dice", float("nan")), ".3f"),
+            drop=_num(100 * _drop(rec), ".1f"),
+        )
+    return out + Markup(
+        "<p>Strips: source | follow-up | ground truth | prediction on source | prediction on follow-up.</p>"
+    )
 
 
 def _drop(rec: dict[str, Any]) -> float:
@@ -265,13 +331,22 @@ def _gallery(run_dir, history, efr, ctx) -> str:
     with tempfile.TemporaryDirectory() as tmp:  # never written into the run directory
         out = render_gallery(images, Path(tmp) / "gallery.png", names=names, severities=sev, tile=128)
         data = Path(out).read_bytes()
-    return (Markup("<p>Drawn from the source images of the worst failures, with this run's perturbations "
-                   "and severities.</p>") + _png(data, "perturbation gallery"))
+    return Markup(
+        "<p>Drawn from the source images of the worst failures, with this run's perturbations "
+        "and severities.</p>"
+    ) + _png(data, "perturbation gallery")
 
 
 BUILDERS: dict[str, Callable[..., str]] = {
-    "summary": _summary, "clean-dice": _clean_dice, "efr-table": _efr_table, "efr-curves": _efr_curves,
-    "corner-cases": _corner_cases, "tradeoff": _tradeoff, "failures": _failures, "gallery": _gallery}
+    "summary": _summary,
+    "clean-dice": _clean_dice,
+    "efr-table": _efr_table,
+    "efr-curves": _efr_curves,
+    "corner-cases": _corner_cases,
+    "tradeoff": _tradeoff,
+    "failures": _failures,
+    "gallery": _gallery,
+}
 
 
 PAGE = """<!DOCTYPE html>
@@ -286,7 +361,10 @@ def render_report(run_dir: str | Path) -> str:
     """The report as an HTML string (plots are drawn in memory; nothing is written)."""
     run_dir = Path(run_dir)
     corners = load.load_corners(run_dir)
-    ctx = {"corners": corners, "plots": plots.render_plots(run_dir, corners=corners, max_cases=MAX_CASE_PLOTS)}
+    ctx = {
+        "corners": corners,
+        "plots": plots.render_plots(run_dir, corners=corners, max_cases=MAX_CASE_PLOTS),
+    }
     history, efr = load.load_history(run_dir), load.load_efr(run_dir)
     body = []
     for anchor, title in SECTIONS:
@@ -298,8 +376,9 @@ def render_report(run_dir: str | Path) -> str:
             log.warning("report section %s failed: %s: %s", anchor, type(err).__name__, err)
             content = _na(f"{title} could not be built ({type(err).__name__}: {err})")
         body.append((anchor, title, content))
-    return _ENV.from_string(PAGE).render(title=f"robusttrain report — {run_dir.resolve().name}",
-                                         css=Markup(CSS), sections=SECTIONS, body=body)
+    return _ENV.from_string(PAGE).render(
+        title=f"robusttrain report — {run_dir.resolve().name}", css=Markup(CSS), sections=SECTIONS, body=body
+    )
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:

@@ -9,6 +9,7 @@ EFR, corner cases and the balanced epoch are read as their writers stored them.
 >>> load_history(tempfile.mkdtemp()) is None
 True
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,20 @@ CONFIG = "config.yaml"
 HISTORY, EFR, EFR_TABLE, CORNERS = history_file.NAME, efr_file.NAME, efr_file.TABLE_NAME, corners_file.NAME
 FAILURES = f"{failures_file.DIR}/{failures_file.LOG_NAME}"
 
-__all__ = ["Corners", "dice_columns", "inside", "read_bytes", "load_history", "load_efr", "load_efr_table", "load_config_text", "load_failures",
-           "load_corners", "cohort_mean", "clean_dice"]
+__all__ = [
+    "Corners",
+    "dice_columns",
+    "inside",
+    "read_bytes",
+    "load_history",
+    "load_efr",
+    "load_efr_table",
+    "load_config_text",
+    "load_failures",
+    "load_corners",
+    "cohort_mean",
+    "clean_dice",
+]
 
 
 def load_history(run_dir: str | Path) -> pd.DataFrame | None:
@@ -71,6 +84,6 @@ def clean_dice(history: pd.DataFrame) -> pd.DataFrame:
     """Cohort-mean Dice per epoch and class, plus ``mean`` over classes (index: epoch)."""
     cols = history_file.dice_columns(history)
     frame = history.groupby("epoch")[cols].mean().sort_index()
-    frame.columns = [c[len("dice_"):] for c in cols]
+    frame.columns = [c[len("dice_") :] for c in cols]
     frame["mean"] = frame.mean(axis=1)
     return frame

@@ -10,6 +10,7 @@ process, in threads, and without a display. Every file is written atomically.
 >>> sorted(p.name for p in write_plots(run).values())
 ['clean_dice.png', 'tradeoff.png']
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,10 +55,12 @@ def plain_text(fn: Callable[..., Figure]) -> Callable[..., Figure]:
     """Case ids and file names go into titles and labels as they are: ``$...$`` in one must not be
     parsed as mathtext (a parse error would fail the plot; a valid one would print something else).
     ``parse_math`` is read when a Text is created, so the whole figure is built with it off."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with matplotlib.rc_context({"text.parse_math": False}):
             return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -77,10 +80,13 @@ def efr_series(efr: pd.DataFrame, metric: str = "dice", split: str | None = None
         splits = list(dict.fromkeys(frame["split"]))
         frame = frame[frame["split"] == (split or ("val" if "val" in splits else splits[0]))]
     # a budgeted check scores a few cases per test: its EFR is an estimate, drawn with its interval
-    ci = [wilson_interval(int(e), int(n)) if n > 0 else (np.nan, np.nan)
-          for e, n in zip(frame["errors"], frame["cases"])]
-    return frame.assign(efr=100.0 * frame["efr"], efr_low=[100.0 * lo for lo, _ in ci],
-                        efr_high=[100.0 * hi for _, hi in ci])
+    ci = [
+        wilson_interval(int(e), int(n)) if n > 0 else (np.nan, np.nan)
+        for e, n in zip(frame["errors"], frame["cases"])
+    ]
+    return frame.assign(
+        efr=100.0 * frame["efr"], efr_low=[100.0 * lo for lo, _ in ci], efr_high=[100.0 * hi for _, hi in ci]
+    )
 
 
 def _mark_epochs(ax, least_loss: int | None, balanced: int | None) -> None:
@@ -91,8 +97,9 @@ def _mark_epochs(ax, least_loss: int | None, balanced: int | None) -> None:
 
 
 @plain_text
-def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
-             corners: Corners | None = None) -> Figure:
+def plot_efr(
+    efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS, corners: Corners | None = None
+) -> Figure:
     """One panel per threshold: EFR (%) over epochs, one line per perturbation."""
     series = efr_series(efr, metric)
     fig = Figure(figsize=(6.0 * len(thresholds), 4.6))
@@ -106,8 +113,17 @@ def plot_efr(efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS,
                 ax.fill_between(g["epoch"], g["efr_low"], g["efr_high"], color="black", alpha=0.1)
                 continue
             yerr = [(g["efr"] - g["efr_low"]).clip(lower=0), (g["efr_high"] - g["efr"]).clip(lower=0)]
-            ax.errorbar(g["epoch"], g["efr"], yerr=yerr, label=str(name), marker="o", ms=3, capsize=2,
-                        elinewidth=0.8, alpha=0.85)
+            ax.errorbar(
+                g["epoch"],
+                g["efr"],
+                yerr=yerr,
+                label=str(name),
+                marker="o",
+                ms=3,
+                capsize=2,
+                elinewidth=0.8,
+                alpha=0.85,
+            )
         if corners is not None:
             _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
         ax.set_title(f"EFR ({metric.capitalize()}, t = {t:g}) per perturbation, 95 % Wilson CI")
@@ -160,16 +176,24 @@ def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | Non
     for ax, col in zip(axes, cols):
         by_epoch = history.groupby("epoch")[col]
         q25, q75 = by_epoch.quantile(0.25), by_epoch.quantile(0.75)
-        ax.fill_between(q25.index, q25.values, q75.values, color="tab:blue", alpha=0.15,
-                        label="cohort IQR")
-        ax.plot(by_epoch.mean().index, by_epoch.mean().values, color="tab:blue", linewidth=2,
-                label="cohort mean")
-        ax.plot(case["epoch"], case[col], color="tab:orange", marker="o", ms=3, linewidth=2,
-                label=f"case {case_id}")
+        ax.fill_between(q25.index, q25.values, q75.values, color="tab:blue", alpha=0.15, label="cohort IQR")
+        ax.plot(
+            by_epoch.mean().index, by_epoch.mean().values, color="tab:blue", linewidth=2, label="cohort mean"
+        )
+        ax.plot(
+            case["epoch"],
+            case[col],
+            color="tab:orange",
+            marker="o",
+            ms=3,
+            linewidth=2,
+            label=f"case {case_id}",
+        )
         out = case[case["epoch"].isin(outliers)]
         if len(out):
-            ax.scatter(out["epoch"], out[col], marker="x", s=60, color="tab:red", zorder=5,
-                       label="outlier epoch")
+            ax.scatter(
+                out["epoch"], out[col], marker="x", s=60, color="tab:red", zorder=5, label="outlier epoch"
+            )
         if corners is not None:
             _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
         ax.set_title(f"{case_id}: {col}")
@@ -183,13 +207,20 @@ def plot_corner_case(history: pd.DataFrame, case_id: str, corners: Corners | Non
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
     legend_rows = -(-len(labels) // ncol)
     fig.suptitle(f"Corner case {case_id}: per-class Dice vs cohort", fontweight="bold")
-    fig.subplots_adjust(left=0.07, right=0.98, top=0.84,
-                        bottom=(0.55 + 0.22 * legend_rows) / 4.4, wspace=0.22)
+    fig.subplots_adjust(
+        left=0.07, right=0.98, top=0.84, bottom=(0.55 + 0.22 * legend_rows) / 4.4, wspace=0.22
+    )
     return fig
 
 
-POLICY_MARKERS = {"least_loss": ("s", "tab:red"), "last": ("D", "tab:gray"), "last_inlier": ("o", "tab:blue"),
-                  "maximin": ("^", "tab:orange"), "pareto": ("v", "tab:purple"), "cvar": ("*", "tab:green")}
+POLICY_MARKERS = {
+    "least_loss": ("s", "tab:red"),
+    "last": ("D", "tab:gray"),
+    "last_inlier": ("o", "tab:blue"),
+    "maximin": ("^", "tab:orange"),
+    "pareto": ("v", "tab:purple"),
+    "cvar": ("*", "tab:green"),
+}
 
 
 def run_tradeoff(history: pd.DataFrame, corners: Corners | None = None):
@@ -199,10 +230,14 @@ def run_tradeoff(history: pd.DataFrame, corners: Corners | None = None):
 
     raw = corners.raw if corners is not None else {}
     return policy_tradeoff(
-        history, reference_epoch=corners.least_loss_epoch if corners is not None else None,
-        candidates=raw.get("candidate_epochs") or None, contamination=float(raw.get("contamination") or 0.1),
-        tail=str(raw.get("tail") or "low"), min_epoch=int(raw.get("min_epoch") or 0),
-        worst_fraction=float(raw.get("worst_fraction") or 0.1))
+        history,
+        reference_epoch=corners.least_loss_epoch if corners is not None else None,
+        candidates=raw.get("candidate_epochs") or None,
+        contamination=float(raw.get("contamination") or 0.1),
+        tail=str(raw.get("tail") or "low"),
+        min_epoch=int(raw.get("min_epoch") or 0),
+        worst_fraction=float(raw.get("worst_fraction") or 0.1),
+    )
 
 
 @plain_text
@@ -222,9 +257,17 @@ def plot_tradeoff(trade) -> Figure:
         if epoch is None or epoch not in tab.index:
             continue
         marker, colour = POLICY_MARKERS.get(name, ("P", "black"))
-        ax.scatter([tab.loc[epoch, "cohort"]], [tab.loc[epoch, "cvar"]], s=320 - 40 * k, marker=marker,
-                   facecolors="none", edgecolors=colour, linewidths=1.8, zorder=3,
-                   label=f"{name}: epoch {epoch}")
+        ax.scatter(
+            [tab.loc[epoch, "cohort"]],
+            [tab.loc[epoch, "cvar"]],
+            s=320 - 40 * k,
+            marker=marker,
+            facecolors="none",
+            edgecolors=colour,
+            linewidths=1.8,
+            zorder=3,
+            label=f"{name}: epoch {epoch}",
+        )
     pct = f"{100 * trade.worst_fraction:g}"
     ax.set_title(f"Checkpoint trade-off: cohort mean vs worst {pct} % of cases")
     ax.set_xlabel("cohort mean Dice")
@@ -239,8 +282,12 @@ def plot_tradeoff(trade) -> Figure:
 MAX_CASE_PLOTS = 24  # per-case curves drawn for a report: a run may flag hundreds of cases
 
 
-def render_plots(run_dir: str | Path, corners: Corners | None = None, corner_cases: list[str] | None = None,
-                 max_cases: int | None = None) -> dict[str, tuple[str, bytes]]:
+def render_plots(
+    run_dir: str | Path,
+    corners: Corners | None = None,
+    corner_cases: list[str] | None = None,
+    max_cases: int | None = None,
+) -> dict[str, tuple[str, bytes]]:
     """Every plot the run directory's files allow, as ``{name: (file name, PNG bytes)}``; nothing is
     written (a report of a shared or read-only run directory leaves it untouched). ``max_cases`` bounds
     the per-case plots (the first ``max_cases`` flagged cases, in the file's order)."""
@@ -257,17 +304,22 @@ def render_plots(run_dir: str | Path, corners: Corners | None = None, corner_cas
             out["tradeoff"] = ("tradeoff.png", png_bytes(plot_tradeoff(run_tradeoff(history, corners))))
         known = set(history["case_id"])
         for cid in [c for c in cases if str(c) in known][:max_cases]:
-            out[f"corner_{cid}"] = (f"corner_{safe_name(cid)}.png",
-                                    png_bytes(plot_corner_case(history, cid, corners)))
+            out[f"corner_{cid}"] = (
+                f"corner_{safe_name(cid)}.png",
+                png_bytes(plot_corner_case(history, cid, corners)),
+            )
     return out
 
 
-def write_plots(run_dir: str | Path, corners: Corners | None = None,
-                corner_cases: list[str] | None = None) -> dict[str, Path]:
+def write_plots(
+    run_dir: str | Path, corners: Corners | None = None, corner_cases: list[str] | None = None
+) -> dict[str, Path]:
     """(Re)generate every plot the run directory's files allow into ``<run_dir>/plots/``; returns
     {name: path}. ``corners``/``corner_cases`` override ``corner_cases.json`` (the live callback passes
     the currently flagged cases before the file exists at fit end).
     """
     out_dir = Path(run_dir) / "plots"
-    return {name: atomic_write_bytes(out_dir / fname, data)
-            for name, (fname, data) in render_plots(run_dir, corners, corner_cases).items()}
+    return {
+        name: atomic_write_bytes(out_dir / fname, data)
+        for name, (fname, data) in render_plots(run_dir, corners, corner_cases).items()
+    }

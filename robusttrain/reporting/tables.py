@@ -8,6 +8,7 @@
 >>> efr_tables(efr)[0.5].round(1).to_dict("index")
 {'blur': {('val', 'Dice'): 10.0, ('val', 'IoU'): 20.0}, 'All': {('val', 'Dice'): 10.0, ('val', 'IoU'): 20.0}}
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -36,8 +37,9 @@ def efr_tables(efr: pd.DataFrame, epoch: int | None = None) -> dict[float, pd.Da
     both["metric"] = both["metric"].map(lambda m: METRIC_LABEL.get(m, m))
     tables = {}
     for t, sub in both.groupby("threshold"):
-        table = sub.pivot_table(index="perturbation", columns=["split", "metric"], values="efr",
-                                aggfunc="first", dropna=False)
+        table = sub.pivot_table(
+            index="perturbation", columns=["split", "metric"], values="efr", aggfunc="first", dropna=False
+        )
         tables[float(t)] = table.reindex([p for p in order + ["All"] if p in table.index])
     return dict(sorted(tables.items(), reverse=True))
 
@@ -80,10 +82,17 @@ def epoch_comparison(history: pd.DataFrame, corners: Corners) -> pd.DataFrame:
     for label, ep in (("least-loss", corners.least_loss_epoch), ("balanced", corners.balanced_epoch)):
         at = score[score["epoch"] == ep] if ep is not None else score.iloc[:0]
         flagged = at[at["case_id"].isin(corners.cases)]
-        rows.append({
-            "checkpoint": label, "epoch": "-" if ep is None else ep,
-            "cohort mean Dice": round(float(at["mean_dice"].mean()), 4) if len(at) else None,
-            "corner-case mean Dice": round(float(flagged["mean_dice"].mean()), 4) if len(flagged) else None,
-            "worst corner-case Dice": round(float(flagged["mean_dice"].min()), 4) if len(flagged) else None,
-        })
+        rows.append(
+            {
+                "checkpoint": label,
+                "epoch": "-" if ep is None else ep,
+                "cohort mean Dice": round(float(at["mean_dice"].mean()), 4) if len(at) else None,
+                "corner-case mean Dice": round(float(flagged["mean_dice"].mean()), 4)
+                if len(flagged)
+                else None,
+                "worst corner-case Dice": round(float(flagged["mean_dice"].min()), 4)
+                if len(flagged)
+                else None,
+            }
+        )
     return pd.DataFrame(rows)

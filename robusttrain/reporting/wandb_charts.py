@@ -11,6 +11,7 @@ No Lightning here (the callback in ``robusttrain.callbacks.reporting`` decides *
 >>> summary_items(Corners(cases=["a"], balanced_epoch=0, policy="maximin"))["corners/cases"]
 'a'
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,18 @@ from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir.corner_cases import Corners
 from robusttrain.rundir.history import dice_columns
 
-FAILURE_COLUMNS = ["epoch", "case_id", "split", "perturbation", "severity", "src_dice", "fol_dice",
-                   "dice_drop", "source", "followup"]
+FAILURE_COLUMNS = [
+    "epoch",
+    "case_id",
+    "split",
+    "perturbation",
+    "severity",
+    "src_dice",
+    "fol_dice",
+    "dice_drop",
+    "source",
+    "followup",
+]
 
 
 def corner_case_charts(history: pd.DataFrame, corners: Corners) -> dict[str, Any]:
@@ -53,15 +64,16 @@ def corner_case_charts(history: pd.DataFrame, corners: Corners) -> dict[str, Any
         xs.append([int(e) for e in mean.index])
         ys.append(mean.astype(float).tolist())
         keys.append("cohort mean")
-        for label, ep in (("least-loss epoch", corners.least_loss_epoch),
-                          ("balanced epoch", corners.balanced_epoch)):
+        for label, ep in (
+            ("least-loss epoch", corners.least_loss_epoch),
+            ("balanced epoch", corners.balanced_epoch),
+        ):
             if ep is not None:
                 xs.append([int(ep), int(ep)])
                 ys.append([0.0, 1.0])
                 keys.append(f"{label} {ep}")
         title = f"Corner cases: {col} vs cohort mean (epochs {epochs[0]}–{epochs[-1]})"
-        charts[f"corners/{col}"] = wandb.plot.line_series(xs=xs, ys=ys, keys=keys, title=title,
-                                                          xname="epoch")
+        charts[f"corners/{col}"] = wandb.plot.line_series(xs=xs, ys=ys, keys=keys, title=title, xname="epoch")
     return charts
 
 
@@ -88,12 +100,20 @@ def efr_scalars(efr: pd.DataFrame, epoch: int | None = None, split: str = "val")
         return {}
     epoch = int(frame["epoch"].max()) if epoch is None else epoch
     frame = frame[frame["epoch"] == epoch]
-    return {efr_key(str(r.perturbation), str(r.metric), float(r.threshold)): float(r.efr)
-            for r in frame.itertuples() if np.isfinite(r.efr)}
+    return {
+        efr_key(str(r.perturbation), str(r.metric), float(r.threshold)): float(r.efr)
+        for r in frame.itertuples()
+        if np.isfinite(r.efr)
+    }
 
 
-def _mask_image(image: np.ndarray, gt: np.ndarray | None, pred: np.ndarray | None,
-                class_labels: dict[int, str], caption: str) -> Any:
+def _mask_image(
+    image: np.ndarray,
+    gt: np.ndarray | None,
+    pred: np.ndarray | None,
+    class_labels: dict[int, str],
+    caption: str,
+) -> Any:
     import wandb
 
     masks = {}
@@ -108,12 +128,18 @@ def class_labels_for(names: list[str] | None, masks: list[np.ndarray]) -> dict[i
     """``{0: "background", 1: name, …}`` covering every label value present in ``masks``."""
     top = max([int(np.max(m)) for m in masks if m is not None and np.size(m)] + [1])
     names = list(names or [])
-    return {0: "background", **{k: names[k - 1] if k - 1 < len(names) else f"class{k}"
-                                for k in range(1, top + 1)}}
+    return {
+        0: "background",
+        **{k: names[k - 1] if k - 1 < len(names) else f"class{k}" for k in range(1, top + 1)},
+    }
 
 
-def failure_row(record: dict[str, Any], images: dict[str, np.ndarray] | None = None,
-                class_names: list[str] | None = None, thumb: str | None = None) -> list[Any]:
+def failure_row(
+    record: dict[str, Any],
+    images: dict[str, np.ndarray] | None = None,
+    class_names: list[str] | None = None,
+    thumb: str | None = None,
+) -> list[Any]:
     """One failure-table row (:data:`FAILURE_COLUMNS`).
 
     ``images`` is the MR callback's failure dict (``source``/``followup`` HWC uint8,
@@ -130,13 +156,24 @@ def failure_row(record: dict[str, Any], images: dict[str, np.ndarray] | None = N
     if images and images.get("source") is not None:
         gt = images.get("gt")
         labels = class_labels_for(class_names, [gt, images.get("pred_source"), images.get("pred_followup")])
-        source = _mask_image(images["source"], gt, images.get("pred_source"), labels,
-                             f"source Dice {src:.3f}")
+        source = _mask_image(
+            images["source"], gt, images.get("pred_source"), labels, f"source Dice {src:.3f}"
+        )
         if images.get("followup") is not None:
-            followup = _mask_image(images["followup"], gt, images.get("pred_followup"), labels,
-                                   f"follow-up Dice {fol:.3f}")
+            followup = _mask_image(
+                images["followup"], gt, images.get("pred_followup"), labels, f"follow-up Dice {fol:.3f}"
+            )
     elif thumb:
         source = wandb.Image(thumb, caption="source | follow-up | GT | pred(source) | pred(follow-up)")
-    return [int(record.get("epoch", -1)), str(record.get("case_id")), str(record.get("split")),
-            str(record.get("perturbation")), int(record.get("severity", 0)), src, fol, drop,
-            source, followup]
+    return [
+        int(record.get("epoch", -1)),
+        str(record.get("case_id")),
+        str(record.get("split")),
+        str(record.get("perturbation")),
+        int(record.get("severity", 0)),
+        src,
+        fol,
+        drop,
+        source,
+        followup,
+    ]

@@ -15,17 +15,27 @@ run-directory lock.
 >>> history.read(tempfile.mkdtemp()) is None
 True
 """
+
 from . import (
-           balanced_average,
-           corner_cases,
-           efr,
-           failures,
-           history,
-           metamorphic_training,
-           mining,
-           mr_cases,
-           sampling,
+    balanced_average,
+    corner_cases,
+    efr,
+    failures,
+    history,
+    metamorphic_training,
+    mining,
+    mr_cases,
+    sampling,
 )
 
-__all__ = ["balanced_average", "corner_cases", "efr", "failures", "history", "metamorphic_training", "mining",
-           "mr_cases", "sampling"]
+__all__ = [
+    "balanced_average",
+    "corner_cases",
+    "efr",
+    "failures",
+    "history",
+    "metamorphic_training",
+    "mining",
+    "mr_cases",
+    "sampling",
+]

@@ -1,4 +1,5 @@
 """Shared CSV reading for the run-directory modules: through the safe reader, torn rows refused."""
+
 from __future__ import annotations
 
 import csv
@@ -32,10 +33,13 @@ def read_csv(run_dir: str | os.PathLike, name: str | os.PathLike) -> pd.DataFram
         header = next(rows)
         for row in rows:
             if row and len(row) != len(header):
-                raise RunDirFileError(f"run-directory file '{path}' line {rows.line_num} has {len(row)} "
-                                      f"field(s), expected {len(header)} (a torn or edited row)")
+                raise RunDirFileError(
+                    f"run-directory file '{path}' line {rows.line_num} has {len(row)} "
+                    f"field(s), expected {len(header)} (a torn or edited row)"
+                )
         frame = pd.read_csv(io.StringIO(text))
     except (csv.Error, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise RunDirFileError(f"run-directory file '{path}' is not a readable CSV table: "
-                              f"{str(err).strip().splitlines()[0]}") from None
+        raise RunDirFileError(
+            f"run-directory file '{path}' is not a readable CSV table: {str(err).strip().splitlines()[0]}"
+        ) from None
     return frame if len(frame) else None

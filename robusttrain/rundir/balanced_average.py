@@ -13,6 +13,7 @@ int}``).
 >>> read(d)["averaged_epochs"], read(d)["schema"]
 ([2, 3], 1)
 """
+
 from __future__ import annotations
 
 import json

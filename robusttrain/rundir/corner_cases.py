@@ -13,6 +13,7 @@ last one per criterion, bootstrap CI over cases: :func:`robusttrain.cornercases.
 >>> c.cases, c.balanced_epoch, c.least_loss_epoch, c.outlier_epochs
 (['p3'], 4, 7, {'p3': [1]})
 """
+
 from __future__ import annotations
 
 import json
@@ -49,20 +50,30 @@ class Corners:
 def from_selection(sel: Any, least_loss_epoch: int | None, reason: str | None = None) -> Corners:
     """A :class:`Corners` of a :class:`robusttrain.cornercases.Selection`."""
     cc = sel.corner_cases
-    return Corners(cases=[str(c) for c in cc.case_ids], scores={str(k): float(v) for k, v in cc.scores.items()},
-                   outlier_epochs={str(k): [int(e) for e in v] for k, v in sel.outlier_epochs.items()},
-                   balanced_epoch=sel.epoch, least_loss_epoch=least_loss_epoch, policy=sel.policy,
-                   reason=reason if reason is not None else sel.reason)
+    return Corners(
+        cases=[str(c) for c in cc.case_ids],
+        scores={str(k): float(v) for k, v in cc.scores.items()},
+        outlier_epochs={str(k): [int(e) for e in v] for k, v in sel.outlier_epochs.items()},
+        balanced_epoch=sel.epoch,
+        least_loss_epoch=least_loss_epoch,
+        policy=sel.policy,
+        reason=reason if reason is not None else sel.reason,
+    )
 
 
 def parse(obj: dict[str, Any]) -> Corners:
     """A written ``corner_cases.json`` object -> :class:`Corners` (the schema above, no aliases)."""
     listed = obj.get("corner_cases") or []
-    return Corners(cases=[str(c["case_id"]) for c in listed],
-                   scores={str(c["case_id"]): float(c["score"]) for c in listed if c.get("score") is not None},
-                   outlier_epochs={str(k): [int(e) for e in v] for k, v in (obj.get("outlier_epochs") or {}).items()},
-                   balanced_epoch=_int(obj.get("balanced_epoch")), least_loss_epoch=_int(obj.get("least_loss_epoch")),
-                   policy=obj.get("policy"), reason=obj.get("reason"), raw=obj)
+    return Corners(
+        cases=[str(c["case_id"]) for c in listed],
+        scores={str(c["case_id"]): float(c["score"]) for c in listed if c.get("score") is not None},
+        outlier_epochs={str(k): [int(e) for e in v] for k, v in (obj.get("outlier_epochs") or {}).items()},
+        balanced_epoch=_int(obj.get("balanced_epoch")),
+        least_loss_epoch=_int(obj.get("least_loss_epoch")),
+        policy=obj.get("policy"),
+        reason=obj.get("reason"),
+        raw=obj,
+    )
 
 
 def _int(v: Any) -> int | None:
@@ -81,11 +92,15 @@ def read_raw(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as err:
-        raise RunDirFileError(f"run-directory file '{Path(run_dir).resolve() / NAME}' is not valid JSON "
-                              f"(line {err.lineno}: {err.msg})") from None
+        raise RunDirFileError(
+            f"run-directory file '{Path(run_dir).resolve() / NAME}' is not valid JSON "
+            f"(line {err.lineno}: {err.msg})"
+        ) from None
     if not isinstance(obj, dict):
-        raise RunDirFileError(f"run-directory file '{Path(run_dir).resolve() / NAME}' holds a "
-                              f"{type(obj).__name__}, expected a JSON object")
+        raise RunDirFileError(
+            f"run-directory file '{Path(run_dir).resolve() / NAME}' holds a "
+            f"{type(obj).__name__}, expected a JSON object"
+        )
     return obj
 
 
@@ -97,5 +112,7 @@ def read(run_dir: str | os.PathLike) -> Corners | None:
     try:
         return parse(obj)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise RunDirFileError(f"run-directory file '{Path(run_dir).resolve() / NAME}' does not follow "
-                              f"the corner_cases.json schema ({type(err).__name__}: {err})") from None
+        raise RunDirFileError(
+            f"run-directory file '{Path(run_dir).resolve() / NAME}' does not follow "
+            f"the corner_cases.json schema ({type(err).__name__}: {err})"
+        ) from None

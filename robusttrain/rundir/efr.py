@@ -22,6 +22,7 @@ True
 >>> pool_severities(e)[["errors", "cases", "efr"]].values.tolist()
 [[4.0, 20.0, 0.2]]
 """
+
 from __future__ import annotations
 
 import os

@@ -22,6 +22,7 @@ True
 >>> [(r["id"], round(r["drop"], 2)) for r in read(d)]  # "b" has no marker yet: not written
 [('a', 0.75)]
 """
+
 from __future__ import annotations
 
 import json

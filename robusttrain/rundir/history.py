@@ -10,6 +10,7 @@ same schema to ``balanced_history.csv`` when it computed Dice itself (no MR call
 >>> read(d)["dice_lv"].tolist(), dice_columns(read(d))
 ([0.9], ['dice_lv'])
 """
+
 from __future__ import annotations
 
 import os

@@ -18,6 +18,7 @@ True
 >>> release(d, holder="trainer"); (Path(d) / OWNER_NAME).exists()
 False
 """
+
 from __future__ import annotations
 
 import atexit
@@ -53,17 +54,27 @@ class RunLock:
     def acquire(self) -> RunLock:
         lock_path = self.run_dir / LOCK_NAME
         if lock_path.is_dir() or lock_path.is_symlink():
-            raise InputError(f"cannot lock run_dir '{self.run_dir}': '{lock_path}' is a "
-                             f"{'folder' if lock_path.is_dir() else 'symbolic link'}; remove it")
+            raise InputError(
+                f"cannot lock run_dir '{self.run_dir}': '{lock_path}' is a "
+                f"{'folder' if lock_path.is_dir() else 'symbolic link'}; remove it"
+            )
         for _ in range(5):
             try:
                 self._lock.acquire()
             except Timeout:
                 owner = _read_owner(self.run_dir)
-                who = (f"pid {owner.get('pid')} on {owner.get('host')}, {owner.get('command')} since "
-                       f"{owner.get('since')}") if owner else "owner unknown"
-                raise RunDirBusyError(f"run_dir '{self.run_dir}' is in use by another robusttrain command "
-                                      f"({who}); use another run_dir or wait for it to finish") from None
+                who = (
+                    (
+                        f"pid {owner.get('pid')} on {owner.get('host')}, {owner.get('command')} since "
+                        f"{owner.get('since')}"
+                    )
+                    if owner
+                    else "owner unknown"
+                )
+                raise RunDirBusyError(
+                    f"run_dir '{self.run_dir}' is in use by another robusttrain command "
+                    f"({who}); use another run_dir or wait for it to finish"
+                ) from None
             # the file may have been unlinked by the previous holder between our open and flock:
             # then we hold a lock nobody else can see -- drop it and try again
             fd = self._lock._context.lock_file_fd
@@ -78,9 +89,17 @@ class RunLock:
         else:
             raise InputError(f"cannot lock run_dir '{self.run_dir}': '{lock_path}' keeps changing")
         self.interrupted = _read_owner(self.run_dir)
-        atomic_write_text(self.run_dir / OWNER_NAME, json.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
-             "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        atomic_write_text(
+            self.run_dir / OWNER_NAME,
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "command": self.command,
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            ),
+        )
         return self
 
     def release(self) -> None:

@@ -19,6 +19,7 @@ the params as nested lists, enough to re-create the training image exactly from 
 >>> read_samples(d)[0]["params"]["sigma_rel"]
 [[0.01]]
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,16 @@ from .paths import read_text
 
 STATS = "metamorphic_training.csv"
 SAMPLES = "metamorphic_training_samples.jsonl"
-STATS_COLUMNS = ["epoch", "family", "candidates", "chosen", "rejected", "mean_score", "mean_chosen_score",
-                 "weight"]
+STATS_COLUMNS = [
+    "epoch",
+    "family",
+    "candidates",
+    "chosen",
+    "rejected",
+    "mean_score",
+    "mean_chosen_score",
+    "weight",
+]
 
 
 def write_stats(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:

@@ -10,6 +10,7 @@ Columns: ``epoch, bank_size`` (records in the bank), ``trainable`` (records repl
 >>> read(d)["bank_size"].tolist()
 [3]
 """
+
 from __future__ import annotations
 
 import os

@@ -8,6 +8,7 @@ case_id, perturbation, severity, seed``, source / follow-up scores (``src_dice``
 >>> read(tempfile.mkdtemp()) is None
 True
 """
+
 from __future__ import annotations
 
 import os

@@ -17,6 +17,7 @@ Traceback (most recent call last):
 ...
 robusttrain.rundir.paths.RunDirFileError: run-directory file '...efr.csv' is a symbolic link; robusttrain reads only regular files inside the run directory
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ from pathlib import Path, PurePath
 
 from robusttrain.errors import InputError
 
-MAX_BYTES = 2 * 1024 ** 3  # a run-directory table larger than this is not one robusttrain wrote
+MAX_BYTES = 2 * 1024**3  # a run-directory table larger than this is not one robusttrain wrote
 
 
 class RunDirFileError(InputError):
@@ -48,8 +49,10 @@ def locate(run_dir: str | os.PathLike, name: str | os.PathLike) -> Path | None:
         except OSError as e:
             raise RunDirFileError(f"cannot read run-directory file '{p}': {e.strerror}") from None
         if stat.S_ISLNK(st.st_mode):
-            raise RunDirFileError(f"run-directory file '{p}' is a symbolic link; robusttrain reads only "
-                                  "regular files inside the run directory")
+            raise RunDirFileError(
+                f"run-directory file '{p}' is a symbolic link; robusttrain reads only "
+                "regular files inside the run directory"
+            )
     if not stat.S_ISREG(st.st_mode):
         raise RunDirFileError(f"run-directory file '{p}' is not a regular file")
     return p
@@ -79,8 +82,10 @@ def read_text(run_dir: str | os.PathLike, name: str | os.PathLike) -> str | None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RunDirFileError(f"run-directory file '{Path(run_dir).resolve() / name}' is not text (byte "
-                              f"0x{data[e.start]:02x} at offset {e.start} is not UTF-8)") from None
+        raise RunDirFileError(
+            f"run-directory file '{Path(run_dir).resolve() / name}' is not text (byte "
+            f"0x{data[e.start]:02x} at offset {e.start} is not UTF-8)"
+        ) from None
 
 
 def inside(run_dir: str | os.PathLike, path: str | os.PathLike | None) -> Path | None:

@@ -13,6 +13,7 @@ summing to 1) and ``smoothed`` (the EMA of the failure rates behind them).
 >>> read_weights(d), read(d)["epoch"]
 ({'blur': 0.75, 'text': 0.25}, 2)
 """
+
 from __future__ import annotations
 
 import json
@@ -37,10 +38,12 @@ def path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / DIR / NAME
 
 
-def write(run_dir: str | os.PathLike, epoch: int, weights: Mapping[str, float],
-          smoothed: Mapping[str, float]) -> Path:
-    return atomic_write_json(path(run_dir), {"epoch": int(epoch), "weights": dict(weights),
-                                             "smoothed": dict(smoothed)})
+def write(
+    run_dir: str | os.PathLike, epoch: int, weights: Mapping[str, float], smoothed: Mapping[str, float]
+) -> Path:
+    return atomic_write_json(
+        path(run_dir), {"epoch": int(epoch), "weights": dict(weights), "smoothed": dict(smoothed)}
+    )
 
 
 def read(run_dir: str | os.PathLike) -> dict[str, Any] | None:
@@ -72,7 +75,9 @@ def read_weights(run_dir: str | os.PathLike) -> dict[str, float]:
         except (TypeError, ValueError):
             w = math.nan
         if isinstance(v, bool) or not math.isfinite(w) or w < 0:
-            log.warning("%s: weights[%r]=%r: expected a finite number >= 0; weights ignored", path(run_dir), k, v)
+            log.warning(
+                "%s: weights[%r]=%r: expected a finite number >= 0; weights ignored", path(run_dir), k, v
+            )
             return {}
         out[str(k)] = w
     return out

@@ -18,6 +18,7 @@ are the alternatives.
 >>> ramp(0, 100, 0.2), ramp(10, 100, 0.2), ramp(50, 100, 0.2)
 (0.0, 0.5, 1.0)
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -38,6 +38,7 @@ never goes beyond what is measured and severity 5 stays an extrapolation test).
 >>> bool(torch.equal(f.replay(x, m), f.images))                       # every follow-up re-created
 True
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -97,8 +98,8 @@ class Followups:
                 continue
             fam, sev, p = rec
             pos = int(self.index[i])
-            m = None if masks is None else masks[pos:pos + 1]
-            out[i] = _apply(get(fam, sev), images[pos:pos + 1], m, p, slice_axis)[0]
+            m = None if masks is None else masks[pos : pos + 1]
+            out[i] = _apply(get(fam, sev), images[pos : pos + 1], m, p, slice_axis)[0]
         return out
 
 
@@ -117,9 +118,18 @@ class WorstOfK:
         slice_axis: volumes (B,C,H,W,D) are perturbed slice-wise along it, one draw per volume.
     """
 
-    def __init__(self, families: Sequence[str], k: int = 4, q: float = 0.5, epsilon: float = 0.3,
-                 temperature: float = 0.0, severity_caps: int | Mapping[str, int] | None = None,
-                 max_cover: float = 0.1, seed: int = 0, slice_axis: int = -1):
+    def __init__(
+        self,
+        families: Sequence[str],
+        k: int = 4,
+        q: float = 0.5,
+        epsilon: float = 0.3,
+        temperature: float = 0.0,
+        severity_caps: int | Mapping[str, int] | None = None,
+        max_cover: float = 0.1,
+        seed: int = 0,
+        slice_axis: int = -1,
+    ):
         self.families = list(dict.fromkeys(families))
         if not self.families:
             raise ValueError("WorstOfK: families is empty; give at least one perturbation family")
@@ -159,8 +169,16 @@ class WorstOfK:
     def generator(self, step: int, rank: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(stable_seed(self.seed, "worst_of_k", int(step), int(rank)))
 
-    def __call__(self, images: torch.Tensor, masks: torch.Tensor | None, score: Score | None, *, step: int,
-                 rank: int = 0, rates: Mapping[str, float] | None = None) -> Followups:
+    def __call__(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        score: Score | None,
+        *,
+        step: int,
+        rank: int = 0,
+        rates: Mapping[str, float] | None = None,
+    ) -> Followups:
         """Follow-ups for ``images`` (B,C,H,W[,D]) in [0,1] with ``masks`` (B,H,W[,D]) class indices.
 
         ``score(candidates, masks) -> (n,)`` per-sample losses (higher = worse for the model), called
@@ -171,8 +189,11 @@ class WorstOfK:
         n = self.n_selected(b)
         index = torch.randperm(b, generator=g)[:n].sort().values
         probs = torch.as_tensor(self.family_probs(rates), dtype=torch.float64)
-        fam_idx = torch.multinomial(probs, n * self.k, replacement=True, generator=g).view(n, self.k) \
-            if n else torch.zeros(0, self.k, dtype=torch.long)
+        fam_idx = (
+            torch.multinomial(probs, n * self.k, replacement=True, generator=g).view(n, self.k)
+            if n
+            else torch.zeros(0, self.k, dtype=torch.long)
+        )
         caps = torch.tensor([self.caps[f] for f in self.families])
         sev = (torch.rand(n, self.k, generator=g) * caps[fam_idx]).long() + 1
         families = [[self.families[int(j)] for j in row] for row in fam_idx]
@@ -180,7 +201,7 @@ class WorstOfK:
         dev_index = index.to(images.device)
         src = images[dev_index]
         src_m = None if masks is None else masks[dev_index]
-        cand = src.unsqueeze(1).repeat(1, self.k, *([1] * (src.ndim - 1)))   # (n, k, C, ...)
+        cand = src.unsqueeze(1).repeat(1, self.k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
         params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self.k)] for _ in range(n)]
         # one batched call per (family, severity): candidates of a kind share the kernel launch
         groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
@@ -193,7 +214,7 @@ class WorstOfK:
             out, p = self._sample_apply(self._op(fam, s), src[rows], m, g)
             for r, (i, j) in enumerate(members):
                 cand[i, j] = out[r]
-                params[i][j] = {key: v[r:r + 1].detach().cpu() for key, v in p.items()}
+                params[i][j] = {key: v[r : r + 1].detach().cpu() for key, v in p.items()}
         rejected = self._rejected(src, src_m, cand, families)
         scores = None
         if self.k == 1:
@@ -214,9 +235,17 @@ class WorstOfK:
         shape = (-1,) + (1,) * (src.ndim - 1)
         kept = torch.where(ok.view(shape), kept, src)
         chosen = torch.where(ok, chosen, torch.full_like(chosen, -1))
-        return Followups(index=dev_index, images=kept, families=families, severities=severities,
-                         params=params, chosen=chosen, scores=scores, step=int(step),
-                         extra={"rejected": rejected})
+        return Followups(
+            index=dev_index,
+            images=kept,
+            families=families,
+            severities=severities,
+            params=params,
+            chosen=chosen,
+            scores=scores,
+            step=int(step),
+            extra={"rejected": rejected},
+        )
 
     # -- internals ---------------------------------------------------------------------
     def _op(self, family: str, severity: int) -> Any:
@@ -225,35 +254,43 @@ class WorstOfK:
             self._ops[key] = get(family, severity)
         return self._ops[key]
 
-    def _sample_apply(self, op: Any, x: torch.Tensor, m: torch.Tensor | None, g: torch.Generator
-                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _sample_apply(
+        self, op: Any, x: torch.Tensor, m: torch.Tensor | None, g: torch.Generator
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if x.ndim == 5:  # volumes: params drawn on each volume's middle slice, applied to every slice
             j = x.shape[2 + self.slice_axis % 3] // 2
-            mid = volume_to_slices(x, self.slice_axis)[j::x.shape[2 + self.slice_axis % 3]]
-            mm = None if m is None else volume_to_slices(m, self.slice_axis, channels=False)[
-                j::x.shape[2 + self.slice_axis % 3]]
+            mid = volume_to_slices(x, self.slice_axis)[j :: x.shape[2 + self.slice_axis % 3]]
+            mm = (
+                None
+                if m is None
+                else volume_to_slices(m, self.slice_axis, channels=False)[
+                    j :: x.shape[2 + self.slice_axis % 3]
+                ]
+            )
             p = op.sample_params(mid, mm, generator=g)
             return _apply(op, x, m, p, self.slice_axis), p
         out, p = op.apply_batch(x, m, generator=g)
         return out.to(x.dtype), p
 
-    def _rejected(self, src: torch.Tensor, masks: torch.Tensor | None, cand: torch.Tensor,
-                  families: list[list[str]]) -> torch.Tensor:
+    def _rejected(
+        self, src: torch.Tensor, masks: torch.Tensor | None, cand: torch.Tensor, families: list[list[str]]
+    ) -> torch.Tensor:
         """(n, k) bool: occluding candidates that change more than ``max_cover`` of the lesion."""
         n = src.shape[0]
         out = torch.zeros(n, self.k, dtype=torch.bool, device=src.device)
         occl = torch.tensor([[f in OCCLUDERS for f in row] for row in families], dtype=torch.bool)
         if masks is None or not bool(occl.any()):
             return out
-        lesion = (masks > 0).unsqueeze(1)                                  # (n, 1, ...)
-        moved = (cand - src.unsqueeze(1)).abs().amax(2) > _COVER_DELTA     # (n, k, ...)
+        lesion = (masks > 0).unsqueeze(1)  # (n, 1, ...)
+        moved = (cand - src.unsqueeze(1)).abs().amax(2) > _COVER_DELTA  # (n, k, ...)
         covered = (moved & lesion).flatten(2).sum(2).float()
         area = lesion.flatten(2).sum(2).float().clamp_min(1)
         return (covered / area > self.max_cover) & occl.to(src.device)
 
 
-def _apply(op: Any, x: torch.Tensor, m: torch.Tensor | None, params: dict[str, torch.Tensor],
-           slice_axis: int = -1) -> torch.Tensor:
+def _apply(
+    op: Any, x: torch.Tensor, m: torch.Tensor | None, params: dict[str, torch.Tensor], slice_axis: int = -1
+) -> torch.Tensor:
     """``op`` with recorded ``params`` on images or (slice-wise, the volume's params on every slice) volumes."""
     if x.ndim == 5:
         n_sl = x.shape[2 + slice_axis % 3]
@@ -275,15 +312,18 @@ def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str
     if ok(caps):
         return {f: int(caps) for f in families}  # type: ignore[arg-type]
     if not isinstance(caps, Mapping):
-        raise ValueError(f"WorstOfK: severity_caps must be an int 1..5 or a mapping family -> 1..5, got {caps!r}")
+        raise ValueError(
+            f"WorstOfK: severity_caps must be an int 1..5 or a mapping family -> 1..5, got {caps!r}"
+        )
     bad = {f: v for f, v in caps.items() if not ok(v)}
     if bad:
         raise ValueError(f"WorstOfK: severity_caps values must be integers 1..5, got {bad}")
     return {f: int(caps.get(f, 5)) for f in families}
 
 
-def scaled_for_scoring(images: torch.Tensor, masks: torch.Tensor | None, scale: float, multiple: int = 16
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def scaled_for_scoring(
+    images: torch.Tensor, masks: torch.Tensor | None, scale: float, multiple: int = 16
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Candidates at ``scale`` of their size for the scoring forward (area-averaged images, nearest
     masks) when the scaled size stays a multiple of ``multiple`` and at least twice it (a U-Net
     downsamples 4x by 2 and instance norm needs more than one pixel at the bottom); else as is.
@@ -298,10 +338,19 @@ def scaled_for_scoring(images: torch.Tensor, masks: torch.Tensor | None, scale: 
         return images, masks
     h, w = images.shape[-2:]
     sh, sw = h * scale, w * scale
-    if sh != int(sh) or sw != int(sw) or int(sh) % multiple or int(sw) % multiple \
-            or min(sh, sw) < 2 * multiple:
+    if (
+        sh != int(sh)
+        or sw != int(sw)
+        or int(sh) % multiple
+        or int(sw) % multiple
+        or min(sh, sw) < 2 * multiple
+    ):
         return images, masks
     size = (int(sh), int(sw))
     x = F.interpolate(images, size=size, mode="area")
-    m = None if masks is None else F.interpolate(masks[:, None].float(), size=size, mode="nearest")[:, 0].long()
+    m = (
+        None
+        if masks is None
+        else F.interpolate(masks[:, None].float(), size=size, mode="nearest")[:, 0].long()
+    )
     return x, m

@@ -7,6 +7,7 @@ instead of a run that is merely long enough on a quiet machine: at the start of 
 (nothing of it goes into checkpoints) and changes nothing the run computes, so the run's files equal
 those of the same command with ``release`` present from the start.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,12 @@ from lightning.pytorch import Callback
 
 class HoldAtEpoch(Callback):
     def __init__(self, epoch: int, paused: str, release: str, timeout_s: float = 600.0):
-        self.epoch, self.paused, self.release, self.timeout_s = int(epoch), Path(paused), Path(release), timeout_s
+        self.epoch, self.paused, self.release, self.timeout_s = (
+            int(epoch),
+            Path(paused),
+            Path(release),
+            timeout_s,
+        )
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if trainer.current_epoch != self.epoch or self.release.exists():

@@ -1,6 +1,7 @@
 """Bad callback arguments are refused when the callback is built (issue 10): one line naming the
 argument and the value, before any training. Samples the callbacks cannot read (no mask) are refused
 by a real ``trainer.fit`` before its first training step."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,40 +23,117 @@ from robusttrain.metamorphic.suite import MRSuite
 
 CASES = [
     # (id, build, exception, message regex)
-    ("severity-0", lambda: MRSuite(["blur"], severities=(0,)), ValueError, r"severities=\[0\].*int in 1\.\.5.*got 0"),
+    (
+        "severity-0",
+        lambda: MRSuite(["blur"], severities=(0,)),
+        ValueError,
+        r"severities=\[0\].*int in 1\.\.5.*got 0",
+    ),
     ("severity-6", lambda: MRSuite(["blur"], severities=(2, 6)), ValueError, r"severities=\[2, 6\].*got 6"),
-    ("severity-empty", lambda: MRSuite(["blur"], severities=()), ValueError, r"severities= must not be empty"),
+    (
+        "severity-empty",
+        lambda: MRSuite(["blur"], severities=()),
+        ValueError,
+        r"severities= must not be empty",
+    ),
     ("unknown-perturbation", lambda: MRSuite(["blur", "nope"]), ValueError, r"unknown perturbation 'nope'"),
     ("unknown-suite", lambda: MRSuite("nope"), ValueError, r"unknown perturbation suite 'nope'"),
-    ("kwargs-for-absent-family", lambda: MRSuite(["blur"], perturbation_kwargs={"text": {}}), ValueError,
-     r"perturbation_kwargs has 'text'"),
-    ("suite-not-a-suite", lambda: MetamorphicCallback(suite=["blur"]), ValueError, r"suite must be an MRSuite"),
-    ("hooks-not-hooks", lambda: MetamorphicCallback(hooks={"get_images": None}), ValueError,
-     r"hooks must be a BatchHooks"),
-    ("bad-to-probabilities", lambda: MetamorphicCallback(hooks=BatchHooks(to_probabilities="softmaxx")), ValueError,
-     r"to_probabilities='softmaxx'"),
-    ("violation-threshold", lambda: MetamorphicCallback(violation_threshold=1.5), ValueError,
-     r"violation_threshold=1\.5: expected a number in \[0, 1\]"),
+    (
+        "kwargs-for-absent-family",
+        lambda: MRSuite(["blur"], perturbation_kwargs={"text": {}}),
+        ValueError,
+        r"perturbation_kwargs has 'text'",
+    ),
+    (
+        "suite-not-a-suite",
+        lambda: MetamorphicCallback(suite=["blur"]),
+        ValueError,
+        r"suite must be an MRSuite",
+    ),
+    (
+        "hooks-not-hooks",
+        lambda: MetamorphicCallback(hooks={"get_images": None}),
+        ValueError,
+        r"hooks must be a BatchHooks",
+    ),
+    (
+        "bad-to-probabilities",
+        lambda: MetamorphicCallback(hooks=BatchHooks(to_probabilities="softmaxx")),
+        ValueError,
+        r"to_probabilities='softmaxx'",
+    ),
+    (
+        "violation-threshold",
+        lambda: MetamorphicCallback(violation_threshold=1.5),
+        ValueError,
+        r"violation_threshold=1\.5: expected a number in \[0, 1\]",
+    ),
     ("every-n-negative", lambda: MetamorphicCallback(every_n_epochs=-1), ValueError, r"every_n_epochs=-1"),
-    ("max-cases-zero", lambda: MetamorphicCallback(max_cases=0), ValueError, r"max_cases=0: expected an integer >= 1"),
+    (
+        "max-cases-zero",
+        lambda: MetamorphicCallback(max_cases=0),
+        ValueError,
+        r"max_cases=0: expected an integer >= 1",
+    ),
     ("batch-size-zero", lambda: MetamorphicCallback(batch_size=0), ValueError, r"batch_size=0"),
-    ("path", lambda: MetamorphicCallback(path="gpu"), ValueError, r"path='gpu': expected one of 'auto', 'torch'"),
+    (
+        "path",
+        lambda: MetamorphicCallback(path="gpu"),
+        ValueError,
+        r"path='gpu': expected one of 'auto', 'torch'",
+    ),
     ("budget", lambda: MetamorphicCallback(budget=2.0), ValueError, r"budget"),
-    ("replay-ratio-1", lambda: FailureMiningCallback(replay_ratio=1.0), ValueError,
-     r"replay_ratio=1\.0: expected a number in \[0, 0\.9\]"),
-    ("replay-ratio-negative", lambda: FailureMiningCallback(replay_ratio=-0.1), ValueError, r"replay_ratio=-0\.1"),
-    ("train-probe-zero", lambda: FailureMiningCallback(train_probe_size=0), ValueError,
-     r"train_probe_size=0: expected an integer >= 1"),
+    (
+        "replay-ratio-1",
+        lambda: FailureMiningCallback(replay_ratio=1.0),
+        ValueError,
+        r"replay_ratio=1\.0: expected a number in \[0, 0\.9\]",
+    ),
+    (
+        "replay-ratio-negative",
+        lambda: FailureMiningCallback(replay_ratio=-0.1),
+        ValueError,
+        r"replay_ratio=-0\.1",
+    ),
+    (
+        "train-probe-zero",
+        lambda: FailureMiningCallback(train_probe_size=0),
+        ValueError,
+        r"train_probe_size=0: expected an integer >= 1",
+    ),
     ("jitter", lambda: FailureMiningCallback(jitter=2), ValueError, r"jitter=2"),
-    ("mix-sum", lambda: FailureMiningCallback(clean_mix=0.6, fresh_image=0.6), ValueError,
-     r"clean_mix=0\.6 \+ fresh_image=0\.6: expected a sum <= 1"),
+    (
+        "mix-sum",
+        lambda: FailureMiningCallback(clean_mix=0.6, fresh_image=0.6),
+        ValueError,
+        r"clean_mix=0\.6 \+ fresh_image=0\.6: expected a sum <= 1",
+    ),
     ("max-size", lambda: FailureMiningCallback(max_size=1), ValueError, r"max_size=1"),
-    ("momentum", lambda: FailureMiningCallback(momentum=1.0), ValueError, r"momentum=1\.0: expected a number in \[0, 1\)"),
+    (
+        "momentum",
+        lambda: FailureMiningCallback(momentum=1.0),
+        ValueError,
+        r"momentum=1\.0: expected a number in \[0, 1\)",
+    ),
     ("floor", lambda: FailureMiningCallback(floor=2), ValueError, r"floor=2: expected a number in \[0, 1\]"),
-    ("contamination-0.9", lambda: BalancedCheckpoint(contamination=0.9), ValueError,
-     r"contamination=0\.9: expected a number in \(0, 0\.5\]"),
-    ("contamination-0", lambda: BalancedCheckpoint(contamination=0), ValueError, r"contamination=0: .*\(0, 0\.5\]"),
-    ("policy", lambda: BalancedCheckpoint(policy="best"), ValueError, r"policy='best': expected one of 'last_inlier'"),
+    (
+        "contamination-0.9",
+        lambda: BalancedCheckpoint(contamination=0.9),
+        ValueError,
+        r"contamination=0\.9: expected a number in \(0, 0\.5\]",
+    ),
+    (
+        "contamination-0",
+        lambda: BalancedCheckpoint(contamination=0),
+        ValueError,
+        r"contamination=0: .*\(0, 0\.5\]",
+    ),
+    (
+        "policy",
+        lambda: BalancedCheckpoint(policy="best"),
+        ValueError,
+        r"policy='best': expected one of 'last_inlier'",
+    ),
     ("mode", lambda: BalancedCheckpoint(mode="up"), ValueError, r"mode='up'"),
     ("tail", lambda: BalancedCheckpoint(tail="left"), ValueError, r"tail='left'"),
     ("retention", lambda: BalancedCheckpoint(retention=0), ValueError, r"retention=0"),
@@ -73,6 +151,7 @@ def test_bad_callback_argument_is_refused_at_construction(build, exc, pattern):
 
 
 # ---- T14: mask-less samples through FailureMiningCallback inside a real trainer ---------------
+
 
 class _UserSamples(Dataset):
     """A user's dataset: dict samples whose mask is under a key the default hooks do not know
@@ -103,7 +182,11 @@ class _UserNet(L.LightningModule):
 
     def _loss(self, b):
         out = self(b["image"])
-        return out.square().mean() if "seg" not in b else torch.nn.functional.cross_entropy(out, b["seg"][:, 0].long())
+        return (
+            out.square().mean()
+            if "seg" not in b
+            else torch.nn.functional.cross_entropy(out, b["seg"][:, 0].long())
+        )
 
     def training_step(self, b, _):
         self.steps += 1
@@ -135,17 +218,35 @@ class _UserData(L.LightningDataModule):
         return DataLoader(self.val_set, batch_size=4)
 
 
-def _user_fit(run: Path, layout: str, replay: bool, model: _UserNet, hooks: BatchHooks | None = None,
-              epochs: int = 1) -> None:
+def _user_fit(
+    run: Path, layout: str, replay: bool, model: _UserNet, hooks: BatchHooks | None = None, epochs: int = 1
+) -> None:
     """A real ``trainer.fit`` of ``model`` with MetamorphicCallback + FailureMiningCallback."""
     L.seed_everything(0)
-    mining = FailureMiningCallback(dirpath=run, train_probe_size=4, replay_ratio=0.5 if replay else 0.0,
-                                   train_dataset=None if replay else _UserSamples(layout))
-    mr = MetamorphicCallback(suite=MRSuite(["contrast"], (5,)), dirpath=run, verbose=False,
-                             **({"hooks": hooks} if hooks is not None else {}))
-    trainer = L.Trainer(max_epochs=epochs, callbacks=[mr, mining], logger=False, default_root_dir=run,
-                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                        num_sanity_val_steps=0, accelerator="cpu", devices=1)
+    mining = FailureMiningCallback(
+        dirpath=run,
+        train_probe_size=4,
+        replay_ratio=0.5 if replay else 0.0,
+        train_dataset=None if replay else _UserSamples(layout),
+    )
+    mr = MetamorphicCallback(
+        suite=MRSuite(["contrast"], (5,)),
+        dirpath=run,
+        verbose=False,
+        **({"hooks": hooks} if hooks is not None else {}),
+    )
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=[mr, mining],
+        logger=False,
+        default_root_dir=run,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(model, datamodule=_UserData(layout, mining))
 
 
@@ -158,8 +259,11 @@ def test_maskless_samples_are_refused_by_failure_mining_before_training(tmp_path
     MR callback cannot check the validation samples at setup: the mining callback's check is what
     stops the fit. Before the fix, record-only trained a whole epoch and then failed in the MR check."""
     model = _UserNet()
-    with pytest.raises(HookError, match=r"cannot find masks in the batch .*got a dict with keys \[.*'image'.*\]\); "
-                                       r"pass MetamorphicCallback\(hooks=BatchHooks\(get_masks=\.\.\.\)\)") as err:
+    with pytest.raises(
+        HookError,
+        match=r"cannot find masks in the batch .*got a dict with keys \[.*'image'.*\]\); "
+        r"pass MetamorphicCallback\(hooks=BatchHooks\(get_masks=\.\.\.\)\)",
+    ) as err:
         _user_fit(tmp_path / "run", layout, replay, model)
     assert "\n" not in str(err.value)  # one line
     assert model.steps == 0  # refused before the first training step
@@ -173,8 +277,14 @@ def test_the_get_masks_hook_the_refusal_names_makes_the_same_project_train(tmp_p
     """Control for the refusal above: with the hook it names (``get_masks=``) the same samples train
     (2 epochs, 3 steps each) and the MR check reads the train probe (``split == 'train'`` rows)."""
     model = _UserNet()
-    _user_fit(tmp_path / "run", "mask-under-seg", replay, model, hooks=BatchHooks(get_masks=lambda b: b["seg"]),
-              epochs=2)
+    _user_fit(
+        tmp_path / "run",
+        "mask-under-seg",
+        replay,
+        model,
+        hooks=BatchHooks(get_masks=lambda b: b["seg"]),
+        epochs=2,
+    )
     assert model.steps == 6
     efr = pd.read_csv(tmp_path / "run" / "efr.csv")
     assert set(efr["split"]) == {"val", "train"}

@@ -11,6 +11,7 @@ run must finish (exit 0) with the same files as an undisturbed run of the same c
 in ``test_kill_resume.py`` (checkpoints tensor by tensor, ``logs/metrics.csv`` without its wall-clock
 columns, every other file byte for byte, ``config.yaml`` included), with no lock or ``.tmp`` left.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,26 +29,49 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-TINY = ["recipe=smoke", "seed=3", "trainer.enable_progress_bar=false", "data.n_train=8", "data.n_val=4",
-        "data.image_size=32", "data.batch_size=4", "callbacks.metamorphic.max_cases=4",
-        "callbacks.mining.train_probe_size=4", "callbacks.metamorphic.suite.perturbations=[blur,contrast]",
-        "callbacks.metamorphic.budget=null"]  # a budget plans from measured times, which no rerun repeats
+TINY = [
+    "recipe=smoke",
+    "seed=3",
+    "trainer.enable_progress_bar=false",
+    "data.n_train=8",
+    "data.n_val=4",
+    "data.image_size=32",
+    "data.batch_size=4",
+    "callbacks.metamorphic.max_cases=4",
+    "callbacks.mining.train_probe_size=4",
+    "callbacks.metamorphic.suite.perturbations=[blur,contrast]",
+    "callbacks.metamorphic.budget=null",
+]  # a budget plans from measured times, which no rerun repeats
 LOCK = ".robusttrain.lock"
 WAIT_S = 300  # generous: 2 shared cores, several Python processes importing torch at once
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]), OMP_NUM_THREADS="1",
-               WANDB_MODE="offline")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]),
+        OMP_NUM_THREADS="1",
+        WANDB_MODE="offline",
+    )
     env.pop("ROBUSTTRAIN_TEST_KILL_AT", None)
     return env
 
 
 def _fit_argv(base: Path) -> list[str]:
     """The first command: a 2-epoch fit that holds at the start of epoch 1 until ``base/release``."""
-    return [sys.executable, "-m", "robusttrain", "fit", *TINY, "trainer.max_epochs=2", f"run_dir={base / 'run'}",
-            "+callbacks.hold._target_=hold_callback.HoldAtEpoch", "+callbacks.hold.epoch=1",
-            f"+callbacks.hold.paused={base / 'paused'}", f"+callbacks.hold.release={base / 'release'}"]
+    return [
+        sys.executable,
+        "-m",
+        "robusttrain",
+        "fit",
+        *TINY,
+        "trainer.max_epochs=2",
+        f"run_dir={base / 'run'}",
+        "+callbacks.hold._target_=hold_callback.HoldAtEpoch",
+        "+callbacks.hold.epoch=1",
+        f"+callbacks.hold.paused={base / 'paused'}",
+        f"+callbacks.hold.release={base / 'release'}",
+    ]
 
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen:
@@ -134,8 +158,12 @@ def test_commands_on_a_run_in_progress_are_refused_and_change_nothing(base):
     first = _start(_fit_argv(base), first_log)
     seconds: list[subprocess.Popen] = []
     try:
-        _wait_until(lambda: (base / "paused").exists() and (run / LOCK).exists(), "first fit holding epoch 1",
-                    [first], [first_log])
+        _wait_until(
+            lambda: (base / "paused").exists() and (run / LOCK).exists(),
+            "first fit holding epoch 1",
+            [first],
+            [first_log],
+        )
         assert (base / "paused").read_text() == str(first.pid)
         before = _snapshot(run)
         assert {"config.yaml", "history.csv", "efr.csv", "checkpoints/last.ckpt", LOCK} <= set(before)
@@ -146,7 +174,9 @@ def test_commands_on_a_run_in_progress_are_refused_and_change_nothing(base):
             "test": ["test", *TINY, f"run_dir={run}", "ckpt=last"],
             "check": ["check", *TINY, f"run_dir={run}", f"ckpt={ckpt}"],
         }
-        seconds = [_start([sys.executable, "-m", "robusttrain", *argv], logs / name) for name, argv in others.items()]
+        seconds = [
+            _start([sys.executable, "-m", "robusttrain", *argv], logs / name) for name, argv in others.items()
+        ]
         for name, p in zip(others, seconds):
             p.wait(timeout=WAIT_S)
             _assert_refused(name, p.returncode, _err(logs / name), run, first.pid)
@@ -182,8 +212,10 @@ def test_two_fits_started_together_one_trains_and_one_is_refused(base):
         assert "Traceback" not in err
         lines = [line for line in err.splitlines() if line.startswith("robusttrain fit: error:")]
         assert len(lines) == 1, err[-3000:]
-        assert (f"is in use by another robusttrain command (pid {winner.pid} on " in lines[0]
-                or f"run_dir '{run}' is in use by another robusttrain command (owner unknown)" in lines[0]), lines[0]
+        assert (
+            f"is in use by another robusttrain command (pid {winner.pid} on " in lines[0]
+            or f"run_dir '{run}' is in use by another robusttrain command (owner unknown)" in lines[0]
+        ), lines[0]
         _wait_until(lambda: (base / "paused").exists(), "the winner holding epoch 1", [winner], [wlog])
         assert (base / "paused").read_text() == str(winner.pid)
         _finish(winner, base, wlog)

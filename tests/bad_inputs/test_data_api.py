@@ -4,6 +4,7 @@ Either a specific exception whose message names the file / key / value and what 
 the correct result (e.g. a 0/1 PNG mask gives the right non-empty mask and the right Dice).
 Real files in tmp_path, real Albumentations, real PyOD, real Lightning trainers (tiny).
 """
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,8 @@ class Blobs(Dataset):
         self.m = torch.zeros(n, size, size, dtype=torch.long)
         for i in range(n):
             r = 2 + i % 6
-            self.x[i, :, r:r + 8, r:r + 8] = 0.9
-            self.m[i, r:r + 8, r:r + 8] = 1
+            self.x[i, :, r : r + 8, r : r + 8] = 0.9
+            self.m[i, r : r + 8, r : r + 8] = 1
         if nan_at is not None:
             self.x[nan_at, 1, 3, 3] = float("nan")
         self.ids = ids if ids is not None else [f"c{i}" for i in range(n)]
@@ -83,16 +84,23 @@ class Net(L.LightningModule):
 
 
 def _fit(tmp_path, model, ds, callbacks, epochs=1):
-    trainer = L.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                        enable_model_summary=False, enable_progress_bar=False, accelerator="cpu",
-                        devices=1, num_sanity_val_steps=0)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
     return trainer
 
 
 def _mr(tmp_path, **kw):
-    return MetamorphicCallback(suite=MRSuite(["contrast"], (2,)), dirpath=str(tmp_path),
-                               verbose=False, **kw)
+    return MetamorphicCallback(suite=MRSuite(["contrast"], (2,)), dirpath=str(tmp_path), verbose=False, **kw)
 
 
 # ----------------------------------------------------------------------------- model outputs
@@ -112,13 +120,18 @@ def test_inf_probabilities_from_a_custom_converter_name_the_cases(tmp_path):
     suite = MRSuite(["contrast"], (2,))
     ds = Blobs(4)
     predict = lambda x: torch.full((x.shape[0], 2, *x.shape[2:]), float("inf"))
-    with pytest.raises(NonFiniteOutputError, match=r"at epoch 3 on the 'train' probe \(cases \['c0', 'c1'\]\)"):
+    with pytest.raises(
+        NonFiniteOutputError, match=r"at epoch 3 on the 'train' probe \(cases \['c0', 'c1'\]\)"
+    ):
         run_probe(predict, iter_probe(ds, [0, 1], 2, BatchHooks()), suite, "train", epoch=3)
 
 
 def test_probabilities_passed_as_logits_are_refused_with_the_fix(tmp_path):
-    with pytest.raises(ProbabilityOutputError, match=r"look like probabilities already \(2 channels.*"
-                                                     r"channels sum to 1.*to_probabilities='identity'"):
+    with pytest.raises(
+        ProbabilityOutputError,
+        match=r"look like probabilities already \(2 channels.*"
+        r"channels sum to 1.*to_probabilities='identity'",
+    ):
         _fit(tmp_path, Net("probs"), Blobs(), [_mr(tmp_path)])
 
 
@@ -148,12 +161,19 @@ def test_one_channel_probabilities_warn_in_training_and_identity_scores_them_rig
     with caplog.at_level("WARNING"):
         _fit(tmp_path, Net("sigmoid"), Blobs(), [_mr(tmp_path)])
     assert caplog.text.count("logits or sigmoid probabilities?") == 1 and (tmp_path / "history.csv").is_file()
-    _fit(tmp_path / "ok", Net("sigmoid"), Blobs(), [_mr(tmp_path / "ok", hooks=BatchHooks(to_probabilities="identity"))])
+    _fit(
+        tmp_path / "ok",
+        Net("sigmoid"),
+        Blobs(),
+        [_mr(tmp_path / "ok", hooks=BatchHooks(to_probabilities="identity"))],
+    )
     assert (pd.read_csv(tmp_path / "ok" / "history.csv")["dice_fg"] == 1.0).all()
 
 
 def test_bad_to_probabilities_value_fails_at_construction():
-    with pytest.raises(ValueError, match=r"to_probabilities='softmaxx': expected one of \('auto', 'logits', 'identity'\)"):
+    with pytest.raises(
+        ValueError, match=r"to_probabilities='softmaxx': expected one of \('auto', 'logits', 'identity'\)"
+    ):
         MetamorphicCallback(hooks=BatchHooks(to_probabilities="softmaxx"))
 
 
@@ -174,7 +194,12 @@ def test_integer_case_ids_are_plain_strings_in_history_and_corner_cases(tmp_path
 
 
 def test_integer_case_ids_in_a_standalone_balanced_checkpoint(tmp_path):
-    _fit(tmp_path, Net("logits"), Blobs(ids=[7, 7, 8, 8, 9, 9, 10, 10]), [BalancedCheckpoint(dirpath=str(tmp_path))])
+    _fit(
+        tmp_path,
+        Net("logits"),
+        Blobs(ids=[7, 7, 8, 8, 9, 9, 10, 10]),
+        [BalancedCheckpoint(dirpath=str(tmp_path))],
+    )
     h = pd.read_csv(tmp_path / "balanced_history.csv", dtype={"case_id": str})
     assert sorted(set(h["case_id"])) == ["10", "7", "8", "9"]
 
@@ -192,7 +217,9 @@ def test_nan_pixels_in_the_probe_are_refused_naming_the_case(tmp_path):
         _fit(tmp_path, Net("logits"), Blobs(nan_at=5), [_mr(tmp_path)])
 
 
-@pytest.mark.parametrize("name", [n for n in P.available() if n != "adversarial"])  # adversarial needs a model
+@pytest.mark.parametrize(
+    "name", [n for n in P.available() if n != "adversarial"]
+)  # adversarial needs a model
 def test_nan_pixels_are_refused_by_every_perturbation_path(name):
     op = P.get(name, severity=2)
     c = 3 if name in P.available(channels=3) else 1  # the MRI / X-ray families take grey images
@@ -238,13 +265,16 @@ def _expected():
     return m
 
 
-@pytest.mark.parametrize(("value", "dtype", "ext", "mode"), [
-    (1, np.uint8, ".png", "class_index"),       # 0/1 PNG: was thresholded at >127 -> empty
-    (1, np.uint16, ".png", "class_index"),      # 16-bit class ids
-    (255, np.uint8, ".png", "binary255"),
-    (65535, np.uint16, ".png", "binary255"),    # 16-bit 0/65535
-    (255, np.uint8, ".jpg", "binary255"),       # JPEG compression noise around 0/255 (Kvasir)
-])
+@pytest.mark.parametrize(
+    ("value", "dtype", "ext", "mode"),
+    [
+        (1, np.uint8, ".png", "class_index"),  # 0/1 PNG: was thresholded at >127 -> empty
+        (1, np.uint16, ".png", "class_index"),  # 16-bit class ids
+        (255, np.uint8, ".png", "binary255"),
+        (65535, np.uint16, ".png", "binary255"),  # 16-bit 0/65535
+        (255, np.uint8, ".jpg", "binary255"),  # JPEG compression noise around 0/255 (Kvasir)
+    ],
+)
 def test_mask_encodings_are_detected_and_decode_to_the_right_mask(tmp_path, value, dtype, ext, mode):
     for i in range(3):
         _write_pair(tmp_path, f"c{i}", _mask(value, dtype), ext)
@@ -259,14 +289,19 @@ def test_all_empty_masks_are_accepted_as_empty(tmp_path):
     assert src.load(0)[1].sum() == 0
 
 
-@pytest.mark.parametrize(("stray", "found"), [(7, r"0 \(415 px\), 1 \(64 px\), 7 \(1 px\)"),
-                                         (255, r"0 \(415 px\), 1 \(64 px\), 255 \(1 px\)")])
+@pytest.mark.parametrize(
+    ("stray", "found"),
+    [(7, r"0 \(415 px\), 1 \(64 px\), 7 \(1 px\)"), (255, r"0 \(415 px\), 1 \(64 px\), 255 \(1 px\)")],
+)
 def test_class_index_mask_with_a_stray_value_is_refused_naming_file_and_values(tmp_path, stray, found):
     m = _mask(1)
     m[0, 0] = stray
     _write_pair(tmp_path, "stray", m)
-    with pytest.raises(DataError, match=rf"mask file .*stray\.png: values {found} fit neither mask encoding: "
-                                        r"expected class indices 0\.\.1 \(mask_mode='class_index'\) or 0/255"):
+    with pytest.raises(
+        DataError,
+        match=rf"mask file .*stray\.png: values {found} fit neither mask encoding: "
+        r"expected class indices 0\.\.1 \(mask_mode='class_index'\) or 0/255",
+    ):
         FolderSource(tmp_path)
 
 
@@ -279,16 +314,22 @@ def test_mask_values_0_100_are_refused(tmp_path):
 def test_mixed_encodings_in_one_folder_are_refused_naming_both_files(tmp_path):
     _write_pair(tmp_path, "a_index", _mask(1))
     _write_pair(tmp_path, "b_binary", _mask(255))
-    with pytest.raises(DataError, match=r"masks mix encodings: .*a_index\.png holds class indices but "
-                                        r".*b_binary\.png is 0/255"):
+    with pytest.raises(
+        DataError,
+        match=r"masks mix encodings: .*a_index\.png holds class indices but "
+        r".*b_binary\.png is 0/255",
+    ):
         FolderSource(tmp_path)
 
 
 def test_file_disagreeing_with_the_configured_mode_names_the_fix(tmp_path):
     _write_pair(tmp_path, "ids", _mask(1))
     src = FolderSource(tmp_path, mask_mode="binary255")
-    with pytest.raises(DataError, match=r"ids\.png: values 0 \(416 px\), 1 \(64 px\) look like class indices 0\.\.1, but this "
-                                        r"dataset's masks are binary255 .*pass mask_mode='class_index'"):
+    with pytest.raises(
+        DataError,
+        match=r"ids\.png: values 0 \(416 px\), 1 \(64 px\) look like class indices 0\.\.1, but this "
+        r"dataset's masks are binary255 .*pass mask_mode='class_index'",
+    ):
         src.load(0)
 
 
@@ -296,11 +337,19 @@ def test_class_index_masks_train_to_a_correct_dice(tmp_path):
     """0/1 PNG masks end to end: datamodule -> real trainer -> MR check: the exact detector scores Dice 1."""
     for i in range(6):
         _write_pair(tmp_path / "data", f"case{i}", _mask(1, size=(24, 24)), size=(24, 24))
-    dm = PolypDataModule(root=str(tmp_path / "data"), image_size=24, batch_size=3, val_fraction=0.0,
-                         train_transforms=[])
-    trainer = L.Trainer(max_epochs=1, callbacks=[_mr(tmp_path)], logger=False, enable_checkpointing=False,
-                        enable_model_summary=False, enable_progress_bar=False, accelerator="cpu",
-                        num_sanity_val_steps=0)
+    dm = PolypDataModule(
+        root=str(tmp_path / "data"), image_size=24, batch_size=3, val_fraction=0.0, train_transforms=[]
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[_mr(tmp_path)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+        num_sanity_val_steps=0,
+    )
     trainer.fit(Net("logits"), datamodule=dm)
     assert dm.mask_encoding == "class_index"
     h = pd.read_csv(tmp_path / "history.csv")
@@ -310,7 +359,7 @@ def test_class_index_masks_train_to_a_correct_dice(tmp_path):
 # ----------------------------------------------------------------------------- truncated files
 def _truncate(path, keep=0.5):
     data = path.read_bytes()
-    path.write_bytes(data[:int(len(data) * keep)])
+    path.write_bytes(data[: int(len(data) * keep)])
 
 
 def test_truncated_jpeg_image_is_refused_naming_the_file(tmp_path):
@@ -344,41 +393,58 @@ def test_jpeg_with_bytes_after_the_end_marker_still_loads(tmp_path):
 
 
 # ----------------------------------------------------------------------------- config at construction
-@pytest.mark.parametrize(("kw", "message"), [
-    ({"image_size": 0}, r"PolypDataModule: image_size=0: expected an integer >= 1"),
-    ({"image_size": "big"}, r"image_size='big': expected an integer >= 1"),
-    ({"batch_size": 0}, r"PolypDataModule: batch_size=0: expected an integer >= 1"),
-    ({"num_workers": -1}, r"num_workers=-1: expected an integer >= 0"),
-    ({"val_fraction": 1.5}, r"val_fraction=1.5: expected a number in \[0, 1\)"),
-    ({"val_fraction": -0.1}, r"val_fraction=-0.1: expected a number in \[0, 1\)"),
-    ({"hard_fraction": 2}, r"hard_fraction=2: expected a number in \[0, 1\]"),
-    ({"n_train": 0}, r"n_train=0: expected an integer >= 1"),
-    ({"resize": "crop"}, r"resize='crop': expected one of 'stretch', 'letterbox', 'none'"),
-    ({"mask_mode": "threshold"}, r"mask_mode='threshold': expected one of 'auto', 'binary255', 'class_index'"),
-    ({"cache_mb": -1}, r"cache_mb=-1: expected a number >= 0"),
-    ({"pin_memory": "yes"}, r"pin_memory='yes': expected true or false"),
-    ({"train_transforms": [{"_target_": "albumentations.NoSuchFlip"}]},
-     r"PolypDataModule: train_transforms: transform config: cannot import 'albumentations.NoSuchFlip'"),
-    ({"train_transforms": [{"_target_": "albumentations.Resize"}]},
-     r"PolypDataModule: train_transforms: transform config albumentations.Resize: height: Field required; "
-     r"width: Field required"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"image_size": 0}, r"PolypDataModule: image_size=0: expected an integer >= 1"),
+        ({"image_size": "big"}, r"image_size='big': expected an integer >= 1"),
+        ({"batch_size": 0}, r"PolypDataModule: batch_size=0: expected an integer >= 1"),
+        ({"num_workers": -1}, r"num_workers=-1: expected an integer >= 0"),
+        ({"val_fraction": 1.5}, r"val_fraction=1.5: expected a number in \[0, 1\)"),
+        ({"val_fraction": -0.1}, r"val_fraction=-0.1: expected a number in \[0, 1\)"),
+        ({"hard_fraction": 2}, r"hard_fraction=2: expected a number in \[0, 1\]"),
+        ({"n_train": 0}, r"n_train=0: expected an integer >= 1"),
+        ({"resize": "crop"}, r"resize='crop': expected one of 'stretch', 'letterbox', 'none'"),
+        (
+            {"mask_mode": "threshold"},
+            r"mask_mode='threshold': expected one of 'auto', 'binary255', 'class_index'",
+        ),
+        ({"cache_mb": -1}, r"cache_mb=-1: expected a number >= 0"),
+        ({"pin_memory": "yes"}, r"pin_memory='yes': expected true or false"),
+        (
+            {"train_transforms": [{"_target_": "albumentations.NoSuchFlip"}]},
+            r"PolypDataModule: train_transforms: transform config: cannot import 'albumentations.NoSuchFlip'",
+        ),
+        (
+            {"train_transforms": [{"_target_": "albumentations.Resize"}]},
+            r"PolypDataModule: train_transforms: transform config albumentations.Resize: height: Field required; "
+            r"width: Field required",
+        ),
+    ],
+)
 def test_bad_datamodule_values_fail_at_construction(kw, message):
     with pytest.raises(ValueError, match=message):
         PolypDataModule(**kw)
 
 
 def test_missing_root_and_extra_val_fail_at_construction_naming_the_key(tmp_path):
-    with pytest.raises(DataError, match=rf"CXRDataModule: root='{re.escape(str(tmp_path))}/nope': folder does not exist"):
+    with pytest.raises(
+        DataError, match=rf"CXRDataModule: root='{re.escape(str(tmp_path))}/nope': folder does not exist"
+    ):
         CXRDataModule(root=str(tmp_path / "nope"))
-    with pytest.raises(DataError, match=r"ACDCDataModule: extra_val\['etis'\]='/no/such/etis': folder does not exist"):
+    with pytest.raises(
+        DataError, match=r"ACDCDataModule: extra_val\['etis'\]='/no/such/etis': folder does not exist"
+    ):
         ACDCDataModule(extra_val={"etis": "/no/such/etis"})
 
 
 # ----------------------------------------------------------------------------- corner-case analysis
 def _history(value=None, col="dice_lv", case="p3", epoch=1):
-    rows = [{"case_id": f"p{c}", "epoch": e, "dice_lv": 0.8 + 0.01 * c, "dice_rv": 0.7}
-            for c in range(6) for e in range(3)]
+    rows = [
+        {"case_id": f"p{c}", "epoch": e, "dice_lv": 0.8 + 0.01 * c, "dice_rv": 0.7}
+        for c in range(6)
+        for e in range(3)
+    ]
     h = pd.DataFrame(rows)
     if value is not None:
         h[col] = h[col].astype(object)
@@ -412,15 +478,22 @@ def test_missing_dice_is_skipped_not_refused():
 
 @pytest.mark.parametrize("contamination", [0.7, 0.0, -0.1, "abc", float("nan")])
 def test_contamination_outside_pyod_range_is_refused(contamination):
-    with pytest.raises(ValueError, match=rf"contamination={re.escape(repr(contamination))}: expected a number in "
-                                         r"\(0, 0\.5\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"contamination={re.escape(repr(contamination))}: expected a number in "
+        r"\(0, 0\.5\]",
+    ):
         select_balanced_epoch(_history(), contamination=contamination)
 
 
 def test_unknown_policy_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match=r"policy='best': expected one of 'last_inlier', 'maximin', 'pareto', 'cvar'"):
+    with pytest.raises(
+        ValueError, match=r"policy='best': expected one of 'last_inlier', 'maximin', 'pareto', 'cvar'"
+    ):
         select_balanced_epoch(_history(), policy="best")
-    with pytest.raises(ValueError, match=r"policy='best': expected one of 'last_inlier', 'maximin', 'pareto', 'cvar'"):
+    with pytest.raises(
+        ValueError, match=r"policy='best': expected one of 'last_inlier', 'maximin', 'pareto', 'cvar'"
+    ):
         BalancedCheckpoint(policy="best")
 
 
@@ -428,11 +501,22 @@ def test_unknown_policy_is_refused_with_the_choices():
 def test_cli_fit_with_diverging_weights_stops_with_one_line_and_no_checkpoint_choice(tmp_path, capsys):
     from robusttrain.cli import main
 
-    rc = main(["fit", "recipe=smoke", f"run_dir={tmp_path}", "model.lr=1e30", "trainer.max_epochs=1",
-               "callbacks.reporting.enabled=false"])
+    rc = main(
+        [
+            "fit",
+            "recipe=smoke",
+            f"run_dir={tmp_path}",
+            "model.lr=1e30",
+            "trainer.max_epochs=1",
+            "callbacks.reporting.enabled=false",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
-    assert re.fullmatch(r"robusttrain fit: error: model outputs \(logits\) contain NaN or inf at epoch 0 on the "
-                        r"'val' probe \(cases \['synpolyp_00\d\d', .*\] and \d+ more\): the robustness check "
-                        r"stops here \(no EFR, corner cases or checkpoint choice from them\)", err[-1])
+    assert re.fullmatch(
+        r"robusttrain fit: error: model outputs \(logits\) contain NaN or inf at epoch 0 on the "
+        r"'val' probe \(cases \['synpolyp_00\d\d', .*\] and \d+ more\): the robustness check "
+        r"stops here \(no EFR, corner cases or checkpoint choice from them\)",
+        err[-1],
+    )
     assert not (tmp_path / "balanced.ckpt").exists() and not (tmp_path / "efr.csv").exists()

@@ -20,6 +20,7 @@ clock would show here. Both runs use the same run_dir path, so the paths written
 into files agree. The recipe's augmentations stay on: their random streams, the shuffle order and the
 global RNG travel in the checkpoint (the datamodule's state_dict).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,18 +37,26 @@ import torch
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["recipe=smoke", "seed=3", "trainer.max_epochs=3", "trainer.log_every_n_steps=1",
-        "trainer.enable_progress_bar=false", "data.n_train=16", "data.n_val=6", "data.image_size=48",
-        "callbacks.metamorphic.suite.perturbations=[blur,contrast,instrument]",
-        "callbacks.mining.train_probe_size=8"]
+ARGS = [
+    "recipe=smoke",
+    "seed=3",
+    "trainer.max_epochs=3",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "data.n_train=16",
+    "data.n_val=6",
+    "data.image_size=48",
+    "callbacks.metamorphic.suite.perturbations=[blur,contrast,instrument]",
+    "callbacks.mining.train_probe_size=8",
+]
 TIMINGS = {"mr/check_s", "mr/train_s"}  # measured seconds: no two runs agree
 KILLS = {
-    "mid-epoch": "log:metrics.csv:5",             # epoch 1, after its first training step (see metrics.csv rows)
-    "mr-write": "write:efr.csv:2",                # epoch 1's MR check: history.csv replaced, efr.csv not
-    "checkpoint-save": "write:last.ckpt:2",       # epoch 1's last.ckpt written to its temp file, not renamed
+    "mid-epoch": "log:metrics.csv:5",  # epoch 1, after its first training step (see metrics.csv rows)
+    "mr-write": "write:efr.csv:2",  # epoch 1's MR check: history.csv replaced, efr.csv not
+    "checkpoint-save": "write:last.ckpt:2",  # epoch 1's last.ckpt written to its temp file, not renamed
     "last-epoch-mr-write": "write:mr_cases.csv:3",  # the final epoch, after efr.csv
     # the end-of-fit window: the last epoch's last.ckpt is saved, Lightning has no epoch left to run
-    "end-of-fit-balanced-ckpt": "write:balanced.ckpt:1",    # balanced.ckpt complete in its temp file
+    "end-of-fit-balanced-ckpt": "write:balanced.ckpt:1",  # balanced.ckpt complete in its temp file
     "end-of-fit-corner-cases": "write:corner_cases.json:1",  # balanced.ckpt written, corner_cases.json not
     # SIGTERM (docker stop, SLURM preemption, timeout): the graceful path, exit 143, then ckpt=last
     "sigterm-mid-epoch": "TERM:log:metrics.csv:5",
@@ -60,11 +69,16 @@ def _fit(run_dir: Path, *extra: str, kill: str | None = None) -> subprocess.Comp
     env.pop("ROBUSTTRAIN_TEST_KILL_AT", None)
     env.pop("ROBUSTTRAIN_TEST_KILL_SIGNAL", None)
     if kill and kill.startswith("TERM:"):
-        env["ROBUSTTRAIN_TEST_KILL_SIGNAL"], kill = "TERM", kill[len("TERM:"):]
+        env["ROBUSTTRAIN_TEST_KILL_SIGNAL"], kill = "TERM", kill[len("TERM:") :]
     if kill:
         env["ROBUSTTRAIN_TEST_KILL_AT"] = kill
-    return subprocess.run([sys.executable, "-m", "robusttrain", "fit", *ARGS, f"run_dir={run_dir}", *extra],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "robusttrain", "fit", *ARGS, f"run_dir={run_dir}", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 @contextlib.contextmanager
@@ -110,7 +124,9 @@ def _same_checkpoint(a: Path, b: Path) -> None:
     for ox, oy in zip(x.get("optimizer_states", []), y.get("optimizer_states", [])):
         for i in ox["state"]:
             for k, v in ox["state"][i].items():
-                assert torch.equal(torch.as_tensor(v), torch.as_tensor(oy["state"][i][k])), f"{a.name}: opt {i}.{k}"
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(oy["state"][i][k])), (
+                    f"{a.name}: opt {i}.{k}"
+                )
 
 
 @pytest.mark.parametrize("where", list(KILLS))
@@ -125,7 +141,9 @@ def test_killed_and_resumed_run_equals_uninterrupted(base, where):
         assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
         assert not (run / ".robusttrain.owner").exists()
     else:
-        assert killed.returncode == -9, f"not killed at {KILLS[where]}: rc={killed.returncode}\n{killed.stderr[-2000:]}"
+        assert killed.returncode == -9, (
+            f"not killed at {KILLS[where]}: rc={killed.returncode}\n{killed.stderr[-2000:]}"
+        )
         assert (run / ".robusttrain.owner").exists()  # what a kill leaves behind
     with cpu_hog():
         resumed = _fit(run, "ckpt=last")
@@ -138,9 +156,13 @@ def test_killed_and_resumed_run_equals_uninterrupted(base, where):
             if name.endswith(".ckpt"):
                 _same_checkpoint(a, b)
             elif name == "logs/metrics.csv":
-                assert _without_timings(a) == _without_timings(b), f"{name} differs after a kill at {KILLS[where]}"
+                assert _without_timings(a) == _without_timings(b), (
+                    f"{name} differs after a kill at {KILLS[where]}"
+                )
             elif name == "config.yaml":
-                diff = [(x, y) for x, y in zip(a.read_text().splitlines(), b.read_text().splitlines()) if x != y]
+                diff = [
+                    (x, y) for x, y in zip(a.read_text().splitlines(), b.read_text().splitlines()) if x != y
+                ]
                 assert diff == [("ckpt: null", "ckpt: last")], diff
             else:
                 assert a.read_bytes() == b.read_bytes(), f"{name} differs after a kill at {KILLS[where]}"

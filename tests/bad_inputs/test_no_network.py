@@ -8,6 +8,7 @@ neither ``NO_ALBUMENTATIONS_UPDATE`` nor ``WANDB_MODE``, so robusttrain's own de
 tested (the fit uses ``logger=wandb``: W&B offline by default). Limit: only Python-level sockets are
 seen (W&B's compiled service process is not; offline mode gives it nothing to send).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-SITECUSTOMIZE = r'''
+SITECUSTOMIZE = r"""
 import os, socket
 
 _LOG = os.environ["NET_ATTEMPTS_LOG"]
@@ -64,10 +65,18 @@ def getaddrinfo(host, *args, **kwargs):
 
 
 socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = connect, connect_ex, getaddrinfo
-'''
-TINY = ["recipe=smoke", "data.n_train=8", "data.n_val=4", "data.image_size=32", "data.batch_size=4",
-        "callbacks.metamorphic.max_cases=4", "callbacks.mining.train_probe_size=4",
-        "callbacks.metamorphic.suite.perturbations=[blur,contrast]", "trainer.enable_progress_bar=false"]
+"""
+TINY = [
+    "recipe=smoke",
+    "data.n_train=8",
+    "data.n_val=4",
+    "data.image_size=32",
+    "data.batch_size=4",
+    "callbacks.metamorphic.max_cases=4",
+    "callbacks.mining.train_probe_size=4",
+    "callbacks.metamorphic.suite.perturbations=[blur,contrast]",
+    "trainer.enable_progress_bar=false",
+]
 
 
 @pytest.fixture
@@ -80,16 +89,21 @@ def offline(tmp_path):
     env.update(PYTHONPATH=f"{site}{os.pathsep}{ROOT}", NET_ATTEMPTS_LOG=str(log), OMP_NUM_THREADS="1")
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=tmp_path,
-                              timeout=600)
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+        )
+
     run.log = log
     return run
 
 
 def test_the_harness_sees_an_outward_connection(offline):
     # the check can fail: a plain connection attempt, and Albumentations' update check without the opt-out
-    proc = offline("-c", "import socket\ntry: socket.create_connection(('example.org', 80), timeout=2)\n"
-                         "except OSError: pass\nimport albumentations")
+    proc = offline(
+        "-c",
+        "import socket\ntry: socket.create_connection(('example.org', 80), timeout=2)\n"
+        "except OSError: pass\nimport albumentations",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     attempts = offline.log.read_text()
     assert "example.org" in attempts

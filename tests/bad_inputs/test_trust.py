@@ -3,6 +3,7 @@ input gets one line. Each scenario runs the CLI in-process and asserts the exact
 exactly one ``robusttrain <command>: error: ...`` line containing the expected text (codes 2, 3, 130),
 no traceback, and what the scenario's ``then`` checks (files written, not written, unchanged).
 """
+
 from __future__ import annotations
 
 import errno
@@ -52,6 +53,7 @@ def _config_target(target: str, **kw):
         args = "".join(f"\n      {k}: {json.dumps(v)}" for k, v in kw.items())
         cfg = cfg.replace("_target_: robusttrain.metamorphic.suite.MRSuite", f"_target_: {target}{args}", 1)
         (c.run / "config.yaml").write_text(cfg)
+
     return prep
 
 
@@ -62,10 +64,22 @@ def _config_python_tag(c):
 
 def _failure_with(**fields):
     def prep(c):
-        rec = {"kind": "failure", "id": "x0", "case_id": "c", "perturbation": "blur", "severity": 4, "epoch": 0,
-               "split": "val", "src_dice": 0.9, "fol_dice": 0.1, "drop": 0.9, **fields}
+        rec = {
+            "kind": "failure",
+            "id": "x0",
+            "case_id": "c",
+            "perturbation": "blur",
+            "severity": 4,
+            "epoch": 0,
+            "split": "val",
+            "src_dice": 0.9,
+            "fol_dice": 0.1,
+            "drop": 0.9,
+            **fields,
+        }
         marker = {"kind": "batch", "epoch": 0, "seen": [], "n": 1}  # a complete batch (rundir/failures.py)
         (c.run / "failures" / "failures.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(marker) + "\n")
+
     return prep
 
 
@@ -75,6 +89,7 @@ def _symlink(name: str):
         target = c.run / name
         target.unlink(missing_ok=True)
         target.symlink_to(c.tmp / "secret.csv")
+
     return prep
 
 
@@ -84,6 +99,7 @@ def _write(name: str, data: bytes | str, append: bool = False):
         p.parent.mkdir(parents=True, exist_ok=True)
         raw = data.encode() if isinstance(data, str) else data
         p.write_bytes((p.read_bytes() if append else b"") + raw)
+
     return prep
 
 
@@ -92,24 +108,31 @@ def _recipe(name: str, text: str | None = None):
         (c.tmp / "recipes").mkdir(exist_ok=True)
         src = ROOT / "robusttrain" / "recipes" / f"{name}.yaml"
         (c.tmp / "recipes" / f"{name}.yaml").write_text(text if text is not None else src.read_text())
+
     return prep
 
 
 def _hold_lock(c):
-    code = ("import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1], timeout=0); "
-            "l.acquire(); print('held', flush=True); time.sleep(60)")
-    c.proc = subprocess.Popen([sys.executable, "-c", code, str(c.run / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1], timeout=0); "
+        "l.acquire(); print('held', flush=True); time.sleep(60)"
+    )
+    c.proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(c.run / LOCK_NAME)], stdout=subprocess.PIPE, text=True
+    )
     assert c.proc.stdout.readline().strip() == "held"
 
 
 def _killed_owner(command: str, drop_last: bool = False):
     def prep(c):
-        (c.run / OWNER_NAME).write_text(json.dumps({"pid": 999999, "host": "h", "command": command,
-                                                    "since": "earlier"}))
+        (c.run / OWNER_NAME).write_text(
+            json.dumps({"pid": 999999, "host": "h", "command": command, "since": "earlier"})
+        )
         if drop_last:  # a fit killed before its first last.ckpt: only an epoch checkpoint, rows of epoch 0
             for p in (c.run / "checkpoints").glob("*.ckpt"):
                 p.unlink()
             (c.run / "checkpoints" / "epoch000.ckpt").write_bytes(b"dead attempt")
+
     return prep
 
 
@@ -127,6 +150,7 @@ def _sweep_folder(c):
 
 def _corners_plus(n: int):
     """A run whose corner_cases.json flags ``n`` cases (all present in history.csv)."""
+
     def prep(c):
         h = pd.read_csv(c.run / "history.csv")
         one = h[h["case_id"] == h["case_id"].iloc[0]]
@@ -135,6 +159,7 @@ def _corners_plus(n: int):
         cc = json.loads((c.run / "corner_cases.json").read_text())
         cc["corner_cases"] = [{"case_id": f"k{i:03d}", "score": 1.0} for i in range(n)]
         (c.run / "corner_cases.json").write_text(json.dumps(cc))
+
     return prep
 
 
@@ -150,6 +175,7 @@ def _mathtext_case(c):
 
 def _crafted_state(where: Callable[[dict], tuple[dict, str]], value):
     """A real checkpoint of the run whose saved training state has ``value`` at one key."""
+
     def prep(c):
         import torch
 
@@ -157,19 +183,23 @@ def _crafted_state(where: Callable[[dict], tuple[dict, str]], value):
         node, key = where(ckpt)
         node[key] = value
         torch.save(ckpt, c.tmp / "crafted.ckpt")
+
     return prep
 
 
 def _balanced_state(ckpt):
-    return ckpt["callbacks"][next(k for k in ckpt["callbacks"] if k.startswith("BalancedCheckpoint"))], \
-        "monitor_values"
+    return ckpt["callbacks"][
+        next(k for k in ckpt["callbacks"] if k.startswith("BalancedCheckpoint"))
+    ], "monitor_values"
 
 
 def _raise_in(target: str, exc: BaseException):
     def prep(c):
         def boom(*a, **k):
             raise exc
+
         c.monkeypatch.setattr(target, boom)
+
     return prep
 
 
@@ -178,6 +208,7 @@ def _no(*names: str):
     def then(c, out, err):
         for n in names:
             assert not (c.tmp / n).exists(), f"{n} exists: something from the run directory ran"
+
     return then
 
 
@@ -185,6 +216,7 @@ def _unchanged(*names: str):
     def then(c, out, err):
         for n in names:
             assert (c.run / n).read_bytes() == c.before[n], f"{n} was modified"
+
     return then
 
 
@@ -195,6 +227,7 @@ def _report_has(*texts: str, absent: tuple[str, ...] = ()):
             assert t in html, t
         for t in absent:
             assert t not in html, t
+
     return then
 
 
@@ -202,6 +235,7 @@ def _img_count(prefix: str, n: int):
     def then(c, out, err):
         html = (c.run / "report.html").read_text()
         assert html.count(f'<img alt="{prefix}') == n
+
     return then
 
 
@@ -217,6 +251,7 @@ def _fresh_epochs(expected: list[int]):
         assert sorted(set(m["epoch"].dropna().astype(int))) == expected
         assert list(m.dropna(subset=["val/dice"])["epoch"]) == expected  # no rows of the earlier run
         assert (c.run / "checkpoints" / "epoch000.ckpt").read_bytes() != b"dead attempt"
+
     return then
 
 
@@ -224,6 +259,7 @@ def _and(*fs):
     def then(c, out, err):
         for f in fs:
             f(c, out, err)
+
     return then
 
 
@@ -231,105 +267,284 @@ RUN, CK = "run_dir={run}", "ckpt={run}/checkpoints/last.ckpt"
 OWN_SUITE = [a for a in TINY if ".suite." not in a]  # check then uses the suite of the run's config.yaml
 SCENARIOS = [
     # --- a run directory is data (security) -------------------------------------------------------
-    S("check-config-target-write-text", ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
-      text="'callbacks.metamorphic.suite._target_' is 'pathlib.Path.write_text'",
-      prep=_config_target("pathlib.Path.write_text", self="{tmp}/pwned", data="x"), then=_no("pwned", "c")),
-    S("check-config-target-copyfile", ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
-      text="is 'shutil.copyfile'; expected robusttrain.metamorphic.suite.MRSuite",
-      prep=_config_target("shutil.copyfile", src="/etc/hostname", dst="{tmp}/pwned"), then=_no("pwned")),
-    S("check-config-nested-target", ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
-      text="key 'callbacks.metamorphic.suite.perturbation_kwargs._target_' is not allowed",
-      prep=_config_target("robusttrain.metamorphic.suite.MRSuite",
-                          perturbation_kwargs={"_target_": "builtins.open", "file": "x"})),
-    S("check-config-python-tag", ["check", *OWN_SUITE, "run_dir={tmp}/c", CK], text="config.yaml:",
-      prep=_config_python_tag, then=_no("pwned")),
-    S("check-config-symlink", ["check", *OWN_SUITE, "run_dir={tmp}/c", CK], text="config.yaml' is a symbolic link",
-      prep=lambda c: (shutil.copy(c.run / "config.yaml", c.tmp / "cfg.yaml"), (c.run / "config.yaml").unlink(),
-                      (c.run / "config.yaml").symlink_to(c.tmp / "cfg.yaml"))),
-    S("report-script-in-severity", ["report", "{run}"], code=0,
-      prep=_failure_with(severity="<script>alert(1)</script>", epoch="<img src=x onerror=alert(2)>",
-                         case_id="<b>c</b>", split="</div><script>x</script>"),
-      then=_report_has("&lt;script&gt;alert(1)&lt;/script&gt;", "&lt;img src=x onerror=alert(2)&gt;",
-                       absent=("<script>", "<img src=x", "<b>c</b>"))),
-    S("report-symlinked-efr-table", ["report", "{run}"], text="efr_table.csv' is a symbolic link",
-      prep=_symlink("efr_table.csv")),
-    S("report-symlinked-history", ["report", "{run}"], text="history.csv' is a symbolic link",
-      prep=_symlink("history.csv")),
-    S("report-symlinked-efr", ["report", "{run}"], text="efr.csv' is a symbolic link", prep=_symlink("efr.csv")),
-    S("report-symlinked-corner-cases", ["report", "{run}"], text="corner_cases.json' is a symbolic link",
-      prep=_symlink("corner_cases.json")),
-    S("corners-symlinked-history", ["corners", "{run}"], text="history.csv' is a symbolic link",
-      prep=_symlink("history.csv")),
-    S("local-recipe-shadows-packaged", ["check", "recipe=polyp"], text="check needs ckpt=PATH",
-      prep=_recipe("polyp"), stderr="./recipes/polyp.yaml replaces the packaged recipe file polyp.yaml"),
-    S("recipe-python-tag", ["fit", "recipe=evil"], text="Python tags are not allowed",
-      prep=_recipe("evil", "defaults:\n  - smoke\n  - _self_\nx: !!python/object/apply:os.getcwd []\n")),
-    S("recipe-yaml-syntax", ["fit", "recipe=broken"], text="recipes/broken.yaml:2': expected ',' or ']'",
-      prep=_recipe("broken", "a: [1\nb: 2\n")),
+    S(
+        "check-config-target-write-text",
+        ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
+        text="'callbacks.metamorphic.suite._target_' is 'pathlib.Path.write_text'",
+        prep=_config_target("pathlib.Path.write_text", self="{tmp}/pwned", data="x"),
+        then=_no("pwned", "c"),
+    ),
+    S(
+        "check-config-target-copyfile",
+        ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
+        text="is 'shutil.copyfile'; expected robusttrain.metamorphic.suite.MRSuite",
+        prep=_config_target("shutil.copyfile", src="/etc/hostname", dst="{tmp}/pwned"),
+        then=_no("pwned"),
+    ),
+    S(
+        "check-config-nested-target",
+        ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
+        text="key 'callbacks.metamorphic.suite.perturbation_kwargs._target_' is not allowed",
+        prep=_config_target(
+            "robusttrain.metamorphic.suite.MRSuite",
+            perturbation_kwargs={"_target_": "builtins.open", "file": "x"},
+        ),
+    ),
+    S(
+        "check-config-python-tag",
+        ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
+        text="config.yaml:",
+        prep=_config_python_tag,
+        then=_no("pwned"),
+    ),
+    S(
+        "check-config-symlink",
+        ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
+        text="config.yaml' is a symbolic link",
+        prep=lambda c: (
+            shutil.copy(c.run / "config.yaml", c.tmp / "cfg.yaml"),
+            (c.run / "config.yaml").unlink(),
+            (c.run / "config.yaml").symlink_to(c.tmp / "cfg.yaml"),
+        ),
+    ),
+    S(
+        "report-script-in-severity",
+        ["report", "{run}"],
+        code=0,
+        prep=_failure_with(
+            severity="<script>alert(1)</script>",
+            epoch="<img src=x onerror=alert(2)>",
+            case_id="<b>c</b>",
+            split="</div><script>x</script>",
+        ),
+        then=_report_has(
+            "&lt;script&gt;alert(1)&lt;/script&gt;",
+            "&lt;img src=x onerror=alert(2)&gt;",
+            absent=("<script>", "<img src=x", "<b>c</b>"),
+        ),
+    ),
+    S(
+        "report-symlinked-efr-table",
+        ["report", "{run}"],
+        text="efr_table.csv' is a symbolic link",
+        prep=_symlink("efr_table.csv"),
+    ),
+    S(
+        "report-symlinked-history",
+        ["report", "{run}"],
+        text="history.csv' is a symbolic link",
+        prep=_symlink("history.csv"),
+    ),
+    S(
+        "report-symlinked-efr",
+        ["report", "{run}"],
+        text="efr.csv' is a symbolic link",
+        prep=_symlink("efr.csv"),
+    ),
+    S(
+        "report-symlinked-corner-cases",
+        ["report", "{run}"],
+        text="corner_cases.json' is a symbolic link",
+        prep=_symlink("corner_cases.json"),
+    ),
+    S(
+        "corners-symlinked-history",
+        ["corners", "{run}"],
+        text="history.csv' is a symbolic link",
+        prep=_symlink("history.csv"),
+    ),
+    S(
+        "local-recipe-shadows-packaged",
+        ["check", "recipe=polyp"],
+        text="check needs ckpt=PATH",
+        prep=_recipe("polyp"),
+        stderr="./recipes/polyp.yaml replaces the packaged recipe file polyp.yaml",
+    ),
+    S(
+        "recipe-python-tag",
+        ["fit", "recipe=evil"],
+        text="Python tags are not allowed",
+        prep=_recipe("evil", "defaults:\n  - smoke\n  - _self_\nx: !!python/object/apply:os.getcwd []\n"),
+    ),
+    S(
+        "recipe-yaml-syntax",
+        ["fit", "recipe=broken"],
+        text="recipes/broken.yaml:2': expected ',' or ']'",
+        prep=_recipe("broken", "a: [1\nb: 2\n"),
+    ),
     # --- every stop is recoverable; nothing replaced ------------------------------------------------
-    S("fresh-fit-into-finished-run", ["fit", *TINY, RUN, "trainer.max_epochs=1"],
-      text="is not empty (balanced.ckpt, balanced_average.ckpt, balanced_average.json, checkpoints, config.yaml", then=_unchanged(
-          "config.yaml", "history.csv", "efr.csv", "corner_cases.json", "logs/metrics.csv")),
-    S("fresh-fit-overwrite-true", ["fit", *TINY, RUN, "trainer.max_epochs=1", "overwrite=true"], code=0,
-      then=_fresh_epochs([0]), stderr="overwrite=true: removed config.yaml, logs, checkpoints"),
+    S(
+        "fresh-fit-into-finished-run",
+        ["fit", *TINY, RUN, "trainer.max_epochs=1"],
+        text="is not empty (balanced.ckpt, balanced_average.ckpt, balanced_average.json, checkpoints, config.yaml",
+        then=_unchanged("config.yaml", "history.csv", "efr.csv", "corner_cases.json", "logs/metrics.csv"),
+    ),
+    S(
+        "fresh-fit-overwrite-true",
+        ["fit", *TINY, RUN, "trainer.max_epochs=1", "overwrite=true"],
+        code=0,
+        then=_fresh_epochs([0]),
+        stderr="overwrite=true: removed config.yaml, logs, checkpoints",
+    ),
     S("overwrite-bad-value", ["fit", *TINY, RUN, "overwrite=yes"], text="bad value for 'overwrite': 'yes'"),
-    S("rerun-after-kill-before-first-last-ckpt", ["fit", *TINY, RUN, "trainer.max_epochs=1"], code=0,
-      prep=_killed_owner("fit", drop_last=True), then=_fresh_epochs([0]),
-      stderr="the interrupted fit there saved no last.ckpt; starting clean"),
-    S("resume-after-kill-before-first-last-ckpt", ["fit", *TINY, RUN, "trainer.max_epochs=1", "ckpt=last"], code=0,
-      prep=_killed_owner("fit", drop_last=True), then=_fresh_epochs([0]), stderr="starting clean"),
-    S("temp-cleanup-own-names-only", ["validate", *TINY, RUN, "ckpt=last"], code=0, prep=_temps, then=_temps_left),
-    S("run-dir-locked-by-other-process", ["validate", *TINY, RUN, "ckpt=last"],
-      text="is in use by another robusttrain command", prep=_hold_lock),
-    S("lock-of-killed-command-taken-over", ["validate", *TINY, RUN, "ckpt=last"], code=0,
-      prep=_killed_owner("validate"), stderr="took over the lock of an interrupted run (pid 999999, validate",
-      then=lambda c, o, e: not (c.run / OWNER_NAME).exists() or pytest.fail("owner record left")),
-    S("lock-path-is-a-folder", ["validate", *TINY, RUN, "ckpt=last"], text=f"{LOCK_NAME}' is a folder",
-      prep=lambda c: (c.run / LOCK_NAME).mkdir()),
-    S("file-named-plots", ["fit", *TINY, RUN, "ckpt=last", "trainer.max_epochs=3"],
-      text="plots' is a file where robusttrain writes a folder",
-      prep=lambda c: (shutil.rmtree(c.run / "plots"), (c.run / "plots").write_text("mine"))),
-    S("file-named-checkpoints", ["validate", *TINY, RUN, "ckpt={tmp}/last.ckpt"],
-      text="checkpoints' is a file where robusttrain writes a folder",
-      prep=lambda c: (shutil.copy(c.run / "checkpoints" / "last.ckpt", c.tmp / "last.ckpt"),
-                      shutil.rmtree(c.run / "checkpoints"), (c.run / "checkpoints").write_text("mine"))),
-    S("fit-resume-crafted-callback-state", ["fit", *TINY, RUN, "ckpt={tmp}/crafted.ckpt", "trainer.max_epochs=3"],
-      text="crafted.ckpt': its saved training state cannot be restored (AttributeError",
-      prep=_crafted_state(_balanced_state, "abc")),
-    S("fit-resume-crafted-datamodule-state", ["fit", *TINY, RUN, "ckpt={tmp}/crafted.ckpt", "trainer.max_epochs=3"],
-      text="crafted.ckpt': its saved training state cannot be restored",
-      prep=_crafted_state(lambda ckpt: (ckpt, "PolypDataModule"), {"rng": 7, "augment": "x"})),
+    S(
+        "rerun-after-kill-before-first-last-ckpt",
+        ["fit", *TINY, RUN, "trainer.max_epochs=1"],
+        code=0,
+        prep=_killed_owner("fit", drop_last=True),
+        then=_fresh_epochs([0]),
+        stderr="the interrupted fit there saved no last.ckpt; starting clean",
+    ),
+    S(
+        "resume-after-kill-before-first-last-ckpt",
+        ["fit", *TINY, RUN, "trainer.max_epochs=1", "ckpt=last"],
+        code=0,
+        prep=_killed_owner("fit", drop_last=True),
+        then=_fresh_epochs([0]),
+        stderr="starting clean",
+    ),
+    S(
+        "temp-cleanup-own-names-only",
+        ["validate", *TINY, RUN, "ckpt=last"],
+        code=0,
+        prep=_temps,
+        then=_temps_left,
+    ),
+    S(
+        "run-dir-locked-by-other-process",
+        ["validate", *TINY, RUN, "ckpt=last"],
+        text="is in use by another robusttrain command",
+        prep=_hold_lock,
+    ),
+    S(
+        "lock-of-killed-command-taken-over",
+        ["validate", *TINY, RUN, "ckpt=last"],
+        code=0,
+        prep=_killed_owner("validate"),
+        stderr="took over the lock of an interrupted run (pid 999999, validate",
+        then=lambda c, o, e: not (c.run / OWNER_NAME).exists() or pytest.fail("owner record left"),
+    ),
+    S(
+        "lock-path-is-a-folder",
+        ["validate", *TINY, RUN, "ckpt=last"],
+        text=f"{LOCK_NAME}' is a folder",
+        prep=lambda c: (c.run / LOCK_NAME).mkdir(),
+    ),
+    S(
+        "file-named-plots",
+        ["fit", *TINY, RUN, "ckpt=last", "trainer.max_epochs=3"],
+        text="plots' is a file where robusttrain writes a folder",
+        prep=lambda c: (shutil.rmtree(c.run / "plots"), (c.run / "plots").write_text("mine")),
+    ),
+    S(
+        "file-named-checkpoints",
+        ["validate", *TINY, RUN, "ckpt={tmp}/last.ckpt"],
+        text="checkpoints' is a file where robusttrain writes a folder",
+        prep=lambda c: (
+            shutil.copy(c.run / "checkpoints" / "last.ckpt", c.tmp / "last.ckpt"),
+            shutil.rmtree(c.run / "checkpoints"),
+            (c.run / "checkpoints").write_text("mine"),
+        ),
+    ),
+    S(
+        "fit-resume-crafted-callback-state",
+        ["fit", *TINY, RUN, "ckpt={tmp}/crafted.ckpt", "trainer.max_epochs=3"],
+        text="crafted.ckpt': its saved training state cannot be restored (AttributeError",
+        prep=_crafted_state(_balanced_state, "abc"),
+    ),
+    S(
+        "fit-resume-crafted-datamodule-state",
+        ["fit", *TINY, RUN, "ckpt={tmp}/crafted.ckpt", "trainer.max_epochs=3"],
+        text="crafted.ckpt': its saved training state cannot be restored",
+        prep=_crafted_state(lambda ckpt: (ckpt, "PolypDataModule"), {"rng": 7, "augment": "x"}),
+    ),
     # --- readers refuse what they cannot read correctly ---------------------------------------------
-    S("corners-torn-history-row", ["corners", "{run}"], text="history.csv' line", prep=_write(
-        "history.csv", "k9,1", append=True)),
-    S("report-garbage-efr", ["report", "{run}"], text="efr.csv' is not text (byte 0xff at offset 0",
-      prep=_write("efr.csv", b"\xff\xfe\x00garbage\x9c")),
-    S("report-corner-cases-not-json", ["report", "{run}"], text="corner_cases.json' is not valid JSON",
-      prep=_write("corner_cases.json", "{\"corner_cases\": [")),
+    S(
+        "corners-torn-history-row",
+        ["corners", "{run}"],
+        text="history.csv' line",
+        prep=_write("history.csv", "k9,1", append=True),
+    ),
+    S(
+        "report-garbage-efr",
+        ["report", "{run}"],
+        text="efr.csv' is not text (byte 0xff at offset 0",
+        prep=_write("efr.csv", b"\xff\xfe\x00garbage\x9c"),
+    ),
+    S(
+        "report-corner-cases-not-json",
+        ["report", "{run}"],
+        text="corner_cases.json' is not valid JSON",
+        prep=_write("corner_cases.json", '{"corner_cases": ['),
+    ),
     # --- one line per failure, documented exit codes ------------------------------------------------
-    S("report-disk-full", ["report", "{run}"], code=3, text="disk full (No space left on device) writing",
-      prep=_raise_in("robusttrain.reporting.html.atomic_write_text",
-                     OSError(errno.ENOSPC, "No space left on device", "/x/report.html"))),
-    S("report-read-only-fs", ["report", "{run}"], code=3, text="read-only file system",
-      prep=_raise_in("robusttrain.reporting.html.atomic_write_text",
-                     OSError(errno.EROFS, "Read-only file system", "/x/report.html"))),
-    S("report-ctrl-c", ["report", "{run}"], code=130, text="stopped by Ctrl-C (SIGINT)",
-      prep=_raise_in("robusttrain.reporting.html.render_report", KeyboardInterrupt())),
-    S("check-ctrl-c", ["check", *OWN_SUITE, "run_dir={tmp}/c", CK], code=130, text="stopped by Ctrl-C",
-      prep=_raise_in("robusttrain.metamorphic.audit.audit", KeyboardInterrupt())),
-    S("report-mathtext-case-id", ["report", "{run}"], code=0, prep=_mathtext_case,
-      then=_report_has("$x^{$")),
-    S("report-many-corner-cases-bounded", ["report", "{run}"], code=0, prep=_corners_plus(40),
-      then=_and(_img_count("corner case", 24), _report_has("Curves of the first 24 of 40 flagged cases"))),
+    S(
+        "report-disk-full",
+        ["report", "{run}"],
+        code=3,
+        text="disk full (No space left on device) writing",
+        prep=_raise_in(
+            "robusttrain.reporting.html.atomic_write_text",
+            OSError(errno.ENOSPC, "No space left on device", "/x/report.html"),
+        ),
+    ),
+    S(
+        "report-read-only-fs",
+        ["report", "{run}"],
+        code=3,
+        text="read-only file system",
+        prep=_raise_in(
+            "robusttrain.reporting.html.atomic_write_text",
+            OSError(errno.EROFS, "Read-only file system", "/x/report.html"),
+        ),
+    ),
+    S(
+        "report-ctrl-c",
+        ["report", "{run}"],
+        code=130,
+        text="stopped by Ctrl-C (SIGINT)",
+        prep=_raise_in("robusttrain.reporting.html.render_report", KeyboardInterrupt()),
+    ),
+    S(
+        "check-ctrl-c",
+        ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
+        code=130,
+        text="stopped by Ctrl-C",
+        prep=_raise_in("robusttrain.metamorphic.audit.audit", KeyboardInterrupt()),
+    ),
+    S("report-mathtext-case-id", ["report", "{run}"], code=0, prep=_mathtext_case, then=_report_has("$x^{$")),
+    S(
+        "report-many-corner-cases-bounded",
+        ["report", "{run}"],
+        code=0,
+        prep=_corners_plus(40),
+        then=_and(_img_count("corner case", 24), _report_has("Curves of the first 24 of 40 flagged cases")),
+    ),
     # --- commands that refused good input -----------------------------------------------------------
-    S("validate-ckpt-of-another-suite", ["validate", *TINY, RUN, "ckpt=last",
-                                         "callbacks.metamorphic.suite.perturbations=[blur]"], code=0),
-    S("test-ckpt-of-another-suite", ["test", *TINY, RUN, "ckpt=last",
-                                     "callbacks.metamorphic.suite.severities=[2]"], code=0),
-    S("corners-folder-with-equals", ["corners", "lr=0.01"], code=0, prep=_sweep_folder,
-      then=lambda c, o, e: "corner-case report: lr=0.01" in o or pytest.fail(o)),
-    S("report-folder-with-equals", ["report", "lr=0.01"], code=0, prep=_sweep_folder,
-      then=lambda c, o, e: (c.tmp / "lr=0.01" / "report.html").is_file() or pytest.fail(e)),
+    S(
+        "validate-ckpt-of-another-suite",
+        ["validate", *TINY, RUN, "ckpt=last", "callbacks.metamorphic.suite.perturbations=[blur]"],
+        code=0,
+    ),
+    S(
+        "test-ckpt-of-another-suite",
+        ["test", *TINY, RUN, "ckpt=last", "callbacks.metamorphic.suite.severities=[2]"],
+        code=0,
+    ),
+    S(
+        "corners-folder-with-equals",
+        ["corners", "lr=0.01"],
+        code=0,
+        prep=_sweep_folder,
+        then=lambda c, o, e: "corner-case report: lr=0.01" in o or pytest.fail(o),
+    ),
+    S(
+        "report-folder-with-equals",
+        ["report", "lr=0.01"],
+        code=0,
+        prep=_sweep_folder,
+        then=lambda c, o, e: (c.tmp / "lr=0.01" / "report.html").is_file() or pytest.fail(e),
+    ),
 ]
 
 
@@ -343,8 +558,11 @@ def test_trust(s: S, trained, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     c = SimpleNamespace(tmp=tmp_path, run=run, proc=None, monkeypatch=monkeypatch)
-    c.before = {n: p.read_bytes() for n in ("config.yaml", "logs/metrics.csv", "history.csv", "efr.csv",
-                                            "corner_cases.json") if (p := run / n).is_file()}
+    c.before = {
+        n: p.read_bytes()
+        for n in ("config.yaml", "logs/metrics.csv", "history.csv", "efr.csv", "corner_cases.json")
+        if (p := run / n).is_file()
+    }
     try:
         if s.prep:
             # placeholders inside prepared files (a config's arguments) name this test's folder
@@ -393,9 +611,15 @@ def test_api_fit_takes_the_run_dir_lock(tmp_path):
     _hold_lock(holder)
 
     def fit():
-        trainer = L.Trainer(max_epochs=1, callbacks=[BalancedCheckpoint(dirpath=run, monitor="val_loss")],
-                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, default_root_dir=tmp_path)
+        trainer = L.Trainer(
+            max_epochs=1,
+            callbacks=[BalancedCheckpoint(dirpath=run, monitor="val_loss")],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
         trainer.fit(Net(), datamodule=Data())
 
     try:

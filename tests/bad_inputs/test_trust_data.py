@@ -1,5 +1,6 @@
 """Issue 20, part 3: data readers refuse what they cannot read correctly, naming the file (or read it
 correctly when told how). Real files written with OpenCV / h5py, read by the real readers."""
+
 from __future__ import annotations
 
 import struct
@@ -80,17 +81,25 @@ def _mask_bomb(r):
 def _value(v):
     def check(src):
         assert int(src.load(0)[0].max()) == v and src.load(0)[0].dtype == np.uint8
+
     return check
 
 
 DATA = [
     D("duplicate-case-id-jpg-png", _dup_ids, "two images with case id 'a': "),
     D("two-masks-for-one-image", _two_masks, "more than one mask for image 'a': "),
-    D("12-bit-in-16-bit-png", _twelve_bit, "is 16-bit with values up to 4095 (12 significant bits); set "
-      "data.image_bits=12"),
+    D(
+        "12-bit-in-16-bit-png",
+        _twelve_bit,
+        "is 16-bit with values up to 4095 (12 significant bits); set data.image_bits=12",
+    ),
     D("12-bit-with-image-bits-12", _twelve_bit, None, {"image_bits": 12}, _value(255)),
     D("16-bit-png-with-8-bit-values", _sixteen_bit_small, None, None, _value(200)),
-    D("image-bomb-400-megapixels", _image_bomb, f"declares 20000x20000 pixels, more than the limit of {MAX_PIXELS:,}"),
+    D(
+        "image-bomb-400-megapixels",
+        _image_bomb,
+        f"declares 20000x20000 pixels, more than the limit of {MAX_PIXELS:,}",
+    ),
     D("mask-bomb-144-megapixels", _mask_bomb, "declares 12000x12000 pixels"),
 ]
 
@@ -107,10 +116,12 @@ def test_folder_reader(d: D, tmp_path):
     assert "\n" not in str(err.value)
 
 
-LABELS = [("nan", np.nan, "label contains NaN or inf values"),
-          ("inf", np.inf, "label contains NaN or inf values"),
-          ("fraction-0.25", 0.25, "label values are not whole numbers (e.g. 0.25"),
-          ("fraction-1.75", 1.75, "label values are not whole numbers (e.g. 1.75")]
+LABELS = [
+    ("nan", np.nan, "label contains NaN or inf values"),
+    ("inf", np.inf, "label contains NaN or inf values"),
+    ("fraction-0.25", 0.25, "label values are not whole numbers (e.g. 0.25"),
+    ("fraction-1.75", 1.75, "label values are not whole numbers (e.g. 1.75"),
+]
 
 
 @pytest.mark.parametrize(("value", "text"), [(v, t) for _, v, t in LABELS], ids=[i for i, _, _ in LABELS])

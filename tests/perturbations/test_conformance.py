@@ -9,6 +9,7 @@ params only; masks (and inputs) are never modified; NaN is refused; severities o
 the Albumentations transform survives ``to_dict`` / ``from_dict``. Family-specific behaviour (lesion left
 alone, physics, calibration) lives in the per-family test files.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ IDS = [f"{name}-{c}ch" for name, c in CASES]
 GREY_ONLY = set(P.available()) - set(P.available(channels=3))
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.fixture(
+    params=[
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+        ),
+    ]
+)
 def device(request) -> torch.device:
     return torch.device(request.param)
 
@@ -42,15 +50,17 @@ def images(channels: int, b: int = 3, seed: int = 0) -> tuple[list[np.ndarray], 
     imgs, masks = [], []
     for i in range(b):
         if channels == 3:
-            base = np.stack([180 + 40 * np.sin(xx / 9 + i), 90 + 30 * np.cos(yy / 7),
-                             70 + 20 * np.sin((xx + yy) / 11)], -1) + rng.normal(0, 6, (H, W, 3))
+            base = np.stack(
+                [180 + 40 * np.sin(xx / 9 + i), 90 + 30 * np.cos(yy / 7), 70 + 20 * np.sin((xx + yy) / 11)],
+                -1,
+            ) + rng.normal(0, 6, (H, W, 3))
             base[rng.integers(8, H - 8, 6), rng.integers(8, W - 8, 6)] = 255
             base[np.abs(yy - H / 2) + np.abs(xx - W / 2) > 0.7 * (H + W) / 2] = 2
         else:
             r = ((yy - H / 2) / (0.38 * H)) ** 2 + ((xx - W / 2 - 2 * i) / (0.4 * W)) ** 2
             base = (30 + 150 * (r < 1) + 50 * ((r > 0.2) & (r < 0.35)) + rng.normal(0, 4, (H, W)))[:, :, None]
         m = np.zeros((H, W), np.int64)
-        m[H // 2 - 4 + 2 * i: H // 2 + 8, W // 2 - 8: W // 2 + 8] = 1
+        m[H // 2 - 4 + 2 * i : H // 2 + 8, W // 2 - 8 : W // 2 + 8] = 1
         imgs.append(np.clip(base, 0, 255).astype(np.uint8))
         masks.append(m)
     return imgs, masks
@@ -64,8 +74,9 @@ def make(name: str, channels: int, severity: int = 3, device: torch.device | Non
     if name != "adversarial":
         return get(name, severity=severity)
     torch.manual_seed(0)  # the one family that needs a model: a tiny two-class segmenter
-    model = torch.nn.Sequential(torch.nn.Conv2d(channels, 4, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(4, 2, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(channels, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1)
+    )
     return get(name, severity=severity, model=model.to(device or "cpu"))
 
 
@@ -96,8 +107,13 @@ def test_numpy_and_torch_paths_agree_and_keep_shape_dtype_range(name, channels, 
                 o8, _ = p.apply_numpy(u8, masks[i], params=pi)
                 of, _ = p.apply_numpy(imgs[i].astype(np.float32) / 255, masks[i], params=pi)
                 assert o8.dtype == np.uint8 and o8.shape == u8.shape
-                assert of.dtype == np.float32 and of.shape == imgs[i].shape and of.min() >= 0 and of.max() <= 1
-                assert np.abs(o8.reshape(ref.shape).astype(np.float32) / 255 - ref).max() <= TOL, (severity, i)
+                assert (
+                    of.dtype == np.float32 and of.shape == imgs[i].shape and of.min() >= 0 and of.max() <= 1
+                )
+                assert np.abs(o8.reshape(ref.shape).astype(np.float32) / 255 - ref).max() <= TOL, (
+                    severity,
+                    i,
+                )
                 assert np.abs(of - ref).max() <= TOL, (severity, i)
             if device.type != "cpu":  # an accelerator gives what the CPU gives, and samples on itself
                 cpu, _ = p.apply_batch(x.cpu(), m.cpu(), params={k: v.cpu() for k, v in params.items()})
@@ -143,10 +159,13 @@ def test_each_sample_depends_on_its_own_params_only(name, channels, device):
             p.cpu_planes = planes
         out, params = p.apply_batch(x, m, generator=torch.Generator().manual_seed(1))
         if name != "adversarial":  # its delta is a gradient, not a draw
-            assert any(not torch.equal(v[0], v[j]) for v in params.values() for j in range(1, len(imgs))), \
+            assert any(not torch.equal(v[0], v[j]) for v in params.values() for j in range(1, len(imgs))), (
                 "every sample got the same params"
+            )
         for i in range(len(imgs)):
-            one, _ = p.apply_batch(x[i:i + 1], m[i:i + 1], params={k: v[i:i + 1] for k, v in params.items()})
+            one, _ = p.apply_batch(
+                x[i : i + 1], m[i : i + 1], params={k: v[i : i + 1] for k, v in params.items()}
+            )
             assert torch.allclose(one[0], out[i], atol=1e-6)
 
 
@@ -163,7 +182,9 @@ def test_numpy_path_leaves_image_and_mask_untouched(name, channels):
 @pytest.mark.parametrize(("name", "channels"), CASES, ids=IDS)
 def test_nan_is_refused(name, channels, device):
     if device.type != "cpu":
-        pytest.skip("by design the value-range check runs on CPU tensors only (no device->host sync per batch)")
+        pytest.skip(
+            "by design the value-range check runs on CPU tensors only (no device->host sync per batch)"
+        )
     imgs, masks = images(channels, b=2)
     x = batch(imgs, device)
     x[1, 0, 3, 4] = float("nan")
@@ -183,15 +204,19 @@ def test_severity_outside_1_to_5_is_refused(name, severity):
         make(name, 3, severity)
 
 
-@pytest.mark.parametrize(("name", "channels"), [c for c in CASES if c[0] in albu.TRANSFORMS],
-                         ids=[i for c, i in zip(CASES, IDS) if c[0] in albu.TRANSFORMS])
+@pytest.mark.parametrize(
+    ("name", "channels"),
+    [c for c in CASES if c[0] in albu.TRANSFORMS],
+    ids=[i for c, i in zip(CASES, IDS) if c[0] in albu.TRANSFORMS],
+)
 def test_albumentations_transform_round_trips_and_keeps_the_mask(name, channels):
     imgs, masks = images(channels, b=1)
     img, mask = (imgs[0][:, :, 0] if channels == 1 else imgs[0]), masks[0].astype(np.uint8)
     pipe = A.Compose([albu.TRANSFORMS[name](severity=4, p=1.0)], seed=11)
     back = A.from_dict(json.loads(json.dumps(A.to_dict(pipe))))
     assert type(back.transforms[0]) is albu.TRANSFORMS[name] and back.transforms[0].family_args == {
-        **pipe.transforms[0].family_args}
+        **pipe.transforms[0].family_args
+    }
     out = pipe(image=img, mask=mask)
     again = A.Compose(back.transforms, seed=11)(image=img, mask=mask)
     assert np.array_equal(out["image"], again["image"]) and np.array_equal(out["mask"], mask)
