@@ -26,7 +26,7 @@ def test_help_lists_commands_and_recipes(capsys):
 
 
 @pytest.mark.parametrize(
-    "args, expected",
+    ("args", "expected"),
     [
         (("fit", "recipe=nope"), "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, smoke"),
         (("fit",), "missing recipe=NAME"),

@@ -92,7 +92,7 @@ def _non_default(family, q, tmp):
 CASES = [(f, q.name) for f in sorted(albu.TRANSFORMS) for q in _family_args(f)]
 
 
-@pytest.mark.parametrize("family,arg", CASES, ids=[f"{f}-{a}" for f, a in CASES])
+@pytest.mark.parametrize(("family", "arg"), CASES, ids=[f"{f}-{a}" for f, a in CASES])
 def test_every_argument_round_trips_through_to_dict_from_dict(family, arg, tmp_path):
     q = next(q for q in _family_args(family) if q.name == arg)
     kw = _non_default(family, q, tmp_path)
@@ -192,7 +192,7 @@ def test_each_family_in_compose_uint8_and_float_replay_and_pickle(family):
     else:
         assert not np.array_equal(out["image"], img)
     f = t(image=img.astype(np.float32) / 255, mask=m)["image"]
-    assert f.dtype == np.float32 and 0 <= f.min() and f.max() <= 1
+    assert f.dtype == np.float32 and f.min() >= 0 and f.max() <= 1
     r = A.ReplayCompose([albu.TRANSFORMS[family](severity=4)])
     r.set_random_seed(1)
     first = r(image=img, mask=m)

@@ -58,7 +58,7 @@ def test_registry_channels_and_suites():
         MRSuite("MRI")
 
 
-@pytest.mark.parametrize("suite,channels", [("mri", 1), ("xray", 1), ("endoscopy", 3)])
+@pytest.mark.parametrize(("suite", "channels"), [("mri", 1), ("xray", 1), ("endoscopy", 3)])
 def test_each_suite_runs_entirely_on_its_modality(suite, channels):
     s = MRSuite(suite, severities=(2,))
     s.prepare(in_channels=channels)
@@ -269,7 +269,7 @@ def test_mri_suite_on_a_volume_slice_by_slice():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe,suite", [("acdc", "mri"), ("cxr", "xray")])
+@pytest.mark.parametrize(("recipe", "suite"), [("acdc", "mri"), ("cxr", "xray")])
 def test_recipe_fit_checks_its_modality_suite(tmp_path, recipe, suite):
     # a real (tiny) Lightning fit through the CLI: every family of the suite is checked, none skipped
     import csv

@@ -20,7 +20,8 @@ only reported) -- and which dataset indices a planned set of cases means.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 

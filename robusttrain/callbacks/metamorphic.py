@@ -36,7 +36,8 @@ Shapes the check cannot read are refused in ``setup`` with one line naming the s
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -69,13 +70,13 @@ from ._mr_budget import TrainClock, TrainWork
 from ._mr_probe import decide_outputs, make_predict, make_to_probabilities, progress_bar
 from ._mr_reuse import ValidationOutputs
 from .compat import fitting
-from .context import RobustnessContext, context_for
+from .context import RobustnessConfigError, RobustnessContext, TrainProbe, UsesContext
 from .validate import check_choice, check_fraction, check_int
 
 Sink = Callable[..., None]
 
 
-class MetamorphicCallback(Callback):
+class MetamorphicCallback(UsesContext, Callback):
     """Metamorphic checks of the validation set (and, on request, of a training probe).
 
     Works on any trainer whose model's forward returns (B,1,H,W) (sigmoid) or (B,K,H,W)
@@ -167,7 +168,7 @@ class MetamorphicCallback(Callback):
         self.num_workers = check_int("num_workers", num_workers, 0)
         self.path = check_choice("path", path, ("auto", "torch", "numpy"))
         self.final = check_choice("final", final, ("rotation", "suite"))
-        self.dirpath, self.val_dataset, self.context = dirpath, val_dataset, context
+        self.dirpath, self.val_dataset, self._context_arg = dirpath, val_dataset, context
         self.class_names = list(class_names) if class_names is not None else None
         self.to_probabilities = make_to_probabilities(self.hooks.to_probabilities)
         self.reuse = ValidationOutputs(self.to_probabilities)  # the validation loop's clean labels
@@ -187,7 +188,7 @@ class MetamorphicCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        ctx = self._ctx = context_for(trainer, self.context)
+        ctx = self.join_context(trainer)
         ctx.join(type(self).__name__, self.dirpath, provides=("mr",))
         ctx.hooks, ctx.suite, ctx.violation_threshold = self.hooks, self.suite, self.violation_threshold
         ctx.every_n_epochs, ctx.class_names = self.every_n_epochs, self.class_names
@@ -200,7 +201,7 @@ class MetamorphicCallback(Callback):
             self._ctx.release_lock(trainer, type(self).__name__)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._ctx.finalize(trainer)
+        self.context.finalize(trainer)
         self._publish()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -383,12 +384,14 @@ class MetamorphicCallback(Callback):
             ):  # the last check completes the rotation: every pair not scored yet
                 done = self.cases[self.cases["split"] == "val"] if len(self.cases) else self.cases
                 plan["val"] = complete_plan(plan.get("val"), probes["val"].case_ids, self.suite.tests, done)
-        return broadcast_object(trainer, plan)
+        shared = broadcast_object(trainer, plan)
+        assert shared is not None  # rank 0 always plans; the other ranks receive its plan
+        return shared
 
     # -- internals ---------------------------------------------------------------------
     def _dataset(self, trainer: Any, split: str, quiet: bool = False) -> Any:
         if split == "train":
-            return self._ctx.train_probe.dataset
+            return self._train_probe().dataset
         if self.val_dataset is not None:
             return self.val_dataset
         dm = getattr(trainer, "datamodule", None)
@@ -405,8 +408,16 @@ class MetamorphicCallback(Callback):
     def _probe(self, trainer: Any, split: str, ds: Any) -> tuple[list[int], list[str]]:
         dm = getattr(trainer, "datamodule", None)
         always = list(getattr(dm, "planted_hard_cases", []) or []) if split == "val" else []
-        size = self.max_cases if split == "val" else self._ctx.train_probe.size
+        size = self.max_cases if split == "val" else self._train_probe().size
         return probe_cases(ds, split, size, self.seed, always)
+
+    def _train_probe(self) -> TrainProbe:
+        probe = self.context.train_probe
+        if probe is None:  # only reached for split "train", which is checked only when a probe was asked for
+            raise RobustnessConfigError(
+                "MetamorphicCallback: a training probe was checked but none was requested"
+            )
+        return probe
 
     def _names(self, trainer: Any, res: ProbeResult) -> list[str]:
         if self.class_names is not None:
@@ -474,7 +485,7 @@ class MetamorphicCallback(Callback):
                 id_prefix=id_prefix(split),
             )
             for rec, imgs in self.last_failures:
-                self._ctx.emit(rec, imgs)
+                self.context.emit(rec, imgs)
         if trainer.is_global_zero and self.verbose:
             n_all = table[(table.perturbation == "all")]
             scored = (
@@ -504,7 +515,7 @@ class MetamorphicCallback(Callback):
             self._ctx.history, self._ctx.efr, self._ctx.cases = self.history, self.efr, self.cases
 
     def _write(self) -> None:
-        d = self._ctx.run_dir
+        d = self.context.resolved_run_dir
         history_file.write(d, self.history)
         efr_file.write(d, self.efr)
         cases_file.write(d, self.cases)

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -52,13 +53,13 @@ from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scal
 from robusttrain.training.consistency import DIVERGENCES
 
 from ._dist import gather_objects
-from .context import RobustnessConfigError, RobustnessContext, context_for
+from .context import RobustnessConfigError, RobustnessContext, UsesContext
 from .validate import check_choice, check_fraction, check_int
 
 DEFAULT_CAP = 4  # without a MetamorphicCallback: the recipes' highest tested severity
 
 
-class MetamorphicTraining(Callback):
+class MetamorphicTraining(UsesContext, Callback):
     """Online worst-of-k perturbation (and the MR-consistency objective) for any Lightning model.
 
     Args:
@@ -136,13 +137,14 @@ class MetamorphicTraining(Callback):
         self.seed = int(seed)
         self.record_every = check_int("record_every", record_every, 1)
         self.record_per_step = check_int("record_per_step", record_per_step, 0)
-        self.dirpath, self.context = dirpath, context
+        self.dirpath, self._context_arg = dirpath, context
         self.wok: WorstOfK | None = None
         self.stats = pd.DataFrame(columns=records_file.STATS_COLUMNS)
         self.samples: list[dict[str, Any]] = []
         self._ctx: RobustnessContext | None = context
         self._acc: dict[str, Any] = {}
         self._pending: Any = None
+        self._epoch_samples: list[dict[str, Any]] = []
         self._consumed = False
         self._steps_seen = 0
         self._probs: Any = None
@@ -156,15 +158,15 @@ class MetamorphicTraining(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        self._ctx = context_for(trainer, self.context)
-        self._ctx.join(type(self).__name__, self.dirpath)
+        self.join_context(trainer)
+        self.context.join(type(self).__name__, self.dirpath)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit" and self._ctx is not None:
             self._ctx.release_lock(trainer, type(self).__name__)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._ctx.finalize(trainer)
+        self.context.finalize(trainer)
         self._steps_seen = 0
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -241,8 +243,8 @@ class MetamorphicTraining(Callback):
                 (s for p in parts for s in p["samples"]), key=lambda r: (r["step"], r["rank"], r["position"])
             )
         )
-        records_file.write_stats(self._ctx.run_dir, self.stats)
-        records_file.write_samples(self._ctx.run_dir, self.samples)
+        records_file.write_stats(self.context.resolved_run_dir, self.stats)
+        records_file.write_samples(self.context.resolved_run_dir, self.samples)
         self._probs = None
 
     # -- the consistency term ------------------------------------------------------------
@@ -338,8 +340,11 @@ class MetamorphicTraining(Callback):
     def _scorer(self, trainer: Any, pl_module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         spec = self._hooks().to_probabilities
 
-        def score(candidates: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        def score(candidates: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
+            if masks is None:  # _index_masks always gives masks; scoring needs them
+                raise RobustnessConfigError("MetamorphicTraining scores candidates against masks; got none")
             x, m = scaled_for_scoring(candidates, masks, self.score_scale)
+            assert m is not None
             with scoring_state(pl_module), _forward_context(trainer):
                 out = pl_module(x)
             return soft_dice_loss(probabilities(out, spec), m)
@@ -348,11 +353,15 @@ class MetamorphicTraining(Callback):
 
     def _reset_acc(self) -> None:
         self._acc = {}
-        self._epoch_samples: list[dict[str, Any]] = getattr(self, "_epoch_samples", [])
+
+    def _worst_of_k(self) -> WorstOfK:
+        if self.wok is None:  # built from the first training batch (its channel count)
+            raise RobustnessConfigError("MetamorphicTraining: no training batch has been seen yet")
+        return self.wok
 
     def _account(self, fol: Any, rates: Mapping[str, float] | None) -> None:
         """Per-family counts and score sums, kept on the device (read once per epoch)."""
-        wok = self.wok
+        wok = self._worst_of_k()
         fams = wok.families
         dev = fol.images.device
         if "cand" not in self._acc:
@@ -391,7 +400,7 @@ class MetamorphicTraining(Callback):
             return []
         a = {k: (v.cpu().tolist() if torch.is_tensor(v) else v) for k, v in self._acc.items()}
         rows = []
-        for i, fam in enumerate(self.wok.families):
+        for i, fam in enumerate(self._worst_of_k().families):
             rows.append(
                 {
                     "epoch": epoch,

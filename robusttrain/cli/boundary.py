@@ -21,6 +21,7 @@ that arrived decides the exit code. A second signal during that shutdown is igno
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -43,12 +44,11 @@ class Stopped:
         self.signal = signum
         raise KeyboardInterrupt
 
-    def install(self) -> "Stopped":
+    def install(self) -> Stopped:
         for s in (signal.SIGINT, signal.SIGTERM):
-            try:
+            # ValueError: not the main thread (e.g. main() called from a worker thread)
+            with contextlib.suppress(ValueError):
                 self._previous[s] = signal.signal(s, self._handler)
-            except ValueError:  # not the main thread (e.g. main() called from a worker thread)
-                pass
         return self
 
     def restore(self) -> None:

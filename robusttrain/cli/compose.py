@@ -207,7 +207,7 @@ def _unknown_key_message(recipe: str, key: str) -> str:
     while parent and not isinstance(OmegaConf.select(base, parent, default=None), DictConfig):
         parent = parent.rpartition(".")[0]  # report the deepest group that does exist
     node = OmegaConf.select(base, parent) if parent else base
-    valid = ", ".join(str(k) for k in node.keys())
+    valid = ", ".join(str(k) for k in node)
     where = f"under '{parent}'" if parent else "at the top level"
     return (
         f"unknown key '{key}'; valid keys {where}: {valid} "

@@ -19,7 +19,8 @@ threshold; a last row ``clean`` holds the clean mean Dice / IoU (in %) of each d
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 import torch

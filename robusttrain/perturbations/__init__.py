@@ -12,7 +12,8 @@ registered by name:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import suites
 from .adversarial import Adversarial

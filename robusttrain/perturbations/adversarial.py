@@ -10,7 +10,7 @@ never use it as a blind augmentation.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -267,7 +267,7 @@ def params_to(params: Params, device: torch.device) -> Params:
     return {k: (v if v.device == device else v.to(device, non_blocking=True)) for k, v in params.items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _init_signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.__init__)
 

@@ -158,10 +158,8 @@ class Contrast(_AffineColour):
     def _affine(self, params, channels=3):
         c, br, s, mean = params["contrast"], params["brightness"], params["saturation"], params["mean"]
         xp = _xp(c)
-        if channels == 1:  # saturation is the identity on grey: out = c*b*x + (1-c)*b*mean
-            m = (c * br)[:, None, None]
-        else:
-            m = (c * br)[:, None, None] * _saturation_matrix(s, xp)
+        # saturation is the identity on grey: out = c*b*x + (1-c)*b*mean
+        m = (c * br)[:, None, None] if channels == 1 else (c * br)[:, None, None] * _saturation_matrix(s, xp)
         ones = (
             xp.ones((1, channels), dtype=xp.float32) if xp is np else torch.ones(1, channels, device=c.device)
         )

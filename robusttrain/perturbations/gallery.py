@@ -7,8 +7,8 @@ Drawn with OpenCV (labels via cv2.putText) and written atomically.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import cv2
 import numpy as np

@@ -12,7 +12,7 @@ of them runs (only ``contrast`` and ``blur`` of the endoscopy suite do).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 SUITES: dict[str, tuple[str, ...]] = {
     "endoscopy": (
