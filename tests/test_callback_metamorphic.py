@@ -214,3 +214,33 @@ def test_audit_reproduces_the_training_time_check_exactly(tmp_path):
     efr = efr[(efr.epoch == 1) & (efr.severity == 0)].set_index(["perturbation", "metric", "threshold"]).efr
     mine = out["efr"][out["efr"].severity == 0].set_index(["perturbation", "metric", "threshold"]).efr
     assert np.array_equal(efr.sort_index().to_numpy(), mine.sort_index().to_numpy())
+
+
+@pytest.mark.slow
+def test_a_degenerate_model_is_told_its_numbers_mean_nothing(tmp_path):
+    class Background(Tiny):  # predicts background everywhere: clean Dice 0, "EFR 0 %" would mean nothing
+        def forward(self, x):
+            out = super().forward(x)
+            return torch.stack([out[:, 0] * 0 + 10.0, out[:, 1] * 0 - 10.0], 1)
+
+    cb = MetamorphicCallback(
+        suite=MRSuite(COLOUR, (2,)), dirpath=tmp_path, verbose=False, class_names=["polyp"]
+    )
+    trainer = L.Trainer(
+        max_epochs=2,
+        callbacks=[cb],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    with pytest.warns(
+        UserWarning, match=r"clean Dice is 0\.000: the model segments \(almost\) nothing"
+    ) as rec:
+        trainer.fit(
+            Background(),
+            DataLoader(Blobs(4, slices=1), batch_size=4),
+            DataLoader(Blobs(4, slices=1), batch_size=4),
+        )
+    assert sum("segments (almost) nothing" in str(w.message) for w in rec) == 1  # said once, not every epoch

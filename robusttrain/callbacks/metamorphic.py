@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 import torch
 from lightning.pytorch import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from robusttrain.metamorphic.batch import BatchHooks, iter_probe
 from robusttrain.metamorphic.budget import CheckBudget, check_budget, final_reserve, training_work
@@ -74,6 +74,7 @@ from .context import RobustnessConfigError, RobustnessContext, TrainProbe, UsesC
 from .validate import check_choice, check_fraction, check_int
 
 Sink = Callable[..., None]
+DEGENERATE_DICE = 0.05  # mean clean Dice below which the check's numbers are said to mean nothing
 
 
 class MetamorphicCallback(UsesContext, Callback):
@@ -411,6 +412,21 @@ class MetamorphicCallback(UsesContext, Callback):
         size = self.max_cases if split == "val" else self._train_probe().size
         return probe_cases(ds, split, size, self.seed, always)
 
+    def _warn_if_degenerate(self, trainer: Any, hist: pd.DataFrame, epoch: int, split: str) -> None:
+        """Say once when the clean Dice is ~0: a case with no Dice cannot lose any, so EFR 0 %% and
+        "no corner cases" then mean nothing (issue 23)."""
+        cols = [c for c in hist.columns if str(c).startswith("dice_")]
+        if split != "val" or not cols or not len(hist) or getattr(self, "_warned_degenerate", False):
+            return
+        clean = float(hist[cols].mean(axis=1).mean())
+        if clean < DEGENERATE_DICE and trainer.is_global_zero:
+            self._warned_degenerate = True
+            rank_zero_warn(
+                f"MR check, epoch {epoch}: the validation probe's clean Dice is {clean:.3f}: the model "
+                "segments (almost) nothing yet, so its EFR and corner cases mean nothing (a case with no "
+                "Dice cannot lose any); they become informative once the clean Dice rises"
+            )
+
     def _train_probe(self) -> TrainProbe:
         probe = self.context.train_probe
         if probe is None:  # only reached for split "train", which is checked only when a probe was asked for
@@ -444,6 +460,7 @@ class MetamorphicCallback(UsesContext, Callback):
         sinks=True,
     ) -> dict[str, float]:
         hist, scored = aggregate(res, self._names(trainer, res), epoch, self.suite)
+        self._warn_if_degenerate(trainer, hist, epoch, split)
         cases = scored
         if basis == "rotation" and len(self.cases):  # a top-up of an epoch already checked adds to it
             old = self.cases[(self.cases["epoch"] == epoch) & (self.cases["split"] == split)]
