@@ -77,7 +77,8 @@ class Tiny(L.LightningModule):
 
     def training_step(self, b, i):
         x, y = self._xy(b)
-        z = self.net(x)
+        z = self(x)  # through forward: hooks on the module (the MR check's validation reuse) see it
+        z = z["out"] if isinstance(z, dict) else z
         if self.out == 1:
             return torch.nn.functional.binary_cross_entropy_with_logits(z[:, 0], y.float())
         return torch.nn.functional.cross_entropy(z, y)

@@ -131,7 +131,9 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
         "</pre></details>{% else %}{{ na }}{% endif %}",
         facts=facts,
         config=load.load_config_text(run_dir),
-        na=_na("config.yaml missing (a run not written by `robusttrain fit`: its settings are not known here)"),
+        na=_na(
+            "config.yaml missing (a run not written by `robusttrain fit`: its settings are not known here)"
+        ),
     )
 
 
