@@ -1,7 +1,6 @@
 """Same seed, same recipe -> byte-identical robustness tables (same machine, under any load), and seeded
 data loading."""
 
-import contextlib
 import hashlib
 import os
 import subprocess
@@ -29,18 +28,6 @@ def _fit(run_dir: Path, *overrides: str) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-@contextlib.contextmanager
-def cpu_hog(n: int = 2):
-    """``n`` busy processes beside the test (a machine other jobs are using)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
 def _files(run: Path) -> dict[str, bytes]:
     out = {name: (run / name).read_bytes() for name in TABLES}
     out.update(
@@ -54,7 +41,7 @@ def _files(run: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_same_seed_gives_byte_identical_tables_under_load(tmp_path):
+def test_same_seed_gives_byte_identical_tables_under_load(tmp_path, cpu_hog):
     # the smoke recipe has every callback on (a budgeted MR check included), failure mining and random
     # train augmentations; the second run shares the CPU with two busy processes, so its training and
     # checks take longer: the budget plans in work units, so nothing it decides may change

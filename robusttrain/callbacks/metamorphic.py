@@ -64,6 +64,7 @@ from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir import history as history_file
 from robusttrain.rundir import mr_cases as cases_file
+from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import broadcast_object, gather_objects
 from ._mr_budget import TrainClock, TrainWork
@@ -71,7 +72,6 @@ from ._mr_probe import decide_outputs, make_predict, make_to_probabilities, prog
 from ._mr_reuse import ValidationOutputs
 from .compat import fitting
 from .context import RobustnessConfigError, RobustnessContext, TrainProbe, UsesContext
-from .validate import check_choice, check_fraction, check_int
 
 Sink = Callable[..., None]
 DEGENERATE_DICE = 0.05  # mean clean Dice below which the check's numbers are said to mean nothing

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -45,16 +45,17 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from robusttrain.metamorphic.batch import BatchHooks
+from robusttrain.metamorphic.batch import BatchHooks, normalise_mask
+from robusttrain.metamorphic.check import eval_state as scoring_state  # eval, no grad, modes + RNGs restored
 from robusttrain.perturbations import available
 from robusttrain.perturbations.suites import resolve
 from robusttrain.rundir import metamorphic_training as records_file
 from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scaled_for_scoring, soft_dice_loss
 from robusttrain.training.consistency import DIVERGENCES
+from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import gather_objects
 from .context import RobustnessConfigError, RobustnessContext, UsesContext
-from .validate import check_choice, check_fraction, check_int
 
 DEFAULT_CAP = 4  # without a MetamorphicCallback: the recipes' highest tested severity
 
@@ -178,7 +179,7 @@ class MetamorphicTraining(UsesContext, Callback):
         hooks = self._hooks()
         try:
             images = hooks.get_images(batch)
-            masks = _index_masks(hooks.get_masks(batch))
+            masks = normalise_mask(hooks.get_masks(batch), images)
         except Exception as err:  # noqa: BLE001 -- one line saying which hook to set
             raise RobustnessConfigError(
                 f"MetamorphicTraining cannot read the training batch: {err} "
@@ -265,7 +266,7 @@ class MetamorphicTraining(UsesContext, Callback):
         if seg_loss is not None:
             seg = seg_loss(out_f, _select(target, idx))
         else:
-            seg = soft_dice_loss(p_fol, _index_masks(_select(target, idx))).mean()
+            seg = soft_dice_loss(p_fol, normalise_mask(_select(target, idx), fol.images)).mean()
         trainer = pl_module.trainer
         total = trainer.estimated_stepping_batches
         total = int(total) if math.isfinite(total) else 1000
@@ -341,7 +342,7 @@ class MetamorphicTraining(UsesContext, Callback):
         spec = self._hooks().to_probabilities
 
         def score(candidates: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
-            if masks is None:  # _index_masks always gives masks; scoring needs them
+            if masks is None:  # normalise_mask always gives masks; scoring needs them
                 raise RobustnessConfigError("MetamorphicTraining scores candidates against masks; got none")
             x, m = scaled_for_scoring(candidates, masks, self.score_scale)
             assert m is not None
@@ -497,28 +498,6 @@ def main_zero(outputs: Any) -> torch.Tensor:
     return main_output(outputs).sum() * 0.0
 
 
-@contextlib.contextmanager
-def scoring_state(module: torch.nn.Module) -> Iterator[None]:
-    """Eval mode and no gradients for a scoring forward; train mode and every RNG stream restored after.
-
-    BatchNorm layers use (and do not update) their running statistics in eval mode, dropout is off,
-    and the RNG states are put back so scoring does not shift the training stream."""
-    was = module.training
-    cpu = torch.random.get_rng_state()
-    cuda = (
-        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    )
-    module.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        module.train(was)
-        torch.random.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-
-
 def _forward_context(trainer: Any) -> Any:
     plugin = getattr(trainer, "precision_plugin", None)
     return plugin.forward_context() if plugin is not None else contextlib.nullcontext()
@@ -537,17 +516,6 @@ def _check_images(images: Any) -> None:
             f"MetamorphicTraining perturbs images in [0, 1], but the training images span [{lo:.3g}, {hi:.3g}] "
             "(normalise after the perturbation, e.g. in the model's forward, or pass hooks=BatchHooks(get_images=...))"
         )
-
-
-def _index_masks(masks: torch.Tensor) -> torch.Tensor:
-    """(B,H,W[,D]) int class indices from (B,1,H,W), float or bool masks."""
-    if not torch.is_tensor(masks):
-        raise TypeError(f"masks must be a tensor, got {type(masks).__name__}")
-    if masks.ndim in (4, 5) and masks.shape[1] == 1:
-        masks = masks[:, 0]
-    if masks.is_floating_point():
-        masks = masks.round()
-    return masks.long()
 
 
 def _select(outputs: Any, idx: torch.Tensor) -> Any:

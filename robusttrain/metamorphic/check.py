@@ -38,6 +38,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from robusttrain.checkpoints import rng_state, set_rng_state
+
 from .batch import BatchHooks, HookError, case_ids_of, iter_probe
 from .outputs import to_probabilities_fn
 from .runner import ProbeResult, run_probe
@@ -103,31 +105,29 @@ def select_probe(
 
 
 @contextlib.contextmanager
-def checking_state(model: torch.nn.Module, seed: int) -> Iterator[None]:
-    """Eval mode, no_grad, seeded RNGs; restores every module's mode and all RNG states."""
+def eval_state(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode and no_grad; every module's own mode and every RNG stream (torch, CUDA, numpy, random)
+    put back after the block (a frozen submodule stays in eval; BatchNorm statistics are not updated)."""
     modes = [(m, m.training) for m in model.modules()]
-    rng = (
-        torch.get_rng_state(),
-        np.random.get_state(),
-        random.getstate(),
-        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
-    )
     try:
-        model.eval()
+        with rng_preserved():
+            model.eval()
+            with torch.no_grad():
+                yield
+    finally:
+        for m, was in modes:
+            m.training = was
+
+
+@contextlib.contextmanager
+def checking_state(model: torch.nn.Module, seed: int) -> Iterator[None]:
+    """:func:`eval_state` with the RNGs seeded by ``seed`` inside it."""
+    with eval_state(model):
         # seeding makes anything random in the datasets' __getitem__ replay each epoch (and in the audit)
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)
         random.seed(seed)
-        with torch.no_grad():
-            yield
-    finally:
-        for m, was in modes:
-            m.training = was
-        torch.set_rng_state(rng[0])
-        np.random.set_state(rng[1])
-        random.setstate(rng[2])
-        if rng[3] is not None:
-            torch.cuda.set_rng_state_all(rng[3])
+        yield
 
 
 def predict_fn(
@@ -175,14 +175,12 @@ def to_indices(
 
 @contextlib.contextmanager
 def rng_preserved() -> Iterator[None]:
-    """Every RNG stream (torch, numpy, random) put back after the block."""
-    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    """Every RNG stream put back after the block (:func:`robusttrain.checkpoints.rng_state`)."""
+    state = rng_state()
     try:
         yield
     finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
+        set_rng_state(state)
 
 
 def prepare_suite(suite: MRSuite, probe: Probe, hooks: BatchHooks) -> None:

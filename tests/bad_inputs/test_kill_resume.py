@@ -23,7 +23,6 @@ global RNG travel in the checkpoint (the datamodule's state_dict).
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 import shutil
@@ -81,18 +80,6 @@ def _fit(run_dir: Path, *extra: str, kill: str | None = None) -> subprocess.Comp
     )
 
 
-@contextlib.contextmanager
-def cpu_hog(n: int = 2):
-    """``n`` busy processes beside the runs (a machine other jobs are using)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     """The uninterrupted reference run, made at ``<base>/run`` and kept as ``<base>/reference``."""
@@ -130,7 +117,7 @@ def _same_checkpoint(a: Path, b: Path) -> None:
 
 
 @pytest.mark.parametrize("where", list(KILLS))
-def test_killed_and_resumed_run_equals_uninterrupted(base, where):
+def test_killed_and_resumed_run_equals_uninterrupted(base, where, cpu_hog):
     run, ref = base / "run", base / "reference"
     with cpu_hog():
         killed = _fit(run, kill=KILLS[where])
