@@ -148,7 +148,7 @@ class MetamorphicTraining(UsesContext, Callback):
         self._epoch_samples: list[dict[str, Any]] = []
         self._consumed = False
         self._steps_seen = 0
-        self._probs: Any = None
+        self._rates_cache: tuple[Any, dict[str, float] | None] = (None, None)  # (efr table, its rates)
 
     @property
     def pair(self) -> bool:
@@ -190,7 +190,7 @@ class MetamorphicTraining(UsesContext, Callback):
         if self.wok.n_selected(images.shape[0]) == 0:
             return
         step = int(trainer.global_step)
-        rates = self._rates() if self._probs is None else self._probs
+        rates = self._rates()
         score = self._scorer(trainer, pl_module)
         if self._steps_seen == 0:  # what the perturbations need, said once before anything is drawn
             _check_images(images)
@@ -246,7 +246,6 @@ class MetamorphicTraining(UsesContext, Callback):
         )
         records_file.write_stats(self.context.resolved_run_dir, self.stats)
         records_file.write_samples(self.context.resolved_run_dir, self.samples)
-        self._probs = None
 
     # -- the consistency term ------------------------------------------------------------
     def loss(
@@ -320,10 +319,20 @@ class MetamorphicTraining(UsesContext, Callback):
         return wok
 
     def _rates(self) -> dict[str, float] | None:
-        """Per-family violation rates of the latest check (train probe if there is one, else val)."""
+        """Per-family violation rates of the latest check (train probe if there is one, else val).
+
+        Read every step but recomputed only when the MR callback has published a new table (each check
+        replaces the frame), so the hot path does not filter a DataFrame per training step."""
         efr = getattr(self._ctx, "efr", None)
         if efr is None or not len(efr):
             return None
+        if self._rates_cache[0] is efr:
+            return self._rates_cache[1]
+        rates = self._rates_of(efr)
+        self._rates_cache = (efr, rates)
+        return rates
+
+    def _rates_of(self, efr: pd.DataFrame) -> dict[str, float] | None:
         t = getattr(self._ctx, "violation_threshold", None) or 0.25
         rows = efr[
             (efr["metric"] == "dice")
