@@ -385,6 +385,10 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
 
         # top_k=1 (the latest epoch): Lightning writes last.ckpt only in a step that saved a checkpoint
         extra = [ModelCheckpoint(dirpath=run_dir / "fit", save_last=True, save_top_k=1, every_n_epochs=1)]
+        from evidence_averages import EMATracker
+
+        ema = EMATracker(decay=args.ema_decay)  # watches the run, never swaps into it (evidence_averages.py)
+        extra.append(ema)
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]} if cond in MT_CONDITIONS else None
         write_config(run_dir, args, cond, seed, feats, perts, sevs, kw)
     model = SegmentationModule(
@@ -429,12 +433,23 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     choices = dict(trade.choices)
     cohort = val.groupby("epoch")["dice"].mean()
     choices["best_val_dice"] = int(max(cohort.index, key=lambda e: (round(float(cohort[e]), 12), e)))
-    # HOOK (issue 21 §5, robusttrain/callbacks/balanced_average.py, built elsewhere): add the
-    # "balanced_average" and "ema" checkpoints here as extra weights, e.g.
-    #   extra_weights = {"balanced_average": <uniform average of rec.epoch_weights(e) over the inlier
-    #                    epochs of the later window, BN statistics re-estimated>, "ema": <WeightAveraging>}
-    # and evaluate them below exactly like the picked epochs (they are reported against "last").
+    # the two weight averages (issue 21 §5), evaluated like the picked epochs, reported against "last"
     extra_weights: dict[str, dict] = {}
+    averages: dict[str, dict] = {}
+    if v3:
+        from evidence_averages import balanced_average, has_batchnorm
+
+        if has_batchnorm(model):  # averaged BN statistics would need re-estimating (evidence_averages.py)
+            raise SystemExit(
+                "evidence: the balanced average / EMA of a BatchNorm model is not supported here"
+            )
+        flags = trade.selections["last_inlier"].outlier_epochs
+        validated = sorted(rec.val_loss)  # the product's window: over every validated epoch
+        extra_weights["balanced_average"], averages["balanced_average"] = balanced_average(
+            rec.epoch_weights, validated, flags, window=args.average_window
+        )
+        extra_weights["ema"] = ema.weights()
+        averages["ema"] = {"decay": ema.decay, "steps": int(trainer.global_step)}
 
     # held-out per-case Dice at every pick, from the weights kept for that epoch
     t1 = time.time()
@@ -456,10 +471,11 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
             "val_worst_k": float(trade.table["cvar"].get(e, np.nan)) if e in trade.table.index else None,
             "dice": {s: dict(zip(g["case_id"], g["dice"].round(6))) for s, g in at.groupby("split")},
         }
-    for pol, weights in extra_weights.items():  # the balanced-average hook (empty until it is built)
+    for pol, weights in extra_weights.items():  # the weight averages
         model.load_state_dict(weights)
         picks[pol] = {
             "epoch": None,
+            "average": averages[pol],
             "dice": {
                 s: {
                     r["case_id"]: round(float(np.mean([r[c] for c in cols])), 6)
@@ -536,7 +552,9 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
             save_weights(
                 run_dir / "checkpoints" / f"{pol}.ckpt", rec.epoch_weights(e), epoch=int(e), policy=pol
             )
-        write_rescore(run_dir, args, feats, sorted(choices))
+        for pol, weights in extra_weights.items():
+            save_weights(run_dir / "checkpoints" / f"{pol}.ckpt", weights, policy=pol)
+        write_rescore(run_dir, args, feats, sorted([*choices, *extra_weights]))
         out.update(
             mr_by_policy=mr_by,
             efr_policies=efr_pols,
@@ -651,6 +669,10 @@ def main(argv=None) -> dict:
         help="summarise the finished runs under <out>/<dataset> (no training)",
     )
     ap.add_argument("--min-epoch", type=int, default=3, help="warm-up epochs the balanced policies skip")
+    ap.add_argument(
+        "--average-window", type=float, default=0.5, help="balanced average: last fraction of epochs"
+    )
+    ap.add_argument("--ema-decay", type=float, default=0.999, help="EMA decay per optimizer step")
     ap.add_argument("--contamination", type=float, default=0.1)
     ap.add_argument("--worst-fraction", type=float, default=0.1, help="k of the worst-k / cvar numbers")
     ap.add_argument("--data-seed", type=int, default=0, help="split + MR-suite seed (fixed)")

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,7 +74,9 @@ def time_setting(setting: dict | None, loader: DataLoader, steps: int, accelerat
     if setting is not None:
         # the MR callback is absent: families = the endoscopy suite, severities up to the recipe's cap 4
         cbs.insert(0, MetamorphicTraining(severity_caps=4, record_per_step=0, **setting))
+    out = tempfile.mkdtemp(prefix="training_step.")  # the callback's files; never the working directory
     trainer = L.Trainer(
+        default_root_dir=out,
         max_epochs=1,
         limit_train_batches=steps + 2,
         limit_val_batches=0,
@@ -85,6 +89,7 @@ def time_setting(setting: dict | None, loader: DataLoader, steps: int, accelerat
         devices=1,
     )
     trainer.fit(model, loader)
+    shutil.rmtree(out, ignore_errors=True)
     return timer.times[2:]  # the first two steps warm up allocators and caches
 
 

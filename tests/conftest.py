@@ -8,6 +8,21 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
+_CACHES = {".pytest_cache", "__pycache__", ".mypy_cache", ".ruff_cache", ".coverage", ".hypothesis"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def repository_root_stays_clean():
+    """Nothing a test runs may write into the repository root. A trainer without ``default_root_dir``
+    writes the robustness callbacks' files into the working directory; two such files were once
+    committed by accident, so the whole session fails if any new entry appears."""
+    before = {p.name for p in REPO.iterdir()}
+    yield
+    new = sorted({p.name for p in REPO.iterdir()} - before - _CACHES)
+    if new:
+        raise AssertionError(f"the test session wrote {new} into the repository root {REPO}")
+
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

@@ -209,6 +209,12 @@ def test_v3_run_resumes_after_a_kill_keeps_checkpoints_and_rescores_with_the_cli
     assert r["resumed"] is True and r["optimizer_steps"] == 2 * -(-748 // 8)  # slots replace samples
     assert sorted(r["mr_by_policy"]) == ["least_loss"] and r["mt_kwargs"]["k"] == 4
     assert (run / "checkpoints" / "least_loss.ckpt").is_file() and (run / "rescore.sh").is_file()
+    for avg in ("balanced_average", "ema"):  # the weight averages: scored held-out, kept, re-scorable
+        assert (run / "checkpoints" / f"{avg}.ckpt").is_file()
+        assert r["picks"][avg]["epoch"] is None and r["picks"][avg]["average"]
+        assert len(r["picks"][avg]["dice"]["kvasir_test"]) == 150
+    assert r["picks"]["ema"]["average"]["steps"] == r["optimizer_steps"]
+    assert r["picks"]["balanced_average"]["average"]["window_epochs"] == [1]
     out = subprocess.run(
         [
             sys.executable,
