@@ -287,3 +287,19 @@ def test_v3_summary_checks_the_issue_targets_on_the_numbers():
     worse = [_fake_run("mt_random", 0, 6, 0.80), _fake_run("metamorphic", 0, 4, 0.75)]
     assert not summarise_v3(worse, ns)["targets"]["metamorphic_vs_random/least_loss"]["met"]
     assert "metamorphic-mt_random" in write_tables_v3(s, ns)
+    assert not s["targets"]["balanced_average_vs_last"]["met"]  # no run has one: not measured
+    # the balanced average: +2 points on every ClinicDB frame -> met on OOD Dice; the EMA equal to last
+    for r in runs:
+        last = r["picks"]["last"]["dice"]
+        up = {
+            st: {c: d + (0.02 if st == "cvc_clinicdb" else 0.0) for c, d in cs.items()}
+            for st, cs in last.items()
+        }
+        r["picks"]["balanced_average"] = {"epoch": None, "dice": up}
+        r["picks"]["ema"] = {"epoch": None, "dice": last}
+    t = summarise_v3(runs, ns)["targets"]
+    ba = t["balanced_average_vs_last"]
+    assert ba["met"] and ba["judged_on"] == "metamorphic"
+    assert ba["conditions"]["metamorphic"]["cvc_clinicdb/d_dice"]["points"] == pytest.approx(2.0)
+    assert not ba["conditions"]["metamorphic"]["kvasir_test/d_worst_k"]["met"]
+    assert not t["ema_vs_last"]["met"]
