@@ -303,3 +303,30 @@ def test_v3_summary_checks_the_issue_targets_on_the_numbers():
     assert ba["conditions"]["metamorphic"]["cvc_clinicdb/d_dice"]["points"] == pytest.approx(2.0)
     assert not ba["conditions"]["metamorphic"]["kvasir_test/d_worst_k"]["met"]
     assert not t["ema_vs_last"]["met"]
+
+
+def test_archived_results_round_trip_and_never_replace_other_numbers(tmp_path):
+    import gzip
+    import json
+
+    from evidence_archive import restore, save
+
+    out, arc, back = tmp_path / "out", tmp_path / "arc", tmp_path / "back"
+    for c, s in (("plain", 0), ("metamorphic", 1)):
+        (out / f"{c}_s{s}").mkdir(parents=True)
+        (out / f"{c}_s{s}" / "result.json").write_text(json.dumps(_fake_run(c, s, 4, 0.8)))
+    (out / "plain_s1").mkdir()  # an unfinished run: nothing to archive
+    arc.mkdir()
+    assert save(out, arc) == ["metamorphic_s1", "plain_s0"]
+    first = (arc / "plain_s0.json.gz").read_bytes()
+    save(out, arc)
+    assert (arc / "plain_s0.json.gz").read_bytes() == first  # no timestamp: same result, same bytes
+    assert restore(arc, back) == ["metamorphic_s1", "plain_s0"]
+    assert json.loads((back / "plain_s0" / "result.json").read_text()) == _fake_run("plain", 0, 4, 0.8)
+    assert restore(arc, back) == []  # already there, same numbers
+    (back / "plain_s0" / "result.json").write_text(json.dumps(_fake_run("plain", 0, 5, 0.8)))
+    with pytest.raises(SystemExit, match="other numbers"):
+        restore(arc, back)
+    (arc / "mined_s0.json.gz").write_bytes(gzip.compress(json.dumps(_fake_run("plain", 0, 4, 0.8)).encode()))
+    with pytest.raises(SystemExit, match="expected mined_s0"):
+        restore(arc, tmp_path / "again")
