@@ -10,9 +10,9 @@ and lists every one in ``get_transform_init_args_names()``, so ``A.to_dict`` / `
 all of them (``A.from_dict`` finds the class by its full name once this module is imported).
 
 Params are drawn straight from the transform's seeded ``random_generator`` (the one ``A.Compose(...,
-seed=...)`` sets), as Albumentations' own transforms draw theirs —
-so ``A.Compose(..., seed=...)`` is reproducible and ``A.ReplayCompose`` replays exactly — and the image
-goes through the perturbation's numpy kernel. The lesion ``mask`` (if passed) keeps objects, spots and text
+seed=...)`` sets), as Albumentations' own transforms draw theirs — so ``A.Compose(..., seed=...)`` gives the
+same images within a version (not promised across versions) and ``A.ReplayCompose`` replays exactly — and
+the image goes through the perturbation's numpy kernel. The lesion ``mask`` (if passed) keeps objects, spots and text
 off the lesion; it is returned unchanged. Families that need a model (``adversarial``) have no transform.
 
 Example:
