@@ -29,7 +29,7 @@ the transform called as Albumentations calls it (``t(image=..., mask=...)``), on
 (the transform draws from its ``random_generator``, seeded per round; the bare calls draw from a generator
 seeded alike, so both do identical work; the first outputs are checked equal; an untimed pass over each
 round's params warms the param-keyed caches first), plus the closest Albumentations transform for the colour
-families (for ``saturation`` also ColorJitter with the family's brightness part, reported, not judged). The overhead
+families. The overhead
 column is the median over rounds of the per-round ratio; the header states the library versions and
 ``os.getloadavg()`` at start and end, since both move the figures. Run it with ``OMP_NUM_THREADS=1``.
 """
@@ -482,19 +482,12 @@ COLOUR_MIN_SPEEDUP = 2.0  # target: colour families through the adapter >= 2x Al
 
 
 def colour_references() -> dict[str, tuple[str, A.BasicTransform]]:
-    """The closest built-in Albumentations transform of each colour family (severity 3): the one the target
-    is judged on."""
+    """The closest built-in Albumentations transform of each colour family (severity 3)."""
     return {
         "saturation": ("ColorJitter(sat)", A.ColorJitter(0, 0, (1.5, 1.5), 0, p=1.0)),
         "contrast": ("ColorJitter(b,c,s)", A.ColorJitter((0.7, 0.7), (0.7, 0.7), (0.7, 0.7), 0, p=1.0)),
         "white_balance": ("RGBShift", A.RGBShift((-60, -60), (0, 0), (-60, -60), p=1.0)),
     }
-
-
-def extra_references() -> dict[str, tuple[str, A.BasicTransform]]:
-    """Reported beside the target's reference, not judged: ``saturation`` also raises brightness (up to
-    +12 % at severity 3), which ColorJitter(sat) leaves out; ColorJitter(b,s) does both, as the family."""
-    return {"saturation": ("ColorJitter(b,s)", A.ColorJitter((1.06, 1.06), 0, (1.5, 1.5), 0, p=1.0))}
 
 
 def _per_call(fn: Callable[[], object], calls: int) -> float:
@@ -514,7 +507,6 @@ def adapter_rounds(
     ref: A.BasicTransform | None,
     repeats: int,
     min_time: float,
-    extra: A.BasicTransform | None = None,
 ) -> dict[str, list[float]]:
     """Per round: µs/call of the bare kernel, the adapter and the reference, on the same param stream."""
 
@@ -527,7 +519,7 @@ def adapter_rounds(
     t0 = time.perf_counter()
     pert.apply_numpy(img, mask, rng=np.random.default_rng(1))
     calls = max(3, min(20000, int(min_time / max(time.perf_counter() - t0, 1e-6))))
-    res: dict[str, list[float]] = {"bare": [], "adapter": [], "ref": [], "extra": []}
+    res: dict[str, list[float]] = {"bare": [], "adapter": [], "ref": []}
     for r in range(repeats):
         warm = np.random.default_rng(r)
         for _ in range(calls):  # untimed pass over the round's params: caches keyed by params (glyph
@@ -541,8 +533,6 @@ def adapter_rounds(
         }
         if ref is not None:
             runs["ref"] = lambda: ref(image=img)
-        if extra is not None:
-            runs["extra"] = lambda: extra(image=img)
         order = list(runs) if r % 2 == 0 else list(runs)[::-1]  # neither always runs first
         for k in order:
             if k == "adapter":
@@ -569,7 +559,7 @@ def main_adapter(args: argparse.Namespace) -> None:
         "# us = CPU time per call (one thread); bare = apply_numpy(image, mask, rng); adapter = "
         "t(image=..., mask=...) on the same params; overhead = median per-round adapter/bare - 1"
     )
-    refs, extras = colour_references(), extra_references()
+    refs = colour_references()
     misses: list[str] = []
     for size in sizes:
         rgb, mask64 = frame(size)
@@ -591,8 +581,7 @@ def main_adapter(args: argparse.Namespace) -> None:
             pert = P.get(family, 3)
             img = rgb if family in P.available(channels=3) else grey
             name, ref = refs.get(family, ("-", None))
-            ename, eref = extras.get(family, ("-", None))
-            res = adapter_rounds(pert, PA.transform_for(pert), img, mask, ref, repeats, min_time, eref)
+            res = adapter_rounds(pert, PA.transform_for(pert), img, mask, ref, repeats, min_time)
             bare, ad = statistics.median(res["bare"]), statistics.median(res["adapter"])
             over = statistics.median(a / b for a, b in zip(res["adapter"], res["bare"])) - 1
             flag = "" if over <= ADAPTER_MAX_OVERHEAD else " >15%"
@@ -605,9 +594,6 @@ def main_adapter(args: argparse.Namespace) -> None:
                     misses.append(f"{family}@{size}: {speed:.2f}x Albumentations")
             if over > ADAPTER_MAX_OVERHEAD:
                 misses.append(f"{family}@{size}: {over:+.1%}")
-            if eref is not None:
-                espeed = statistics.median(r / a for r, a in zip(res["extra"], res["adapter"]))
-                line += f"  (not judged: {ename} {statistics.median(res['extra']):.1f} us, {espeed:.2f}x)"
             print(line, flush=True)
     load1 = os.getloadavg()
     print(f"\n# load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
