@@ -26,8 +26,10 @@ dependency (``pip install -e .[bench]``). Default size 256 (ACDC's grid; radiogr
 ``--adapter`` measures the Albumentations adapter (issue 19.3) instead: for every family with a transform, at
 512² and 128² (or ``--size``), µs per call of the bare kernel (``apply_numpy``, params sampled per call) and of
 the transform called as Albumentations calls it (``t(image=..., mask=...)``), on the same stream of params
-(each bare call gets ``default_rng`` of the seed the transform draws, so both do identical work; the first
-outputs are checked equal; an untimed pass over each round's params warms the param-keyed caches first), plus the closest Albumentations transform for the colour families. The overhead
+(the transform draws from its ``random_generator``, seeded per round; the bare calls draw from a generator
+seeded alike, so both do identical work; the first outputs are checked equal; an untimed pass over each
+round's params warms the param-keyed caches first), plus the closest Albumentations transform for the colour
+families. The overhead
 column is the median over rounds of the per-round ratio; the header states the library versions and
 ``os.getloadavg()`` at start and end, since both move the figures. Run it with ``OMP_NUM_THREADS=1``.
 """
@@ -508,28 +510,25 @@ def adapter_rounds(
 ) -> dict[str, list[float]]:
     """Per round: µs/call of the bare kernel, the adapter and the reference, on the same param stream."""
 
-    def seeds(r: int, n: int) -> list[np.random.Generator]:
-        g = np.random.default_rng(r)  # what t.set_random_seed(r) gives t.random_generator
-        return [np.random.default_rng(int(g.integers(0, 2**32))) for _ in range(n)]
-
+    # np.random.default_rng(r) is what t.set_random_seed(r) gives t.random_generator, which the adapter draws
+    # its params from: the bare calls on default_rng(r) sample the same params, call after call
     t.set_random_seed(0)
     first = t(image=img, mask=mask)["image"]
-    if not np.array_equal(first, pert.apply_numpy(img, mask, rng=seeds(0, 1)[0])[0]):
+    if not np.array_equal(first, pert.apply_numpy(img, mask, rng=np.random.default_rng(0))[0]):
         raise SystemExit(f"{pert.name}: the adapter's output differs from apply_numpy's for the same seed")
     t0 = time.perf_counter()
-    pert.apply_numpy(img, mask, rng=seeds(1, 1)[0])
+    pert.apply_numpy(img, mask, rng=np.random.default_rng(1))
     calls = max(3, min(20000, int(min_time / max(time.perf_counter() - t0, 1e-6))))
     res: dict[str, list[float]] = {"bare": [], "adapter": [], "ref": []}
     for r in range(repeats):
-        for g in seeds(
-            r, calls
-        ):  # untimed pass over the round's params: caches keyed by params (glyph atlases,
+        warm = np.random.default_rng(r)
+        for _ in range(calls):  # untimed pass over the round's params: caches keyed by params (glyph
             pert.apply_numpy(
-                img, mask, rng=g
-            )  # blur kernels) are warm for both, not only for whoever runs second
-        gens = iter(seeds(r, calls))
+                img, mask, rng=warm
+            )  # atlases, blur kernels) are warm for both, not only the second
+        g = np.random.default_rng(r)
         runs = {
-            "bare": lambda: pert.apply_numpy(img, mask, rng=next(gens)),
+            "bare": lambda: pert.apply_numpy(img, mask, rng=g),
             "adapter": lambda: t(image=img, mask=mask),
         }
         if ref is not None:
@@ -544,7 +543,6 @@ def adapter_rounds(
 
 def main_adapter(args: argparse.Namespace) -> None:
     from robusttrain.perturbations import albu as PA
-    from robusttrain.perturbations.seeding import Reseeder
 
     repeats = args.repeats or (3 if args.quick else 7)
     min_time = 0.1 if args.quick else 0.3
@@ -567,19 +565,11 @@ def main_adapter(args: argparse.Namespace) -> None:
         rgb, mask64 = frame(size)
         mask = mask64.astype(np.uint8)
         grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[:, :, None]
-        noop, g, reseed = A.NoOp(p=1.0), np.random.default_rng(0), Reseeder()
-        fixed = {
-            k: statistics.median(_per_call(f, 20000) for _ in range(3))
-            for k, f in {
-                "call": lambda: noop(image=rgb, mask=mask),
-                "reseed": lambda: reseed(int(g.integers(0, 2**32))),
-                "default_rng": lambda: np.random.default_rng(int(g.integers(0, 2**32))),
-            }.items()
-        }
+        noop = A.NoOp(p=1.0)
+        call = statistics.median(_per_call(lambda: noop(image=rgb, mask=mask), 20000) for _ in range(3))
         print(
-            f"\n## {size}x{size}: fixed costs of any adapter call, in a tight loop: Albumentations' call itself "
-            f"(A.NoOp, image+mask) {fixed['call']:.1f} us; seed draw + Reseeder {fixed['reseed']:.1f} us "
-            f"(a new default_rng(seed), as before issue 19: {fixed['default_rng']:.1f} us)"
+            f"\n## {size}x{size}: Albumentations' own cost of a call, in a tight loop (A.NoOp, image+mask): "
+            f"{call:.1f} us"
         )
         print(
             f"{'family':<15}{'ch':>3}{'bare us':>10}{'adapter us':>12}{'overhead':>10}  "

@@ -141,6 +141,39 @@ def test_colour_semantics():
     assert c.astype(int).sum() < img.astype(int).sum()
 
 
+@pytest.mark.parametrize("name", ["saturation", "contrast", "white_balance"])
+def test_colour_numpy_fast_path_is_the_generic_formula_bit_for_bit(name):
+    """The colour families' scalar numpy sampler and matrix give exactly the generic ones: _draw through
+    NumpyRandom (same params from the same stream, same dtypes) and _affine on one-sample arrays (same
+    matrix bits), for uint8 / float32 / grey images and for params replayed from the torch path."""
+    from robusttrain.perturbations.base import NumpyRandom, Perturbation, index_params
+    from robusttrain.perturbations.colour import _AffineColour
+
+    imgs, masks = _frames(b=1)
+    rgb = imgs[0]
+    images = [rgb, rgb.astype(np.float32) / 255] + ([rgb[:, :, :1]] if name == "contrast" else [])
+    kws = [{}, {"cast": "green"}, {"cast": "purple"}] if name == "white_balance" else [{}]
+    for kw in kws:
+        for sev in (1, 2, 3, 4, 5):
+            p = get(name, severity=sev, **kw)
+            for img in images:
+                for seed in range(25):
+                    fast = p._sample_np(img, masks[0], np.random.default_rng(seed))
+                    generic = Perturbation._sample_np(p, img, masks[0], np.random.default_rng(seed))
+                    assert list(fast) == list(generic)
+                    for k in fast:
+                        assert np.asarray(fast[k]).dtype == np.asarray(generic[k]).dtype
+                        assert np.array_equal(fast[k], generic[k]), (sev, kw, seed, k)
+                    scale = 255.0 if img.dtype == np.uint8 else 1.0
+                    a = p._affine_np(fast, img.shape[2], scale)
+                    assert a == _AffineColour._affine_np(p, fast, img.shape[2], scale)
+            torch_params = p.sample_params(_batch(imgs * 3), generator=torch.Generator().manual_seed(sev))
+            for i in range(3):
+                q = index_params(torch_params, i)  # 0-d arrays, as a replay hands them over
+                assert p._affine_np(q, 3, 255.0) == _AffineColour._affine_np(p, q, 3, 255.0)
+    assert NumpyRandom(np.random.default_rng(0)).uniform(0.0, 1.0, (1,)).dtype == np.float32
+
+
 def test_severity_orders_strength():
     imgs, _ = _frames(b=4)
     x = _batch(imgs)

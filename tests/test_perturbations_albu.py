@@ -201,6 +201,75 @@ def test_each_family_in_compose_uint8_and_float_replay_and_pickle(family):
     assert np.array_equal(A.Compose(clone.transforms, seed=3)(image=img, mask=m)["image"], out["image"])
 
 
+def _call_variants(family):
+    img = _img(family=family)
+    grey = family in GREY_ONLY
+    return {
+        "uint8": (img, _mask()),
+        "float32": (img.astype(np.float32) / 255, _mask()),
+        "2-D grey / (H,W,1) mask": (img[:, :, 0], _mask()[:, :, None])
+        if grey
+        else (img, _mask()[:, :, None]),
+        "strided image and mask, no mask key": (np.asfortranarray(img), None),
+        "strided mask": (img, np.asfortranarray(np.tile(_mask()[:, :, None], (1, 1, 2)))[:, :, 0]),
+    }
+
+
+@pytest.mark.parametrize("family", sorted(albu.TRANSFORMS))
+def test_short_call_path_matches_albumentations_generic_call(family):
+    """PerturbationTransform.__call__'s short path gives what BasicTransform.__call__ gives: image, mask,
+    contiguity, self.params, and the generator's position afterwards (checked by a second call)."""
+    fast, generic = albu.TRANSFORMS[family](severity=4), albu.TRANSFORMS[family](severity=4)
+    for name, (img, mask) in _call_variants(family).items():
+        data = {"image": img} if mask is None else {"image": img, "mask": mask}
+        for t in (fast, generic):
+            t.set_random_seed(7)
+        for _ in range(2):
+            a = fast(**data)
+            b = A.DualTransform.__call__(generic, **data)
+            assert a.keys() == b.keys() == data.keys(), name
+            for k in a:
+                assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), (name, k)
+                assert a[k].flags.c_contiguous and b[k].flags.c_contiguous, (name, k)
+            assert fast.params.keys() == generic.params.keys() == {"shape", "perturbation_params", "lesion"}
+            assert fast.params["shape"] == generic.params["shape"] == img.shape
+            pa, pb = fast.params["perturbation_params"], generic.params["perturbation_params"]
+            assert pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa), name
+    # p < 1: the same py_random draws decide, and a skipped call leaves the data alone with empty params
+    fast, generic = albu.TRANSFORMS[family](severity=4, p=0.5), albu.TRANSFORMS[family](severity=4, p=0.5)
+    img, mask = _img(family=family), _mask()
+    for t in (fast, generic):
+        t.set_random_seed(3)
+    applied = []
+    for _ in range(8):
+        a, b = fast(image=img, mask=mask), A.DualTransform.__call__(generic, image=img, mask=mask)
+        assert np.array_equal(a["image"], b["image"]) and bool(fast.params) == bool(generic.params)
+        applied.append(bool(fast.params))
+        if not fast.params:
+            assert a["image"] is img
+    assert any(applied) and not all(applied)
+    assert np.array_equal(
+        fast(image=img, force_apply=True)["image"], generic(image=img, force_apply=True)["image"]
+    )
+
+
+def test_compose_seed_gives_the_same_images_and_params_come_from_the_transforms_generator():
+    """Same Compose seed -> same images (within a version); each transform draws its params straight from the
+    generator Albumentations gives it (``Compose(seed=s)`` seeds every transform's with ``s``)."""
+    img, m = _img(), _mask()
+
+    def run(seed):
+        pipe = A.Compose([albu.SaturationTransform(severity=3), albu.BlurTransform(severity=2)], seed=seed)
+        return [pipe(image=img, mask=m)["image"] for _ in range(3)]
+
+    first, again, other = run(4), run(4), run(5)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not np.array_equal(first[0], other[0])
+    ref = get("saturation", severity=3).apply_numpy(img, m, rng=np.random.default_rng(4))[0]
+    ref = get("blur", severity=2).apply_numpy(ref, m, rng=np.random.default_rng(4))[0]
+    assert np.array_equal(first[0], ref)
+
+
 def test_replaycompose_replays_exactly_and_mixes_with_builtins():
     img, m = _img(), _mask()
     r = A.ReplayCompose(

@@ -78,8 +78,7 @@ class Adversarial(Perturbation):
         delta = sign * self.eps * grad.sign()
         return {"delta": delta.detach()}
 
-    def sample_numpy(self, image, mask=None, rng=None):
-        image, mask = self.check_numpy(image, mask)
+    def _sample_np(self, image, mask, rng):
         dev = (
             next(iter(self.model.parameters())).device
             if isinstance(self.model, torch.nn.Module) and any(True for _ in self.model.parameters())

@@ -9,9 +9,10 @@ constructor arguments plus ``p``, validates them with a pydantic schema built fr
 and lists every one in ``get_transform_init_args_names()``, so ``A.to_dict`` / ``A.from_dict`` round-trip
 all of them (``A.from_dict`` finds the class by its full name once this module is imported).
 
-Params are drawn in ``get_params_dependent_on_data`` from the transform's seeded ``random_generator`` —
-so ``A.Compose(..., seed=...)`` is reproducible and ``A.ReplayCompose`` replays exactly — and the image
-goes through the perturbation's numpy kernel. The lesion ``mask`` (if passed) keeps objects, spots and text
+Params are drawn straight from the transform's seeded ``random_generator`` (the one ``A.Compose(...,
+seed=...)`` sets), as Albumentations' own transforms draw theirs — so ``A.Compose(..., seed=...)`` gives the
+same images within a version (not promised across versions) and ``A.ReplayCompose`` replays exactly — and
+the image goes through the perturbation's numpy kernel. The lesion ``mask`` (if passed) keeps objects, spots and text
 off the lesion; it is returned unchanged. Families that need a model (``adversarial``) have no transform.
 
 Example:
@@ -38,9 +39,9 @@ from pydantic import create_model
 
 from . import family_class, get
 from .base import Perturbation
-from .seeding import Reseeder
 
 _P = inspect.Parameter
+_FAST_KEYS = frozenset({"image", "mask"})  # the inputs PerturbationTransform.__call__ handles itself
 TRANSFORMS: dict[
     str, type[PerturbationTransform]
 ] = {}  # family -> its transform class (filled by _FamilyMeta)
@@ -107,18 +108,62 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
             if k not in _taken():
                 setattr(self, k, v)
         self.perturbation: Perturbation = get(self.family, **self.family_args)
-        self._reseed = Reseeder()
+        # what update_transform_params adds besides the shape (only if a family argument is called so)
+        self._shared_attrs = tuple(a for a in ("interpolation", "fill", "fill_mask") if hasattr(self, a))
+
+    def __call__(self, *args: Any, force_apply: bool = False, **kwargs: Any) -> Any:
+        """Albumentations' ``BasicTransform.__call__``, with a short path for the usual call.
+
+        With only ``image`` (a numpy array) and ``mask`` given, outside ReplayCompose, it does what the
+        generic call does — the ``p`` draw, ``self.params`` (``shape``, ``perturbation_params``, ``lesion``
+        as :meth:`get_params_dependent_on_data` gives them), the image through the family's kernel, the mask
+        unchanged, both C-contiguous — but checks the image once and skips the generic per-target dispatch,
+        which together cost about as much as a small colour kernel on a 128x128 image. Any other call
+        (other targets, ReplayCompose, positional arguments) goes the generic way.
+        """
+        image = kwargs.get("image")
+        if (
+            args
+            or self.replay_mode
+            or self.deterministic
+            or type(image) is not np.ndarray
+            or not _FAST_KEYS.issuperset(kwargs)
+        ):
+            return super().__call__(*args, force_apply=force_apply, **kwargs)
+        self.params = {}
+        if not self.should_apply(force_apply=force_apply):
+            return kwargs
+        mask = kwargs.get("mask")
+        lesion = mask[:, :, 0] if mask is not None and mask.ndim == 3 else mask
+        pert = self.perturbation
+        img, m = pert.check_numpy(image, lesion)
+        pp = pert._sample_np(img, m, self.random_generator)
+        params: dict[str, Any] = {"shape": image.shape}
+        for a in self._shared_attrs:
+            params[a] = getattr(self, a)
+        params["perturbation_params"], params["lesion"] = pp, lesion
+        self.params = params
+        if not image.flags.c_contiguous:  # the generic call samples on the image as given (a family's params
+            img = np.ascontiguousarray(img)  # may differ in the last bit with the layout), applies on a copy
+        out = pert._apply_np(img, m, pp)
+        if image.ndim == 2 and out.ndim == 3:
+            out = out[:, :, 0]
+        res = dict(kwargs)
+        res["image"] = out if out.flags.c_contiguous else np.ascontiguousarray(out)
+        if mask is not None and not mask.flags.c_contiguous:
+            res["mask"] = np.ascontiguousarray(mask)
+        return res
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         image = data["image"] if "image" in data else data["images"][0]
-        mask = data.get("mask")
-        if mask is not None and mask.ndim == 3:
-            mask = mask[:, :, 0]
-        # One seed from the pipeline's generator and the params drawn from default_rng(seed)'s stream, as in
-        # every earlier version, so a Compose seed keeps giving the same images; the Reseeder gives that
-        # stream without building a new Generator per call.
-        rng = self._reseed(int(self.random_generator.integers(0, 2**32)))
-        return {"perturbation_params": self.perturbation.sample_numpy(image, mask, rng), "lesion": mask}
+        lesion = data.get("mask")
+        if lesion is not None and lesion.ndim == 3:
+            lesion = lesion[:, :, 0]
+        img, mask = self.perturbation.check_numpy(image, lesion)
+        # The params are drawn straight from the generator Albumentations gives the transform (seeded by
+        # A.Compose(..., seed=s)), as its own transforms draw theirs: no per-call seed, no extra Generator.
+        params = self.perturbation._sample_np(img, mask, self.random_generator)
+        return {"perturbation_params": params, "lesion": lesion}
 
     def apply(
         self,
@@ -131,9 +176,9 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
         if perturbation_params is None:  # called outside __call__: sample, as apply_numpy does
             out, _ = pert.apply_numpy(img, lesion)
         else:
-            # The params are those sample_numpy just drew (or ReplayCompose kept): straight to the kernel,
-            # without apply_numpy's conversion and key check. The image is still checked: "images" and
-            # replays bring other arrays than the one the params were drawn on.
+            # The params are those just drawn (or ReplayCompose kept): straight to the kernel, without
+            # apply_numpy's conversion and key check. The image is checked: "images" and replays bring
+            # other arrays than the one the params were drawn on.
             image, mask = pert.check_numpy(img, lesion)
             out = pert._apply_np(image, mask, perturbation_params)
         return out[:, :, 0] if img.ndim == 2 and out.ndim == 3 else out

@@ -223,18 +223,38 @@ class TorchRandom:
 
 
 class NumpyRandom:
-    """The same draws as :class:`TorchRandom`, from a numpy Generator (returns numpy arrays)."""
+    """The same draws as :class:`TorchRandom`, from a numpy Generator (returns numpy arrays).
+
+    The numpy path samples one image at a time, so most draws have shape ``(1,)``: those take numpy's scalar
+    draw (``lo + (hi - lo) * random()`` is exactly what ``uniform`` computes; scalar ``integers`` /
+    ``standard_normal`` consume the stream as a size-1 draw does), several times cheaper than a size-1 array
+    draw, with the same values from the same generator.
+
+    >>> a, b = np.random.default_rng(3), np.random.default_rng(3)
+    >>> r = NumpyRandom(a)
+    >>> x = [r.uniform(0.5, 2.0, (1,)), r.integers(0, 7, (1,)), r.normal((1,)), r.uniform(0.0, 1.0, (2,))]
+    >>> y = [b.uniform(0.5, 2.0, (1,)), b.integers(0, 7, (1,)), b.standard_normal((1,)), b.uniform(0.0, 1.0, (2,))]
+    >>> all(np.array_equal(u, v.astype(u.dtype)) for u, v in zip(x, y))
+    True
+    """
 
     def __init__(self, rng: np.random.Generator | None):
         self.rng = rng if rng is not None else np.random.default_rng()
 
     def uniform(self, lo: float, hi: float, shape: tuple[int, ...]) -> np.ndarray:
+        if shape == (1,):
+            return np.array([lo + (hi - lo) * self.rng.random()], np.float32)
         return self.rng.uniform(lo, hi, shape).astype(np.float32)
 
     def normal(self, shape: tuple[int, ...]) -> np.ndarray:
+        if shape == (1,):
+            return np.array([self.rng.standard_normal()], np.float32)
         return self.rng.standard_normal(shape).astype(np.float32)
 
     def integers(self, lo: int, hi: int, shape: tuple[int, ...]) -> np.ndarray:
+        """Integers in [lo, hi)."""
+        if shape == (1,):
+            return np.array([self.rng.integers(lo, hi)], np.int64)
         return self.rng.integers(lo, hi, shape).astype(np.int64)
 
 
@@ -382,6 +402,13 @@ class Perturbation:
     ) -> dict[str, np.ndarray]:
         """Draw the params of one HWC image (the numpy schema: ``index_params`` of a batch)."""
         image, mask = self.check_numpy(image, mask)
+        return self._sample_np(image, mask, rng)
+
+    def _sample_np(
+        self, image: np.ndarray, mask: np.ndarray | None, rng: np.random.Generator | None
+    ) -> dict[str, np.ndarray]:
+        """:meth:`sample_numpy` on an image and mask that :meth:`check_numpy` already returned (the hook that
+        families with their own numpy sampler override; callers that checked the image skip a second check)."""
         draws = {k: np.asarray(v)[0] for k, v in self._draw(NumpyRandom(rng), 1).items()}
         draws.update(self._content_numpy(image, mask, draws))
         return draws
@@ -429,7 +456,7 @@ class Perturbation:
         squeeze = isinstance(image, np.ndarray) and image.ndim == 2 and not self.rgb
         image, mask = self.check_numpy(image, mask)
         if params is None:
-            params = self.sample_numpy(image, mask, rng)
+            params = self._sample_np(image, mask, rng)
         else:
             params = {
                 k: np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v)

@@ -17,10 +17,34 @@ from .base import NumpyRandom, Params, Perturbation, TorchRandom
 
 # Rec.601 luma weights (what torchvision's rgb_to_grayscale uses) for RGB order.
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+_F32 = np.float32
+_LUMA_F32 = tuple(_F32(w) for w in LUMA)  # numpy float32 scalars: f32 arithmetic, as on the arrays
+
+
+def _uniform(rng: np.random.Generator, lo: float, hi: float) -> np.float32:
+    """``NumpyRandom.uniform(lo, hi, (1,))[0]`` (numpy's own formula, so the same value from the same stream)."""
+    return _F32(lo + (hi - lo) * rng.random())
 
 
 def _xp(v: Any):
     return torch if isinstance(v, torch.Tensor) else np
+
+
+def _scaled_saturation_rows(s: np.float32, k: np.float32, off: float = 0.0) -> list[list[float]]:
+    """The (3,4) affine ``[k * S(s) | off]`` of one image, in float32 scalar arithmetic.
+
+    Each entry is computed with the same float32 operations, in the same order, as ``k[:, None, None] *
+    _saturation_matrix(s, np)`` on (1,) arrays (``s*I`` adds exactly s or 0), so the matrix is bit-identical
+    to the batched formula; on 12 numbers, scalars cost a fraction of the array ops.
+    """
+    t = [(1 - s) * w for w in _LUMA_F32]
+    d = [s + x for x in t]
+    r0, r1, r2 = (float(k * x) for x in t)
+    return [
+        [float(k * d[0]), r1, r2, off],
+        [r0, float(k * d[1]), r2, off],
+        [r0, r1, float(k * d[2]), off],
+    ]
 
 
 def _saturation_matrix(s: Any, xp) -> Any:
@@ -35,6 +59,16 @@ class _AffineColour(Perturbation):
 
     def _affine(self, params: dict[str, Any], channels: int = 3) -> tuple[Any, Any]:
         raise NotImplementedError
+
+    def _affine_np(self, params: dict[str, Any], channels: int, scale: float) -> list[list[float]]:
+        """The (C, C+1) matrix ``[M | offset * scale]`` that cv2.transform applies to one image.
+
+        Generic version: ``_affine`` on one-sample arrays. The three families override it with float32
+        scalar arithmetic that gives the same numbers (a test checks them against this one) in a few
+        microseconds less — most of a 128x128 image's cost besides the cv2 pass itself.
+        """
+        m, off = self._affine({k: np.asarray(v)[None] for k, v in params.items()}, channels)
+        return np.concatenate([m[0], off[0][:, None] * scale], axis=1).tolist()
 
     def _apply_torch(self, images: torch.Tensor, masks: torch.Tensor | None, params: Params) -> torch.Tensor:
         b, c, h, w = images.shape
@@ -71,9 +105,8 @@ class _AffineColour(Perturbation):
     def _apply_np(
         self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]
     ) -> np.ndarray:
-        m, off = self._affine({k: np.asarray(v)[None] for k, v in params.items()}, image.shape[2])
         scale = 255.0 if image.dtype == np.uint8 else 1.0
-        affine = np.concatenate([m[0], off[0][:, None] * scale], axis=1).astype(np.float64)
+        affine = np.array(self._affine_np(params, image.shape[2], scale), np.float64)
         out = cv2.transform(image, affine)  # uint8: rounds and saturates in the same pass
         if out.ndim == 2:  # OpenCV drops a single channel axis
             out = out[:, :, None]
@@ -106,6 +139,15 @@ class Saturation(_AffineColour):
             "factor": r.uniform(lo, hi, (b,)),
             "brightness": r.uniform(1.0, 1.0 + 0.04 * self.severity, (b,)),
         }
+
+    def _sample_np(self, image, mask, rng):
+        # _draw's numpy draws as scalars (the same two uniforms from the same stream, rounded to float32)
+        rng = rng if rng is not None else np.random.default_rng()
+        factor = _uniform(rng, *self.RANGES[self.severity])
+        return {"factor": factor, "brightness": _uniform(rng, 1.0, 1.0 + 0.04 * self.severity)}
+
+    def _affine_np(self, params, channels, scale):
+        return _scaled_saturation_rows(_F32(params["factor"]), _F32(params["brightness"]))
 
     def _affine(self, params, channels=3):
         f, br = params["factor"], params["brightness"]
@@ -141,6 +183,21 @@ class Contrast(_AffineColour):
     def _draw(self, r, b):
         lo, hi = self.RANGES[self.severity]
         return {k: r.uniform(lo, hi, (b,)) for k in ("contrast", "brightness", "saturation")}
+
+    def _sample_np(self, image, mask, rng):
+        rng = rng if rng is not None else np.random.default_rng()
+        lo, hi = self.RANGES[self.severity]
+        draws = {k: _uniform(rng, lo, hi) for k in ("contrast", "brightness", "saturation")}  # as _draw
+        draws.update(self._content_numpy(image, mask, draws))
+        return draws
+
+    def _affine_np(self, params, channels, scale):
+        c, br = _F32(params["contrast"]), _F32(params["brightness"])
+        off = float((1 - c) * br * _F32(params["mean"]) * scale)  # float32 steps, as in _affine
+        k = c * br
+        if channels == 1:
+            return [[float(k), off]]
+        return _scaled_saturation_rows(_F32(params["saturation"]), k, off)
 
     def _content_torch(self, images, masks, draws):
         means = images.mean(dim=(2, 3))
@@ -193,6 +250,21 @@ class WhiteBalance(_AffineColour):
                 f"white_balance: cast must be one of {self.CASTS} or None (random), got {cast!r}"
             )
         self.cast = cast
+
+    def _sample_np(self, image, mask, rng):
+        # _draw's numpy branch with scalar draws: the same values from the same stream
+        rng = rng if rng is not None else np.random.default_rng()
+        fixed = self.cast is not None
+        cast = np.int64(rng.integers(0, 1) + self.CASTS.index(self.cast) if fixed else rng.integers(0, 2))
+        scale = _uniform(rng, *self.RANGES[self.severity])
+        s1, s2 = scale * _uniform(rng, 0.97, 1.03), scale * _uniform(rng, 0.97, 1.03)
+        one = _F32(1)
+        gains = np.array([s1, s2, one] if cast else [s1, one, s2], np.float32)
+        return {"cast": cast, "gains": gains}
+
+    def _affine_np(self, params, channels, scale):
+        g0, g1, g2 = np.asarray(params["gains"], np.float32).tolist()
+        return [[g0, 0.0, 0.0, 0.0], [0.0, g1, 0.0, 0.0], [0.0, 0.0, g2, 0.0]]
 
     def _draw(self, r, b):
         lo, hi = self.RANGES[self.severity]

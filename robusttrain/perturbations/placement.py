@@ -186,8 +186,7 @@ class PlacedSampling:
             luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, **extra
         )
 
-    def sample_numpy(self, image, mask=None, rng=None):
-        image, mask = self.check_numpy(image, mask)
+    def _sample_np(self, image, mask, rng):
         luma, free, k = maps_np_arrays(image, mask)
         extra = (
             {"fov": maps_np_arrays(image, None)[1] if mask is not None else free} if self.needs_fov else {}

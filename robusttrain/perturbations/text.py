@@ -214,10 +214,9 @@ class Text(Perturbation):
         p["corner"], p["visible"] = self._corners(p.pop("order"), free)
         return p
 
-    def sample_numpy(self, image, mask=None, rng=None):
+    def _sample_np(self, image, mask, rng):
         # Hand-written numpy twin of _draw/_corners: this family's numpy path is meant to cost about as
         # much as one cv2.putText call, so it avoids generic helpers.
-        image, mask = self.check_numpy(image, mask)
         rng = rng if rng is not None else np.random.default_rng()
         u = rng.random(2 * 5 * L + 5)  # one draw: characters, corner order keys, level (as _draw)
         codes = (
