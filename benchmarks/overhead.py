@@ -140,11 +140,12 @@ def main() -> None:
                 f"(load {_load()})",
                 flush=True,
             )
-    off, on = min(walls[False]), min(walls[True])
+    off_best, on_best = min(walls[False]), min(walls[True])
     # the load may drift between repeats: a pair run back to back shares it, the best-of may not
     ratios = [b / a for a, b in zip(walls[False], walls[True])]
     print(
-        f"\nwall time (best of {args.repeats}): off {off:.1f} s | on {on:.1f} s | ratio {on / off:.2f}x "
+        f"\nwall time (best of {args.repeats}): off {off_best:.1f} s | on {on_best:.1f} s | "
+        f"ratio {on_best / off_best:.2f}x "
         f"(target <= 1.3x); per repeat (off/on back to back): "
         + ", ".join(f"{r:.2f}x" for r in ratios)
         + f", median {statistics.median(ratios):.2f}x"
