@@ -10,7 +10,8 @@ it is a training method, not monitoring, and its cost is measured by ``benchmark
 
 Reports the wall time of each run (process start to exit), the ratio on/off (target <= 1.3 at the
 defaults; best of the repeats, and per repeat with their median), the load average before and after (the machine may be
-shared), and from the "on" run's logs: the training seconds each check followed, the check's own
+shared), the CPU time of each run (user + system of the child process; with ``OMP_NUM_THREADS=1`` it is
+the work done, which other jobs' load does not stretch as it does wall time) and its on/off ratio, and from the "on" run's logs: the training seconds each check followed, the check's own
 seconds, the share of its clean pass reused from validation, how many test cases of the suite it
 scored and what the final table rests on (``basis``, ``from_epoch``).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,7 +41,16 @@ ROBUST = ("metamorphic", "balanced", "balanced_average", "mining", "reporting")
 ALWAYS_OFF = ("metamorphic_training",)
 
 
-def run(run_dir: Path, on: bool, epochs: int, budget: str, extra: list[str], toggled=ROBUST) -> float:
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished (waited-for) child processes so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run(
+    run_dir: Path, on: bool, epochs: int, budget: str, extra: list[str], toggled=ROBUST
+) -> tuple[float, float]:
+    """One fit as a child process: (wall seconds, the child's CPU seconds, user + system)."""
     cmd = [
         sys.executable,
         "-m",
@@ -57,12 +68,15 @@ def run(run_dir: Path, on: bool, epochs: int, budget: str, extra: list[str], tog
     if "metamorphic" in toggled:
         cmd += [f"callbacks.metamorphic.budget={budget}"]
     cmd += [] if on else [f"callbacks.{c}.enabled=false" for c in toggled]
-    t0 = time.perf_counter()
+    cpu0, t0 = _children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     wall = time.perf_counter() - t0
+    # the child has been waited for, so its CPU time (and its own children's) is in the delta; with
+    # OMP_NUM_THREADS=1 it is the work the run did, whatever else the machine is running
+    cpu = _children_cpu() - cpu0
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall
+    return wall, cpu
 
 
 def check_log(run_dir: Path) -> pd.DataFrame:
@@ -113,20 +127,44 @@ def main() -> None:
     )
     load0 = _load()
     walls: dict[bool, list[float]] = {False: [], True: []}
+    cpus: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.repeats):
         for on in (False, True):
-            w = run(root / f"{'on' if on else 'off'}{r}", on, args.epochs, args.budget, args.extra, toggled)
+            w, c = run(
+                root / f"{'on' if on else 'off'}{r}", on, args.epochs, args.budget, args.extra, toggled
+            )
             walls[on].append(w)
-            print(f"  repeat {r}: callbacks {'on ' if on else 'off'} {w:7.1f} s (load {_load()})", flush=True)
-    off, on = min(walls[False]), min(walls[True])
+            cpus[on].append(c)
+            print(
+                f"  repeat {r}: callbacks {'on ' if on else 'off'} {w:7.1f} s wall, {c:7.1f} s CPU "
+                f"(load {_load()})",
+                flush=True,
+            )
+    off_best, on_best = min(walls[False]), min(walls[True])
     # the load may drift between repeats: a pair run back to back shares it, the best-of may not
     ratios = [b / a for a, b in zip(walls[False], walls[True])]
     print(
-        f"\nwall time (best of {args.repeats}): off {off:.1f} s | on {on:.1f} s | ratio {on / off:.2f}x "
+        f"\nwall time (best of {args.repeats}): off {off_best:.1f} s | on {on_best:.1f} s | "
+        f"ratio {on_best / off_best:.2f}x "
         f"(target <= 1.3x); per repeat (off/on back to back): "
         + ", ".join(f"{r:.2f}x" for r in ratios)
         + f", median {statistics.median(ratios):.2f}x"
         + f"; load average (1/5/15 min) {load0} before, {_load()} after"
+    )
+    # CPU time (user + system of the child): with one thread per run it is the work done, which other
+    # jobs' load does not change (it stretches the wall time only), so it compares runs on a busy machine
+    cpu_ratios = [b / a for a, b in zip(cpus[False], cpus[True])]
+    coff, con = min(cpus[False]), min(cpus[True])
+    print(
+        f"CPU time (best of {args.repeats}): off {coff:.1f} s | on {con:.1f} s | ratio {con / coff:.2f}x "
+        f"(target <= 1.3x); per repeat: "
+        + ", ".join(f"{r:.2f}x" for r in cpu_ratios)
+        + f", median {statistics.median(cpu_ratios):.2f}x"
+        + (
+            ""
+            if os.environ.get("OMP_NUM_THREADS") == "1"
+            else " (OMP_NUM_THREADS is not 1: CPU time also counts threads that wall time overlaps)"
+        )
     )
     per = check_log(root / f"on{args.repeats - 1}")
     print("\nper check, callbacks on (last repeat):")

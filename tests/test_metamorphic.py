@@ -17,7 +17,7 @@ from robusttrain.metamorphic.scoring import (
     probabilities_to_labels,
     slice_sums,
 )
-from robusttrain.metamorphic.suite import MRSuite, stable_seed
+from robusttrain.metamorphic.suite import MRSuite, pack_cache, stable_seed, unpack_cache
 
 COLOUR = ["saturation", "contrast", "white_balance"]
 
@@ -122,6 +122,36 @@ def test_suite_params_cached_deterministic_and_per_case():
     c.load_state_dict(a.state_dict())
     assert c.cached("val", 1, "c0", 0) is not None
     assert MRSuite(COLOUR, (2, 4), seed=4).state_dict()["seed"] == 4
+
+
+def test_suite_cache_state_is_packed_and_restores_the_same_params(tmp_path):
+    img = _images()
+    a = MRSuite(COLOUR, (2, 4), seed=3)
+    a.prepare(3)
+    for k in range(len(a.tests)):
+        a.params_for("val", k, ["c0", "c1", "c2"], [0, 1, 0], img[:3])
+    cache = dict(a._cache)
+    state = a.state_dict()
+    # one tensor per (group, param), not per entry: what made every checkpoint save slow
+    n_tensors = sum(len(g["params"]) for g in state["cache"]["groups"])
+    assert n_tensors < sum(len(p) for p in cache.values())
+    torch.save(state, tmp_path / "s.pt")
+    loaded = torch.load(tmp_path / "s.pt", weights_only=True)  # a checkpoint's state loads weights-only
+    for restored in (unpack_cache(loaded["cache"]), unpack_cache([[list(k), v] for k, v in cache.items()])):
+        assert list(restored) == list(cache)  # same entries, same order
+        for key, params in cache.items():
+            assert list(restored[key]) == list(params)
+            for n, v in params.items():
+                assert restored[key][n].dtype == v.dtype and torch.equal(restored[key][n], v)
+    b = MRSuite(COLOUR, (2, 4), seed=3)
+    b.prepare(3)
+    b.load_state_dict(loaded)
+    assert list(b._cache) == list(cache)
+    assert b.state_dict()["cache"]["order"].tolist() == state["cache"]["order"].tolist()
+    # grown after the state was taken: the next state packs the new entry too
+    a.params_for("val", 0, ["c9"], [0], img[3:4])
+    assert len(unpack_cache(a.state_dict()["cache"])) == len(cache) + 1
+    assert pack_cache({})["groups"] == []
 
 
 def test_rgb_only_families_are_skipped_on_one_channel(caplog):

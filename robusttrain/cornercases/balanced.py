@@ -29,7 +29,8 @@ import pandas as pd
 
 from robusttrain.validate import check_choice, check_fraction
 
-from .detect import NOT_ENOUGH, OK, CornerCaseResult, find_corner_cases, find_outlier_epochs
+from .detect import NOT_ENOUGH, OK, CornerCaseResult, corner_cases_of, outlier_epochs_of
+from .ecod import check_args
 from .history import HistoryLike, case_scores, load_history, metric_columns
 
 POLICIES = ("last_inlier", "maximin", "pareto", "cvar")
@@ -138,7 +139,8 @@ def select_balanced_epoch(
     cols = metric_columns(h, metric)
     all_epochs = sorted(int(e) for e in h["epoch"].unique() if e >= min_epoch)
     cands = all_epochs if candidates is None else sorted({int(e) for e in candidates} & set(all_epochs))
-    cc = find_corner_cases(h, epoch=reference_epoch, contamination=contamination, tail=tail, metric=metric)
+    check_args(contamination, tail)
+    cc = corner_cases_of(h, reference_epoch, contamination, tail, metric)  # h is clean: not re-loaded
     sel = Selection(
         None, policy, NOT_ENOUGH, "", cc.epoch, cc, candidates=cands, worst_fraction=worst_fraction
     )
@@ -151,9 +153,7 @@ def select_balanced_epoch(
         return sel
     bad: dict[int, int] = {}
     for case in cc.case_ids:
-        oe = find_outlier_epochs(
-            h, case, contamination=contamination, tail=tail, metric=metric, min_epoch=min_epoch
-        )
+        oe = outlier_epochs_of(h, case, contamination, tail, metric, min_epoch)
         sel.outlier_epochs[case] = oe.epochs
         for e in oe.epochs:
             bad[e] = bad.get(e, 0) + 1

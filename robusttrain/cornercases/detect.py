@@ -93,7 +93,14 @@ def find_corner_cases(
     two-sided PyOD ECOD. Cases with a NaN at that epoch are left out and listed in ``skipped``.
     """
     check_args(contamination, tail)
-    h = load_history(history)
+    return corner_cases_of(load_history(history), epoch, contamination, tail, metric)
+
+
+def corner_cases_of(
+    h: pd.DataFrame, epoch: int | None, contamination: float, tail: str, metric: str
+) -> CornerCaseResult:
+    """:func:`find_corner_cases` on a history already cleaned by :func:`load_history` (arguments checked):
+    a selection analyses one history for the corner cases and each one's epochs, cleaning it once."""
     cols = metric_columns(h, metric)
     res = CornerCaseResult(None, NOT_ENOUGH, "", metric, tail, float(contamination), cols)
     if h.empty:
@@ -130,7 +137,19 @@ def find_outlier_epochs(
     e.g. to skip warm-up epochs that are low simply because training had just started.
     """
     check_args(contamination, tail)
-    h = load_history(history)
+    return outlier_epochs_of(load_history(history), case_id, contamination, tail, metric, min_epoch, epochs)
+
+
+def outlier_epochs_of(
+    h: pd.DataFrame,
+    case_id: str,
+    contamination: float,
+    tail: str,
+    metric: str,
+    min_epoch: int = 0,
+    epochs: list[int] | None = None,
+) -> OutlierEpochResult:
+    """:func:`find_outlier_epochs` on a history already cleaned by :func:`load_history` (arguments checked)."""
     cols = metric_columns(h, metric)
     case_id = str(case_id)
     res = OutlierEpochResult(case_id, NOT_ENOUGH, "", tail, float(contamination), cols)

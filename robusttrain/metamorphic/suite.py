@@ -155,6 +155,7 @@ class MRSuite:
         self.skipped: dict[str, str] = {}
         self._ops: dict[tuple[str, int], Any] = {}
         self._cache: dict[tuple, dict[str, torch.Tensor]] = {}
+        self._packed: tuple[int, dict] | None = None  # (cache size, its packed state): see state_dict
         self.in_channels: int | None = None
 
     # -- building ---------------------------------------------------------------------
@@ -322,8 +323,16 @@ class MRSuite:
             "seed": self.seed,
             "param_units": PARAM_UNITS,
             "slice_axis": self.slice_axis,
-            "cache": [[list(k), v] for k, v in self._cache.items()],
+            "cache": self._packed_cache(),
         }
+
+    def _packed_cache(self) -> dict:
+        """The params cache as a few stacked tensors (see :func:`pack_cache`), re-packed only when it
+        grew: entries are only ever added, and every checkpoint of a run (candidates, ``last.ckpt``, top-k)
+        saves it again -- as one tiny tensor per param it cost ~0.1 s of pickling per checkpoint."""
+        if self._packed is None or self._packed[0] != len(self._cache):
+            self._packed = (len(self._cache), pack_cache(self._cache))
+        return self._packed[1]
 
     def describe(self) -> str:
         """One line naming the suite (recorded with every checkpoint; compared on resume)."""
@@ -352,4 +361,49 @@ class MRSuite:
                 "params will be re-sampled in relative units"
             )
             return
-        self._cache = {tuple(k): v for k, v in state.get("cache", [])}
+        self._cache = unpack_cache(state.get("cache", []))
+        self._packed = None
+
+
+def pack_cache(cache: dict[tuple, dict[str, torch.Tensor]]) -> dict:
+    """The params cache as ``{"groups": [{"keys": [...], "params": {name: stacked tensor}}]}``: entries
+    with the same param names, shapes and dtypes share one tensor per param (a checkpoint stores each
+    tensor as its own record, so one per entry and param made every save slow). Plain lists and tensors,
+    so ``torch.load(weights_only=True)`` reads it; :func:`unpack_cache` gives the same cache back.
+
+    >>> c = {("val", "a", "blur", 2, 0): {"sigma": torch.tensor([1.5])},
+    ...      ("val", "b", "blur", 2, 0): {"sigma": torch.tensor([2.5])}}
+    >>> packed = pack_cache(c); len(packed["groups"]), packed["groups"][0]["params"]["sigma"].shape
+    (1, torch.Size([2, 1]))
+    >>> back = unpack_cache(packed); list(back) == list(c), back[("val", "b", "blur", 2, 0)]["sigma"]
+    (True, tensor([2.5000]))
+    """
+    groups: dict[tuple, dict[str, Any]] = {}
+    order: list[tuple[int, int]] = []  # (group, row) of every entry, in cache (insertion) order
+    for key, params in cache.items():
+        sig = tuple((n, tuple(v.shape), str(v.dtype)) for n, v in params.items())
+        g = groups.setdefault(sig, {"index": len(groups), "keys": [], "values": []})
+        order.append((g["index"], len(g["keys"])))
+        g["keys"].append(list(key))
+        g["values"].append(params)
+    out = []
+    for sig, g in groups.items():
+        stacked = {n: torch.stack([p[n] for p in g["values"]]) for n, _, _ in sig}
+        out.append({"keys": g["keys"], "params": stacked})
+    return {"groups": out, "order": torch.tensor(order, dtype=torch.int64).reshape(-1, 2)}
+
+
+def unpack_cache(state: Any) -> dict[tuple, dict[str, torch.Tensor]]:
+    """The cache :func:`pack_cache` packed (or the older ``[[key, params], ...]`` list), in its order."""
+    if isinstance(state, dict):
+        groups = state.get("groups", [])
+        entries = [
+            (tuple(k), {n: v[i].clone() for n, v in g["params"].items()})
+            for g in groups
+            for i, k in enumerate(g["keys"])
+        ]
+        if "order" not in state:
+            return dict(entries)
+        starts = np.cumsum([0] + [len(g["keys"]) for g in groups])
+        return dict(entries[int(starts[gi]) + int(row)] for gi, row in state["order"].tolist())
+    return {tuple(k): v for k, v in state or []}
