@@ -184,32 +184,3 @@ def test_inputs_csv_rundir_and_errors(tmp_path):
         find_corner_cases(h, contamination=0.7)
     with pytest.raises(ValueError, match="policy"):
         select_balanced_epoch(h, policy="best")
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_left_tail_ecod_is_pyods_left_tail_term(seed):
-    # ecod_fit(tail="low") computes PyOD's U_l itself (no numba ECDF, no right tail): same numbers,
-    # ties included (Dice of 1.0 or 0.0 is common), so every selection stays what it was
-    from pyod.models.ecod import ECOD
-    from pyod.utils.stat_models import column_ecdf as pyod_column_ecdf
-
-    from robusttrain.cornercases.ecod import column_ecdf, ecod_fit
-
-    rng = np.random.default_rng(seed)
-    n, d = int(rng.integers(1, 60)), int(rng.integers(1, 4))
-    X = rng.random((n, d))
-    X[rng.random((n, d)) < 0.3] = 1.0  # ties
-    X[: max(1, n // 4), 0] = X[0, 0]
-    np.testing.assert_array_equal(column_ecdf(X), pyod_column_ecdf(X))
-    if n >= 2:
-        det = ECOD(contamination=0.1).fit(X)
-        fit = ecod_fit(X, contamination=0.1, tail="low")
-        np.testing.assert_array_equal(fit.contributions, det.U_l)
-        assert fit.scores.tolist() == det.U_l.sum(axis=1).tolist()
-
-
-def test_ecod_refuses_an_empty_matrix():
-    from robusttrain.cornercases.ecod import ecod_fit
-
-    with pytest.raises(ValueError, match="at least one sample"):
-        ecod_fit(np.zeros((0, 2)))
