@@ -714,6 +714,8 @@ def main(argv=None) -> dict:
             results.append(_run_star(j))
             if args.dataset in ("polyp256", "pranet256"):
                 write_summary(finished(out), args, out, time.time() - t0)
+    if args.dataset in ("polyp256", "pranet256"):  # every finished run, also other invocations' (several
+        results = finished(out)  # grid processes may share one --out: the last writer must not drop theirs)
     return write_summary(results, args, out, time.time() - t0)
 
 
