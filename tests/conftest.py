@@ -12,14 +12,23 @@ REPO = Path(__file__).resolve().parents[1]
 _CACHES = {".pytest_cache", "__pycache__", ".mypy_cache", ".ruff_cache", ".coverage", ".hypothesis"}
 
 
+def _ignored_by_git(name: str) -> bool:
+    try:
+        r = subprocess.run(["git", "check-ignore", "-q", name], cwd=REPO, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return True  # no git here: nothing can be committed by accident either
+    return r.returncode == 0
+
+
 @pytest.fixture(scope="session", autouse=True)
 def repository_root_stays_clean():
     """Nothing a test runs may write into the repository root. A trainer without ``default_root_dir``
     writes the robustness callbacks' files into the working directory; two such files were once
-    committed by accident, so the whole session fails if any new entry appears."""
+    committed by accident, so the whole session fails if a new entry appears that git does not ignore."""
     before = {p.name for p in REPO.iterdir()}
     yield
     new = sorted({p.name for p in REPO.iterdir()} - before - _CACHES)
+    new = [n for n in new if not _ignored_by_git(n)]  # runs/, lightning_logs/ ...: cannot be committed
     if new:
         raise AssertionError(f"the test session wrote {new} into the repository root {REPO}")
 
