@@ -10,8 +10,11 @@ re-create one by running its (condition, seed) again (``--conditions C --seeds S
     python benchmarks/evidence_archive.py restore docs/evidence_v3/runs /work/evidence_runs/polyp256
 
 ``save`` writes ``<condition>_s<seed>.json.gz`` (gzip without a timestamp: the same result gives the
-same bytes); ``restore`` writes ``<condition>_s<seed>/result.json`` where that run has none and
-refuses (exit 2, one line) where one exists with other numbers.
+same bytes) and, beside it, the run's own monitoring tables that explain its numbers (:data:`TABLES`:
+the validation MR check per epoch, the per-case validation history, metamorphic training's per-family
+counts) as ``<condition>_s<seed>.<table>.gz``; ``restore`` writes them back into
+``<condition>_s<seed>/`` where that run has none and refuses (exit 2, one line) where one exists with
+other content.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from robusttrain.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 NAME = re.compile(r"^([a-z_]+)_s(\d+)$")
+TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv")
 
 
 def _check(result: dict, name: str, where: Path) -> None:
@@ -46,6 +50,10 @@ def save(out: Path, archive: Path) -> list[str]:
         raw = p.read_bytes()
         _check(json.loads(raw), name, p)
         atomic_write_bytes(archive / f"{name}.json.gz", gzip.compress(raw, compresslevel=9, mtime=0))
+        for t in TABLES:
+            if (p.parent / t).is_file():
+                data = gzip.compress((p.parent / t).read_bytes(), compresslevel=9, mtime=0)
+                atomic_write_bytes(archive / f"{name}.{t}.gz", data)
         names.append(name)
     return names
 
@@ -64,6 +72,10 @@ def restore(archive: Path, out: Path) -> list[str]:
                 raise SystemExit(f"evidence_archive: {dst} exists with other numbers than {p}; not replaced")
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
+        for t in TABLES:
+            src = archive / f"{name}.{t}.gz"
+            if src.is_file() and not (dst.parent / t).exists():
+                atomic_write_bytes(dst.parent / t, gzip.decompress(src.read_bytes()))
         atomic_write_text(dst, text)
         names.append(name)
     return names

@@ -316,13 +316,16 @@ def test_archived_results_round_trip_and_never_replace_other_numbers(tmp_path):
         (out / f"{c}_s{s}").mkdir(parents=True)
         (out / f"{c}_s{s}" / "result.json").write_text(json.dumps(_fake_run(c, s, 4, 0.8)))
     (out / "plain_s1").mkdir()  # an unfinished run: nothing to archive
+    (out / "plain_s0" / "efr.csv").write_text("epoch,efr\n0,0.5\n")  # a monitoring table travels with it
     arc.mkdir()
     assert save(out, arc) == ["metamorphic_s1", "plain_s0"]
+    assert (arc / "plain_s0.efr.csv.gz").is_file() and not (arc / "metamorphic_s1.efr.csv.gz").exists()
     first = (arc / "plain_s0.json.gz").read_bytes()
     save(out, arc)
     assert (arc / "plain_s0.json.gz").read_bytes() == first  # no timestamp: same result, same bytes
     assert restore(arc, back) == ["metamorphic_s1", "plain_s0"]
     assert json.loads((back / "plain_s0" / "result.json").read_text()) == _fake_run("plain", 0, 4, 0.8)
+    assert (back / "plain_s0" / "efr.csv").read_text() == "epoch,efr\n0,0.5\n"
     assert restore(arc, back) == []  # already there, same numbers
     (back / "plain_s0" / "result.json").write_text(json.dumps(_fake_run("plain", 0, 5, 0.8)))
     with pytest.raises(SystemExit, match="other numbers"):
