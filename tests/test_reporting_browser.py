@@ -40,6 +40,7 @@ def chromium(tmp: Path, *args: str, timeout: int = 60) -> subprocess.CompletedPr
     profile.mkdir(exist_ok=True)
     return subprocess.run(
         [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", *args],
+        cwd=tmp,  # whatever the browser drops in its working directory stays out of the repository
         capture_output=True,
         text=True,
         timeout=timeout,
