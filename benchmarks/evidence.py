@@ -394,6 +394,15 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     model = SegmentationModule(
         in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names, lr=args.lr, features=feats
     )
+    if v3:
+        from evidence_averages import has_batchnorm
+
+        if has_batchnorm(
+            model
+        ):  # refused before training: its averages' BN statistics would need re-estimating
+            raise SystemExit(
+                "evidence: the balanced average / EMA of a BatchNorm model is not supported here"
+            )
     trainer = L.Trainer(
         max_epochs=args.epochs,
         callbacks=[*cbs, rec, *extra],
@@ -437,12 +446,8 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     extra_weights: dict[str, dict] = {}
     averages: dict[str, dict] = {}
     if v3:
-        from evidence_averages import balanced_average, has_batchnorm
+        from evidence_averages import balanced_average
 
-        if has_batchnorm(model):  # averaged BN statistics would need re-estimating (evidence_averages.py)
-            raise SystemExit(
-                "evidence: the balanced average / EMA of a BatchNorm model is not supported here"
-            )
         flags = trade.selections["last_inlier"].outlier_epochs
         validated = sorted(rec.val_loss)  # the product's window: over every validated epoch
         extra_weights["balanced_average"], averages["balanced_average"] = balanced_average(

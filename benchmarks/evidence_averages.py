@@ -8,8 +8,8 @@
   watch the run, not steer it. Every condition's training is byte-for-byte the run without it.
 - ``balanced_average``: :func:`balanced_average`, the same rule as the product's ``BalancedAverage``
   (uniform average of the inlier epochs in the last ``window`` of the validated epochs; the ECOD
-  outlier epochs of the corner cases excluded; :func:`robusttrain.callbacks.balanced_average.window_epochs`
-  and ``average_states`` are reused) computed from the per-epoch weights the recorder keeps.
+  outlier epochs of the corner cases excluded), through the callback's own ``window_epochs``,
+  ``inlier_epochs`` and ``average_states``, computed from the per-epoch weights the recorder keeps.
 
 The evidence's BasicUNet has instance norm (no running statistics), so neither needs BatchNorm
 re-estimation; :func:`has_batchnorm` lets the caller refuse a model where it would.
@@ -24,7 +24,7 @@ from lightning.pytorch import Callback
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from robusttrain.callbacks.balanced_average import average_states, window_epochs
+from robusttrain.callbacks.balanced_average import average_states, inlier_epochs, window_epochs
 
 
 def has_batchnorm(module: torch.nn.Module) -> bool:
@@ -79,15 +79,7 @@ def balanced_average(
     ``epoch_weights(e)`` returns epoch ``e``'s state dict; ``outlier_epochs`` is
     ``{corner case: [epoch, ...]}`` from the validation history's ECOD analysis."""
     win = window_epochs(validated, window)
-    bad: dict[int, int] = {}
-    for eps in outlier_epochs.values():
-        for e in set(eps):
-            bad[int(e)] = bad.get(int(e), 0) + 1
-    inliers = [e for e in win if e not in bad]
-    status = "ok"
-    if not inliers:
-        fewest = min(bad[e] for e in win)
-        inliers, status = [e for e in win if bad[e] == fewest], "no_inlier_epoch"
+    inliers, status = inlier_epochs(win, outlier_epochs)
     info = {
         "status": status,
         "window": window,

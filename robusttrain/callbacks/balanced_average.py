@@ -34,7 +34,7 @@ import math
 import os
 import random
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,28 @@ def window_epochs(epochs: Iterable[int], window: float) -> list[int]:
     eps = sorted(set(int(e) for e in epochs))
     n = max(1, math.ceil(window * len(eps) - 1e-9))  # 1e-9: 0.3·10 must be 3, not 4
     return eps[-n:] if eps else []
+
+
+def inlier_epochs(
+    epochs: Sequence[int], outlier_epochs: Mapping[str, Iterable[int]]
+) -> tuple[list[int], str]:
+    """The ``epochs`` no corner case flags (status ``"ok"``); when every one is flagged, those flagged by
+    the fewest corner cases (status ``"no_inlier_epoch"``): the epochs a balanced average is taken over.
+
+    >>> inlier_epochs([5, 6, 7], {"p1": [6], "p2": [6, 7]})
+    ([5], 'ok')
+    >>> inlier_epochs([6, 7], {"p1": [6], "p2": [6, 7]})
+    ([7], 'no_inlier_epoch')
+    """
+    bad: dict[int, int] = {}
+    for eps in outlier_epochs.values():
+        for e in set(eps):
+            bad[int(e)] = bad.get(int(e), 0) + 1
+    inliers = [e for e in epochs if e not in bad]
+    if inliers or not epochs:
+        return inliers, "ok"
+    fewest = min(bad[e] for e in epochs)
+    return [e for e in epochs if bad[e] == fewest], "no_inlier_epoch"
 
 
 def average_states(states: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -230,10 +252,6 @@ class BalancedAverage(UsesContext, Callback):
                 missing,
                 self.fit_dir / average_file.WINDOW_DIR,
             )
-        bad: dict[int, int] = {}
-        for eps in flags.values():
-            for e in set(eps):
-                bad[e] = bad.get(e, 0) + 1
         report = {
             "status": "ok",
             "reason": "",
@@ -252,11 +270,8 @@ class BalancedAverage(UsesContext, Callback):
                 reason="no epoch weights in the window (no validation ran during the fit?)",
             )
             return None, report
-        inliers = [e for e in on_disk if e not in bad]
-        if not inliers:  # every window epoch collapses for some corner case: the least-flagged ones
-            fewest = min(bad[e] for e in on_disk)
-            inliers = [e for e in on_disk if bad[e] == fewest]
-            report["status"] = "no_inlier_epoch"
+        # every window epoch collapsing for some corner case: the least-flagged ones (status no_inlier_epoch)
+        inliers, report["status"] = inlier_epochs(on_disk, flags)
         report["averaged_epochs"] = inliers
         report["excluded_epochs"] = [e for e in on_disk if e not in inliers]
         report["reason"] = (

@@ -134,10 +134,7 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
         if not self.should_apply(force_apply=force_apply):
             return kwargs
         mask = kwargs.get("mask")
-        lesion = mask[:, :, 0] if mask is not None and mask.ndim == 3 else mask
-        pert = self.perturbation
-        img, m = pert.check_numpy(image, lesion)
-        pp = pert._sample_np(img, m, self.random_generator)
+        img, m, lesion, pp = self._lesion_and_params(image, mask)
         params: dict[str, Any] = {"shape": image.shape}
         for a in self._shared_attrs:
             params[a] = getattr(self, a)
@@ -145,7 +142,7 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
         self.params = params
         if not image.flags.c_contiguous:  # the generic call samples on the image as given (a family's params
             img = np.ascontiguousarray(img)  # may differ in the last bit with the layout), applies on a copy
-        out = pert._apply_np(img, m, pp)
+        out = self.perturbation._apply_np(img, m, pp)
         if image.ndim == 2 and out.ndim == 3:
             out = out[:, :, 0]
         res = dict(kwargs)
@@ -156,14 +153,18 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         image = data["image"] if "image" in data else data["images"][0]
-        lesion = data.get("mask")
-        if lesion is not None and lesion.ndim == 3:
-            lesion = lesion[:, :, 0]
-        img, mask = self.perturbation.check_numpy(image, lesion)
-        # The params are drawn straight from the generator Albumentations gives the transform (seeded by
-        # A.Compose(..., seed=s)), as its own transforms draw theirs: no per-call seed, no extra Generator.
-        params = self.perturbation._sample_np(img, mask, self.random_generator)
+        _, _, lesion, params = self._lesion_and_params(image, data.get("mask"))
         return {"perturbation_params": params, "lesion": lesion}
+
+    def _lesion_and_params(
+        self, image: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[Any, Any, Any, dict[str, Any]]:
+        """(checked image, checked lesion, lesion as given, params) for one call: the lesion is the mask's
+        first channel; the params are drawn straight from the generator Albumentations gives the transform
+        (seeded by ``A.Compose(..., seed=s)``), as its own transforms draw theirs."""
+        lesion = mask[:, :, 0] if mask is not None and mask.ndim == 3 else mask
+        img, m = self.perturbation.check_numpy(image, lesion)
+        return img, m, lesion, self.perturbation._sample_np(img, m, self.random_generator)
 
     def apply(
         self,
