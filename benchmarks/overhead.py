@@ -79,6 +79,18 @@ def run(
     return wall, cpu
 
 
+def _ratio_line(what: str, times: dict[bool, list[float]], per: str) -> str:
+    """``<what> (best of n): off | on | ratio (target); <per>: pair ratios, median`` for one measure."""
+    off, on = min(times[False]), min(times[True])
+    ratios = [b / a for a, b in zip(times[False], times[True])]
+    return (
+        f"{what} (best of {len(ratios)}): off {off:.1f} s | on {on:.1f} s | ratio {on / off:.2f}x "
+        f"(target <= 1.3x); {per}: "
+        + ", ".join(f"{r:.2f}x" for r in ratios)
+        + f", median {statistics.median(ratios):.2f}x"
+    )
+
+
 def check_log(run_dir: Path) -> pd.DataFrame:
     """Per epoch: training seconds the check was sized for, check seconds, test cases scored / suite."""
     metrics = pd.read_csv(run_dir / "logs" / "metrics.csv")
@@ -140,26 +152,16 @@ def main() -> None:
                 f"(load {_load()})",
                 flush=True,
             )
-    off_best, on_best = min(walls[False]), min(walls[True])
     # the load may drift between repeats: a pair run back to back shares it, the best-of may not
-    ratios = [b / a for a, b in zip(walls[False], walls[True])]
     print(
-        f"\nwall time (best of {args.repeats}): off {off_best:.1f} s | on {on_best:.1f} s | "
-        f"ratio {on_best / off_best:.2f}x "
-        f"(target <= 1.3x); per repeat (off/on back to back): "
-        + ", ".join(f"{r:.2f}x" for r in ratios)
-        + f", median {statistics.median(ratios):.2f}x"
+        "\n"
+        + _ratio_line("wall time", walls, "per repeat (off/on back to back)")
         + f"; load average (1/5/15 min) {load0} before, {_load()} after"
     )
     # CPU time (user + system of the child): with one thread per run it is the work done, which other
     # jobs' load does not change (it stretches the wall time only), so it compares runs on a busy machine
-    cpu_ratios = [b / a for a, b in zip(cpus[False], cpus[True])]
-    coff, con = min(cpus[False]), min(cpus[True])
     print(
-        f"CPU time (best of {args.repeats}): off {coff:.1f} s | on {con:.1f} s | ratio {con / coff:.2f}x "
-        f"(target <= 1.3x); per repeat: "
-        + ", ".join(f"{r:.2f}x" for r in cpu_ratios)
-        + f", median {statistics.median(cpu_ratios):.2f}x"
+        _ratio_line("CPU time", cpus, "per repeat")
         + (
             ""
             if os.environ.get("OMP_NUM_THREADS") == "1"
