@@ -16,7 +16,11 @@ batch (same dose in every MT condition):
 - ``mt_random``        — ``k=1, epsilon=1, consistency=0``: random augmentation, uniform families;
 - ``metamorphic``      — ``k=4, epsilon=0.3, consistency=1``: the new default (worst-of-k + MR loss);
 - ``consistency_only`` — the default with ``k=1`` (ablation: no worst-of-k selection);
-- ``worst_of_k_only``  — the default with ``consistency=0`` (ablation: follow-ups replace in place).
+- ``worst_of_k_only``  — the default with ``consistency=0`` (ablation: follow-ups replace in place);
+- ``metamorphic_uniform`` — the default with ``epsilon=1`` (ablation: families drawn uniformly, as in
+  ``mt_random``, not weighted by the MR check's violation rates). Added after the first seeds: both
+  ablations above keep ``epsilon=0.3`` and drew ~40 % saturation late in training, like the default, so
+  only this one separates the adaptive family weights from worst-of-k + consistency.
 
 Used by ``mining_evidence.py`` and ``evidence.py``.
 """
@@ -39,6 +43,7 @@ MT_CONDITIONS = {
     "metamorphic": {},
     "consistency_only": {"k": 1},
     "worst_of_k_only": {"consistency": 0.0},
+    "metamorphic_uniform": {"epsilon": 1.0},
 }
 CONDITIONS = ("plain", "random", "mined", *MT_CONDITIONS)
 # the recipe's "family replay" (robusttrain/recipes/callbacks/robust.yaml), the best Kvasir/synthetic

@@ -30,6 +30,7 @@ LABEL = {
     "metamorphic": "metamorphic (k=4, λ=1)",
     "consistency_only": "consistency only (k=1, λ=1)",
     "worst_of_k_only": "worst-of-k only (k=4, λ=0)",
+    "metamorphic_uniform": "metamorphic, uniform families (k=4, λ=1, ε=1)",
 }
 PAIRS = [
     ("metamorphic", "mt_random"),
@@ -40,6 +41,8 @@ PAIRS = [
     ("worst_of_k_only", "mt_random"),
     ("metamorphic", "worst_of_k_only"),
     ("metamorphic", "consistency_only"),
+    ("metamorphic_uniform", "mt_random"),
+    ("metamorphic", "metamorphic_uniform"),
 ]
 COMPARE_AT = ("least_loss", "last")
 POLICY_REFERENCE = "last"

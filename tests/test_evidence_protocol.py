@@ -111,6 +111,7 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
         "metamorphic": (4, 0.3, 1.0),
         "consistency_only": (1, 0.3, 1.0),
         "worst_of_k_only": (4, 0.3, 0.0),
+        "metamorphic_uniform": (4, 1.0, 1.0),
     }
     assert set(MT_CONDITIONS) == set(expected) and set(expected) < set(CONDITIONS)
     lengths = {}
