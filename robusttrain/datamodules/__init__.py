@@ -8,6 +8,7 @@ from .acdc import ACDCDataModule
 from .base import BaseSegDataModule, SegmentationDataset, split_by_case
 from .cxr import CXRDataModule
 from .errors import DataError
+from .folder import FolderSegDataModule
 from .polyp import PolypDataModule
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "BaseSegDataModule",
     "CXRDataModule",
     "DataError",
+    "FolderSegDataModule",
     "PolypDataModule",
     "SegmentationDataset",
     "split_by_case",

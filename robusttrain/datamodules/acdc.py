@@ -29,44 +29,9 @@ class ACDCDataModule(BaseSegDataModule):
     default_train_transforms = [
         {"_target_": "albumentations.Affine", "rotate": [-15, 15], "scale": [0.9, 1.1], "p": 0.5},
     ]
-
-    def __init__(
-        self,
-        root=None,
-        image_size=128,
-        batch_size=8,
-        num_workers=0,
-        val_fraction=0.2,
-        seed=0,
-        extra_val=None,
-        n_train=30,
-        n_val=20,
-        hard_fraction=0.1,
-        train_transforms=None,
-        val_transforms=None,
-        resize=None,
-        pin_memory=False,
-    ):
-        super().__init__(
-            root,
-            image_size,
-            batch_size,
-            num_workers,
-            val_fraction,
-            seed,
-            extra_val,
-            n_train,
-            n_val,
-            hard_fraction,
-            train_transforms,
-            val_transforms,
-            resize,
-            pin_memory,
-        )
-
-    def _synthetic_sources(self):
-        mk = lambda n, start: SyntheticACDCSource(n, self.seed, self.image_size, self.hard_fraction, start)
-        return mk(self.n_train, 0), mk(self.n_val, self.n_train)
+    default_n_train = 30
+    default_n_val = 20
+    synthetic_source = SyntheticACDCSource
 
     def _read(self, folder):
         return open_acdc(folder)

@@ -147,10 +147,10 @@ def split_by_case(case_ids: Sequence[str], val_fraction: float, seed: int) -> tu
 class BaseSegDataModule(L.LightningDataModule):
     """Split/loader logic shared by the polyp, ACDC and CXR datamodules.
 
-    Subclasses set ``class_names``, ``in_channels``, default transforms and implement
-    ``_synthetic_sources()`` → (train_source, val_source) and ``_read(folder)`` → source.
-    With ``root=None`` the synthetic set is used (``n_train``/``n_val`` items, ``hard_fraction``
-    planted hard cases); otherwise ``root`` is read and split by case with ``val_fraction``/``seed``
+    Subclasses set ``class_names``, ``in_channels``, default transforms, ``synthetic_source`` (or override
+    ``_synthetic_sources()`` → (train_source, val_source)) and implement ``_read(folder)`` → source.
+    With ``root=None`` the synthetic set is used (``n_train``/``n_val`` items, default
+    ``default_n_train``/``default_n_val``, ``hard_fraction`` planted hard cases); otherwise ``root`` is read and split by case with ``val_fraction``/``seed``
     (``val_fraction=0``: validate on the training data). ``test_dataloader``/``predict_dataloader``
     serve the validation split. Transforms: see :mod:`robusttrain.datamodules.transforms`; ``resize``
     (``stretch``/``letterbox``/``none``) runs first, to ``image_size``².
@@ -160,6 +160,10 @@ class BaseSegDataModule(L.LightningDataModule):
     in_channels: int = 3
     default_train_transforms: list = []
     default_resize: str = "stretch"
+    default_n_train: int = 200
+    default_n_val: int = 50
+    # called as synthetic_source(n, seed, image_size, hard_fraction, start_index)
+    synthetic_source: Any = None
 
     def __init__(
         self,
@@ -170,8 +174,8 @@ class BaseSegDataModule(L.LightningDataModule):
         val_fraction: float = 0.2,
         seed: int = 0,
         extra_val: dict[str, str] | None = None,
-        n_train: int = 200,
-        n_val: int = 50,
+        n_train: int | None = None,
+        n_val: int | None = None,
         hard_fraction: float = 0.1,
         train_transforms: Sequence | None = None,
         val_transforms: Sequence | None = None,
@@ -198,6 +202,8 @@ class BaseSegDataModule(L.LightningDataModule):
         self.extra_val = {
             str(k): _folder(name, f"extra_val[{k!r}]", v) for k, v in dict(extra_val or {}).items()
         }
+        n_train = self.default_n_train if n_train is None else n_train
+        n_val = self.default_n_val if n_val is None else n_val
         self.n_train = check_int("n_train", n_train, 1, owner=name, why="synthetic training items")
         self.n_val = check_int("n_val", n_val, 1, owner=name, why="synthetic validation items")
         self.hard_fraction = check_fraction("hard_fraction", hard_fraction, owner=name)
@@ -230,7 +236,11 @@ class BaseSegDataModule(L.LightningDataModule):
         return len(self.class_names) + 1
 
     def _synthetic_sources(self) -> tuple[Any, Any]:
-        raise NotImplementedError
+        if self.synthetic_source is None:
+            raise NotImplementedError(f"{type(self).__name__}: no synthetic_source")
+        # generated at the training size: resizing afterwards would only cost time
+        mk = lambda n, start: self.synthetic_source(n, self.seed, self.image_size, self.hard_fraction, start)
+        return mk(self.n_train, 0), mk(self.n_val, self.n_train)
 
     def _read(self, folder: str) -> Any:
         raise NotImplementedError
