@@ -40,20 +40,11 @@ import numpy as np
 import torch
 
 from robusttrain.errors import InputError
+from robusttrain.perturbations.suites import SUITES, resolve
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PERTURBATIONS = (
-    "saturation",
-    "contrast",
-    "white_balance",
-    "specularity",
-    "blur",
-    "instrument",
-    "feces",
-    "blood",
-    "text",
-)  # the "endoscopy" suite
+DEFAULT_PERTURBATIONS = SUITES["endoscopy"]  # the nine MedTest endoscopy families
 DEFAULT_SEVERITIES = (2, 4)
 # Version of the perturbations' param units in cached params: "relative" since spatial params became
 # fractions of the image (issue 11). Cached params of another version are re-sampled, never replayed.
@@ -131,7 +122,6 @@ class MRSuite:
         slice_axis: int = -1,
     ):
         from robusttrain.perturbations.base import check_severity
-        from robusttrain.perturbations.suites import resolve
 
         # validated here, when the suite is built, not after a first training epoch
         if isinstance(slice_axis, bool) or slice_axis not in (-3, -2, -1, 2, 3, 4):
