@@ -4,6 +4,7 @@ offline WandbLogger; the offline run is read back from disk (the .wandb transact
 from __future__ import annotations
 
 import json
+import logging
 import struct
 from pathlib import Path
 
@@ -130,6 +131,17 @@ class Sink:
         self.records.append(record)
 
 
+class _Errors(logging.Handler):
+    """Collects ERROR records with their traceback (a flaky missing final report was once unexplained)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(logging.Formatter().format(record))
+
+
 class PlotSpy(pl.Callback):
     """Listed after the reporter: which PNGs existed when each training epoch had ended."""
 
@@ -180,11 +192,17 @@ def fitted(tmp_path_factory):
         enable_model_summary=False,
         callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter, spy],
     )
-    trainer.fit(Tiny(), DataLoader(ds, batch_size=5, shuffle=True), DataLoader(ds, batch_size=5))
+    errors = _Errors()  # the final report swallows its exceptions (a fit must not fail on reporting):
+    logging.getLogger("robusttrain.callbacks.reporting").addHandler(errors)  # surface them here
+    try:
+        trainer.fit(Tiny(), DataLoader(ds, batch_size=5, shuffle=True), DataLoader(ds, batch_size=5))
+    finally:
+        logging.getLogger("robusttrain.callbacks.reporting").removeHandler(errors)
     import wandb
 
     wandb.finish()
     mp.undo()
+    assert not errors.lines, "the reporter logged an error:\n" + "\n".join(errors.lines)
     files = list((tmp / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
     return {
