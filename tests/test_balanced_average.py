@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.optim.swa_utils import update_bn
 from torch.utils.data import DataLoader, Dataset
+from toys import Snapshots
 
 from robusttrain.callbacks import BalancedAverage, BalancedCheckpoint, EMACheckpoint, RobustnessContext
 from robusttrain.callbacks.context import RobustnessConfigError, context_for
@@ -67,19 +68,6 @@ class TinyBN(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-class Snapshots(pl.Callback):
-    """The weights at every fitting validation, to check the average against."""
-
-    def __init__(self):
-        self.weights = {}
-
-    def on_validation_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self.weights[trainer.current_epoch] = {
-                k: v.detach().clone() for k, v in pl_module.state_dict().items()
-            }
 
 
 class PlantedHistory(pl.Callback):
