@@ -499,6 +499,23 @@ SCENARIOS = [
         ),
     ),
     S(
+        "report-permission-denied",  # as root (CI) chmod cannot refuse a write: the OSError is raised
+        ["report", "{run}"],
+        code=3,
+        text="permission denied (Permission denied) writing '/x/report.html'; check the folder's permissions",
+        prep=_raise_in(
+            "robusttrain.reporting.html.atomic_write_text",
+            OSError(errno.EACCES, "Permission denied", "/x/report.html"),
+        ),
+    ),
+    S(
+        "fit-run-dir-under-a-file",  # a real file where run_dir needs a folder (no mock)
+        ["fit", *TINY, "run_dir={tmp}/afile/run"],
+        text="cannot create run_dir '{tmp}/afile/run': Not a directory",
+        prep=lambda c: (c.tmp / "afile").write_text("mine"),
+        then=lambda c, o, e: (c.tmp / "afile").read_text() == "mine" or pytest.fail("afile changed"),
+    ),
+    S(
         "report-ctrl-c",
         ["report", "{run}"],
         code=130,
