@@ -737,7 +737,7 @@ def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
     if args.dataset in ("polyp256", "pranet256"):
         from evidence_report_v3 import summarise_v3, write_tables_v3
 
-        summary = summarise_v3(results, args)
+        summary = summarise_v3(results, args, out)
         md = write_tables_v3(summary, args)
     else:
         from evidence_report import summarise, write_tables

@@ -11,7 +11,9 @@ Works on partial grids (any finished subset of runs). All numbers in % / points.
 
 from __future__ import annotations
 
+import csv
 import json
+from pathlib import Path
 
 import numpy as np
 from conditions import mean_std
@@ -140,7 +142,40 @@ def paired_row(ra, rb, group, policy, k, n_boot) -> dict:
     return out
 
 
-def summarise_v3(results: list[dict], args) -> dict:
+FAMILY_MIX_FROM_EPOCH = 5  # the weights follow the MR check's rates from the first checks on
+
+
+def family_mix(out: Path, results: list[dict], from_epoch: int = FAMILY_MIX_FROM_EPOCH) -> dict:
+    """What each MetamorphicTraining condition trained on: per family, the share (%) of the kept
+    follow-ups over epochs ``>= from_epoch``, from each run's ``metamorphic_training.csv`` (the
+    ``chosen`` counts), as mean ± std over the seeds that have the file.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()); (d / "metamorphic_s0").mkdir()
+    >>> rows = ["epoch,family,chosen", "5,blur,30", "5,saturation,10", "6,blur,10", "6,saturation,50"]
+    >>> _ = (d / "metamorphic_s0" / "metamorphic_training.csv").write_text("\\n".join(rows))
+    >>> family_mix(d, [{"condition": "metamorphic", "seed": 0}])["metamorphic"]["saturation"]["mean"]
+    60.0
+    """
+    shares: dict[str, dict[str, list[float]]] = {}
+    for r in results:
+        path = out / f"{r['condition']}_s{r['seed']}" / "metamorphic_training.csv"
+        if not path.is_file():
+            continue
+        kept: dict[str, float] = {}
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                if int(row["epoch"]) >= from_epoch:
+                    kept[row["family"]] = kept.get(row["family"], 0.0) + float(row["chosen"] or 0)
+        total = sum(kept.values())
+        if total > 0:
+            by = shares.setdefault(r["condition"], {})
+            for fam, n in kept.items():
+                by.setdefault(fam, []).append(100.0 * n / total)
+    return {c: {f: mean_std(v) for f, v in sorted(fams.items())} for c, fams in shares.items()}
+
+
+def summarise_v3(results: list[dict], args, out: Path | None = None) -> dict:
     from robusttrain.cornercases import worst_fraction_mean
 
     k, n_boot = args.worst_fraction, args.n_boot
@@ -213,6 +248,8 @@ def summarise_v3(results: list[dict], args) -> dict:
                 }
             s["policies"][g][c] = pols
     s["targets"] = targets_v3(s)
+    if out is not None:
+        s["family_mix"] = family_mix(out, results)
     return s
 
 
@@ -357,6 +394,23 @@ def write_tables_v3(s: dict, args) -> str:
                 for p, v in pols.items()
             ]
             L.append("")
+    mix = s.get("family_mix") or {}
+    if mix:
+        fams = sorted({f for by in mix.values() for f in by})
+        L += [
+            f"## What the MetamorphicTraining conditions trained on (epochs >= {FAMILY_MIX_FROM_EPOCH})",
+            "",
+            "Share (%) of the kept follow-ups per family (`metamorphic_training.csv`, `chosen`), mean ± std "
+            "over seeds.",
+            "",
+            "| condition | " + " | ".join(fams) + " |",
+            "|---|" + "---|" * len(fams),
+        ]
+        L += [
+            f"| {LABEL.get(c, c)} | " + " | ".join(_ms(by.get(f), 0) for f in fams) + " |"
+            for c, by in mix.items()
+        ]
+        L.append("")
     L += [
         "## Runs",
         "",
