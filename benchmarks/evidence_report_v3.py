@@ -142,6 +142,30 @@ def paired_row(ra, rb, group, policy, k, n_boot) -> dict:
     return out
 
 
+def efr_by_family(rs: list[dict], group: str, policy: str) -> dict:
+    """EFR Dice@0.25 (%) per perturbation family on the group's MR-scored cases, mean ± std over the
+    runs ``rs`` (one condition): errors / tests of that family (the suite runs every family at the
+    same severities, so each case has ``tests / families`` tests per family)."""
+    ek = _keys(rs[0], group, policy)
+    if not ek or not all(policy in r.get("mr_by_policy", {}) for r in rs):
+        return {}
+    per: dict[str, list[float]] = {}
+    for r in rs:
+        mr = r["mr_by_policy"][policy]
+        errors: dict[str, float] = {}
+        tests = 0.0
+        for s, c in ek:
+            by = mr[s][c].get("errors_dice@0.25_by_perturbation") or {}
+            if not by:
+                return {}
+            tests += mr[s][c]["tests"] / len(by)
+            for fam, e in by.items():
+                errors[fam] = errors.get(fam, 0.0) + e
+        for fam, e in errors.items():
+            per.setdefault(fam, []).append(100.0 * e / tests)
+    return {f: mean_std(v) for f, v in sorted(per.items())}
+
+
 FAMILY_MIX_FROM_EPOCH = 5  # the weights follow the MR check's rates from the first checks on
 
 
@@ -247,6 +271,9 @@ def summarise_v3(results: list[dict], args, out: Path | None = None) -> dict:
                     ),
                 }
             s["policies"][g][c] = pols
+    s["efr_by_family"] = {
+        g: {c: efr_by_family(_runs(results, c), g, "least_loss") for c in conds} for g in GROUPS
+    }
     s["targets"] = targets_v3(s)
     if out is not None:
         s["family_mix"] = family_mix(out, results)
@@ -394,6 +421,18 @@ def write_tables_v3(s: dict, args) -> str:
                 for p, v in pols.items()
             ]
             L.append("")
+    for g, by in (s.get("efr_by_family") or {}).items():
+        fams = sorted({f for v in by.values() for f in v})
+        if not fams:
+            continue
+        L += [
+            f"## EFR Dice@0.25 per family at `least_loss`: {g} (%, mean ± std over seeds)",
+            "",
+            "| condition | " + " | ".join(fams) + " |",
+            "|---|" + "---|" * len(fams),
+        ]
+        L += [f"| {LABEL[c]} | " + " | ".join(_ms(v.get(f)) for f in fams) + " |" for c, v in by.items() if v]
+        L.append("")
     mix = s.get("family_mix") or {}
     if mix:
         fams = sorted({f for by in mix.values() for f in by})

@@ -63,3 +63,32 @@ def test_the_committed_evidence_archive_restores_and_git_keeps_it(tmp_path):
     assert r.stdout == "", f"git ignores archived evidence: {r.stdout}"
     names = restore(arc, tmp_path)
     assert sorted(f"{n}.json.gz" for n in names) == sorted(f for f in files if f.endswith(".json.gz"))
+
+
+def test_per_family_efr_and_training_mix_count_what_the_runs_hold(tmp_path):
+    from evidence_report_v3 import efr_by_family, family_mix
+
+    def run(seed, sat_errors):
+        # two held-out cases, 2 families x 2 severities = 4 tests each
+        cases = {
+            c: {"tests": 4, "errors_dice@0.25_by_perturbation": {"blur": 0, "saturation": e}}
+            for c, e in zip(("a", "b"), sat_errors)
+        }
+        return {
+            "condition": "metamorphic",
+            "seed": seed,
+            "picks": {"last": {"dice": {"kvasir_test": cases}}},
+            "mr_by_policy": {"least_loss": {"kvasir_test": cases}},
+        }
+
+    rs = [run(0, (2, 1)), run(1, (0, 1))]  # saturation: 3 of 4 tests, then 1 of 4
+    got = efr_by_family(rs, "kvasir_test", "least_loss")
+    assert got["saturation"] == {"mean": 50.0, "std": pytest.approx(35.36, abs=0.01)}
+    assert got["blur"] == {"mean": 0.0, "std": 0.0}
+    assert efr_by_family(rs, "kvasir_test", "last") == {}  # not scored at that checkpoint
+    d = tmp_path / "metamorphic_s0"
+    d.mkdir()
+    rows = ["epoch,family,chosen", "0,blur,100", "5,blur,30", "5,saturation,10", "6,saturation,60"]
+    (d / "metamorphic_training.csv").write_text("\n".join(rows))
+    mix = family_mix(tmp_path, rs)  # seed 1 has no file: left out, not counted as zero
+    assert mix["metamorphic"]["saturation"]["mean"] == 70.0 and mix["metamorphic"]["blur"]["mean"] == 30.0
