@@ -16,6 +16,13 @@ set -eu
 OUT=${1:-/work/evidence_runs}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$REPO/.venv/bin/python}
+# the data beside the checkout that runs this script: evidence.py's own default (../shared/data of the
+# code) would point beside the frozen worktree in OUT, where there is none
+DATA_ROOT=${DATA_ROOT:-$(cd "$REPO/.." && pwd)/shared/data}
+if [ ! -d "$DATA_ROOT/polyp_256" ]; then
+  echo "evidence_grid: no polyp_256 under DATA_ROOT=$DATA_ROOT (set DATA_ROOT to the shared data folder)" >&2
+  exit 2
+fi
 mkdir -p "$OUT/polyp256"
 "$PY" "$REPO/benchmarks/evidence_archive.py" restore "$REPO/docs/evidence_v3/runs" "$OUT/polyp256"
 if [ ! -d "$OUT/code" ]; then
@@ -27,7 +34,7 @@ cd "$OUT/code"
 PYTHONPATH="$OUT/code" OMP_NUM_THREADS=1 exec nice -n 10 "$PY" benchmarks/evidence.py --dataset polyp256 \\
   --conditions "\$1" --seeds "\$2" --size 128 --epochs 30 --features 16,16,32,64,128,16 --batch-size 8 \\
   --lr 3e-3 --mr-every 2 --mr-val-cases 50 --efr-cases 150 --efr-policies least_loss,last --threads 1 \\
-  --jobs 1 --resume --out "$OUT"
+  --jobs 1 --resume --data-root "$DATA_ROOT" --out "$OUT"
 EOF
 queue() {  # queue LOG cond:seed ...
   log=$1; shift
@@ -36,7 +43,8 @@ queue() {  # queue LOG cond:seed ...
   done
 }
 # A: the comparisons the claims rest on (random vs metamorphic, seeds), B: the ablations and mined replay
-(queue "$OUT/queue_a.log" mt_random:1 metamorphic:1 mt_random:2 metamorphic:2 plain:1 plain:2 &) 
+(queue "$OUT/queue_a.log" mt_random:1 metamorphic:1 mt_random:2 metamorphic:2 metamorphic_uniform:0 \
+  plain:1 plain:2 metamorphic_uniform:1 metamorphic_uniform:2 &)
 (queue "$OUT/queue_b.log" worst_of_k_only:0 consistency_only:0 mined:0 worst_of_k_only:1 consistency_only:1 \
   mined:1 worst_of_k_only:2 consistency_only:2 mined:2 &)
 echo "evidence_grid: two queues started; logs in $OUT/queue_a.log and $OUT/queue_b.log"
