@@ -311,12 +311,23 @@ class MetamorphicTraining(UsesContext, Callback):
         )
         dropped = [n for n in names if n not in families]
         rank_zero_info(
-            f"[robusttrain] metamorphic training: worst of k={self.k} on q={self.q:g} of each batch, "
-            f"families {families}"
+            f"[robusttrain] metamorphic training: {self._what()} on q={self.q:g} of each batch, "
+            f"families {families} ({self._draw()})"
             + (f" (not on this data: {dropped})" if dropped else "")
             + (f", consistency lambda={self.consistency:g} ({self.divergence})" if self.pair else "")
         )
         return wok
+
+    def _what(self) -> str:
+        # k=1 scores nothing: one random draw, i.e. augmentation
+        return f"worst of k={self.k}" if self.k > 1 else "one random perturbation (k=1)"
+
+    def _draw(self) -> str:
+        return (
+            "drawn uniformly"
+            if self.epsilon >= 1.0
+            else f"weighted by the MR check, {self.epsilon:g} uniform"
+        )
 
     def _rates(self) -> dict[str, float] | None:
         """Per-family violation rates of the latest check (train probe if there is one, else val).
