@@ -150,7 +150,8 @@ class BaseSegDataModule(L.LightningDataModule):
     Subclasses set ``class_names``, ``in_channels``, default transforms, ``synthetic_source`` (or override
     ``_synthetic_sources()`` → (train_source, val_source)) and implement ``_read(folder)`` → source.
     With ``root=None`` the synthetic set is used (``n_train``/``n_val`` items, default
-    ``default_n_train``/``default_n_val``, ``hard_fraction`` planted hard cases); otherwise ``root`` is read and split by case with ``val_fraction``/``seed``
+    ``default_n_train``/``default_n_val``, ``hard_fraction`` planted hard cases); otherwise ``root`` is
+    read and split by case with ``val_fraction``/``seed``
     (``val_fraction=0``: validate on the training data). ``test_dataloader``/``predict_dataloader``
     serve the validation split. Transforms: see :mod:`robusttrain.datamodules.transforms`; ``resize``
     (``stretch``/``letterbox``/``none``) runs first, to ``image_size``².
