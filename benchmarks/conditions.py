@@ -14,7 +14,8 @@ the slots hold clean samples (as ``plain``), and the callback perturbs a fractio
 batch (same dose in every MT condition):
 
 - ``mt_random``        — ``k=1, epsilon=1, consistency=0``: random augmentation, uniform families;
-- ``metamorphic``      — ``k=4, epsilon=0.3, consistency=1``: the new default (worst-of-k + MR loss);
+- ``metamorphic``      — ``k=4, epsilon=0.3, consistency=1``: the method (worst-of-k + MR loss; the recipes' default until
+  Evidence v3 showed it losing to ``mt_random``, which the recipes now use);
 - ``consistency_only`` — the default with ``k=1`` (ablation: no worst-of-k selection);
 - ``worst_of_k_only``  — the default with ``consistency=0`` (ablation: follow-ups replace in place);
 - ``metamorphic_uniform`` — the default with ``epsilon=1`` (ablation: families drawn uniformly, as in
@@ -36,7 +37,7 @@ from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.mining import RandomPerturbationDataset
 
-# the MetamorphicTraining conditions: keyword arguments over MT_DEFAULTS (the recipe's defaults)
+# the MetamorphicTraining conditions: keyword arguments over MT_DEFAULTS (the class's defaults, the method)
 MT_DEFAULTS = {"k": 4, "q": 0.5, "epsilon": 0.3, "consistency": 1.0}
 MT_CONDITIONS = {
     "mt_random": {"k": 1, "epsilon": 1.0, "consistency": 0.0},
