@@ -11,7 +11,6 @@ Works on partial grids (any finished subset of runs). All numbers in % / points.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -181,21 +180,19 @@ def family_mix(out: Path, results: list[dict], from_epoch: int = FAMILY_MIX_FROM
     >>> family_mix(d, [{"condition": "metamorphic", "seed": 0}])["metamorphic"]["saturation"]["mean"]
     60.0
     """
+    from robusttrain.rundir.metamorphic_training import read_stats
+
     shares: dict[str, dict[str, list[float]]] = {}
     for r in results:
-        path = out / f"{r['condition']}_s{r['seed']}" / "metamorphic_training.csv"
-        if not path.is_file():
+        stats = read_stats(out / f"{r['condition']}_s{r['seed']}")
+        if stats is None:
             continue
-        kept: dict[str, float] = {}
-        with path.open(newline="") as f:
-            for row in csv.DictReader(f):
-                if int(row["epoch"]) >= from_epoch:
-                    kept[row["family"]] = kept.get(row["family"], 0.0) + float(row["chosen"] or 0)
-        total = sum(kept.values())
+        kept = stats[stats["epoch"] >= from_epoch].groupby("family")["chosen"].sum()
+        total = float(kept.sum())
         if total > 0:
             by = shares.setdefault(r["condition"], {})
             for fam, n in kept.items():
-                by.setdefault(fam, []).append(100.0 * n / total)
+                by.setdefault(str(fam), []).append(100.0 * float(n) / total)
     return {c: {f: mean_std(v) for f, v in sorted(fams.items())} for c, fams in shares.items()}
 
 
@@ -354,6 +351,26 @@ def _ci(d):
     return f"{d['estimate']:+.1f} [{d['lo']:+.1f}, {d['hi']:+.1f}]"
 
 
+def _family_table(title: list[str], by: dict[str, dict], digits: int) -> list[str]:
+    """A markdown table (after ``title``) of ``{condition: {family: mean_std}}``, one row per condition
+    with numbers; nothing when no condition has any."""
+    fams = sorted({f for v in by.values() for f in v})
+    if not fams:
+        return []
+    return [
+        *title,
+        "",
+        "| condition | " + " | ".join(fams) + " |",
+        "|---|" + "---|" * len(fams),
+        *(
+            f"| {LABEL.get(c, c)} | " + " | ".join(_ms(v.get(f), digits) for f in fams) + " |"
+            for c, v in by.items()
+            if v
+        ),
+        "",
+    ]
+
+
 def write_tables_v3(s: dict, args) -> str:
     k = f"{100 * s['worst_fraction']:g}"
     L = [
@@ -422,34 +439,19 @@ def write_tables_v3(s: dict, args) -> str:
             ]
             L.append("")
     for g, by in (s.get("efr_by_family") or {}).items():
-        fams = sorted({f for v in by.values() for f in v})
-        if not fams:
-            continue
-        L += [
-            f"## EFR Dice@0.25 per family at `least_loss`: {g} (%, mean ± std over seeds)",
-            "",
-            "| condition | " + " | ".join(fams) + " |",
-            "|---|" + "---|" * len(fams),
-        ]
-        L += [f"| {LABEL[c]} | " + " | ".join(_ms(v.get(f)) for f in fams) + " |" for c, v in by.items() if v]
-        L.append("")
-    mix = s.get("family_mix") or {}
-    if mix:
-        fams = sorted({f for by in mix.values() for f in by})
-        L += [
+        L += _family_table(
+            [f"## EFR Dice@0.25 per family at `least_loss`: {g} (%, mean ± std over seeds)"], by, digits=1
+        )
+    L += _family_table(
+        [
             f"## What the MetamorphicTraining conditions trained on (epochs >= {FAMILY_MIX_FROM_EPOCH})",
             "",
             "Share (%) of the kept follow-ups per family (`metamorphic_training.csv`, `chosen`), mean ± std "
             "over seeds.",
-            "",
-            "| condition | " + " | ".join(fams) + " |",
-            "|---|" + "---|" * len(fams),
-        ]
-        L += [
-            f"| {LABEL.get(c, c)} | " + " | ".join(_ms(by.get(f), 0) for f in fams) + " |"
-            for c, by in mix.items()
-        ]
-        L.append("")
+        ],
+        s.get("family_mix") or {},
+        digits=0,
+    )
     L += [
         "## Runs",
         "",
