@@ -334,3 +334,40 @@ def test_archived_results_round_trip_and_never_replace_other_numbers(tmp_path):
     (arc / "mined_s0.json.gz").write_bytes(gzip.compress(json.dumps(_fake_run("plain", 0, 4, 0.8)).encode()))
     with pytest.raises(SystemExit, match="expected mined_s0"):
         restore(arc, tmp_path / "again")
+
+
+@needs_polyp256
+def test_profile_steps_times_each_run_and_writes_no_result(tmp_path, capsys):
+    """``--profile-steps N`` (how the GPU profile in docs/results.md was taken): N real training steps
+    per run under Lightning's SimpleProfiler, the hooks' times printed, nothing scored or tabled."""
+    out = evidence.main(
+        [
+            "--dataset",
+            "pranet256",
+            "--conditions",
+            "plain,mt_random",
+            "--seeds",
+            "0",
+            "--size",
+            "32",
+            "--features",
+            "4,4,8,8,16,4",
+            "--batch-size",
+            "4",
+            "--profile-steps",
+            "3",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert [(p["condition"], p["profiled_steps"]) for p in out["profiles"]] == [
+        ("plain", 3),
+        ("mt_random", 3),
+    ]
+    text = capsys.readouterr().out
+    assert text.count("FIT Profiler Report") == 2
+    assert "MetamorphicTraining.on_train_batch_start" in text  # the follow-ups' cost is its own row
+    assert "run_training_batch" in text
+    runs = tmp_path / "pranet256"
+    assert not list(runs.rglob("result.json")) and not (runs / "results.md").exists()
+    assert sorted(p.name for p in (runs / "profile").iterdir()) == ["mt_random_s0", "plain_s0"]

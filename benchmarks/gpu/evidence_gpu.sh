@@ -8,8 +8,10 @@
 # The device tool stops a command at 10 minutes, so this script stops itself at BUDGET_S (default 540 s)
 # and resumes on the next call (evidence.py --resume: finished runs are read back, an interrupted run
 # continues from its last epoch; runs/ is ignored, so it stays on the warm machine between calls).
-# Three calls = the whole grid, designed for <= 25 min on one H100 (an estimate: never run, no GPU was
-# lent to the session that wrote it). Each call copies the tables so far to $OUT.
+# Written for three calls (<= 25 min on one H100); the rates measured on an H200 on 2026-11-26
+# (docs/results.md "GPU": ~27 s per epoch for k=1 and ~55 s for the method, six runs sharing the GPU)
+# put the whole grid nearer an hour: call it until it reports every run. Each call copies the tables so
+# far to $OUT. The checks that fit a 15-minute lease: benchmarks/gpu/device_checks.sh.
 #
 # Protocol: train on Kvasir-SEG + CVC-ClinicDB (Kvasir split by file id, ClinicDB by video sequence;
 # 20 % test / 10 % validation of each), every checkpoint chosen on the joint validation split, reported

@@ -39,7 +39,7 @@ class Melt(Perturbation):
 
     def _draw(self, r, b):
         th = isinstance(r.uniform(0, 1, (1,)), torch.Tensor)
-        zeros = torch.zeros(b) if th else np.zeros(b, np.float32)
+        zeros = torch.zeros(b, device=r.device) if th else np.zeros(b, np.float32)
         dilate = r.integers(self.severity, self.severity + 1, (b,)) / REF_SIDE
         radius = r.integers(3, 6, (b,)) / REF_SIDE
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731

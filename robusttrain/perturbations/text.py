@@ -173,7 +173,8 @@ class Text(Perturbation):
     def _draw(self, r, b):
         th = isinstance(r, TorchRandom)
         xp = torch if th else np
-        asx = (lambda a: torch.as_tensor(a)) if th else (lambda a: a)  # noqa: E731
+        # constants go to the draw's device: a CUDA generator draws on the GPU
+        asx = (lambda a: torch.as_tensor(a, device=r.device)) if th else (lambda a: a)  # noqa: E731
         u = r.uniform(0, 1, (b, 2, 5, L))
         digit = (u * asx(_SPAN)).long() if th else (u * _SPAN).astype(np.int64)
         codes = xp.where(asx(_FIXED) >= 0, asx(_FIXED), digit + asx(_LO) + 1)  # '0' is index 1

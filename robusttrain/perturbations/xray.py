@@ -85,7 +85,11 @@ class Exposure(_Tone):
         lg = r.uniform(*self.LOG_GAMMA[self.severity], (b,))
         off = r.uniform(*self.OFFSET[self.severity], (b,))
         if isinstance(sign, torch.Tensor):
-            return {"gamma": torch.exp(sign * lg), "gain": torch.ones(b), "offset": -sign * off}
+            return {
+                "gamma": torch.exp(sign * lg),
+                "gain": torch.ones(b, device=lg.device),
+                "offset": -sign * off,
+            }
         return {
             "gamma": np.exp(sign * lg).astype(np.float32),
             "gain": np.ones(b, np.float32),

@@ -127,7 +127,9 @@ class XrayMarkers(GreyPerturbation):
         vocab = r.integers(0, len(VOCAB), (b, KMAX))
         shown = np.arange(KMAX) < WORDS[self.severity]
         table, shown = (
-            (torch.as_tensor(_VOCAB_CODES), torch.as_tensor(shown)) if th else (_VOCAB_CODES, shown)
+            (torch.as_tensor(_VOCAB_CODES, device=r.device), torch.as_tensor(shown, device=r.device))
+            if th  # constants on the draw's device: a CUDA generator draws on the GPU
+            else (_VOCAB_CODES, shown)
         )
         codes = table[vocab] * shown[None, :, None]
         band = r.integers(0, 2, (b, KMAX)) == 0

@@ -211,11 +211,13 @@ class WorstOfK:
                 groups.setdefault((families[i][j], severities[i][j]), []).append((i, j))
         for (fam, s), members in groups.items():
             rows = torch.tensor([i for i, _ in members], device=images.device)
+            cols = torch.tensor([j for _, j in members], device=images.device)
             m = None if src_m is None else src_m[rows]
             out, p = self._sample_apply(self._op(fam, s), src[rows], m, g)
+            cand[rows, cols] = out  # one scatter and one device->host copy per group, not per candidate
+            host = {key: v.detach().cpu() for key, v in p.items()}
             for r, (i, j) in enumerate(members):
-                cand[i, j] = out[r]
-                params[i][j] = {key: v[r : r + 1].detach().cpu() for key, v in p.items()}
+                params[i][j] = {key: v[r : r + 1] for key, v in host.items()}
         rejected = self._rejected(src, src_m, cand, families)
         scores = None
         if self.k == 1:

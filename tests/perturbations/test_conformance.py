@@ -21,6 +21,7 @@ import torch
 
 import robusttrain.perturbations as P
 from robusttrain.perturbations import albu, get, index_params
+from robusttrain.perturbations.base import TorchRandom
 
 TOL = 2 / 255 + 1e-6
 H, W = 64, 80  # small and non-square, so swapped axes show
@@ -167,6 +168,27 @@ def test_each_sample_depends_on_its_own_params_only(name, channels, device):
                 x[i : i + 1], m[i : i + 1], params={k: v[i : i + 1] for k, v in params.items()}
             )
             assert torch.allclose(one[0], out[i], atol=1e-6)
+
+
+class _MetaRandom(TorchRandom):
+    """Draws on the ``meta`` device: any constant a draw mixes in from the CPU shows up without a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.device = torch.device("meta")
+
+
+@pytest.mark.parametrize("name", sorted(set(P.available()) - {"adversarial"}))  # its delta is a gradient
+@pytest.mark.parametrize("severity", [1, 5])
+def test_draws_stay_on_the_generators_device(name, severity):
+    """A CUDA generator draws on the GPU; every param a family draws must be made there too (text and
+    xray_markers mixed CPU constants into CUDA draws and failed on the first GPU run, 2026-11-26)."""
+    # (the cutout families draw everything from the image content: an empty dict here; their device
+    # handling is what the cuda-marked tests above check)
+    params = make(name, 3 if name in P.available(channels=3) else 1, severity)._draw(_MetaRandom(), 3)
+    for key, v in params.items():
+        assert torch.is_tensor(v) and v.device.type == "meta", (name, key, getattr(v, "device", type(v)))
+        assert v.shape[0] == 3, (name, key, tuple(v.shape))
 
 
 @pytest.mark.parametrize(("name", "channels"), CASES, ids=IDS)
