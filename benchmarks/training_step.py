@@ -73,7 +73,8 @@ def time_setting(setting: dict | None, loader: DataLoader, steps: int, accelerat
     cbs = [timer]
     if setting is not None:
         # the MR callback is absent: families = the endoscopy suite, severities up to the recipe's cap 4
-        cbs.insert(0, MetamorphicTraining(severity_caps=4, record_per_step=0, **setting))
+        # after the timer: Lightning calls hooks in list order, so the clock starts before the draws
+        cbs.append(MetamorphicTraining(severity_caps=4, record_per_step=0, **setting))
     out = tempfile.mkdtemp(prefix="training_step.")  # the callback's files; never the working directory
     trainer = L.Trainer(
         default_root_dir=out,
