@@ -719,6 +719,9 @@ def main(argv=None) -> dict:
         "data, hooks, forward, backward); runs one at a time under <out>/<dataset>/profile/, nothing scored",
     )
     args = ap.parse_args(argv)
+    if not args.report_only and not args.profile_steps and args.min_epoch >= args.epochs:
+        # the balanced policies would have no epoch to choose from (and the run dies after training)
+        ap.error(f"--min-epoch {args.min_epoch} must be below --epochs {args.epochs}")
     defaults = {"polyp": (0.25, 0.15), "acdc": (0.3, 0.3), "polyp256": (0.15, 0.1), "pranet256": (0.15, 0.1)}[
         args.dataset
     ]

@@ -371,3 +371,11 @@ def test_profile_steps_times_each_run_and_writes_no_result(tmp_path, capsys):
     runs = tmp_path / "pranet256"
     assert not list(runs.rglob("result.json")) and not (runs / "results.md").exists()
     assert sorted(p.name for p in (runs / "profile").iterdir()) == ["mt_random_s0", "plain_s0"]
+
+
+def test_a_warm_up_as_long_as_the_run_is_refused_before_training(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        evidence.main(["--dataset", "polyp256", "--epochs", "3", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "--min-epoch 3 must be below --epochs 3" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
