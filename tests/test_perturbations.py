@@ -359,3 +359,46 @@ def test_placement_maps_memo_never_returns_stale_maps():
     # per-image views of one batch, visited test after test (the suite's order), are all memoised
     views = [maps_torch(img[i : i + 1].detach(), None) for i in range(2)]
     assert all(maps_torch(img[i : i + 1].detach(), None) is views[i] for i in range(2))
+
+
+def _fov_all_iterations(low: torch.Tensor) -> torch.Tensor:
+    """The field of view with every one of the hc + wc geodesic dilations (no early exit)."""
+    from robusttrain.perturbations import border
+
+    hc, wc = low.shape[-2:]
+    dark = low.amax(dim=1, keepdim=True) < border.DARK
+    reach = torch.zeros_like(dark)
+    for sl in ((..., 0, slice(None)), (..., -1, slice(None)), (..., slice(None), 0), (..., slice(None), -1)):
+        reach[sl] = dark[sl]
+    for _ in range(hc + wc):
+        reach = border.dilate3(reach) & dark
+    return ~border.dilate3(reach)
+
+
+def test_field_of_view_stops_at_its_fixed_point_with_the_full_result():
+    """The loop stops early (on an accelerator the grid goes to the host for it): the border it finds must
+    equal all hc + wc dilations', also for a winding dark corridor that needs many steps to follow."""
+    from robusttrain.perturbations.border import cell_means, fov_from_cells
+
+    frames = torch.from_numpy(np.stack(_frames(b=3)[0])).permute(0, 3, 1, 2).float() / 255
+    low = cell_means(frames)
+    winding = torch.full((1, 3, 32, 32), 0.6)
+    winding[..., 2, 0:30] = 0.0  # a dark corridor from the left edge, right, down, and back left:
+    winding[..., 2:7, 29] = 0.0  # ~60 cells, so it takes ~60 dilations to follow (fewer than hc + wc)
+    winding[..., 6, 3:30] = 0.0
+    winding[..., 16:22, 12:20] = 0.0  # a dark lumen not connected to the edge: scene, not border
+    for cells in (low, winding):
+        got = fov_from_cells(cells)
+        assert torch.equal(got, _fov_all_iterations(cells))
+    assert not bool(got[0, 0, 6, 3]) and not bool(got[0, 0, 4, 29])  # the corridor's far end is border
+    assert bool(got[0, 0, 18, 16]) and bool(got[0, 0, 12, 10])  # the lumen and the scene are not
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_field_of_view_on_cuda_equals_the_cpu_one_and_stays_on_the_device():
+    from robusttrain.perturbations.border import cell_means, fov_from_cells
+
+    low = cell_means(torch.from_numpy(np.stack(_frames(b=3)[0])).permute(0, 3, 1, 2).float() / 255)
+    got = fov_from_cells(low.cuda())
+    assert got.is_cuda and torch.equal(got.cpu(), fov_from_cells(low))

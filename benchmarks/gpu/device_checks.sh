@@ -69,7 +69,8 @@ fi
 if has tests; then
 el "tests: start" > "$OUT/tests.log"
 timeout 170 "$PY" -m pytest -q -p no:cacheprovider -m cuda \
-    tests/perturbations/test_conformance.py tests/test_perturbations_augment.py >> "$OUT/tests.log" 2>&1
+    tests/perturbations/test_conformance.py tests/test_perturbations_augment.py tests/test_perturbations.py \
+    >> "$OUT/tests.log" 2>&1
 el "tests: rc=$?" >> "$OUT/tests.log"
 tail -n 3 "$OUT/tests.log"
 fi

@@ -5,7 +5,8 @@ Artifacts must not be drawn on that frame. The estimate works on a low-resolutio
 ``k = max(1, min(H,W)//64)`` pixels): a cell is *dark* when every channel's mean is at most 20 grey
 levels, and the border is the set of dark cells connected to the image edge (a dark lumen in the middle
 of the scene is not border). The torch version grows the border from the edge by a fixed number of
-3x3 geodesic dilations (no data-dependent loop, so no host sync); the numpy version labels 8-connected
+3x3 geodesic dilations, stopping at the fixed point (on an accelerator the tiny grid goes to the host
+for this: one copy each way instead of hundreds of kernel launches); the numpy version labels 8-connected
 components, which the dilations converge to — the two agree unless the border is a maze.
 """
 
@@ -58,6 +59,13 @@ def cell_means(images: torch.Tensor) -> torch.Tensor:
 
 def fov_from_cells(low: torch.Tensor) -> torch.Tensor:
     """(B,C,Hc,Wc) cell means -> (B,1,Hc,Wc) bool field of view."""
+    if low.device.type != "cpu":
+        # Without the early exit below (it reads a flag: a host sync) an accelerator runs all hc + wc
+        # dilations, ~7 tiny kernels each: at 256 px that made one metamorphic-training step ~11 000
+        # launches instead of ~2 300 (k=1), 80-99 ms of an H200 step (docs/results.md "GPU"). The grid
+        # is tiny (64 x 64 cells), so one round trip to the host, where the loop stops at its fixed
+        # point, is far cheaper. Same result: the fixed point does not move.
+        return fov_from_cells(low.detach().cpu()).to(low.device)
     hc, wc = low.shape[-2:]
     dark = low.amax(dim=1, keepdim=True) < DARK
     reach = torch.zeros_like(dark)
@@ -65,10 +73,9 @@ def fov_from_cells(low: torch.Tensor) -> torch.Tensor:
     reach[..., -1, :] = dark[..., -1, :]
     reach[..., :, 0] = dark[..., :, 0]
     reach[..., :, -1] = dark[..., :, -1]
-    check = reach.device.type == "cpu"  # reading a flag is free on CPU; on a GPU it would sync
     for it in range(_iterations(hc, wc)):
         grown = dilate3(reach) & dark
-        if check and it % 4 == 3 and torch.equal(grown, reach):
+        if it % 4 == 3 and torch.equal(grown, reach):
             break  # fixed point: the remaining dilations would change nothing
         reach = grown
     # One more cell of margin so nothing is drawn on the blurry rim of the opening.
