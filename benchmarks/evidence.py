@@ -404,9 +404,8 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     if v3:
         from evidence_averages import has_batchnorm
 
-        if has_batchnorm(
-            model
-        ):  # refused before training: its averages' BN statistics would need re-estimating
+        # refused before training: its averages' BatchNorm statistics would need re-estimating
+        if has_batchnorm(model):
             raise SystemExit(
                 "evidence: the balanced average / EMA of a BatchNorm model is not supported here"
             )
