@@ -82,7 +82,12 @@ CASES = [
         ValueError,
         r"path='gpu': expected one of 'auto', 'torch'",
     ),
-    ("budget", lambda: MetamorphicCallback(budget=2.0), ValueError, r"budget"),
+    (
+        "budget",
+        lambda: MetamorphicCallback(budget=2.0),
+        ValueError,
+        r"budget must be a fraction .* in \(0, 1\].* got 2\.0",
+    ),
     (
         "replay-ratio-1",
         lambda: FailureMiningCallback(replay_ratio=1.0),
@@ -138,7 +143,12 @@ CASES = [
     ("tail", lambda: BalancedCheckpoint(tail="left"), ValueError, r"tail='left'"),
     ("retention", lambda: BalancedCheckpoint(retention=0), ValueError, r"retention=0"),
     ("min-epoch", lambda: BalancedCheckpoint(min_epoch=-2), ValueError, r"min_epoch=-2"),
-    ("worst-fraction", lambda: BalancedCheckpoint(worst_fraction=0), ValueError, r"worst_fraction"),
+    (
+        "worst-fraction",
+        lambda: BalancedCheckpoint(worst_fraction=0),
+        ValueError,
+        r"worst_fraction=0: expected a number in \(0, 1\]",
+    ),
     ("reporter-every", lambda: RobustnessReporter(every_n_epochs=0), ValueError, r"every_n_epochs=0"),
 ]
 

@@ -565,7 +565,7 @@ SCENARIOS = [
     S(
         "check-severity-6",
         ["check", *TINY, RUN, CK, "callbacks.metamorphic.suite.severities=[6]"],
-        text="severities",
+        text="bad value for 'callbacks.metamorphic.suite.severities' ([6]): severities=[6]: severity must be an int in 1..5",
     ),
     S(
         "check-unknown-perturbation",

@@ -255,6 +255,33 @@ def _fresh_epochs(expected: list[int]):
     return then
 
 
+def _err(*parts: str):
+    """More of the one error line than ``text`` can hold: each part must be in it."""
+
+    def then(c, out, err):
+        line = next(x for x in err.splitlines() if ": error:" in x)
+        for part in parts:
+            assert _fill(part, c) in line, (part, line)
+
+    return then
+
+
+def _scores_the_runs_weights(split: str):
+    """validate/test with ``ckpt=last`` under another suite: the printed Dice is the run's own last
+    validation Dice (its weights were loaded, not a fresh model's), and its config.yaml is untouched."""
+
+    def then(c, out, err):
+        m = pd.read_csv(c.run / "logs" / "metrics.csv")
+        last = float(m.dropna(subset=["val/dice"])["val/dice"].iloc[-1])
+        assert f"[robusttrain] {'validation' if split == 'val' else 'test'} {split}/dice={last:.4f}" in out, (
+            last,
+            out[-800:],
+        )
+        assert (c.run / "config.yaml").read_bytes() == c.before["config.yaml"]
+
+    return then
+
+
 def _and(*fs):
     def then(c, out, err):
         for f in fs:
@@ -293,9 +320,9 @@ SCENARIOS = [
     S(
         "check-config-python-tag",
         ["check", *OWN_SUITE, "run_dir={tmp}/c", CK],
-        text="config.yaml:",
+        text="could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.mkdir'",
         prep=_config_python_tag,
-        then=_no("pwned"),
+        then=_and(_no("pwned"), _err("cannot read '{run}/config.yaml:")),
     ),
     S(
         "check-config-symlink",
@@ -383,6 +410,7 @@ SCENARIOS = [
         "fresh-fit-overwrite-true",
         ["fit", *TINY, RUN, "trainer.max_epochs=1", "overwrite=true"],
         code=0,
+        prep=_write("checkpoints/epoch000.ckpt", b"dead attempt"),  # the old run's file: must be replaced
         then=_fresh_epochs([0]),
         stderr="overwrite=true: removed config.yaml, logs, checkpoints",
     ),
@@ -462,8 +490,9 @@ SCENARIOS = [
     S(
         "corners-torn-history-row",
         ["corners", "{run}"],
-        text="history.csv' line",
+        text="has 2 field(s), expected 4 (a torn or edited row)",
         prep=_write("history.csv", "k9,1", append=True),
+        then=_err("run-directory file '{run}/history.csv' line "),
     ),
     S(
         "report-garbage-efr",
@@ -542,11 +571,13 @@ SCENARIOS = [
         "validate-ckpt-of-another-suite",
         ["validate", *TINY, RUN, "ckpt=last", "callbacks.metamorphic.suite.perturbations=[blur]"],
         code=0,
+        then=_scores_the_runs_weights("val"),
     ),
     S(
         "test-ckpt-of-another-suite",
         ["test", *TINY, RUN, "ckpt=last", "callbacks.metamorphic.suite.severities=[2]"],
         code=0,
+        then=_scores_the_runs_weights("test"),
     ),
     S(
         "corners-folder-with-equals",
