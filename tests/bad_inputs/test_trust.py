@@ -463,6 +463,11 @@ SCENARIOS = [
         ["fit", *TINY, RUN, "ckpt=last", "trainer.max_epochs=3"],
         text="plots' is a file where robusttrain writes a folder",
         prep=lambda c: (shutil.rmtree(c.run / "plots"), (c.run / "plots").write_text("mine")),
+        # refused before training: no epoch was added, and the user's file is theirs
+        then=lambda c, o, e: (
+            _unchanged("logs/metrics.csv", "history.csv")(c, o, e),
+            (c.run / "plots").read_text() == "mine" or pytest.fail("plots was changed"),
+        ),
     ),
     S(
         "file-named-checkpoints",
