@@ -37,7 +37,7 @@ from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.mining import RandomPerturbationDataset
 
-# the MetamorphicTraining conditions: keyword arguments over MT_DEFAULTS (the class's defaults, the method)
+# the MetamorphicTraining conditions: keyword arguments over MT_DEFAULTS (the method: the class's defaults + consistency=1)
 MT_DEFAULTS = {"k": 4, "q": 0.5, "epsilon": 0.3, "consistency": 1.0}
 MT_CONDITIONS = {
     "mt_random": {"k": 1, "epsilon": 1.0, "consistency": 0.0},

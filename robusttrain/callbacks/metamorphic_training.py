@@ -72,7 +72,9 @@ class MetamorphicTraining(UsesContext, Callback):
         temperature: 0 keeps the worst candidate; > 0 samples by ``softmax(loss / temperature)``.
         severity_caps: highest severity drawn, an int or per family (default: the MR suite's highest).
         max_cover: occluding candidates changing more of the lesion than this are never kept.
-        consistency: ``lambda`` of the MR-consistency term (0: replace in place, no code change).
+        consistency: ``lambda`` of the MR-consistency term (0: replace in place, no code change). In
+            Evidence v3 (docs/results.md) ``consistency=1`` stalled training in one seed of three, with
+            and without worst-of-k; the recipes use ``k=1, epsilon=1, consistency=0``.
         divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
         ramp: fraction of the training steps over which ``lambda`` grows from 0.
         score_scale: size of the scoring forward relative to the image (kept when the scaled size is a
