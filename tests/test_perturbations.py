@@ -361,20 +361,6 @@ def test_placement_maps_memo_never_returns_stale_maps():
     assert all(maps_torch(img[i : i + 1].detach(), None) is views[i] for i in range(2))
 
 
-def _fov_all_iterations(low: torch.Tensor) -> torch.Tensor:
-    """The field of view with every one of the hc + wc geodesic dilations (no early exit)."""
-    from robusttrain.perturbations import border
-
-    hc, wc = low.shape[-2:]
-    dark = low.amax(dim=1, keepdim=True) < border.DARK
-    reach = torch.zeros_like(dark)
-    for sl in ((..., 0, slice(None)), (..., -1, slice(None)), (..., slice(None), 0), (..., slice(None), -1)):
-        reach[sl] = dark[sl]
-    for _ in range(hc + wc):
-        reach = border.dilate3(reach) & dark
-    return ~border.dilate3(reach)
-
-
 def test_field_of_view_stops_at_its_fixed_point_with_the_full_result():
     """The loop stops early (on an accelerator the grid goes to the host for it): the border it finds must
     equal all hc + wc dilations', also for a winding dark corridor that needs many steps to follow."""
@@ -389,7 +375,7 @@ def test_field_of_view_stops_at_its_fixed_point_with_the_full_result():
     winding[..., 16:22, 12:20] = 0.0  # a dark lumen not connected to the edge: scene, not border
     for cells in (low, winding):
         got = fov_from_cells(cells)
-        assert torch.equal(got, _fov_all_iterations(cells))
+        assert torch.equal(got, fov_from_cells(cells, stop_at_fixed_point=False))
     assert not bool(got[0, 0, 6, 3]) and not bool(got[0, 0, 4, 29])  # the corridor's far end is border
     assert bool(got[0, 0, 18, 16]) and bool(got[0, 0, 12, 10])  # the lumen and the scene are not
 

@@ -57,15 +57,18 @@ def cell_means(images: torch.Tensor) -> torch.Tensor:
     return F.avg_pool2d(images[:, :, : hc * k, : wc * k], k) if k > 1 else images
 
 
-def fov_from_cells(low: torch.Tensor) -> torch.Tensor:
-    """(B,C,Hc,Wc) cell means -> (B,1,Hc,Wc) bool field of view."""
+def fov_from_cells(low: torch.Tensor, stop_at_fixed_point: bool = True) -> torch.Tensor:
+    """(B,C,Hc,Wc) cell means -> (B,1,Hc,Wc) bool field of view.
+
+    ``stop_at_fixed_point=False`` runs all hc + wc dilations (the same result; a reference for tests
+    and for counting what the loop costs without its early exit)."""
     if low.device.type != "cpu":
         # Without the early exit below (it reads a flag: a host sync) an accelerator runs all hc + wc
         # dilations, ~7 tiny kernels each: at 256 px that made one metamorphic-training step ~11 000
         # launches instead of ~2 300 (k=1), 80-99 ms of an H200 step (docs/results.md "GPU"). The grid
         # is tiny (64 x 64 cells), so one round trip to the host, where the loop stops at its fixed
         # point, is far cheaper. Same result: the fixed point does not move.
-        return fov_from_cells(low.detach().cpu()).to(low.device)
+        return fov_from_cells(low.detach().cpu(), stop_at_fixed_point).to(low.device)
     hc, wc = low.shape[-2:]
     dark = low.amax(dim=1, keepdim=True) < DARK
     reach = torch.zeros_like(dark)
@@ -75,7 +78,7 @@ def fov_from_cells(low: torch.Tensor) -> torch.Tensor:
     reach[..., :, -1] = dark[..., :, -1]
     for it in range(_iterations(hc, wc)):
         grown = dilate3(reach) & dark
-        if it % 4 == 3 and torch.equal(grown, reach):
+        if stop_at_fixed_point and it % 4 == 3 and torch.equal(grown, reach):
             break  # fixed point: the remaining dilations would change nothing
         reach = grown
     # One more cell of margin so nothing is drawn on the blurry rim of the opening.
