@@ -428,12 +428,12 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     t0 = time.time()
     trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
     if profile:  # timing only (--profile-steps): nothing is scored or tabled
-        report = trainer.profiler.summary()
+        seconds = time.time() - t0
         print(
-            f"[evidence] profile {cond}_s{seed}, {profile} steps, {time.time() - t0:.1f} s\n{report}",
+            f"[evidence] profile {cond}_s{seed}, {profile} steps, {seconds:.1f} s\n{trainer.profiler.summary()}",
             flush=True,
         )
-        return {"condition": cond, "seed": seed, "profiled_steps": profile, "seconds": time.time() - t0}
+        return {"condition": cond, "seed": seed, "profiled_steps": profile, "seconds": seconds}
     if trainer.interrupted or int(trainer.current_epoch) < args.epochs:  # never score a half-trained run
         raise SystemExit(
             f"evidence: {cond}_s{seed} stopped at epoch {trainer.current_epoch} of {args.epochs} "

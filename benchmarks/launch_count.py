@@ -5,7 +5,7 @@ arithmetic: the H200 profile of 2026-11-26 (docs/results.md "GPU") measured 80-9
 at k=1 and 235-261 ms at k=4 (256 px, batch 16). This counts the top-level aten ops of one ``WorstOfK``
 call on CPU tensors (each is one or a few launches on a GPU), for the current code and for the
 field-of-view loop as an accelerator ran it before that day (all hc + wc dilations, no early exit).
-Measured then: 11 228 ops (k=1) and 35 327 (k=4), i.e. ~7 us per op against the H200 times.
+Measured then: 11 227 ops (k=1) and 35 326 (k=4), i.e. ~7 us per op against the H200 times.
 
     OMP_NUM_THREADS=1 python benchmarks/launch_count.py [--size 256] [--batch 16] [--calls 8]
 """
