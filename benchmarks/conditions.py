@@ -22,6 +22,10 @@ batch (same dose in every MT condition):
   ``mt_random``, not weighted by the MR check's violation rates). Added after the first seeds: both
   ablations above keep ``epsilon=0.3`` and drew ~40 % saturation late in training, like the default, so
   only this one separates the adaptive family weights from worst-of-k + consistency.
+- ``consistency_detached`` / ``consistency_paired`` / ``consistency_light`` / ``metamorphic_detached`` --
+  diagnostics of the seed-2 stall (every lambda=1 run of seed 2 stalled): the JS term with the
+  gradient stopped at the clean prediction, the paired follow-up loss without JS (lambda=1e-9), a tenth
+  of the JS weight, and the method with the stopped gradient.
 
 Used by ``mining_evidence.py`` and ``evidence.py``.
 """
@@ -45,6 +49,11 @@ MT_CONDITIONS = {
     "consistency_only": {"k": 1},
     "worst_of_k_only": {"consistency": 0.0},
     "metamorphic_uniform": {"epsilon": 1.0},
+    # the seed-2 stall diagnostics (docs/results.md): which part of lambda=1 stalls seed 2?
+    "consistency_detached": {"k": 1, "detach_source": True},  # JS moves only the follow-up
+    "consistency_paired": {"k": 1, "consistency": 1e-9},  # the paired follow-up loss, JS weight ~0
+    "consistency_light": {"k": 1, "consistency": 0.1},  # a tenth of the JS weight
+    "metamorphic_detached": {"detach_source": True},
 }
 CONDITIONS = ("plain", "random", "mined", *MT_CONDITIONS)
 # the recipe's "family replay" (robusttrain/recipes/callbacks/robust.yaml), the best Kvasir/synthetic

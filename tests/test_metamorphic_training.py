@@ -226,6 +226,39 @@ def test_gradients_flow_only_through_the_chosen_follow_up_and_clean_batch(tmp_pa
     assert stats.candidates.sum() == 16 and stats.chosen.sum() == 4
 
 
+class GradProbe(BNNet):
+    """Records how much of the MR term's gradient reaches the clean logits at each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.source_grads: list[float] = []
+
+    def training_step(self, b, i):
+        x, y = b
+        logits = self(x)
+        mr = metamorphic_loss(self, b, logits, F.cross_entropy)
+        (g,) = torch.autograd.grad(mr, logits, retain_graph=True, allow_unused=True)
+        self.source_grads.append(0.0 if g is None else float(g.abs().sum()))
+        return F.cross_entropy(logits, y) + mr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("detach", [False, True])
+def test_detach_source_keeps_the_consistency_gradient_off_the_clean_prediction(tmp_path, detach):
+    model = GradProbe()
+    mt = MetamorphicTraining(
+        perturbations=COLOUR, k=2, consistency=1.0, ramp=0.0, detach_source=detach, dirpath=tmp_path
+    )
+    _fit(model, [mt], tmp_path, epochs=1, tuples=True)
+    assert len(model.source_grads) == 2
+    if detach:  # only the follow-up's prediction is asked to agree
+        assert model.source_grads == [0.0, 0.0]
+    else:  # AugMix's symmetric JS also moves the clean prediction
+        assert min(model.source_grads) > 0
+    with pytest.raises(ValueError, match="detach_source must be true or false, got 'yes'"):
+        MetamorphicTraining(detach_source="yes")
+
+
 @pytest.mark.slow
 def test_consistency_without_the_line_is_one_clear_error(tmp_path):
     mt = MetamorphicTraining(perturbations=COLOUR, consistency=1.0, dirpath=tmp_path)

@@ -76,6 +76,10 @@ class MetamorphicTraining(UsesContext, Callback):
             Evidence v3 (docs/results.md) ``consistency=1`` stalled training in one seed of three, with
             and without worst-of-k; the recipes use ``k=1, epsilon=1, consistency=0``.
         divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
+        detach_source: stop the consistency gradient at the clean (source) prediction, so the follow-up
+            is pulled towards the source and never the source towards the follow-up (the MR's direction;
+            FixMatch / UDA do the same). ``False`` (default) is AugMix's symmetric JS, which also pulls
+            the clean prediction towards the perturbed one.
         ramp: fraction of the training steps over which ``lambda`` grows from 0.
         score_scale: size of the scoring forward relative to the image (kept when the scaled size is a
             multiple of 16; 1.0 scores at full size).
@@ -97,6 +101,7 @@ class MetamorphicTraining(UsesContext, Callback):
         max_cover: float = 0.1,
         consistency: float = 0.0,
         divergence: str = "js",
+        detach_source: bool = False,
         ramp: float = 0.2,
         score_scale: float = 0.5,
         hooks: BatchHooks | None = None,
@@ -126,6 +131,9 @@ class MetamorphicTraining(UsesContext, Callback):
             )
         self.consistency = float(consistency)
         self.divergence = check_choice("divergence", divergence, DIVERGENCES)
+        if not isinstance(detach_source, bool):
+            raise ValueError(f"detach_source must be true or false, got {detach_source!r}")
+        self.detach_source = detach_source
         self.ramp = check_fraction("ramp", ramp)
         if (
             isinstance(score_scale, bool)
@@ -263,6 +271,8 @@ class MetamorphicTraining(UsesContext, Callback):
         out_f = pl_module(fol.images)
         spec = self._hooks().to_probabilities
         p_clean = probabilities(_select(outputs, idx), spec)
+        if self.detach_source:  # the source is the reference: only the follow-up moves to agree
+            p_clean = p_clean.detach()
         p_fol = probabilities(out_f, spec)
         if seg_loss is not None:
             seg = seg_loss(out_f, _select(target, idx))
