@@ -82,6 +82,17 @@ def _mr(r, policy, keys, field):
     return np.array([mr[s][c]["corrupted_dice"] for s, c in keys])
 
 
+def _picked(pick: dict) -> int | str:
+    """The epoch a policy chose, or what an average holds ("avg of 9 (16-29)", "EMA 0.999")."""
+    if pick.get("epoch") is not None:
+        return int(pick["epoch"])
+    avg = pick.get("average") or {}
+    used = avg.get("averaged_epochs")
+    if used:
+        return f"avg of {len(used)} ({min(used)}-{max(used)})"
+    return f"EMA {avg['decay']}" if "decay" in avg else "none"
+
+
 def _runs(results, cond, seeds=None):
     rs = sorted((r for r in results if r["condition"] == cond), key=lambda r: r["seed"])
     return [r for r in rs if seeds is None or r["seed"] in seeds]
@@ -259,7 +270,7 @@ def summarise_v3(results: list[dict], args, out: Path | None = None) -> dict:
             for p in rs[0]["picks"]:
                 m = np.stack([_dice(r, p, keys) for r in rs])
                 pols[p] = {
-                    "epochs": [r["picks"][p]["epoch"] for r in rs],
+                    "epochs": [_picked(r["picks"][p]) for r in rs],
                     "dice": mean_std([100 * x.mean() for x in m]),
                     "worst_k": mean_std([100 * worst_fraction_mean(x, k) for x in m]),
                     "d_dice": _pts(paired_bootstrap(m, base, mean_difference, n_boot, clusters=cl)),
@@ -433,7 +444,7 @@ def write_tables_v3(s: dict, args) -> str:
                 "|---|---|---|---|---|---|",
             ]
             L += [
-                f"| {p} | {v['epochs']} | {_ms(v['dice'])} | {_ms(v['worst_k'])} | {_ci(v['d_dice'])} | "
+                f"| {p} | {', '.join(map(str, v['epochs']))} | {_ms(v['dice'])} | {_ms(v['worst_k'])} | {_ci(v['d_dice'])} | "
                 f"{_ci(v['d_worst_k'])} |"
                 for p, v in pols.items()
             ]

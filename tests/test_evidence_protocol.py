@@ -112,6 +112,11 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
         "consistency_only": (1, 0.3, 1.0),
         "worst_of_k_only": (4, 0.3, 0.0),
         "metamorphic_uniform": (4, 1.0, 1.0),
+        # the seed-2 stall diagnostics
+        "consistency_detached": (1, 0.3, 1.0, True),
+        "consistency_paired": (1, 0.3, 1e-9),
+        "consistency_light": (1, 0.3, 0.1),
+        "metamorphic_detached": (4, 0.3, 1.0, True),
     }
     assert set(MT_CONDITIONS) == set(expected) and set(expected) < set(CONDITIONS)
     lengths = {}
@@ -126,7 +131,9 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
         mts = [c for c in cbs if isinstance(c, MetamorphicTraining)]
         if cond in expected:
             (mt,) = mts
-            assert (mt.k, mt.epsilon, mt.consistency, mt.q, mt.seed) == (*expected[cond], 0.5, 3)
+            k, eps, lam, *detach = expected[cond]
+            assert (mt.k, mt.epsilon, mt.consistency, mt.q, mt.seed) == (k, eps, lam, 0.5, 3)
+            assert mt.detach_source == bool(detach)
         else:
             assert not mts
         lengths[cond] = len(dm.train_dataloader().dataset)
@@ -296,9 +303,13 @@ def test_v3_summary_checks_the_issue_targets_on_the_numbers():
             st: {c: d + (0.02 if st == "cvc_clinicdb" else 0.0) for c, d in cs.items()}
             for st, cs in last.items()
         }
-        r["picks"]["balanced_average"] = {"epoch": None, "dice": up}
-        r["picks"]["ema"] = {"epoch": None, "dice": last}
-    t = summarise_v3(runs, ns)["targets"]
+        r["picks"]["balanced_average"] = {"epoch": None, "dice": up, "average": {"averaged_epochs": [0, 1]}}
+        r["picks"]["ema"] = {"epoch": None, "dice": last, "average": {"decay": 0.999}}
+    summary = summarise_v3(runs, ns)
+    t = summary["targets"]
+    tables = write_tables_v3(summary, ns)  # an average names what it holds, not an epoch of None
+    assert "| balanced_average | avg of 2 (0-1), avg of 2 (0-1) |" in tables
+    assert "| ema | EMA 0.999, EMA 0.999 |" in tables and "None" not in tables
     ba = t["balanced_average_vs_last"]
     assert ba["met"] and ba["judged_on"] == "metamorphic"
     assert ba["conditions"]["metamorphic"]["cvc_clinicdb/d_dice"]["points"] == pytest.approx(2.0)
