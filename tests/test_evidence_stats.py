@@ -92,3 +92,22 @@ def test_per_family_efr_and_training_mix_count_what_the_runs_hold(tmp_path):
     (d / "metamorphic_training.csv").write_text("\n".join(rows))
     mix = family_mix(tmp_path, rs)  # seed 1 has no file: left out, not counted as zero
     assert mix["metamorphic"]["saturation"]["mean"] == 70.0 and mix["metamorphic"]["blur"]["mean"] == 30.0
+
+
+def test_confidence_stats_tell_an_unsure_model_from_a_sure_one():
+    import torch
+    from evidence_confidence import confidence_stats
+
+    masks = torch.zeros(2, 8, 8, dtype=torch.long)
+    masks[:, 2:6, 2:6] = 1
+    sure = masks.float() * 0.95 + 0.02
+    unsure = masks.float() * 0.3 + 0.35  # 0.65 on the lesion, 0.35 off it: same argmax
+    a, b = confidence_stats(sure, masks), confidence_stats(unsure, masks)
+    assert a["dice"] == b["dice"] == 1.0 and a["area_ratio"] == b["area_ratio"] == 1.0
+    assert a["unsure"] == 0.0 and b["unsure"] == 1.0
+    assert b["p_lesion"] == pytest.approx(0.65) and b["p_background"] == pytest.approx(0.35)
+    import doctest
+
+    import evidence_confidence
+
+    assert doctest.testmod(evidence_confidence).failed == 0
