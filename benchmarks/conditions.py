@@ -25,7 +25,8 @@ batch (same dose in every MT condition):
 - ``consistency_detached`` / ``consistency_paired`` / ``consistency_light`` / ``metamorphic_detached`` --
   diagnostics of the seed-2 stall (every lambda=1 run of seed 2 stalled): the JS term with the
   gradient stopped at the clean prediction, the paired follow-up loss without JS (lambda=1e-9), a tenth
-  of the JS weight, and the method with the stopped gradient.
+  of the JS weight, and the method with the stopped gradient. The first three ran on seed 2 and stalled
+  too: the stall comes with the paired loss, not the JS term (docs/results.md).
 
 Used by ``mining_evidence.py`` and ``evidence.py``.
 """

@@ -72,9 +72,10 @@ class MetamorphicTraining(UsesContext, Callback):
         temperature: 0 keeps the worst candidate; > 0 samples by ``softmax(loss / temperature)``.
         severity_caps: highest severity drawn, an int or per family (default: the MR suite's highest).
         max_cover: occluding candidates changing more of the lesion than this are never kept.
-        consistency: ``lambda`` of the MR-consistency term (0: replace in place, no code change). In
-            Evidence v3 (docs/results.md) ``consistency=1`` stalled training in one seed of three, with
-            and without worst-of-k; the recipes use ``k=1, epsilon=1, consistency=0``.
+        consistency: ``lambda`` of the MR-consistency term (0: replace in place, no code change). Any
+            value > 0 trains the follow-ups beside the clean batch; in Evidence v3 (docs/results.md)
+            that stalled training in one seed of three at every weight tried (1, 0.1, 1e-9, detached),
+            where ``consistency=0`` trained; the recipes use ``k=1, epsilon=1, consistency=0``.
         divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
         detach_source: stop the consistency gradient at the clean (source) prediction, so the follow-up
             is pulled towards the source and never the source towards the follow-up (the MR's direction;
