@@ -686,7 +686,8 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--report-only",
         action="store_true",
-        help="summarise the finished runs under <out>/<dataset> (no training)",
+        help="summarise the finished runs of --conditions x --seeds under <out>/<dataset> (no training; "
+        "runs of other conditions or seeds in the same folder stay out of the tables)",
     )
     ap.add_argument("--min-epoch", type=int, default=3, help="warm-up epochs the balanced policies skip")
     ap.add_argument(
@@ -734,9 +735,15 @@ def main(argv=None) -> dict:
     if args.profile_steps:  # one after the other, never in parallel: each profile sees the device alone
         args.resume = False
         return {"profiles": [_run_star((c, s, vars(args))) for c, s, _ in jobs]}
-    if args.report_only:
-        results = finished(out)
-    elif args.jobs > 1:
+    if args.report_only:  # exactly the named grid: later seeds in the same folder do not move its tables
+        named = {(c, s) for c, s, _ in jobs}
+        results = [r for r in finished(out) if (r["condition"], int(r["seed"])) in named]
+        if not results:
+            raise SystemExit(
+                f"evidence: no finished run of {args.conditions} x seeds {args.seeds} under {out}"
+            )
+        return write_summary(results, args, out, time.time() - t0)
+    if args.jobs > 1:
         import multiprocessing as mp
 
         with mp.get_context("spawn").Pool(args.jobs) as pool:

@@ -390,3 +390,43 @@ def test_a_warm_up_as_long_as_the_run_is_refused_before_training(tmp_path, capsy
     assert exc.value.code == 2
     assert "--min-epoch 3 must be below --epochs 3" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_report_only_tables_hold_exactly_the_named_conditions_and_seeds(tmp_path, capsys):
+    import json
+
+    from evidence import main
+
+    out = tmp_path / "polyp256"
+    for c, s in (
+        ("mt_random", 0),
+        ("mt_random", 1),
+        ("metamorphic", 0),
+        ("metamorphic", 1),
+        ("mt_random", 3),
+    ):
+        (out / f"{c}_s{s}").mkdir(parents=True)
+        (out / f"{c}_s{s}" / "result.json").write_text(json.dumps(_fake_run(c, s, 4, 0.8 - 0.01 * s)))
+    argv = ["--dataset", "polyp256", "--conditions", "mt_random,metamorphic", "--out", str(tmp_path)]
+    payload = main([*argv, "--seeds", "0,1", "--report-only", "--n-boot", "50"])
+    assert sorted((r["condition"], r["seed"]) for r in payload["results"]) == [
+        ("metamorphic", 0),
+        ("metamorphic", 1),
+        ("mt_random", 0),
+        ("mt_random", 1),
+    ]  # the later seed 3 in the same folder stays out of the tables
+    assert json.loads((out / "summary.json").read_text())["args"]["seeds"] == "0,1"
+    with pytest.raises(SystemExit, match="no finished run of plain x seeds 0"):
+        main(
+            [
+                "--dataset",
+                "polyp256",
+                "--conditions",
+                "plain",
+                "--seeds",
+                "0",
+                "--out",
+                str(tmp_path),
+                "--report-only",
+            ]
+        )
