@@ -49,6 +49,15 @@ THRESHOLDS = (0.25, 0.5)
 
 
 # ----------------------------------------------------------------------------------- data
+# (held-out test, validation) share of each dataset's keys, the protocol's split (--test/--val-fraction)
+SPLIT_FRACTIONS = {
+    "polyp": (0.25, 0.15),
+    "acdc": (0.3, 0.3),
+    "polyp256": (0.15, 0.1),
+    "pranet256": (0.15, 0.1),
+}
+
+
 def three_way_indices(keys: list[str], test_fraction: float, val_fraction: float, seed: int):
     """(train, val, test) sample indices; every key (case, patient, video sequence) on one side:
     ``test_fraction`` of all keys is held out, then ``val_fraction`` of all keys from the rest."""
@@ -722,9 +731,7 @@ def main(argv=None) -> dict:
     if not args.report_only and not args.profile_steps and args.min_epoch >= args.epochs:
         # the balanced policies would have no epoch to choose from (and the run dies after training)
         ap.error(f"--min-epoch {args.min_epoch} must be below --epochs {args.epochs}")
-    defaults = {"polyp": (0.25, 0.15), "acdc": (0.3, 0.3), "polyp256": (0.15, 0.1), "pranet256": (0.15, 0.1)}[
-        args.dataset
-    ]
+    defaults = SPLIT_FRACTIONS[args.dataset]
     args.test_fraction = defaults[0] if args.test_fraction is None else args.test_fraction
     args.val_fraction = defaults[1] if args.val_fraction is None else args.val_fraction
     args.perturbations = args.perturbations or "mri" if args.dataset == "acdc" else "endoscopy"

@@ -34,15 +34,15 @@ def confidence_stats(
     >>> round(s["dice"], 3), s["unsure"], round(s["p_lesion"], 2), round(s["p_background"], 2), s["area_ratio"]
     (0.667, 0.25, 0.7, 0.1, 0.5)
     """
+    from robusttrain.metamorphic.scoring import dice_from_sums
+
     lesion = masks > 0
     pred = p_fg > 0.5
     dims = tuple(range(1, p_fg.ndim))
-    inter = (pred & lesion).sum(dims).float()
-    total = (pred.sum(dims) + lesion.sum(dims)).float()
-    dice = torch.where(total > 0, 2 * inter / total.clamp_min(1), torch.ones_like(total))
+    sums = torch.stack([(pred & lesion).sum(dims), pred.sum(dims), lesion.sum(dims)], -1)
     lo, hi = unsure
     return {
-        "dice": float(dice.mean()),
+        "dice": float(dice_from_sums(sums).mean()),  # the project's Dice (1.0 when nothing to find)
         "unsure": float(((p_fg > lo) & (p_fg < hi)).float().mean()),
         "p_lesion": float(p_fg[lesion].mean()) if lesion.any() else float("nan"),
         "p_background": float(p_fg[~lesion].mean()) if (~lesion).any() else float("nan"),
@@ -62,7 +62,7 @@ def foreground_probabilities(model, dataset, batch_size: int = 16) -> tuple[torc
 
 
 def main(argv=None) -> list[dict]:
-    from evidence import build_data
+    from evidence import SPLIT_FRACTIONS, build_data
     from evidence_artifacts import load_weights
 
     from robusttrain.models.segmentation import SegmentationModule
@@ -82,8 +82,8 @@ def main(argv=None) -> list[dict]:
         size=args.size,
         batch_size=8,
         data_seed=0,
-        test_fraction=0.15,
-        val_fraction=0.1,
+        test_fraction=SPLIT_FRACTIONS["polyp256"][0],
+        val_fraction=SPLIT_FRACTIONS["polyp256"][1],
         data_root=args.data_root,
     )
     dm, held, _ = build_data(ns)
