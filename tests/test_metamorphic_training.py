@@ -101,7 +101,7 @@ def test_occluders_over_the_lesion_are_never_kept(monkeypatch):
     # every candidate rejected: the image stays clean and is marked -1
     wok = WorstOfK(occl, k=2, q=1.0, seed=0)
     monkeypatch.setattr(
-        wok, "_rejected", lambda src, masks, cand, fams: torch.ones(len(src), 2, dtype=torch.bool)
+        wok, "_rejected", lambda src, masks, cand, fams, occl=None: torch.ones(len(src), 2, dtype=torch.bool)
     )
     f = wok(x, m, score, step=0)
     assert (f.chosen == -1).all() and torch.equal(f.images, x) and f.kept() == [None] * 4

@@ -31,7 +31,7 @@ from .context import RobustnessConfigError, RobustnessContext
 from .ema import EMACheckpoint
 from .failure_mining import FailureMiningCallback
 from .metamorphic import MetamorphicCallback
-from .metamorphic_training import MetamorphicTraining, metamorphic_loss
+from .metamorphic_training import MetamorphicTraining, metamorphic_forward, metamorphic_loss
 from .reporting import RobustnessReporter
 
 
@@ -112,6 +112,7 @@ def robustness(
 __all__ = [
     "MetamorphicCallback",
     "MetamorphicTraining",
+    "metamorphic_forward",
     "metamorphic_loss",
     "BalancedCheckpoint",
     "BalancedAverage",

@@ -1,36 +1,53 @@
-"""MetamorphicTraining: train on the worst of k perturbations of each batch, steered by what the
-metamorphic check measured, optionally with the MR as a consistency loss.
+"""MetamorphicTraining: train on what the metamorphic check finds — perturbed follow-ups of each batch,
+steered by the check's per-family violation rates, through one of three objectives.
 
-Two ways to use it (the pure-torch parts are :mod:`robusttrain.training`):
+The objective (``objective=``; the maths and the user's two lines are :mod:`robusttrain.training.objective`):
 
-* **No code change** (``consistency=0``): before each training step, a fraction ``q`` of the batch's
-  images is replaced *in place* by its worst-of-``k`` follow-up (the model scores ``k`` candidate
-  perturbations per image without gradients, in eval mode, at ``score_scale`` of the size, and the
-  worst is kept). The model trains on ``L_seg`` of the mixed batch.
-* **MR-consistency** (``consistency=lambda > 0``): the batch stays clean and the follow-ups wait
-  beside it; one line in ``training_step`` adds ``L_seg(x*) + lambda * D(p(x), p(x*))``::
+* ``"replace"`` (no code change; the recipes' setting): a fraction ``q`` of each batch's images is
+  replaced *in place* by its follow-up before the training step. With ``k=1`` that is random
+  augmentation with the suite's families, which Evidence v3 (docs/results.md) found cut the EFR by
+  42-44 % at no clean-Dice cost.
+* ``"consistency"`` (AugMix / AugMax / AdvChain): the supervised loss sees only the batch — clean, or
+  with ``replace_q`` of it replaced in place by random draws (exactly what ``"replace"`` with ``k=1,
+  q=replace_q`` trains on, same seed, same images) — and ``q`` of the batch, drawn among the rows left
+  clean, get (hard) follow-ups that act **only** through ``lambda * D(p(x), p(x*))``, in one forward
+  over batch + follow-ups::
 
-      from robusttrain.callbacks import metamorphic_loss
-      loss = loss + metamorphic_loss(self, batch, logits, self.loss_fn)   # the MR as a training objective
+      from robusttrain.callbacks import metamorphic_forward
+      logits, mr = metamorphic_forward(self, images)      # instead of self(images)
+      loss = self.loss_fn(logits, masks) + mr
 
-  ``lambda`` ramps from 0 over the first ``ramp`` fraction of the training steps. The recipes'
-  :class:`~robusttrain.models.SegmentationModule` has the line built in.
+* ``"paired"`` (Evidence v3's objective, by name only): the follow-ups wait beside the clean batch
+  and ``metamorphic_loss(self, batch, logits, loss_fn)`` adds ``L_seg(x*) + lambda * D``; every paired
+  run of one seed stalled in v3, at any ``lambda``.
 
-The family of each candidate is drawn from ``(1 - epsilon) * w + epsilon * uniform``, ``w`` the
-per-family violation rates of the latest metamorphic check (the training probe's when failure
-mining checks one, else the validation probe's), read from the shared
-:class:`~robusttrain.callbacks.context.RobustnessContext`; uniform without a MetamorphicCallback.
+The recipes' :class:`~robusttrain.models.SegmentationModule` has both lines built in. ``lambda`` ramps
+from 0 over the first ``ramp`` fraction of the training steps.
+
+**What is drawn.** Per selected image, ``k`` candidates: a family from ``(1 - epsilon) * w + epsilon *
+uniform`` (``w`` the latest check's per-family violation rates, the training probe's when failure mining
+checks one; uniform without a MetamorphicCallback), a severity in ``1..cap``, the family's params — or,
+with ``chain_depth > 1`` / ``mix="augmix"``, an AugMix-style chain mix (:mod:`robusttrain.training.chains`).
+With ``k > 1`` the model scores the candidates (no grad, eval mode, at ``score_scale`` of the size;
+full size by default) and ``selection`` keeps the worst, a loss quantile, or AugMax's mix of the worst
+and a random one; ``warmup`` draws at random (nothing scored) for the first fraction of the steps.
 Every draw comes from a generator seeded by ``(seed, global step, global rank)``: identical under any
-load, after a resume, and each DDP rank draws for its own shard with the weights every rank shares.
-``k=1`` is random augmentation with the same families and dose (nothing is scored). Per-epoch counts go
-to ``metamorphic_training.csv`` and a sample of the kept follow-ups' params to
-``metamorphic_training_samples.jsonl`` (:mod:`robusttrain.rundir.metamorphic_training`).
+load, after a resume, and each DDP rank draws for its own shard. ``k=1`` is random augmentation with
+the same families and dose. Per-epoch counts go to ``metamorphic_training.csv`` and a sample of the
+kept follow-ups' recipes to ``metamorphic_training_samples.jsonl``
+(:mod:`robusttrain.rundir.metamorphic_training`); any recorded follow-up is re-created exactly by
+:func:`robusttrain.training.recreate_followup`.
 
 Example::
 
     >>> import lightning.pytorch as L
-    >>> mt = MetamorphicTraining(perturbations=["blur", "contrast"], k=4, q=0.5)
+    >>> mt = MetamorphicTraining(perturbations=["blur", "contrast"], objective="consistency", consistency=1.0,
+    ...                          replace_q=0.5, k=4, selection="augmax")
     >>> trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False)   # then trainer.fit(...)
+    >>> MetamorphicTraining(severity_caps=7)
+    Traceback (most recent call last):
+    ...
+    ValueError: severity_caps must be an int 1..5 or a mapping family -> 1..5 (default: the MR suite's highest severity), got 7
 """
 
 from __future__ import annotations
@@ -40,6 +57,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from lightning.pytorch import Callback
@@ -51,42 +69,58 @@ from robusttrain.perturbations import available
 from robusttrain.perturbations.suites import resolve
 from robusttrain.rundir import metamorphic_training as records_file
 from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scaled_for_scoring, soft_dice_loss
+from robusttrain.training.chains import MIXES
 from robusttrain.training.consistency import DIVERGENCES
+from robusttrain.training.objective import OBJECTIVES, MissingCallbackError, zero_like_outputs
+from robusttrain.training.objective import metamorphic_forward as metamorphic_forward
+from robusttrain.training.objective import metamorphic_loss as _metamorphic_loss
+from robusttrain.training.selection import SELECTIONS
+from robusttrain.training.worst_of_k import jsonable
 from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import gather_objects
 from .context import RobustnessConfigError, RobustnessContext, UsesContext
 
 DEFAULT_CAP = 4  # without a MetamorphicCallback: the recipes' highest tested severity
+NOT_TRAINED = ("adversarial", "melt")  # model-dependent / test-only families: never drawn for training
 
 
 class MetamorphicTraining(UsesContext, Callback):
-    """Online worst-of-k perturbation (and the MR-consistency objective) for any Lightning model.
+    """Metamorphic training for any Lightning model: follow-ups drawn (and selected) online, trained on
+    through one of three objectives (module doc).
 
     Args:
         perturbations: families or a suite name (default: the MetamorphicCallback's suite, else the
-            endoscopy suite); families that cannot run on the data's channel count are dropped.
-        k: candidates per image (1 = random augmentation, the ablation).
-        q: fraction of each batch that gets a follow-up.
+            endoscopy suite); families that cannot run on the data's channel count, are not trainable
+            (adversarial, melt) or are held out by the MetamorphicCallback are dropped.
+        k: candidates per image (1 = random augmentation).
+        q: fraction of each batch that gets a follow-up (with ``"consistency"``: of the whole batch,
+            drawn among the rows ``replace_q`` left clean).
         epsilon: uniform share of the family choice, in [0, 1] (the rest follows the check's rates).
-        temperature: 0 keeps the worst candidate; > 0 samples by ``softmax(loss / temperature)``.
-        severity_caps: highest severity drawn, an int or per family (default: the MR suite's highest).
+        temperature: 0 keeps the selected candidate; > 0 samples the worst by ``softmax(loss / T)``.
+        severity_caps: highest severity drawn, an int 1..5 or a mapping family -> 1..5 (families a
+            mapping leaves out, and ``None``: the MR suite's highest severity, 4 without one).
         max_cover: occluding candidates changing more of the lesion than this are never kept.
-        consistency: ``lambda`` of the MR-consistency term (0: replace in place, no code change). Any
-            value > 0 trains the follow-ups beside the clean batch; in Evidence v3 (docs/results.md)
-            that stalled training in one seed of three at every weight tried (1, 0.1, 1e-9, detached),
-            where ``consistency=0`` trained; the recipes use ``k=1, epsilon=1, consistency=0``.
+        objective: ``"replace"``, ``"consistency"`` or ``"paired"`` (module doc); default
+            ``"consistency"`` when ``consistency > 0``, else ``"replace"``.
+        consistency: ``lambda``, the weight of ``D(p(x), p(x*))`` (> 0 for the two consistency objectives).
         divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
-        detach_source: stop the consistency gradient at the clean (source) prediction, so the follow-up
-            is pulled towards the source and never the source towards the follow-up (the MR's direction;
-            FixMatch / UDA do the same). ``False`` (default) is AugMix's symmetric JS, which also pulls
-            the clean prediction towards the perturbed one.
+        detach_source: stop the consistency gradient at the clean (source) prediction, so only the
+            follow-up moves to agree (the MR's direction; AdvChain / FixMatch do the same). ``False``
+            (default) is AugMix's symmetric JS.
         ramp: fraction of the training steps over which ``lambda`` grows from 0.
-        score_scale: size of the scoring forward relative to the image (kept when the scaled size is a
-            multiple of 16; 1.0 scores at full size).
+        replace_q: with ``"consistency"``, the fraction of each batch replaced in place by a random
+            (k=1) follow-up that the supervised loss sees (the same draws as ``"replace"`` with
+            ``k=1, q=replace_q``); 0 keeps the supervised batch clean (AugMix).
+        selection: ``"worst"``, ``"quantile"`` or ``"augmax"`` (:mod:`robusttrain.training.selection`).
+        quantile: the loss quantile ``selection="quantile"`` keeps (1.0 = the worst).
+        warmup: fraction of the training steps before selection starts (random draws until then).
+        score_scale: size of the scoring forward relative to the image (1.0, the default, scores at the
+            training resolution; a smaller scale is kept when the scaled size is a multiple of 16).
+        chain_depth, mix, width, alpha: AugMix-style chains (:mod:`robusttrain.training.chains`).
         hooks: how batches are read (default: the MetamorphicCallback's, else dict / tuple batches).
         seed: seeds every draw with the step and rank.
-        record_every, record_per_step: every N-th step, the first M kept follow-ups' params are written.
+        record_every, record_per_step: every N-th step, the first M kept follow-ups' recipes are written.
         dirpath: run directory (default: the context's).
         context: a shared :class:`RobustnessContext` (default: the trainer's).
     """
@@ -104,13 +138,22 @@ class MetamorphicTraining(UsesContext, Callback):
         divergence: str = "js",
         detach_source: bool = False,
         ramp: float = 0.2,
-        score_scale: float = 0.5,
+        score_scale: float = 1.0,
         hooks: BatchHooks | None = None,
         seed: int = 0,
         record_every: int = 50,
         record_per_step: int = 2,
         dirpath: str | None = None,
         context: RobustnessContext | None = None,
+        objective: str | None = None,
+        replace_q: float = 0.0,
+        selection: str = "worst",
+        quantile: float = 0.75,
+        warmup: float = 0.0,
+        chain_depth: int = 1,
+        mix: str = "none",
+        width: int = 3,
+        alpha: float = 1.0,
     ):
         self.perturbations = None if perturbations is None else resolve(perturbations)
         self.k = check_int("k", k, 1)
@@ -119,7 +162,7 @@ class MetamorphicTraining(UsesContext, Callback):
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = keep the worst), got {temperature!r}")
         self.temperature = float(temperature)
-        self.severity_caps = severity_caps
+        self.severity_caps = _checked_caps(severity_caps, self.perturbations)
         self.max_cover = check_fraction("max_cover", max_cover)
         if (
             isinstance(consistency, bool)
@@ -131,6 +174,19 @@ class MetamorphicTraining(UsesContext, Callback):
                 f"consistency must be a weight >= 0 (0 = no consistency term), got {consistency!r}"
             )
         self.consistency = float(consistency)
+        if objective is None:
+            objective = "consistency" if self.consistency > 0 else "replace"
+        self.objective = check_choice("objective", objective, OBJECTIVES)
+        if self.objective != "replace" and self.consistency <= 0:
+            raise ValueError(
+                f"objective={self.objective!r} trains through the consistency term: give consistency > 0 "
+                f"(lambda, e.g. 1.0), got consistency={consistency!r}"
+            )
+        if self.objective == "replace" and self.consistency > 0:
+            raise ValueError(
+                f"objective='replace' has no consistency term, but consistency={consistency!r}; use "
+                "objective='consistency' (hard copies only through the consistency term) or consistency=0"
+            )
         self.divergence = check_choice("divergence", divergence, DIVERGENCES)
         if not isinstance(detach_source, bool):
             raise ValueError(f"detach_source must be true or false, got {detach_source!r}")
@@ -143,14 +199,36 @@ class MetamorphicTraining(UsesContext, Callback):
         ):
             raise ValueError(f"score_scale must be in (0, 1] (1 = score at full size), got {score_scale!r}")
         self.score_scale = float(score_scale)
+        self.replace_q = check_fraction("replace_q", replace_q)
+        if self.replace_q > 0 and self.objective != "consistency":
+            raise ValueError(
+                f"replace_q={replace_q!r} is for objective='consistency' (random in-place draws the supervised "
+                f"loss sees); with objective={self.objective!r} use q"
+            )
+        self.selection = check_choice("selection", selection, SELECTIONS)
+        self.quantile = check_fraction("quantile", quantile)
+        self.warmup = check_fraction("warmup", warmup)
+        if self.warmup >= 1:
+            raise ValueError(f"warmup must be a fraction of the training steps in [0, 1), got {warmup!r}")
+        self.chain_depth = check_int("chain_depth", chain_depth, 1)
+        if self.chain_depth > 5:
+            raise ValueError(f"chain_depth must be 1..5 (AugMix uses up to 3), got {chain_depth!r}")
+        self.mix = check_choice("mix", mix, MIXES)
+        self.width = check_int("width", width, 1)
+        if self.mix == "none" and self.width != 1 and self.chain_depth > 1:
+            raise ValueError(f"width={width} chains are mixed only with mix='augmix'; with mix='none' use width=1")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"alpha must be a number > 0 (AugMix: 1.0), got {alpha!r}")
+        self.alpha = float(alpha)
         if hooks is not None and not isinstance(hooks, BatchHooks):
             raise ValueError(f"hooks must be a BatchHooks, got {type(hooks).__name__}")
         self.hooks = hooks
-        self.seed = int(seed)
+        self.seed = check_int("seed", seed, None)
         self.record_every = check_int("record_every", record_every, 1)
         self.record_per_step = check_int("record_per_step", record_per_step, 0)
         self.dirpath, self._context_arg = dirpath, context
         self.wok: WorstOfK | None = None
+        self.replacer: WorstOfK | None = None
         self.stats = pd.DataFrame(columns=records_file.STATS_COLUMNS)
         self.samples: list[dict[str, Any]] = []
         self._ctx: RobustnessContext | None = context
@@ -163,8 +241,9 @@ class MetamorphicTraining(UsesContext, Callback):
 
     @property
     def pair(self) -> bool:
-        """Whether follow-ups wait beside the clean batch for :func:`metamorphic_loss`."""
-        return self.consistency > 0
+        """Whether follow-ups wait beside the batch (the two consistency objectives) instead of
+        replacing its images."""
+        return self.objective != "replace"
 
     # -- Lightning hooks ---------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -197,35 +276,58 @@ class MetamorphicTraining(UsesContext, Callback):
                 "(pass hooks=BatchHooks(get_images=..., get_masks=...))"
             ) from None
         if self.wok is None:
-            self.wok = self._build(images)
-        if self.wok.n_selected(images.shape[0]) == 0:
+            self.wok, self.replacer = self._build(images)
+        if self.wok.n_selected(images.shape[0]) == 0 and self.replacer is None:
             return
-        step = int(trainer.global_step)
+        _check_images(images, int(trainer.global_step))  # every batch: a later one can be out of range too
+        step, rank = int(trainer.global_step), int(trainer.global_rank)
         rates = self._rates()
-        score = self._scorer(trainer, pl_module)
-        if self._steps_seen == 0:  # what the perturbations need, said once before anything is drawn
-            _check_images(images)
-        fol = self.wok(images.detach(), masks, score, step=step, rank=int(trainer.global_rank), rates=rates)
+        eligible = None
+        if self.replacer is not None:  # consistency objective: the random in-place part the loss sees
+            rep = self.replacer(images.detach(), masks, None, step=step, rank=rank, rates=rates)
+            self._write_into(batch, images, rep)
+            keep = torch.ones(images.shape[0], dtype=torch.bool)
+            keep[rep.index.cpu()] = False
+            eligible = keep.nonzero().view(-1)
+        warming = self.warmup > 0 and step < self.warmup * _total_steps(trainer)
+        fol = self.wok(
+            images.detach(),
+            masks,
+            self._scorer(trainer, pl_module),
+            step=step,
+            rank=rank,
+            rates=rates,
+            eligible=eligible,
+            select=not warming,
+        )
         self._account(fol, rates)
         self._record(trainer, batch, fol)
         if self.pair:
             self._pending = (fol, hooks.get_masks(batch))
             return
+        self._write_into(batch, images, fol)
+
+    def _write_into(self, batch: Any, images: torch.Tensor, fol: Any) -> None:
         images[fol.index] = fol.images.to(images.dtype)
-        if self._steps_seen == 0 and hooks.get_images(batch).data_ptr() != images.data_ptr():
+        if self._steps_seen == 0 and self._hooks().get_images(batch).data_ptr() != images.data_ptr():
             raise RobustnessConfigError(
                 "MetamorphicTraining could not write follow-ups into the batch: get_images returns a copy; "
-                "use consistency > 0 with metamorphic_loss(...) in training_step instead"
+                "use objective='consistency' with metamorphic_forward(self, images) in training_step instead"
             )
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.pair and self._pending is not None and not self._consumed and self._steps_seen == 0:
+            line = (
+                "logits, mr = metamorphic_forward(self, images)` in place of `self(images)` and add `mr` to the loss"
+                if self.objective == "consistency"
+                else "loss = loss + metamorphic_loss(self, batch, logits, loss_fn)`"
+            )
             raise RobustnessConfigError(
-                f"MetamorphicTraining(consistency={self.consistency}) prepared follow-ups but training_step "
-                "never called metamorphic_loss(self, batch, logits, loss_fn); add that line to training_step "
-                "or set consistency=0 (follow-ups then replace images in place)"
+                f"MetamorphicTraining(objective={self.objective!r}) prepared follow-ups but training_step never "
+                f"called {'metamorphic_forward' if self.objective == 'consistency' else 'metamorphic_loss'}; "
+                f"add `{line} to training_step, or use objective='replace' (follow-ups then replace images in place)"
             )
         self._steps_seen += 1
         self._pending = None
@@ -258,37 +360,56 @@ class MetamorphicTraining(UsesContext, Callback):
         records_file.write_stats(self.context.resolved_run_dir, self.stats)
         records_file.write_samples(self.context.resolved_run_dir, self.samples)
 
-    # -- the consistency term ------------------------------------------------------------
-    def loss(
+    # -- the objectives' terms (called from training_step through robusttrain.training.objective) ---
+    def _lambda(self, pl_module: Any) -> float:
+        trainer = pl_module.trainer
+        return self.consistency * ramp(int(trainer.global_step), _total_steps(trainer), self.ramp)
+
+    def _consistency(self, pl_module: Any, source: Any, followup: Any, n: int) -> torch.Tensor:
+        """``lambda * D(p(source), p(followup))``, logged; the source detached with ``detach_source``."""
+        spec = self._hooks().to_probabilities
+        p_src = probabilities(source, spec)
+        if self.detach_source:  # the source is the reference: only the follow-up moves to agree
+            p_src = p_src.detach()
+        cons = divergence(p_src, probabilities(followup, spec), self.divergence)
+        lam = self._lambda(pl_module)
+        pl_module.log("mt/consistency", cons.detach(), on_step=False, on_epoch=True, batch_size=n)
+        pl_module.log("mt/lambda", lam, on_step=False, on_epoch=True, batch_size=n)
+        return lam * cons
+
+    def consistency_forward(self, pl_module: Any, images: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """The ``"consistency"`` objective's forward (:func:`metamorphic_forward`): one forward over
+        ``images`` and this step's follow-ups; ``images``' outputs and ``lambda * D`` (0 without follow-ups)."""
+        self._consumed = True
+        if self.objective != "consistency" or self._pending is None or not len(self._pending[0]):
+            out = pl_module(images)
+            return out, zero_like_outputs(out)
+        fol = self._pending[0]
+        b = images.shape[0]
+        out = pl_module(torch.cat([images, fol.images.to(images.dtype)]))
+        clean, follow = _select(out, slice(0, b)), _select(out, slice(b, None))
+        return clean, self._consistency(pl_module, _select(clean, fol.index), follow, len(fol))
+
+    def paired_loss(
         self, pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None
     ) -> torch.Tensor:
-        """``L_seg(x*) + lambda * D(p(x), p(x*))`` for this step's follow-ups (0 when there are none)."""
+        """The ``"paired"`` objective's term (:func:`metamorphic_loss`): ``L_seg(x*) + lambda * D(p(x), p(x*))``
+        for this step's follow-ups (0 for the other objectives, or when there are none)."""
         self._consumed = True
-        zero = main_zero(outputs)
-        if not self.pair or self._pending is None:
+        zero = zero_like_outputs(outputs)
+        if self.objective != "paired" or self._pending is None:
             return zero
         fol, target = self._pending
         idx = fol.index
         out_f = pl_module(fol.images)
-        spec = self._hooks().to_probabilities
-        p_clean = probabilities(_select(outputs, idx), spec)
-        if self.detach_source:  # the source is the reference: only the follow-up moves to agree
-            p_clean = p_clean.detach()
-        p_fol = probabilities(out_f, spec)
         if seg_loss is not None:
             seg = seg_loss(out_f, _select(target, idx))
         else:
-            seg = soft_dice_loss(p_fol, normalise_mask(_select(target, idx), fol.images)).mean()
-        trainer = pl_module.trainer
-        total = trainer.estimated_stepping_batches
-        total = int(total) if math.isfinite(total) else 1000
-        lam = self.consistency * ramp(int(trainer.global_step), total, self.ramp)
-        cons = divergence(p_clean, p_fol, self.divergence)
+            spec = self._hooks().to_probabilities
+            seg = soft_dice_loss(probabilities(out_f, spec), normalise_mask(_select(target, idx), fol.images)).mean()
         n = int(idx.numel())
-        pl_module.log("mt/consistency", cons.detach(), on_step=False, on_epoch=True, batch_size=n)
         pl_module.log("mt/followup_loss", seg.detach(), on_step=False, on_epoch=True, batch_size=n)
-        pl_module.log("mt/lambda", lam, on_step=False, on_epoch=True, batch_size=n)
-        return seg + lam * cons
+        return seg + self._consistency(pl_module, _select(outputs, idx), out_f, n)
 
     # -- internals ---------------------------------------------------------------------
     def _hooks(self) -> BatchHooks:
@@ -297,43 +418,74 @@ class MetamorphicTraining(UsesContext, Callback):
         shared = getattr(self._ctx, "hooks", None)
         return shared if isinstance(shared, BatchHooks) else BatchHooks()
 
-    def _build(self, images: torch.Tensor) -> WorstOfK:
+    def _build(self, images: torch.Tensor) -> tuple[WorstOfK, WorstOfK | None]:
+        """The follow-up sampler (and, for ``replace_q``, the in-place random one), from the first batch."""
         suite = getattr(self._ctx, "suite", None)
         names = self.perturbations or (list(suite.names) if suite is not None else resolve("endoscopy"))
         usable = set(available(int(images.shape[1])))
-        families = [n for n in names if n in usable and n not in ("adversarial", "melt")]
+        heldout = set(getattr(self._ctx, "heldout_families", None) or ())  # test-only: never trained on
+        families = [n for n in names if n in usable and n not in NOT_TRAINED and n not in heldout]
         if not families:
             raise RobustnessConfigError(
                 f"MetamorphicTraining: none of the perturbations {names} runs on {images.shape[1]}-channel "
-                f"images; choose families from {sorted(usable)} (e.g. perturbations='mri' or 'xray')"
+                f"images or is trainable; choose families from {sorted(usable - set(NOT_TRAINED) - heldout)} "
+                "(e.g. perturbations='mri' or 'xray')"
             )
+        default_cap = max(suite.severities) if suite is not None else DEFAULT_CAP
         caps = self.severity_caps
-        if caps is None:
-            caps = max(suite.severities) if suite is not None else DEFAULT_CAP
+        if isinstance(caps, Mapping):
+            unknown = sorted(set(caps) - set(families))
+            if unknown:
+                raise RobustnessConfigError(
+                    f"MetamorphicTraining: severity_caps names {unknown}, not families this run trains on "
+                    f"({families})"
+                )
+            caps = {f: caps.get(f, default_cap) for f in families}  # the documented default for the rest
+        elif caps is None:
+            caps = default_cap
         slice_axis = getattr(suite, "slice_axis", -1) if suite is not None else -1
-        wok = WorstOfK(
-            families,
-            k=self.k,
-            q=self.q,
+        common: dict[str, Any] = dict(
             epsilon=self.epsilon,
-            temperature=self.temperature,
             severity_caps=caps,
             max_cover=self.max_cover,
             seed=self.seed,
             slice_axis=slice_axis,
         )
+        wok = WorstOfK(
+            families,
+            k=self.k,
+            q=self.q,
+            temperature=self.temperature,
+            selection=self.selection,
+            quantile=self.quantile,
+            chain_depth=self.chain_depth,
+            mix=self.mix,
+            width=self.width,
+            alpha=self.alpha,
+            # the consistency follow-ups draw on a stream of their own, so the in-place part of the
+            # batch is exactly what objective="replace", k=1, q=replace_q draws for the same seed
+            stream="consistency" if self.objective == "consistency" else "worst_of_k",
+            **common,
+        )
+        replacer = None
+        if self.replace_q > 0:
+            replacer = WorstOfK(families, k=1, q=self.replace_q, stream="worst_of_k", **common)
         dropped = [n for n in names if n not in families]
         rank_zero_info(
-            f"[robusttrain] metamorphic training: {self._what()} on q={self.q:g} of each batch, "
-            f"families {families} ({self._draw()})"
-            + (f" (not on this data: {dropped})" if dropped else "")
+            f"[robusttrain] metamorphic training ({self.objective}): {self._what()} on q={self.q:g} of each "
+            f"batch, families {families} ({self._draw()})"
+            + (f", random in place on replace_q={self.replace_q:g}" if replacer is not None else "")
+            + (f" (not trained on here: {dropped})" if dropped else "")
             + (f", consistency lambda={self.consistency:g} ({self.divergence})" if self.pair else "")
         )
-        return wok
+        return wok, replacer
 
     def _what(self) -> str:
         # k=1 scores nothing: one random draw, i.e. augmentation
-        return f"worst of k={self.k}" if self.k > 1 else "one random perturbation (k=1)"
+        what = "an AugMix chain mix" if self.mix == "augmix" or self.chain_depth > 1 else "perturbation"
+        if self.k == 1:
+            return f"one random {what} (k=1)"
+        return f"{self.selection} of k={self.k} ({what})" + (f", random for the first {self.warmup:g} of steps" if self.warmup else "")
 
     def _draw(self) -> str:
         return (
@@ -396,7 +548,7 @@ class MetamorphicTraining(UsesContext, Callback):
     def _account(self, fol: Any, rates: Mapping[str, float] | None) -> None:
         """Per-family counts and score sums, kept on the device (read once per epoch)."""
         wok = self._worst_of_k()
-        fams = wok.families
+        fams = wok.labels
         dev = fol.images.device
         if "cand" not in self._acc:
             z = lambda: torch.zeros(len(fams), dtype=torch.float64, device=dev)
@@ -427,14 +579,14 @@ class MetamorphicTraining(UsesContext, Callback):
             self._acc["nscore"].index_add_(0, fi.flatten(), finite.double().flatten())
             cs = s.gather(1, fol.chosen.clamp_min(0).view(-1, 1)).view(-1)
             self._acc["chosen_score"].index_add_(0, sel, torch.where(ok, cs, 0))
-        self._acc["weights"] = wok.family_probs(rates).tolist()
+        self._acc["weights"] = wok.family_probs(rates).tolist() + [None] * (len(fams) - len(wok.families))
 
     def _epoch_rows(self, epoch: int) -> list[dict[str, Any]]:
         if "cand" not in self._acc:
             return []
         a = {k: (v.cpu().tolist() if torch.is_tensor(v) else v) for k, v in self._acc.items()}
         rows = []
-        for i, fam in enumerate(self._worst_of_k().families):
+        for i, fam in enumerate(self._worst_of_k().labels):
             rows.append(
                 {
                     "epoch": epoch,
@@ -460,23 +612,25 @@ class MetamorphicTraining(UsesContext, Callback):
             ids = self._hooks().get_case_ids(batch)
         except Exception:  # noqa: BLE001 -- case ids are optional
             ids = None
-        for i, rec in enumerate(fol.kept()[: self.record_per_step]):
+        for i in range(min(len(fol), self.record_per_step)):
+            rec = fol.recipe(i)
             if rec is None:
                 continue
-            fam, sev, params = rec
             pos = int(fol.index[i])
-            self._epoch_samples.append(
-                {
-                    "step": step,
-                    "epoch": int(trainer.current_epoch),
-                    "rank": int(trainer.global_rank),
-                    "position": pos,
-                    "case_id": None if ids is None else str(list(ids)[pos]),
-                    "family": fam,
-                    "severity": int(sev),
-                    "params": {k: v.tolist() for k, v in params.items()},
-                }
-            )
+            row = {
+                "step": step,
+                "epoch": int(trainer.current_epoch),
+                "rank": int(trainer.global_rank),
+                "position": pos,
+                "case_id": None if ids is None else str(list(ids)[pos]),
+                "family": rec["family"],
+                "severity": int(rec["severity"]),
+                "params": jsonable(rec.get("params", {})),
+            }
+            extra = {k: v for k, v in rec.items() if k not in ("family", "severity", "params")}
+            if extra:  # a chain's operations and mix, AugMax's partner: recreate_followup(row["recipe"], ...)
+                row["recipe"] = jsonable(rec)
+            self._epoch_samples.append(row)
 
     # -- checkpoint state --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -499,11 +653,11 @@ class MetamorphicTraining(UsesContext, Callback):
 def metamorphic_loss(
     pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None, *, required: bool = True
 ) -> torch.Tensor:
-    """The MR-consistency term of this training step: ``L_seg(x*) + lambda * D(p(x), p(x*))``.
+    """The ``"paired"`` objective's term of this step: ``L_seg(x*) + lambda * D(p(x), p(x*))``.
 
     Call it in ``training_step`` with the clean batch, the model's outputs on it and your segmentation
     loss (``seg_loss(outputs, target)``, applied to the follow-ups and their rows of the batch's masks;
-    default: soft Dice). Returns 0 when the step has no follow-ups (or ``consistency=0``). Without a
+    default: soft Dice). Returns 0 when the step has no follow-ups or another objective is set. Without a
     :class:`MetamorphicTraining` callback on the trainer it raises, unless ``required=False``.
 
     >>> import torch
@@ -512,23 +666,15 @@ def metamorphic_loss(
     >>> float(metamorphic_loss(_M(), None, torch.zeros(1, 2, 4, 4), required=False))
     0.0
     """
-    cb = next(
-        (c for c in getattr(pl_module.trainer, "callbacks", []) if isinstance(c, MetamorphicTraining)), None
-    )
-    if cb is None:
-        if required:
-            raise RobustnessConfigError(
-                "metamorphic_loss(...) needs a MetamorphicTraining(consistency=...) callback on the trainer"
-            )
-        return main_zero(outputs)
-    return cb.loss(pl_module, batch, outputs, seg_loss)
+    try:
+        return _metamorphic_loss(pl_module, batch, outputs, seg_loss, required=required)
+    except MissingCallbackError as err:
+        raise RobustnessConfigError(str(err)) from None
 
 
-def main_zero(outputs: Any) -> torch.Tensor:
-    """A 0 on the outputs' device that keeps the graph (adding it changes nothing)."""
-    from robusttrain.metamorphic.outputs import main_output
-
-    return main_output(outputs).sum() * 0.0
+def _total_steps(trainer: Any) -> int:
+    total = trainer.estimated_stepping_batches
+    return int(total) if math.isfinite(total) else 1000
 
 
 def _forward_context(trainer: Any) -> Any:
@@ -536,22 +682,50 @@ def _forward_context(trainer: Any) -> Any:
     return plugin.forward_context() if plugin is not None else contextlib.nullcontext()
 
 
-def _check_images(images: Any) -> None:
-    """Training images the perturbations can take: float (B,C,H,W[,D]) in [0, 1]."""
+def _check_images(images: Any, step: int = 0) -> None:
+    """Training images the perturbations can take: float (B,C,H,W[,D]) in [0, 1] (checked every batch:
+    a loader can produce an out-of-range batch at any step)."""
     if not torch.is_tensor(images) or not images.is_floating_point() or images.ndim not in (4, 5):
         raise RobustnessConfigError(
             f"MetamorphicTraining needs float (B,C,H,W) or (B,C,H,W,D) training images, got "
             f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}"
         )
-    lo, hi = float(images.min()), float(images.max())
-    if lo < 0.0 or hi > 1.0:
+    lo, hi = (float(v) for v in torch.aminmax(images.detach()))
+    if not (lo >= 0.0 and hi <= 1.0):  # also false for NaN
         raise RobustnessConfigError(
-            f"MetamorphicTraining perturbs images in [0, 1], but the training images span [{lo:.3g}, {hi:.3g}] "
-            "(normalise after the perturbation, e.g. in the model's forward, or pass hooks=BatchHooks(get_images=...))"
+            f"MetamorphicTraining perturbs images in [0, 1], but the training images at step {step} span "
+            f"[{lo:.3g}, {hi:.3g}] (normalise after the perturbation, e.g. in the model's forward, or pass "
+            "hooks=BatchHooks(get_images=...))"
         )
 
 
-def _select(outputs: Any, idx: torch.Tensor) -> Any:
+def _checked_caps(caps: Any, families: Sequence[str] | None) -> int | dict[str, int] | None:
+    """``severity_caps`` validated at construction: None, an int 1..5, or family -> 1..5 for families of
+    the run (all registered ones when the run's families are not known yet)."""
+
+    def ok(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 1 <= int(v) <= 5
+
+    what = "an int 1..5 or a mapping family -> 1..5 (default: the MR suite's highest severity)"
+    if caps is None:
+        return None
+    if ok(caps):
+        return int(caps)
+    if not isinstance(caps, Mapping):
+        raise ValueError(f"severity_caps must be {what}, got {caps!r}")
+    known = list(families) if families is not None else available()
+    unknown = [str(f) for f in caps if f not in known]
+    if unknown:
+        raise ValueError(
+            f"severity_caps names {unknown}, not families of this run; expected keys among {sorted(known)}"
+        )
+    bad = {str(f): v for f, v in caps.items() if not ok(v)}
+    if bad:
+        raise ValueError(f"severity_caps must be {what}; bad values {bad}")
+    return {str(f): int(v) for f, v in caps.items()}
+
+
+def _select(outputs: Any, idx: torch.Tensor | slice) -> Any:
     """Rows ``idx`` of a tensor, or of every tensor in a dict / tuple of outputs."""
     if torch.is_tensor(outputs):
         return outputs[idx]

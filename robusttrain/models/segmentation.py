@@ -13,8 +13,8 @@ from monai.losses import DiceCELoss
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
-from robusttrain.callbacks.metamorphic_training import metamorphic_loss
 from robusttrain.models.networks import build_network
+from robusttrain.training.objective import metamorphic_forward, metamorphic_loss
 
 
 class SegmentationModule(L.LightningModule):
@@ -24,9 +24,10 @@ class SegmentationModule(L.LightningModule):
     ``train/loss``, ``val/loss``, ``val/dice`` (mean over foreground classes) and
     ``val/dice_<class>``; ``predict_step`` returns class probabilities.
 
-    With a :class:`~robusttrain.callbacks.MetamorphicTraining` callback of ``consistency > 0`` on the
-    trainer, the training loss adds ``L_seg(x*) + lambda * D(p(x), p(x*))`` for the step's worst-of-k
-    follow-ups (the one line :func:`~robusttrain.callbacks.metamorphic_loss` asks of any module).
+    With a :class:`~robusttrain.callbacks.MetamorphicTraining` callback on the trainer, the training step
+    has both objectives' lines built in: ``objective="consistency"`` runs one forward over the batch and
+    its follow-ups and adds ``lambda * D(p(x), p(x*))`` (:func:`~robusttrain.training.metamorphic_forward`);
+    ``objective="paired"`` adds ``L_seg(x*) + lambda * D`` (:func:`~robusttrain.training.metamorphic_loss`).
 
     >>> import torch
     >>> m = SegmentationModule(in_channels=3, num_classes=2, features=(8, 8, 16, 32, 64, 8))
@@ -84,10 +85,12 @@ class SegmentationModule(L.LightningModule):
         return self.loss_fn(logits, batch["mask"].unsqueeze(1)), logits
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, logits = self._loss(batch)
+        # the MR as a training objective: both terms are 0 without a MetamorphicTraining callback (or
+        # with objective="replace", whose follow-ups are already in the batch)
+        logits, mr = metamorphic_forward(self, batch["image"])
+        loss = self._seg_loss(logits, batch["mask"])
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["image"].shape[0])
-        # the MR as a training objective (0 without a MetamorphicTraining(consistency>0) callback)
-        return loss + metamorphic_loss(self, batch, logits, self._seg_loss, required=False)
+        return loss + mr + metamorphic_loss(self, batch, logits, self._seg_loss, required=False)
 
     def _seg_loss(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(logits, masks.unsqueeze(1))

@@ -52,11 +52,16 @@ import torch.nn.functional as F
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import get
 
+from .chains import LABEL as CHAIN_LABEL
+from .chains import ChainSampler, chain_families, recreate
+from .selection import SELECTIONS, Selection, mix_pair
+from .selection import select as select_candidates
+
 OCCLUDERS = frozenset({"instrument", "feces", "blood", "text", "xray_markers", "collimation"})
 # a pixel counts as covered when any channel moved by more than this (8-bit quantisation is 1/255)
 _COVER_DELTA = 2.0 / 255.0
 
-Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Score = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
 @dataclass
@@ -64,10 +69,13 @@ class Followups:
     """The follow-ups of one batch: which positions, their images, and how to re-create them.
 
     ``index`` (n,) batch positions; ``images`` (n, C, ...) the kept follow-ups (a rejected image is its
-    clean self); ``families`` / ``severities`` (n, k) every candidate drawn; ``params`` n x k dicts of
-    CPU tensors (leading dim 1), replayable with ``get(family, severity).apply_batch(x, m, params=p)``;
-    ``chosen`` (n,) the kept candidate (on the images' device; -1 = none, the clean image);
-    ``scores`` (n, k) the candidates' losses (None for k == 1; -inf = rejected).
+    clean self); ``families`` / ``severities`` (n, k) every candidate drawn (a chain candidate is counted
+    as family ``"augmix"``, severity 0); ``params`` n x k dicts of CPU tensors (leading dim 1),
+    replayable with ``get(family, severity).apply_batch(x, m, params=p)``; ``chosen`` (n,) the kept
+    candidate (on the images' device; -1 = none, the clean image); ``scores`` (n, k) the candidates'
+    losses (None when nothing was scored; -inf = rejected); ``partner`` / ``weight`` (n,) with
+    ``selection="augmax"``: the candidate mixed in and the kept one's share; ``chains`` n x k recipes of
+    chain candidates (None without chains). :meth:`recipe` says how to re-create one follow-up.
     """
 
     index: torch.Tensor
@@ -79,6 +87,9 @@ class Followups:
     scores: torch.Tensor | None = None
     step: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    partner: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    chains: list[list[dict[str, Any]]] | None = None
 
     def __len__(self) -> int:
         return int(self.index.numel())
@@ -91,16 +102,34 @@ class Followups:
             out.append(None if j < 0 else (self.families[i][j], self.severities[i][j], self.params[i][j]))
         return out
 
+    def _candidate(self, i: int, j: int) -> dict[str, Any]:
+        if self.chains is not None:
+            return self.chains[i][j]
+        return {"family": self.families[i][j], "severity": self.severities[i][j], "params": self.params[i][j]}
+
+    def recipe(self, i: int) -> dict[str, Any] | None:
+        """How follow-up ``i`` was made (family, severity, params; a chain's every operation and mix
+        weights; AugMax's partner candidate and weight), None if it stayed clean. Params are CPU
+        tensors; :func:`jsonable` turns a recipe into plain lists, :func:`recreate_followup` replays it."""
+        j = int(self.chosen[i])
+        if j < 0:
+            return None
+        rec = dict(self._candidate(i, j))
+        if self.partner is not None and self.weight is not None:
+            rec["partner"] = self._candidate(i, int(self.partner[i]))
+            rec["weight"] = float(self.weight[i])
+        return rec
+
     def replay(self, images: torch.Tensor, masks: torch.Tensor | None, slice_axis: int = -1) -> torch.Tensor:
-        """Re-create :attr:`images` from the clean batch and the recorded params (exact)."""
+        """Re-create :attr:`images` from the clean batch and the recorded recipes (exact)."""
         out = images[self.index].clone()
-        for i, rec in enumerate(self.kept()):
+        for i in range(len(self)):
+            rec = self.recipe(i)
             if rec is None:
                 continue
-            fam, sev, p = rec
             pos = int(self.index[i])
             m = None if masks is None else masks[pos : pos + 1]
-            out[i] = _apply(get(fam, sev), images[pos : pos + 1], m, p, slice_axis)[0]
+            out[i] = recreate_followup(rec, images[pos : pos + 1], m, slice_axis)[0]
         return out
 
 
@@ -117,6 +146,14 @@ class WorstOfK:
         max_cover: largest fraction of lesion pixels an occluding family may change.
         seed: with the step and rank, seeds every draw.
         slice_axis: volumes (B,C,H,W,D) are perturbed slice-wise along it, one draw per volume.
+        selection: ``"worst"``, ``"quantile"`` or ``"augmax"`` (:mod:`robusttrain.training.selection`).
+        quantile: the loss quantile ``"quantile"`` keeps (1.0 = the worst).
+        chain_depth: > 1 makes each candidate a chain of 1..chain_depth families
+            (:mod:`robusttrain.training.chains`).
+        mix: ``"augmix"`` mixes ``width`` chains with the clean image (AugMix); ``"none"`` applies one.
+        width, alpha: AugMix's number of chains and Dirichlet / Beta concentration.
+        stream: name of the random stream (two samplers with one seed and different streams draw
+            independently; with the same stream they draw the same positions and families).
     """
 
     def __init__(
@@ -130,6 +167,13 @@ class WorstOfK:
         max_cover: float = 0.1,
         seed: int = 0,
         slice_axis: int = -1,
+        selection: str = "worst",
+        quantile: float = 0.75,
+        chain_depth: int = 1,
+        mix: str = "none",
+        width: int = 3,
+        alpha: float = 1.0,
+        stream: str = "worst_of_k",
     ):
         self.families = list(dict.fromkeys(families))
         if not self.families:
@@ -144,10 +188,20 @@ class WorstOfK:
             raise ValueError(f"WorstOfK: temperature must be >= 0 (0 = keep the worst), got {temperature!r}")
         if not 0.0 <= float(max_cover) <= 1.0:
             raise ValueError(f"WorstOfK: max_cover must be a fraction in [0, 1], got {max_cover!r}")
+        if selection not in SELECTIONS:
+            raise ValueError(f"WorstOfK: selection must be one of {SELECTIONS}, got {selection!r}")
+        if not 0.0 <= float(quantile) <= 1.0:
+            raise ValueError(f"WorstOfK: quantile must be in [0, 1] (1 = the worst), got {quantile!r}")
         self.k, self.q, self.epsilon = int(k), float(q), float(epsilon)
         self.temperature, self.max_cover = float(temperature), float(max_cover)
         self.seed, self.slice_axis = int(seed), int(slice_axis)
+        self.selection, self.quantile, self.stream = selection, float(quantile), str(stream)
         self.caps = _caps(self.families, severity_caps)
+        self.chains = (
+            ChainSampler(self.families, depth=chain_depth, width=width, alpha=alpha, mix=mix)
+            if chain_depth > 1 or mix != "none"
+            else None
+        )
         self._ops: dict[tuple[str, int], Any] = {}
 
     def family_probs(self, rates: Mapping[str, float] | None = None) -> np.ndarray:
@@ -167,8 +221,13 @@ class WorstOfK:
     def n_selected(self, batch: int) -> int:
         return 0 if self.q <= 0 else min(batch, max(1, int(round(self.q * batch))))
 
+    @property
+    def labels(self) -> list[str]:
+        """The family names candidates are counted under (the families, plus ``"augmix"`` for chains)."""
+        return self.families + ([CHAIN_LABEL] if self.chains is not None else [])
+
     def generator(self, step: int, rank: int = 0) -> torch.Generator:
-        return torch.Generator().manual_seed(stable_seed(self.seed, "worst_of_k", int(step), int(rank)))
+        return torch.Generator().manual_seed(stable_seed(self.seed, self.stream, int(step), int(rank)))
 
     def __call__(
         self,
@@ -179,65 +238,57 @@ class WorstOfK:
         step: int,
         rank: int = 0,
         rates: Mapping[str, float] | None = None,
+        eligible: torch.Tensor | None = None,
+        select: bool = True,
     ) -> Followups:
         """Follow-ups for ``images`` (B,C,H,W[,D]) in [0,1] with ``masks`` (B,H,W[,D]) class indices.
 
         ``score(candidates, masks) -> (n,)`` per-sample losses (higher = worse for the model), called
         once on all n x k candidates (never for k == 1); the caller sets eval mode / no_grad.
+        ``eligible``: the batch positions follow-ups may be drawn from (default all).
+        ``select=False`` draws one random candidate per image, scoring nothing (the warm-up).
         """
         g = self.generator(step, rank)
         b = images.shape[0]
-        n = self.n_selected(b)
-        index = torch.randperm(b, generator=g)[:n].sort().values
-        probs = torch.as_tensor(self.family_probs(rates), dtype=torch.float64)
-        fam_idx = (
-            torch.multinomial(probs, n * self.k, replacement=True, generator=g).view(n, self.k)
-            if n
-            else torch.zeros(0, self.k, dtype=torch.long)
-        )
-        caps = torch.tensor([self.caps[f] for f in self.families])
-        sev = (torch.rand(n, self.k, generator=g) * caps[fam_idx]).long() + 1
-        families = [[self.families[int(j)] for j in row] for row in fam_idx]
-        severities = sev.tolist()
+        pool = torch.arange(b) if eligible is None else torch.as_tensor(eligible, dtype=torch.long).cpu()
+        n = min(self.n_selected(b), len(pool))
+        index = pool[torch.randperm(len(pool), generator=g)[:n]].sort().values
+        k = self.k if select else 1
+        probs_np = self.family_probs(rates)
         dev_index = index.to(images.device)
         src = images[dev_index]
         src_m = None if masks is None else masks[dev_index]
-        cand = src.unsqueeze(1).repeat(1, self.k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
-        params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self.k)] for _ in range(n)]
-        # one batched call per (family, severity): candidates of a kind share the kernel launch
-        groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for i in range(n):
-            for j in range(self.k):
-                groups.setdefault((families[i][j], severities[i][j]), []).append((i, j))
-        for (fam, s), members in groups.items():
-            rows = torch.tensor([i for i, _ in members], device=images.device)
-            cols = torch.tensor([j for _, j in members], device=images.device)
-            m = None if src_m is None else src_m[rows]
-            out, p = self._sample_apply(self._op(fam, s), src[rows], m, g)
-            cand[rows, cols] = out  # one scatter and one device->host copy per group, not per candidate
-            host = {key: v.detach().cpu() for key, v in p.items()}
-            for r, (i, j) in enumerate(members):
-                params[i][j] = {key: v[r : r + 1] for key, v in host.items()}
-        rejected = self._rejected(src, src_m, cand, families)
-        scores = None
-        if self.k == 1:
-            chosen = torch.zeros(n, dtype=torch.long, device=images.device)
+        chains = None
+        if self.chains is not None:
+            cand, families, severities, params, chains = self._draw_chains(src, src_m, k, probs_np, g)
+            occl = [[any(f in OCCLUDERS for f in chain_families(r)) for r in row] for row in chains]
         else:
-            flat = cand.reshape(n * self.k, *cand.shape[2:])
-            fm = None if src_m is None else src_m.repeat_interleave(self.k, 0)
-            scores = score(flat, fm).reshape(n, self.k).float() if n else torch.zeros(0, self.k)
-            scores = scores.to(images.device)
-            key = scores
-            if self.temperature > 0:  # Gumbel-max: a sample of softmax(loss / T), drawn on the CPU stream
-                u = torch.rand(n, self.k, generator=g).clamp_(1e-12, 1 - 1e-12).to(images.device)
-                key = scores / self.temperature - torch.log(-torch.log(u))
-            chosen = key.masked_fill(rejected, float("-inf")).argmax(1)
+            cand, families, severities, params = self._draw_single(src, src_m, k, probs_np, g)
+            occl = None
+        rejected = self._rejected(src, src_m, cand, families, occl)
+        scores = None
+        dev = images.device
+        if k == 1:
+            sel = Selection(torch.where(rejected[:, 0], -1, 0).to(dev) if n else torch.zeros(0, dtype=torch.long, device=dev))
+        else:
+            flat = cand.reshape(n * k, *cand.shape[2:])
+            fm = None if src_m is None else src_m.repeat_interleave(k, 0)
+            if score is None:
+                raise ValueError("WorstOfK: k > 1 scores candidates; give score(candidates, masks)")
+            scores = score(flat, fm).reshape(n, k).float() if n else torch.zeros(0, k)
+            scores = scores.to(dev)
+            sel = select_candidates(
+                scores, rejected, self.selection, quantile=self.quantile, temperature=self.temperature, generator=g
+            )
             scores = scores.masked_fill(rejected, float("-inf"))
-        ok = ~rejected.gather(1, chosen.view(-1, 1)).view(-1)
-        kept = cand[torch.arange(n, device=images.device), chosen]
+        chosen = sel.chosen
+        ok = chosen >= 0
+        rows = torch.arange(n, device=dev)
+        kept = cand[rows, chosen.clamp_min(0)]
         shape = (-1,) + (1,) * (src.ndim - 1)
+        if sel.partner is not None and sel.weight is not None:  # AugMax: worst mixed with a random other
+            kept = mix_pair(kept, cand[rows, sel.partner.clamp_min(0)], sel.weight)
         kept = torch.where(ok.view(shape), kept, src)
-        chosen = torch.where(ok, chosen, torch.full_like(chosen, -1))
         return Followups(
             index=dev_index,
             images=kept,
@@ -248,7 +299,62 @@ class WorstOfK:
             scores=scores,
             step=int(step),
             extra={"rejected": rejected},
+            partner=sel.partner,
+            weight=sel.weight,
+            chains=chains,
         )
+
+    def _draw_single(
+        self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
+    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], list[list[dict[str, torch.Tensor]]]]:
+        """k single-family candidates per image: (n, k, C, ...) images, families, severities, params."""
+        n = src.shape[0]
+        probs = torch.as_tensor(probs_np, dtype=torch.float64)
+        fam_idx = (
+            torch.multinomial(probs, n * k, replacement=True, generator=g).view(n, k)
+            if n
+            else torch.zeros(0, k, dtype=torch.long)
+        )
+        caps = torch.tensor([self.caps[f] for f in self.families])
+        sev = (torch.rand(n, k, generator=g) * caps[fam_idx]).long() + 1
+        families = [[self.families[int(j)] for j in row] for row in fam_idx]
+        severities = sev.tolist()
+        cand = src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
+        params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(k)] for _ in range(n)]
+        # one batched call per (family, severity): candidates of a kind share the kernel launch
+        groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for i in range(n):
+            for j in range(k):
+                groups.setdefault((families[i][j], severities[i][j]), []).append((i, j))
+        for (fam, s), members in groups.items():
+            rows = torch.tensor([i for i, _ in members], device=src.device)
+            cols = torch.tensor([j for _, j in members], device=src.device)
+            m = None if src_m is None else src_m[rows]
+            out, p = self._sample_apply(self._op(fam, s), src[rows], m, g)
+            cand[rows, cols] = out  # one scatter and one device->host copy per group, not per candidate
+            host = {key: v.detach().cpu() for key, v in p.items()}
+            for r, (i, j) in enumerate(members):
+                params[i][j] = {key: v[r : r + 1] for key, v in host.items()}
+        return cand, families, severities, params
+
+    def _draw_chains(
+        self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
+    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], list[list[dict[str, torch.Tensor]]], list[list[dict[str, Any]]]]:
+        """k chain candidates per image (AugMix-style), with each one's recipe."""
+        assert self.chains is not None
+        n = src.shape[0]
+        apply = lambda fam, sev, x, m: self._sample_apply(self._op(fam, sev), x, m, g)  # noqa: E731
+        outs, recipes = [], []
+        for _ in range(k):
+            out, rec = self.chains.draw(src, src_m, probs_np, self.caps, apply, g)
+            outs.append(out)
+            recipes.append(rec)
+        cand = torch.stack(outs, 1) if n else src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1)))
+        chains = [[recipes[j][i] for j in range(k)] for i in range(n)]
+        families = [[CHAIN_LABEL] * k for _ in range(n)]
+        severities = [[0] * k for _ in range(n)]
+        params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(k)] for _ in range(n)]
+        return cand, families, severities, params, chains
 
     # -- internals ---------------------------------------------------------------------
     def _op(self, family: str, severity: int) -> Any:
@@ -276,12 +382,20 @@ class WorstOfK:
         return out.to(x.dtype), p
 
     def _rejected(
-        self, src: torch.Tensor, masks: torch.Tensor | None, cand: torch.Tensor, families: list[list[str]]
+        self,
+        src: torch.Tensor,
+        masks: torch.Tensor | None,
+        cand: torch.Tensor,
+        families: list[list[str]],
+        occluding: list[list[bool]] | None = None,
     ) -> torch.Tensor:
-        """(n, k) bool: occluding candidates that change more than ``max_cover`` of the lesion."""
-        n = src.shape[0]
-        out = torch.zeros(n, self.k, dtype=torch.bool, device=src.device)
-        occl = torch.tensor([[f in OCCLUDERS for f in row] for row in families], dtype=torch.bool)
+        """(n, k) bool: occluding candidates (``families`` in OCCLUDERS, or ``occluding`` given per
+        candidate: a chain occludes when any of its operations does) that change more than
+        ``max_cover`` of the lesion."""
+        n, k = cand.shape[:2]
+        out = torch.zeros(n, k, dtype=torch.bool, device=src.device)
+        flags = occluding if occluding is not None else [[f in OCCLUDERS for f in row] for row in families]
+        occl = torch.tensor(flags, dtype=torch.bool).view(n, k)
         if masks is None or not bool(occl.any()):
             return out
         lesion = (masks > 0).unsqueeze(1)  # (n, 1, ...)
@@ -304,6 +418,38 @@ def _apply(
         return slices_to_volume(out.to(x.dtype), x.shape[0], slice_axis)
     out, _ = op.apply_batch(x, m, params={k: v.to(x.device) for k, v in params.items()})
     return out.to(x.dtype)
+
+
+def recreate_followup(
+    recipe: Mapping[str, Any], image: torch.Tensor, mask: torch.Tensor | None, slice_axis: int = -1
+) -> torch.Tensor:
+    """Re-create one follow-up of ``image`` (1, C, ...) from :meth:`Followups.recipe` (or its
+    :func:`jsonable` form, as ``metamorphic_training_samples.jsonl`` stores it): exact."""
+
+    def op(fam: str, sev: int, x: torch.Tensor, m: torch.Tensor | None, p: Mapping[str, Any]) -> torch.Tensor:
+        return _apply(get(fam, sev), x, m, {k: torch.as_tensor(v) for k, v in p.items()}, slice_axis)
+
+    def candidate(rec: Mapping[str, Any]) -> torch.Tensor:
+        if rec["family"] == CHAIN_LABEL:
+            return recreate(rec, image, mask, op)
+        return op(rec["family"], int(rec["severity"]), image, mask, rec["params"])
+
+    out = candidate(recipe)
+    if "partner" in recipe:
+        w = torch.tensor([recipe["weight"]], dtype=torch.float64).to(out.dtype).to(out.device)
+        out = mix_pair(out, candidate(recipe["partner"]), w)
+    return out
+
+
+def jsonable(recipe: Any) -> Any:
+    """A recipe with every tensor as (nested) lists: what a JSON line stores."""
+    if torch.is_tensor(recipe):
+        return recipe.tolist()
+    if isinstance(recipe, Mapping):
+        return {k: jsonable(v) for k, v in recipe.items()}
+    if isinstance(recipe, (list, tuple)):
+        return [jsonable(v) for v in recipe]
+    return recipe
 
 
 def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str, int]:
