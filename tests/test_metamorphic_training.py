@@ -215,7 +215,10 @@ def test_scoring_leaves_batchnorm_buffers_train_mode_and_rng_untouched():
 @pytest.mark.slow
 def test_gradients_flow_only_through_the_chosen_follow_up_and_clean_batch(tmp_path):
     model = BNNet()
-    mt = MetamorphicTraining(perturbations=COLOUR, k=4, q=0.5, consistency=1.0, ramp=0.0, dirpath=tmp_path)
+    mt = MetamorphicTraining(
+        perturbations=COLOUR, k=4, q=0.5, objective="paired", consistency=1.0, ramp=0.0, score_scale=0.5,
+        dirpath=tmp_path,
+    )
     _fit(model, [mt], tmp_path, epochs=1, tuples=True)
     grad_forwards = [f for f in model.forwards if f[1]]
     nograd = [f for f in model.forwards if not f[1]]
@@ -247,7 +250,8 @@ class GradProbe(BNNet):
 def test_detach_source_keeps_the_consistency_gradient_off_the_clean_prediction(tmp_path, detach):
     model = GradProbe()
     mt = MetamorphicTraining(
-        perturbations=COLOUR, k=2, consistency=1.0, ramp=0.0, detach_source=detach, dirpath=tmp_path
+        perturbations=COLOUR, k=2, objective="paired", consistency=1.0, ramp=0.0, detach_source=detach,
+        dirpath=tmp_path,
     )
     _fit(model, [mt], tmp_path, epochs=1, tuples=True)
     assert len(model.source_grads) == 2
@@ -261,7 +265,7 @@ def test_detach_source_keeps_the_consistency_gradient_off_the_clean_prediction(t
 
 @pytest.mark.slow
 def test_consistency_without_the_line_is_one_clear_error(tmp_path):
-    mt = MetamorphicTraining(perturbations=COLOUR, consistency=1.0, dirpath=tmp_path)
+    mt = MetamorphicTraining(perturbations=COLOUR, objective="paired", consistency=1.0, dirpath=tmp_path)
     with pytest.raises(RobustnessConfigError, match=r"never called metamorphic_loss"):
         _fit(BNNet(consistency_line=False), [mt], tmp_path, epochs=1)
     with pytest.raises(RobustnessConfigError, match="needs a MetamorphicTraining"):
@@ -318,7 +322,7 @@ def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
     def run(d, ckpt=None, crash=None):
         model = BNNet(dropout=0.0)  # Lightning does not checkpoint the global RNG that dropout draws from
         mt = MetamorphicTraining(
-            perturbations=COLOUR + ["blur"], k=3, consistency=1.0, record_every=1, dirpath=d
+            perturbations=COLOUR + ["blur"], k=3, objective="paired", consistency=1.0, record_every=1, dirpath=d
         )
         mr = MetamorphicCallback(
             suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, verbose=False, class_names=["polyp"]
@@ -417,6 +421,7 @@ def test_3d_monai_unet_with_consistency(tmp_path):
         perturbations=["blur", "contrast", "gamma"],
         k=2,
         q=0.5,
+        objective="paired",
         consistency=1.0,
         ramp=0.0,
         record_every=1,
@@ -467,7 +472,7 @@ def test_pytorch_lightning_trainer_accepts_it(tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
-    mt = MetamorphicTraining(perturbations=COLOUR, k=2, consistency=0.5, dirpath=tmp_path)
+    mt = MetamorphicTraining(perturbations=COLOUR, k=2, objective="paired", consistency=0.5, dirpath=tmp_path)
     trainer = pl.Trainer(
         max_epochs=1,
         callbacks=[mt],

@@ -523,7 +523,7 @@ class MetamorphicTraining(UsesContext, Callback):
         last = rows[rows["epoch"] == rows["epoch"].max()]
         return {str(p): float(v) for p, v in zip(last["perturbation"], last["efr"]) if v == v}
 
-    def _scorer(self, trainer: Any, pl_module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def _scorer(self, trainer: Any, pl_module: Any) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
         spec = self._hooks().to_probabilities
 
         def score(candidates: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
