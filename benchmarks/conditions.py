@@ -42,19 +42,26 @@ from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.mining import RandomPerturbationDataset
 
-# the MetamorphicTraining conditions: keyword arguments over MT_DEFAULTS (the method: the class's defaults + consistency=1)
-MT_DEFAULTS = {"k": 4, "q": 0.5, "epsilon": 0.3, "consistency": 1.0}
+# the MetamorphicTraining conditions: keyword arguments over MT_DEFAULTS (the v3 method: worst of 4,
+# JS lambda=1 through the paired objective, candidates scored at half size -- spelled out, since the
+# class's defaults moved in robust training v2: consistency > 0 now means the consistency objective and
+# scoring is at full size)
+MT_DEFAULTS = {"k": 4, "q": 0.5, "epsilon": 0.3, "consistency": 1.0, "objective": "paired", "score_scale": 0.5}
 MT_CONDITIONS = {
-    "mt_random": {"k": 1, "epsilon": 1.0, "consistency": 0.0},
+    "mt_random": {"k": 1, "epsilon": 1.0, "consistency": 0.0, "objective": "replace"},
     "metamorphic": {},
     "consistency_only": {"k": 1},
-    "worst_of_k_only": {"consistency": 0.0},
+    "worst_of_k_only": {"consistency": 0.0, "objective": "replace"},
     "metamorphic_uniform": {"epsilon": 1.0},
     # the seed-2 stall diagnostics (docs/results.md): which part of lambda=1 stalls seed 2?
     "consistency_detached": {"k": 1, "detach_source": True},  # JS moves only the follow-up
     "consistency_paired": {"k": 1, "consistency": 1e-9},  # the paired follow-up loss, JS weight ~0
     "consistency_light": {"k": 1, "consistency": 0.1},  # a tenth of the JS weight
     "metamorphic_detached": {"detach_source": True},
+    # robust training v2 (issue 30): the v3 method's draws with the new objective -- the clean batch
+    # alone is supervised, the worst-of-4 copies act only through lambda * JS in one forward. Run on
+    # seed 2, where every paired run stalled: the stall reproducer.
+    "metamorphic_consistency": {"objective": "consistency"},
 }
 CONDITIONS = ("plain", "random", "mined", *MT_CONDITIONS)
 # the recipe's "family replay" (robusttrain/recipes/callbacks/robust.yaml), the best Kvasir/synthetic

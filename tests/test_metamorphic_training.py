@@ -569,6 +569,6 @@ def test_normalised_training_images_are_refused_in_one_line(tmp_path):
         enable_checkpointing=False,
     )
     with pytest.raises(
-        RobustnessConfigError, match=r"perturbs images in \[0, 1\], but the training images span"
+        RobustnessConfigError, match=r"perturbs images in \[0, 1\], but the training images at step 0 span"
     ):
         trainer.fit(Tiny(), DataLoader(Normalised(8, slices=1, size=32), batch_size=4))
