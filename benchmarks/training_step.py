@@ -1,4 +1,4 @@
-"""Training-step cost of metamorphic training: plain vs each (k, q, lambda, score_scale) setting, side by side.
+"""Training-step cost of metamorphic training: plain vs each objective / selection setting, side by side.
 
 A real Lightning trainer fits the polyp recipe's model (SegmentationModule, MONAI BasicUNet
 16-16-32-64-128-16, Dice+CE, AdamW) on synthetic polyp batches at the recipe's size (128 px, batch 8)
@@ -36,13 +36,19 @@ from robusttrain.models import SegmentationModule  # noqa: E402
 
 SETTINGS = {
     "plain": None,
-    "random aug (k=1, q=.5)": dict(k=1, q=0.5, epsilon=1.0, consistency=0.0),
-    "worst-of-4 (q=.5)": dict(k=4, q=0.5, consistency=0.0),
-    "consistency only (k=1, lambda=1)": dict(k=1, q=0.5, consistency=1.0),
-    "DEFAULT worst-of-4 + lambda=1": dict(k=4, q=0.5, consistency=1.0),
-    "worst-of-4 + lambda=1, full-size scoring": dict(k=4, q=0.5, consistency=1.0, score_scale=1.0),
-    "worst-of-8 + lambda=1": dict(k=8, q=0.5, consistency=1.0),
-    "worst-of-4 + lambda=1, q=1": dict(k=4, q=1.0, consistency=1.0),
+    "DEFAULT random aug (replace, k=1, q=.5)": dict(k=1, q=0.5, epsilon=1.0),
+    "replace, worst-of-4": dict(k=4, q=0.5),
+    "consistency, k=1 (lambda=1)": dict(k=1, q=0.5, objective="consistency", consistency=1.0),
+    "random + consistency, worst-of-4 augmax": dict(
+        k=4, q=0.5, epsilon=1.0, objective="consistency", consistency=1.0, replace_q=0.5, selection="augmax"
+    ),
+    "random + consistency, AugMix chains": dict(
+        k=1, q=0.5, epsilon=1.0, objective="consistency", consistency=1.0, replace_q=0.5, mix="augmix",
+        chain_depth=3, width=3,
+    ),
+    "paired worst-of-4, half-size scoring (v3 method)": dict(
+        k=4, q=0.5, objective="paired", consistency=1.0, score_scale=0.5
+    ),
 }
 
 
