@@ -55,24 +55,29 @@ def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
     assert scope["mining"].replay is not None  # the datamodule's loader read the wrapper
 
 
-def test_readme_metamorphic_training_example_runs_on_a_user_project(tmp_path, monkeypatch):
+def test_readme_metamorphic_training_examples_run_on_a_user_project(tmp_path, monkeypatch):
     text = README.read_text()
     start = text.index("## Train on what the check finds")
     blocks = re.findall(r"```python\n(.*?)```", text[start : text.index("\n## ", start + 3)], flags=re.S)
-    assert len(blocks) == 1 and "metamorphic_loss(self, batch, logits, self.loss_fn)" in blocks[0]
+    assert len(blocks) == 3 and "metamorphic_forward(self, images)" in blocks[1]
     L, Net, Data = make("lightning.pytorch")
 
     class MyModel(Net):
         def loss_fn(self, logits, masks):  # the user's own loss on the user's own mask format
             return torch.nn.functional.cross_entropy(logits, masks[:, 0].round().long())
 
-    code = blocks[0].replace("max_epochs=20", "max_epochs=2, enable_progress_bar=False, logger=False")
     monkeypatch.chdir(tmp_path)
-    L.seed_everything(0, workers=True)
     scope = {"MyModel": MyModel, "MyDataModule": Data, "L": L}
-    exec(compile(code, "README.md", "exec"), scope)
-    run = tmp_path / "runs" / "robust"
-    for name in ("history.csv", "efr.csv", "metamorphic_training.csv", "metamorphic_training_samples.jsonl"):
-        assert (run / name).is_file(), name
-    stats = pd.read_csv(run / "metamorphic_training.csv")
-    assert set(stats.epoch) == {0, 1} and stats.chosen.sum() == 2 * 4 * 2  # 4 steps x 2 follow-ups per epoch
+    for block in blocks:  # in order: the third block reuses the second's model class
+        code = block.replace("max_epochs=20", "max_epochs=2, enable_progress_bar=False, logger=False")
+        L.seed_everything(0, workers=True)
+        exec(compile(code, "README.md", "exec"), scope)
+    for name in ("random", "hard", "augmix"):
+        run = tmp_path / "runs" / name
+        assert (run / "metamorphic_training.csv").is_file(), name
+        stats = pd.read_csv(run / "metamorphic_training.csv")
+        assert set(stats.epoch) == {0, 1} and stats.chosen.sum() == 2 * 4 * 2, name  # 2 epochs x 4 steps x 2
+    # the AugMix run trained on chain mixes, and says so per epoch
+    aug = pd.read_csv(tmp_path / "runs" / "augmix" / "metamorphic_training.csv")
+    assert aug.loc[aug.family == "augmix", "chosen"].sum() == 2 * 4 * 2
+    assert (tmp_path / "runs" / "hard" / "efr.csv").is_file()

@@ -6,7 +6,8 @@ with ``w ~ Dirichlet(alpha)``, ``m ~ Beta(alpha, alpha)`` and each chain 1-3 ran
 copies stay close to the data manifold (the mix keeps the clean image's content) yet cover far more
 appearance combinations than one operation at a time — which is what helps on corruptions nobody
 simulated. Here the operations are the library's perturbation families (any registered one, severities
-capped per family), drawn with the family weights the caller gives.
+capped per family), drawn with the family weights the caller gives. Occluding families (instruments,
+text, ...) are left out of chains: blended into a mix they would still cover the lesion.
 
 Batched: per chain and depth step, the images whose chain is still running are grouped by
 (family, severity) and each group is one ``apply`` call. Every random number comes from the caller's
@@ -87,7 +88,8 @@ class ChainSampler:
         else:
             m, w = np.zeros(n), np.ones((n, 1))
         lengths = rng.integers(1, self.depth + 1, (n, self.width))
-        fam_idx = rng.choice(len(self.families), size=(n, self.width, self.depth), p=probs / probs.sum())
+        p = probs / probs.sum() if probs.sum() > 0 else np.full(len(self.families), 1.0 / len(self.families))
+        fam_idx = rng.choice(len(self.families), size=(n, self.width, self.depth), p=p)
         sev_u = rng.random((n, self.width, self.depth))
         recipes: list[dict[str, Any]] = [
             {

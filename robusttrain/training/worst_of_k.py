@@ -197,11 +197,16 @@ class WorstOfK:
         self.seed, self.slice_axis = int(seed), int(slice_axis)
         self.selection, self.quantile, self.stream = selection, float(quantile), str(stream)
         self.caps = _caps(self.families, severity_caps)
-        self.chains = (
-            ChainSampler(self.families, depth=chain_depth, width=width, alpha=alpha, mix=mix)
-            if chain_depth > 1 or mix != "none"
-            else None
-        )
+        self.chains = None
+        if chain_depth > 1 or mix != "none":
+            # chains mix appearance changes; an occluder inside a chain would (nearly always) be rejected
+            # by the lesion-cover rule, so occluding families stay single-candidate only
+            chain_fams = [f for f in self.families if f not in OCCLUDERS]
+            if not chain_fams:
+                raise ValueError(
+                    f"WorstOfK: chains need a non-occluding family; {self.families} all occlude the image"
+                )
+            self.chains = ChainSampler(chain_fams, depth=chain_depth, width=width, alpha=alpha, mix=mix)
         self._ops: dict[tuple[str, int], Any] = {}
 
     def family_probs(self, rates: Mapping[str, float] | None = None) -> np.ndarray:
@@ -344,9 +349,10 @@ class WorstOfK:
         assert self.chains is not None
         n = src.shape[0]
         apply = lambda fam, sev, x, m: self._sample_apply(self._op(fam, sev), x, m, g)  # noqa: E731
+        probs = probs_np[[self.families.index(f) for f in self.chains.families]]
         outs, recipes = [], []
         for _ in range(k):
-            out, rec = self.chains.draw(src, src_m, probs_np, self.caps, apply, g)
+            out, rec = self.chains.draw(src, src_m, probs, self.caps, apply, g)
             outs.append(out)
             recipes.append(rec)
         cand = torch.stack(outs, 1) if n else src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1)))
