@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
-from pandas.api.types import is_numeric_dtype
 import torch
+from pandas.api.types import is_numeric_dtype
 
 from .batch import BatchHooks
 from .check import Probe, checking_state, id_prefix, predict_fn, probe_cases, run_check
@@ -187,7 +187,9 @@ def format_efr_tables(tables: dict[float, pd.DataFrame]) -> str:
     for t, table in tables.items():
         head = "| perturbation | " + " | ".join(table.columns) + " |"
         sep = "|---|" + "".join("---:|" if is_numeric_dtype(table[c]) else "---|" for c in table.columns)
-        rows = [f"| {p} | " + " | ".join(_cell(v) for v in r) + " |" for p, r in zip(table.index, table.values)]
+        rows = [
+            f"| {p} | " + " | ".join(_cell(v) for v in r) + " |" for p, r in zip(table.index, table.values)
+        ]
         parts.append(
             "\n".join(
                 [

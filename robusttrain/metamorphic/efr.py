@@ -172,7 +172,9 @@ def worst_family(cases: pd.DataFrame) -> tuple[str | None, float]:
     """
     if not len(cases):
         return None, float("nan")
-    means = pd.to_numeric(cases["fol_dice"], errors="coerce").groupby(cases["perturbation"], sort=False).mean()
+    means = (
+        pd.to_numeric(cases["fol_dice"], errors="coerce").groupby(cases["perturbation"], sort=False).mean()
+    )
     means = means.dropna()
     if means.empty:
         return None, float("nan")
@@ -209,7 +211,9 @@ def family_rows(table: pd.DataFrame) -> pd.DataFrame:
     Old tables without the endpoint columns get them as NaN (``heldout``: False)."""
     rows = table[(table["severity"] == 0) & (table["perturbation"] != "all")]
     if len(rows):
-        rows = rows[(rows["metric"] == rows["metric"].iloc[0]) & (rows["threshold"] == rows["threshold"].iloc[0])]
+        rows = rows[
+            (rows["metric"] == rows["metric"].iloc[0]) & (rows["threshold"] == rows["threshold"].iloc[0])
+        ]
     rows = rows.drop_duplicates("perturbation")
     for c in ENDPOINT_COLUMNS:
         if c not in rows:
