@@ -117,7 +117,8 @@ class MetamorphicCallback(UsesContext, Callback):
         heldout: test-only families (held out from training): a suite name such as
             ``"endoscopy_heldout"`` or family names; added to the suite when missing, labelled
             ``heldout`` in ``efr.csv`` and every table, and published as
-            ``RobustnessContext.heldout_families`` so MetamorphicTraining never draws them.
+            ``RobustnessContext.heldout_families`` so MetamorphicTraining never draws them; their
+            violations are not handed to the context's sinks (failure mining would replay them).
 
     Raises:
         ValueError: a bad argument (named in the message), when the callback is built.
@@ -496,9 +497,12 @@ class MetamorphicCallback(UsesContext, Callback):
             keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
             self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
         if trainer.is_global_zero and sinks:
+            # a held-out family's violations stay in the tables but never reach the sinks: the failure
+            # bank would replay them into training, and training must never see a test-only family
+            mineable = scored[~scored["perturbation"].isin(self.heldout)] if len(scored) else scored
             self.last_failures = build_failures(
                 res,
-                scored,
+                mineable,
                 self.suite,
                 ds,
                 self.hooks,
