@@ -69,7 +69,8 @@ def efr_tables(efr: pd.DataFrame, epoch: int | None = None) -> dict[float, pd.Da
         )
         for split in dict.fromkeys(sub["split"]):
             fams = per[(per["split"] == split) & (per["threshold"] == t)]
-            fams = fams[fams["metric"] == fams["metric"].iloc[0]].drop_duplicates("perturbation")
+            if len(fams):  # the Dice is the same in every metric's rows: one metric's
+                fams = fams[fams["metric"] == fams["metric"].iloc[0]].drop_duplicates("perturbation")
             dice = (100 * fams.set_index("perturbation")["mean_fol_dice"].astype(float)).reindex(index)
             worst = pd.Series(None, index=index, dtype=object)
             worst_dice = pd.Series(float("nan"), index=index)
