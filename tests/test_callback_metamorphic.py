@@ -46,6 +46,11 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
         "efr_low",
         "efr_high",
         "suite_cases",
+        "heldout",
+        "mean_src_dice",
+        "mean_fol_dice",
+        "worst_family",
+        "worst_family_dice",
         "final",
         "basis",
         "from_epoch",
@@ -74,6 +79,39 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
     assert rec.drop > 0.25 and len(rec.extra["slices"]) == 2
     assert imgs["source"].shape == (24, 24, 3) and imgs["gt"].shape == (24, 24)
     assert imgs["source"].dtype.name == "uint8" and imgs["pred_followup"].dtype.name == "uint8"
+
+
+def test_heldout_families_are_tested_labelled_and_published_to_the_context(tmp_path):
+    got = []
+    ctx = RobustnessContext()
+    ctx.subscribe(lambda r, im: got.append(r))
+    # the toy model breaks under contrast (every case drops), not under saturation
+    cb = mr(["saturation"], (2,), heldout=["contrast"], dirpath=tmp_path / "run", verbose=False, context=ctx)
+    assert cb.suite.names == ["saturation", "contrast"]  # a test-only family joins the suite
+    trainer = fit(tmp_path, cb, epochs=1)
+    assert trainer.robusttrain_context.heldout_families == frozenset({"contrast"})
+    efr = pd.read_csv(tmp_path / "run" / "efr.csv")
+    assert efr.groupby("perturbation").heldout.agg(set).to_dict() == {
+        "all": {False},
+        "contrast": {True},
+        "saturation": {False},
+    }
+    cases = pd.read_csv(tmp_path / "run" / "mr_cases.csv")
+    every = efr[efr.perturbation == "all"].iloc[0]
+    assert every.mean_fol_dice == pytest.approx(cases.fol_dice.mean())
+    assert every.mean_src_dice == pytest.approx(cases.src_dice.mean())
+    by_family = cases.groupby("perturbation").fol_dice.mean()
+    assert every.worst_family == by_family.idxmin() == "contrast"
+    assert every.worst_family_dice == pytest.approx(by_family.min())
+    held = efr[(efr.perturbation == "contrast") & (efr.severity == 0)]
+    assert held.mean_fol_dice.tolist() == pytest.approx([by_family["contrast"]] * len(held))
+    # its violations are in the tables but never reach a sink (failure mining would train on them)
+    bad = cases[cases.drop_dice > 0.25]
+    assert len(bad) == 4 and set(bad.perturbation) == {"contrast"}
+    assert got == []
+    logged = pd.read_csv(f"{trainer.logger.log_dir}/metrics.csv")
+    assert logged["mr/perturbed_dice/heldout"].dropna().tolist() == pytest.approx([by_family["contrast"]])
+    assert logged["mr/perturbed_dice/trained"].dropna().tolist() == pytest.approx([by_family["saturation"]])
 
 
 def test_same_follow_ups_every_epoch(tmp_path):

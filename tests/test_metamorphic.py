@@ -7,7 +7,7 @@ import torch
 
 from robusttrain import perturbations as P
 from robusttrain.metamorphic.batch import BatchHooks, HookError, iter_probe
-from robusttrain.metamorphic.efr import efr_metrics, efr_table, is_error
+from robusttrain.metamorphic.efr import ENDPOINT_COLUMNS, TABLE_COLUMNS, efr_metrics, efr_table, is_error
 from robusttrain.metamorphic.runner import ProbeResult, aggregate, run_probe
 from robusttrain.metamorphic.scoring import (
     CaseScores,
@@ -89,6 +89,44 @@ def test_efr_threshold_is_strict_and_zero_source_is_not_an_error():
     assert m["mr/efr/all/iou@0.25"] == 0.0
     row = t[(t.perturbation == "a") & (t.severity == 4) & (t.metric == "dice") & (t.threshold == 0.5)]
     assert row[["errors", "cases"]].values.tolist() == [[1, 1]]
+
+
+def test_efr_rows_carry_the_perturbed_dice_the_worst_family_and_the_heldout_label():
+    # a: fol 0.6 (sev 2), 0.4 (sev 4) -> mean 0.5; b: fol 0.8, 0.1 (both sev 2) -> mean 0.45 (the worst)
+    cases = pd.DataFrame(
+        {
+            "perturbation": ["a", "a", "b", "b"],
+            "severity": [2, 4, 2, 2],
+            "src_dice": [1.0, 1.0, 0.8, 0.8],
+            "fol_dice": [0.6, 0.4, 0.8, 0.1],
+            "src_iou": [1.0, 1.0, 0.8, 0.8],
+            "fol_iou": [1.0, 1.0, 0.8, 0.8],
+        }
+    )
+    t = efr_table(cases, heldout=["b"])
+    assert list(t.columns) == TABLE_COLUMNS and set(ENDPOINT_COLUMNS) <= set(t.columns)
+    at = lambda p, s: t[(t.perturbation == p) & (t.severity == s)]
+    assert at("a", 4).mean_fol_dice.tolist() == pytest.approx([0.4] * 4)
+    assert at("a", 2).mean_fol_dice.tolist() == pytest.approx([0.6] * 4)
+    assert at("a", 0).mean_fol_dice.tolist() == pytest.approx([0.5] * 4)
+    assert at("a", 0).mean_src_dice.tolist() == pytest.approx([1.0] * 4)
+    assert at("b", 0).mean_fol_dice.tolist() == pytest.approx([0.45] * 4)
+    every = at("all", 0)
+    assert len(every) == 4  # 2 metrics x 2 thresholds, the same Dice on each
+    assert every.mean_fol_dice.tolist() == pytest.approx([(0.6 + 0.4 + 0.8 + 0.1) / 4] * 4)
+    assert every.mean_src_dice.tolist() == pytest.approx([0.9] * 4)
+    assert set(every.worst_family) == {"b"} and every.worst_family_dice.tolist() == pytest.approx([0.45] * 4)
+    assert at("a", 0).worst_family.isna().all()  # only the pooled rows name a worst family
+    assert t[t.perturbation == "b"].heldout.all() and not t[t.perturbation != "b"].heldout.any()
+    m = efr_metrics(t)
+    assert m["mr/perturbed_dice/a"] == pytest.approx(0.5) and m["mr/perturbed_dice/all"] == pytest.approx(
+        0.475
+    )
+    assert m["mr/perturbed_dice/worst_family"] == pytest.approx(0.45)
+    assert m["mr/perturbed_dice/heldout"] == pytest.approx(0.45)  # b's 2 cases
+    assert m["mr/perturbed_dice/trained"] == pytest.approx(0.5)  # a's 2 cases
+    assert "mr/perturbed_dice/heldout" not in efr_metrics(efr_table(cases))  # nothing held out: no split
+    assert m["mr/efr/a/dice@0.25"] == 1.0  # the rates are unchanged
 
 
 def test_stable_seed_is_stable_and_distinct():

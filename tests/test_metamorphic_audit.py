@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from robusttrain.metamorphic.audit import audit, format_efr_tables
@@ -36,10 +37,21 @@ def _data(n=4, size=64, c=3):  # text overlay needs >= 64 px (48 px crashes its 
 def test_audit_default_suite_paper_layout_and_files(tmp_path):
     res = audit(RedDetector(), {"kvasir": _data(), "etis": _data(3)}, MRSuite(seed=0), out_dir=tmp_path)
     t25 = res["tables"][0.25]
-    assert list(t25.columns) == ["kvasir/Dice", "kvasir/IoU", "etis/Dice", "etis/IoU"]
+    per = ["Dice", "IoU", "perturbed Dice", "worst family", "worst family Dice"]
+    assert list(t25.columns) == ["held out"] + [f"{d}/{c}" for d in ("kvasir", "etis") for c in per]
     assert list(t25.index) == list(DEFAULT_PERTURBATIONS) + ["all", "clean"]
     assert t25.loc["clean", "kvasir/Dice"] == 100.0  # the detector is perfect on clean data
-    assert (res["tables"][0.5].drop("clean") <= t25.drop("clean")).all().all()  # stricter t, fewer errors
+    rates = [f"{d}/{m}" for d in ("kvasir", "etis") for m in ("Dice", "IoU")]
+    assert (res["tables"][0.5].drop("clean")[rates] <= t25.drop("clean")[rates]).all().all()  # stricter t
+    # beside each rate the mean perturbed Dice, by hand from the per-test-case rows
+    kv = res["cases"].iloc[: 4 * 9 * 2]  # the kvasir cases come first
+    by_family = kv.groupby("perturbation").fol_dice.mean()
+    assert t25.loc["blur", "kvasir/perturbed Dice"] == pytest.approx(100 * by_family["blur"], abs=0.005)
+    assert t25.loc["all", "kvasir/perturbed Dice"] == pytest.approx(100 * kv.fol_dice.mean(), abs=0.005)
+    assert t25.loc["all", "kvasir/worst family"] == by_family.idxmin()
+    assert t25.loc["all", "kvasir/worst family Dice"] == pytest.approx(100 * by_family.min(), abs=0.005)
+    assert t25.loc["clean", "kvasir/perturbed Dice"] == 100.0  # the clean row: the clean Dice
+    assert set(t25["held out"]) == {""}  # nothing held out
     assert 0 < t25.loc["all", "kvasir/Dice"] < 100
     csv = pd.read_csv(tmp_path / "efr_table.csv")
     assert set(csv.threshold) == {0.25, 0.5} and "kvasir/IoU" in csv.columns
@@ -64,3 +76,41 @@ def test_one_channel_data_skips_rgb_only_families():
     res = audit(RedDetector(), {"cxr": one}, suite)
     assert suite.skipped and set(suite.skipped) <= set(DEFAULT_PERTURBATIONS)
     assert set(res["cases"].perturbation) == {n for n, _ in suite.tests}
+
+
+def test_heldout_families_are_added_tested_labelled_and_pooled():
+    res = audit(
+        RedDetector(), {"val": _data(3)}, MRSuite(["contrast"], (2,), seed=0), heldout=["white_balance"]
+    )
+    assert set(res["cases"].perturbation) == {"contrast", "white_balance"}  # added to the suite
+    efr = res["efr"]
+    assert (
+        efr[efr.perturbation == "white_balance"].heldout.all()
+        and not efr[efr.perturbation != "white_balance"].heldout.any()
+    )
+    t = res["tables"][0.25]
+    assert list(t.index) == [
+        "contrast",
+        "white_balance",
+        "held-out families",
+        "trained families",
+        "all",
+        "clean",
+    ]
+    assert t.loc["white_balance", "held out"] == "yes" and t.loc["contrast", "held out"] == ""
+    wb = res["cases"][res["cases"].perturbation == "white_balance"]
+    assert t.loc["held-out families", "val/perturbed Dice"] == pytest.approx(
+        100 * wb.fol_dice.mean(), abs=0.005
+    )
+    assert t.loc["held-out families", "val/worst family"] == "white_balance"
+    assert t.loc["held-out families", "val/Dice"] == pytest.approx(
+        100 * (wb.drop_dice > 0.25).mean(), abs=0.005
+    )
+    md = format_efr_tables(res["tables"])
+    assert "| white_balance | yes |" in md and "| held-out families | yes |" in md
+
+
+def test_an_unknown_heldout_family_is_one_line():
+    with pytest.raises(ValueError, match=r"^heldout: unknown perturbation 'nope'; valid families: ") as err:
+        audit(RedDetector(), {"val": _data(2)}, MRSuite(["contrast"], (2,)), heldout=["contrast", "nope"])
+    assert "\n" not in str(err.value)

@@ -9,7 +9,7 @@ import struct
 import matplotlib.image
 import pandas as pd
 import pytest
-from test_reporting_helpers import CLASSES, CORNER, PERTURBATIONS, make_run_dir
+from test_reporting_helpers import CLASSES, CORNER, PERTURBATIONS, make_run_dir, perturbed_dice
 
 from robusttrain.reporting import load, tables, write_plots, write_report
 
@@ -38,6 +38,27 @@ def test_plots_are_valid_pngs_of_readable_size(tmp_path):
     assert sorted(p.name for p in (run / "plots").iterdir()) == sorted(p.name for p in written.values())
 
 
+def test_efr_plot_has_the_perturbed_dice_panel_with_or_without_the_columns(tmp_path):
+    from robusttrain.reporting.plots import efr_series, plot_efr
+
+    new = load.load_efr(make_run_dir(tmp_path / "new", epochs=3, endpoints=True, heldout=("blur",)))
+    old = load.load_efr(make_run_dir(tmp_path / "old", epochs=3))
+    series = efr_series(new)
+    last = series[(series.epoch == 2) & (series.perturbation == "contrast") & (series.threshold == 0.5)]
+    assert last.perturbed_dice.item() == pytest.approx(
+        100 * (perturbed_dice(2, 1, 2) + perturbed_dice(2, 1, 4)) / 2
+    )
+    assert efr_series(old).perturbed_dice.isna().all()
+    for efr, text in ((new, "Mean Dice on the perturbed images"), (old, "perturbed Dice not recorded")):
+        fig = plot_efr(efr)
+        assert len(fig.axes) == 3  # two thresholds, then the Dice
+        shown = [t.get_text() for t in fig.axes[-1].texts] + [fig.axes[-1].get_title()]
+        assert any(text in s for s in shown), shown
+    labels = fig.legends[0].get_texts() if fig.legends else []
+    new_labels = [t.get_text() for t in plot_efr(new).legends[0].get_texts()]
+    assert "blur (held out)" in new_labels and "worst family" in new_labels and labels
+
+
 def test_plots_without_files_write_nothing(tmp_path):
     assert write_plots(tmp_path) == {}
 
@@ -49,7 +70,16 @@ def test_efr_table_in_paper_layout(tmp_path):
     assert list(out) == [0.5, 0.25]
     t5 = out[0.5]
     assert list(t5.index) == PERTURBATIONS + ["All"]
-    assert list(t5.columns) == [("val", "Dice"), ("val", "IoU")]
+    assert list(t5.columns) == [
+        ("val", "Dice"),
+        ("val", "IoU"),
+        ("val", "perturbed Dice"),
+        ("val", "worst family"),
+        ("val", "worst family Dice"),
+    ]
+    # this efr.csv predates the Dice columns: said so, no crash
+    assert set(t5[("val", "perturbed Dice")]) == {"not recorded"}
+    assert t5.loc["All", ("val", "worst family")] == "not recorded"
     last = efr[
         (efr.epoch == 2) & (efr.perturbation == "blur") & (efr.metric == "dice") & (efr.threshold == 0.5)
     ]
@@ -61,6 +91,53 @@ def test_efr_table_in_paper_layout(tmp_path):
         (efr.epoch == 2) & (efr.perturbation == "all") & (efr.metric == "iou") & (efr.threshold == 0.5)
     ]
     assert t5.loc["All", ("val", "IoU")] == pytest.approx(100 * alls.efr.item())
+
+
+def test_efr_tables_put_the_perturbed_and_worst_family_dice_beside_each_rate(tmp_path):
+    run = make_run_dir(tmp_path / "run", epochs=3, endpoints=True, heldout=("specularity",))
+    efr = load.load_efr(run)
+    t5 = tables.efr_tables(efr)[0.5]
+    assert list(t5.index) == PERTURBATIONS + ["held-out families", "trained families", "All"]
+    assert t5.columns[0] == ("", "held out")
+    assert t5[("", "held out")].tolist() == ["", "", "yes", "yes", "", ""]
+    dice = t5[("val", "perturbed Dice")]
+    # by hand: equal cases per severity and family, so the pooled Dice is the plain mean
+    fam = {p: (perturbed_dice(2, i, 2) + perturbed_dice(2, i, 4)) / 2 for i, p in enumerate(PERTURBATIONS)}
+    assert dice["blur"] == pytest.approx(100 * fam["blur"])
+    assert dice["All"] == pytest.approx(100 * sum(fam.values()) / 3)
+    assert dice["held-out families"] == pytest.approx(100 * fam["specularity"])
+    assert dice["trained families"] == pytest.approx(100 * (fam["blur"] + fam["contrast"]) / 2)
+    assert t5.loc["All", ("val", "worst family")] == "specularity"
+    assert t5.loc["trained families", ("val", "worst family")] == "contrast"
+    assert t5.loc["All", ("val", "worst family Dice")] == pytest.approx(100 * fam["specularity"])
+    held = efr[(efr.epoch == 2) & (efr.perturbation == "specularity") & (efr.metric == "dice")]
+    held = held[(held.threshold == 0.5) & (held.severity > 0)]
+    assert t5.loc["held-out families", ("val", "Dice")] == pytest.approx(
+        100 * held.errors.sum() / held.cases.sum()
+    )
+    console = tables.last_efr_by_perturbation(efr)
+    assert console.loc["All", "perturbed Dice"] == pytest.approx(dice["All"])
+    assert console.loc["specularity", "held out"] == "yes"
+    html = write_report(run).read_text()
+    assert "perturbed Dice" in html and "worst family" in html and "held out" in html
+    assert f"{100 * fam['specularity']:.1f}" in html  # the worst family's Dice, as the table shows it
+
+
+def test_wandb_scalars_carry_the_perturbed_dice_beside_the_rates(tmp_path):
+    from robusttrain.reporting.wandb_charts import efr_scalars
+
+    new = efr_scalars(
+        load.load_efr(make_run_dir(tmp_path / "new", epochs=3, endpoints=True, heldout=("blur",)))
+    )
+    fam = {p: (perturbed_dice(2, i, 2) + perturbed_dice(2, i, 4)) / 2 for i, p in enumerate(PERTURBATIONS)}
+    assert new["mr/perturbed_dice/contrast"] == pytest.approx(fam["contrast"])
+    assert new["mr/perturbed_dice/all"] == pytest.approx(sum(fam.values()) / 3)
+    assert new["mr/perturbed_dice/worst_family"] == pytest.approx(fam["specularity"])
+    assert new["mr/perturbed_dice/heldout"] == pytest.approx(fam["blur"])
+    assert new["mr/perturbed_dice/trained"] == pytest.approx((fam["contrast"] + fam["specularity"]) / 2)
+    old = efr_scalars(load.load_efr(make_run_dir(tmp_path / "old", epochs=3)))
+    assert "mr/efr/all/dice@0.5" in old and not any("perturbed_dice" in k for k in old)  # not recorded
+    assert {k: v for k, v in new.items() if "/efr/" in k} == old  # the rates are the same
 
 
 def test_report_has_every_section_and_inlined_images(tmp_path):

@@ -23,9 +23,22 @@ def write_png(path: Path, seed: int, size=(48, 96)) -> Path:
     return path
 
 
+def perturbed_dice(epoch: int, p_i: int, severity: int) -> float:
+    """The hand-made mean perturbed Dice of a row of :func:`make_run_dir` (``endpoints=True``)."""
+    return 0.9 - 0.1 * p_i - 0.05 * severity / 2 + 0.01 * epoch
+
+
 def make_run_dir(
-    root: Path, epochs: int = 6, cases: int = 8, corners: bool = True, failures: bool = True
+    root: Path,
+    epochs: int = 6,
+    cases: int = 8,
+    corners: bool = True,
+    failures: bool = True,
+    endpoints: bool = False,
+    heldout: tuple[str, ...] = (),
 ) -> Path:
+    """``endpoints=False``: an ``efr.csv`` as written before the Dice columns existed; True: with them
+    (:func:`perturbed_dice`, clean Dice 0.9), ``heldout`` families labelled."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     rows = []
@@ -69,19 +82,37 @@ def make_run_dir(
                                 "errors": errors,
                                 "cases": cases,
                                 "efr": errors / cases,
+                                "heldout": p in heldout,
+                                "mean_src_dice": 0.9,
+                                "mean_fol_dice": perturbed_dice(e, p_i, s),
                             }
                         )
     efr = pd.DataFrame(efr)
     # the MetamorphicCallback also writes pooled rows: severity 0 per perturbation, and "all"
     keys = ["epoch", "split", "perturbation", "metric", "threshold"]
-    pooled = efr.groupby(keys, as_index=False)[["errors", "cases"]].sum().assign(severity=0)
-    every = (
-        pooled.groupby(["epoch", "split", "metric", "threshold"], as_index=False)[["errors", "cases"]]
-        .sum()
-        .assign(severity=0, perturbation="all")
+    # equal cases per severity: a family's mean Dice is the mean of its severities' (all: of its families')
+    pooled = efr.groupby(keys, as_index=False).agg(
+        errors=("errors", "sum"),
+        cases=("cases", "sum"),
+        heldout=("heldout", "first"),
+        mean_src_dice=("mean_src_dice", "mean"),
+        mean_fol_dice=("mean_fol_dice", "mean"),
     )
+    pooled = pooled.assign(severity=0)
+    every = pooled.groupby(["epoch", "split", "metric", "threshold"], as_index=False).agg(
+        errors=("errors", "sum"),
+        cases=("cases", "sum"),
+        mean_src_dice=("mean_src_dice", "mean"),
+        mean_fol_dice=("mean_fol_dice", "mean"),
+        worst_family_dice=("mean_fol_dice", "min"),
+    )
+    every = every.assign(severity=0, perturbation="all", heldout=False, worst_family=PERTURBATIONS[-1])
     efr = pd.concat([efr, pooled, every], ignore_index=True)
     efr["efr"] = efr["errors"] / efr["cases"]
+    if not endpoints:
+        efr = efr.drop(
+            columns=["heldout", "mean_src_dice", "mean_fol_dice", "worst_family", "worst_family_dice"]
+        )
     efr.to_csv(root / "efr.csv", index=False)
     (root / "config.yaml").write_text(f"recipe: acdc\ntrainer:\n  max_epochs: {epochs}\n")
 

@@ -230,6 +230,14 @@ def test_efr_scalars_logged_once_by_the_mr_callback(fitted):
         & (mr_efr.threshold == 0.5)
     ]
     assert efr_rows[-1]["mr/efr/blur/dice@0.5"] == pytest.approx(float(last.efr.item()))
+    # beside the rates, the mean Dice on the perturbed images (one family: it is the worst one)
+    every = mr_efr[(mr_efr.epoch == 1) & (mr_efr.perturbation == "all")].iloc[0]
+    assert efr_rows[-1]["mr/perturbed_dice/blur"] == pytest.approx(float(last.mean_fol_dice.item()))
+    assert efr_rows[-1]["mr/perturbed_dice/all"] == pytest.approx(float(every.mean_fol_dice))
+    assert every.worst_family == "blur" and efr_rows[-1]["mr/perturbed_dice/worst_family"] == pytest.approx(
+        float(every.worst_family_dice)
+    )
+    assert 0 <= every.mean_fol_dice <= 1 and not mr_efr.heldout.any()
 
 
 def test_failure_table_logged_incrementally_with_mask_overlays(fitted):

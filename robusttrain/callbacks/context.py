@@ -69,7 +69,8 @@ class RobustnessContext:
 
     * ``run_dir``: set by :meth:`finalize`.
     * MetamorphicCallback: ``hooks``, ``suite``, ``violation_threshold``, ``every_n_epochs``,
-      ``class_names`` and, after each check, ``history`` / ``efr`` / ``cases`` (its tables).
+      ``class_names``, ``heldout_families`` (the suite's test-only families: robustness training
+      must never draw them) and, after each check, ``history`` / ``efr`` / ``cases`` (its tables).
     * BalancedCheckpoint: ``corners`` (provisional corner cases, computed once per validation)
       and ``least_loss_epoch``.
     * FailureMiningCallback: ``train_probe``.
@@ -81,6 +82,7 @@ class RobustnessContext:
     violation_threshold: float | None = None
     every_n_epochs: int | None = None
     class_names: list[str] | None = None
+    heldout_families: frozenset[str] | None = None  # None: no MetamorphicCallback (yet)
     history: pd.DataFrame | None = None
     efr: pd.DataFrame | None = None
     cases: pd.DataFrame | None = None
@@ -172,7 +174,15 @@ class RobustnessContext:
 
     def absorb(self, other: RobustnessContext) -> None:
         """Take over what ``other``'s members registered (an auto-created context being replaced)."""
-        for f in ("hooks", "suite", "violation_threshold", "every_n_epochs", "class_names", "train_probe"):
+        for f in (
+            "hooks",
+            "suite",
+            "violation_threshold",
+            "every_n_epochs",
+            "class_names",
+            "heldout_families",
+            "train_probe",
+        ):
             if getattr(self, f) is None:
                 setattr(self, f, getattr(other, f))
         self.members.update(other.members)

@@ -58,6 +58,7 @@ from robusttrain.metamorphic.check import (
 )
 from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
 from robusttrain.metamorphic.failures import build_failures
+from robusttrain.metamorphic.heldout import heldout_families, with_families
 from robusttrain.metamorphic.rotation import complete_plan, latest_scores
 from robusttrain.metamorphic.runner import ProbeResult, aggregate
 from robusttrain.metamorphic.suite import MRSuite
@@ -113,6 +114,11 @@ class MetamorphicCallback(UsesContext, Callback):
         context: a :class:`~robusttrain.callbacks.context.RobustnessContext` shared with the other
             robustness callbacks (default: the trainer's).
         verbose: print the EFR table after each check.
+        heldout: test-only families (held out from training): a suite name such as
+            ``"endoscopy_heldout"`` or family names; added to the suite when missing, labelled
+            ``heldout`` in ``efr.csv`` and every table, and published as
+            ``RobustnessContext.heldout_families`` so MetamorphicTraining never draws them; their
+            violations are not handed to the context's sinks (failure mining would replay them).
 
     Raises:
         ValueError: a bad argument (named in the message), when the callback is built.
@@ -144,12 +150,15 @@ class MetamorphicCallback(UsesContext, Callback):
         class_names: Sequence[str] | None = None,
         context: RobustnessContext | None = None,
         verbose: bool = True,
+        heldout: str | Sequence[str] | None = None,
     ):
         if suite is not None and not isinstance(suite, MRSuite):
             raise ValueError(f"suite must be an MRSuite, got {type(suite).__name__}")
         if hooks is not None and not isinstance(hooks, BatchHooks):
             raise ValueError(f"hooks must be a BatchHooks, got {type(hooks).__name__}")
-        self.suite = suite if suite is not None else MRSuite()
+        # test-only families: an unknown name is one line now, not after an epoch
+        self.heldout = heldout_families(heldout)
+        self.suite = with_families(suite if suite is not None else MRSuite(), self.heldout)
         self.hooks = hooks if hooks is not None else BatchHooks()
         self.seed = self.suite.seed
         self.budget = CheckBudget(check_budget(budget), self.seed)
@@ -193,6 +202,7 @@ class MetamorphicCallback(UsesContext, Callback):
         ctx.join(type(self).__name__, self.dirpath, provides=("mr",))
         ctx.hooks, ctx.suite, ctx.violation_threshold = self.hooks, self.suite, self.violation_threshold
         ctx.every_n_epochs, ctx.class_names = self.every_n_epochs, self.class_names
+        ctx.heldout_families = frozenset(self.heldout)
         ds = self._dataset(trainer, "val", quiet=True)
         if ds is not None and len(ds):  # refuse shapes the check cannot read now, not after an epoch
             next(iter_probe(ds, [0], 1, self.hooks))
@@ -476,7 +486,7 @@ class MetamorphicCallback(UsesContext, Callback):
         if basis == "rotation":  # every pair once, its latest score (metamorphic/rotation.py)
             basis_cases = latest_scores(self.cases[self.cases["split"] == split])
             from_epoch = int(basis_cases["epoch"].min()) if len(basis_cases) else epoch
-        table = efr_table(basis_cases, self.thresholds, suite_cases=n_cases)
+        table = efr_table(basis_cases, self.thresholds, suite_cases=n_cases, heldout=self.heldout)
         table.insert(0, "split", split)
         table.insert(0, "epoch", epoch)
         table["final"] = bool(final)
@@ -487,9 +497,12 @@ class MetamorphicCallback(UsesContext, Callback):
             keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
             self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
         if trainer.is_global_zero and sinks:
+            # a held-out family's violations stay in the tables but never reach the sinks: the failure
+            # bank would replay them into training, and training must never see a test-only family
+            mineable = scored[~scored["perturbation"].isin(self.heldout)] if len(scored) else scored
             self.last_failures = build_failures(
                 res,
-                scored,
+                mineable,
                 self.suite,
                 ds,
                 self.hooks,

@@ -238,18 +238,56 @@ def _training_suite(ckpt: Path, mr: Any, overridden: bool) -> Any:
     return build("callbacks.metamorphic.suite", node) if node is not None else None
 
 
+def _run_heldout(ckpt: Path) -> Any:
+    """``callbacks.metamorphic.heldout`` of the checkpoint's run (its ``config.yaml``), as a plain value:
+    the families that run held out, so a check of its weights labels (and tests) them too."""
+    import yaml
+
+    from robusttrain.rundir.paths import read_text
+
+    for d in (ckpt.parent, ckpt.parent.parent):
+        source = d / "config.yaml"
+        if source.exists():
+            try:
+                node = yaml.safe_load(read_text(d, "config.yaml") or "")
+            except yaml.YAMLError as e:
+                raise UsageError(yaml_error_line(source, e)) from None
+            for key in ("callbacks", "metamorphic", "heldout"):
+                node = node.get(key) if isinstance(node, dict) else None
+            return _plain(node, "callbacks.metamorphic.heldout", source)
+    return None
+
+
+def heldout_value(text: str) -> str | list[str]:
+    """The command line's ``heldout=`` value: a suite or family name, or a list (``a,b`` or ``[a,b]``).
+
+    >>> heldout_value("endoscopy_heldout"), heldout_value("[gamma, jpeg]")
+    ('endoscopy_heldout', ['gamma', 'jpeg'])
+    """
+    items = [p.strip().strip("'\"") for p in text.strip().strip("[]").split(",") if p.strip()]
+    return items[0] if len(items) == 1 and "," not in text else items
+
+
 def check(recipe: str | None, overrides: list[str], positional: list[str]) -> int:
     import torch
 
     from robusttrain.cli.build import build, construction_error, resolve_run_dir, write_config
     from robusttrain.cli.compose import compose_recipe
     from robusttrain.metamorphic.audit import audit
+    from robusttrain.metamorphic.heldout import heldout_families
     from robusttrain.metamorphic.suite import MRSuite
 
     if positional:
         raise UsageError(f"unexpected argument '{positional[0]}' (expected key=value)")
     from robusttrain.checkpoints import check_file
 
+    # heldout=: test-only families (held out from training), validated before anything is read
+    given = [heldout_value(o.split("=", 1)[1]) for o in overrides if o.startswith("heldout=")]
+    overrides = [o for o in overrides if not o.startswith("heldout=")]
+    try:
+        heldout = heldout_families(given[-1]) if given else None
+    except ValueError as e:
+        raise UsageError(f"bad value for 'heldout': {str(e).removeprefix('heldout: ')}") from None
     cfg = compose_recipe(recipe, overrides)
     ckpt = cfg.get("ckpt")
     if not ckpt or not Path(str(ckpt)).expanduser().exists():
@@ -262,6 +300,15 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
         suite = _training_suite(Path(str(ckpt)).expanduser(), mr, overridden) or MRSuite(seed=int(cfg.seed))
     except (ValueError, TypeError, KeyError) as e:
         raise UsageError(construction_error("callbacks.metamorphic", mr, e)) from None
+    if heldout is None:  # the command line's callbacks.metamorphic.heldout, else the run's, else the recipe's
+        own = any(o.lstrip("+~").startswith("callbacks.metamorphic.heldout") for o in overrides)
+        run_value = None if own else _run_heldout(Path(str(ckpt)).expanduser())
+        try:
+            heldout = heldout_families(run_value if run_value is not None else mr.get("heldout"))
+        except ValueError as e:
+            raise UsageError(
+                f"bad value for 'callbacks.metamorphic.heldout': {str(e).removeprefix('heldout: ')}"
+            ) from None
     run_dir = resolve_run_dir(cfg, "check")
     write_config(cfg, run_dir, "check")
     print(f"[robusttrain] check recipe={cfg.recipe} ckpt={ckpt} run_dir={run_dir}", flush=True)
@@ -281,6 +328,7 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
         max_cases=mr.get("max_cases"),
         class_names=getattr(dm, "class_names", None),
         always=list(getattr(dm, "planted_hard_cases", []) or []),
+        heldout=heldout,
     )  # as the training-time check
     print(out["markdown"])
     clean = "  ".join(f"{name}: Dice={v['dice']:.4f} IoU={v['iou']:.4f}" for name, v in out["clean"].items())

@@ -4,16 +4,23 @@ Runs the suite on each named dataset and builds the paper-000 layout: rows = per
 (pooled severities, plus ``all``), columns = dataset x {Dice, IoU}, EFR in %, one table per
 threshold; a last row ``clean`` holds the clean mean Dice / IoU (in %) of each dataset.
 
+Beside each rate, the absolute number it can hide (a model that segments less has less to lose):
+``<dataset>/perturbed Dice`` (mean Dice on the perturbed images, %; the clean row: the clean Dice) and,
+on the pooled rows, ``<dataset>/worst family`` with its ``worst family Dice``. ``heldout`` families
+(test-only: never trained on) are added to the suite when missing, marked ``yes`` in the ``held out``
+column, and pooled in the rows ``held-out families`` / ``trained families``.
+
 >>> import torch
 >>> from robusttrain.metamorphic.audit import audit, format_efr_tables
 >>> from robusttrain.metamorphic.suite import MRSuite
 >>> ds = [(torch.rand(3, 32, 32), (torch.rand(32, 32) > 0.5).long()) for _ in range(2)]
 >>> model = torch.nn.Conv2d(3, 2, 1)
 >>> out = audit(model, {"val": ds}, MRSuite(["contrast"], (2,)), out_dir=None)
->>> sorted(out["tables"]), list(out["tables"][0.25].columns)
-([0.25, 0.5], ['val/Dice', 'val/IoU'])
+>>> sorted(out["tables"]), list(out["tables"][0.25].columns)  # doctest: +NORMALIZE_WHITESPACE
+([0.25, 0.5], ['held out', 'val/Dice', 'val/IoU', 'val/perturbed Dice', 'val/worst family',
+ 'val/worst family Dice'])
 >>> print(format_efr_tables(out["tables"]).splitlines()[0])
-### EFR (%) at t = 0.25
+### EFR (%) at t = 0.25, with the mean Dice (%) on the perturbed images
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ from typing import Any
 
 import pandas as pd
 import torch
+from pandas.api.types import is_numeric_dtype
 
 from .batch import BatchHooks
 from .check import Probe, checking_state, id_prefix, predict_fn, probe_cases, run_check
-from .efr import THRESHOLDS, efr_table
+from .efr import THRESHOLDS, efr_table, family_rows, pool_families
+from .heldout import heldout_families, with_families
 from .runner import aggregate
 from .suite import MRSuite
 
@@ -46,19 +55,22 @@ def audit(
     hooks: BatchHooks | None = None,
     to_probabilities: str | Callable | None = None,
     always: Sequence[str] = (),
+    heldout: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run ``suite`` (default: nine families x severities 2, 4) on every dataset.
 
     The same call as the training-time check (:func:`robusttrain.metamorphic.check.run_check`: the
     same case subset -- ``always`` are the planted hard cases kept first --, seeded state, follow-up
     params and scoring), so a dataset named ``"val"`` audited with a run's suite and ``max_cases``
-    reproduces the numbers its MetamorphicCallback wrote for the same weights.
+    reproduces the numbers its MetamorphicCallback wrote for the same weights. ``heldout``: test-only
+    families (:mod:`robusttrain.metamorphic.heldout`; added to the suite when missing, labelled).
 
     Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),
     "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "markdown": str}`` and, with
     ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide table) and ``efr_table.md``.
     """
-    suite = suite or MRSuite()
+    held = heldout_families(heldout)
+    suite = with_families(suite or MRSuite(), held)
     hooks = hooks or BatchHooks()
     dev = (
         torch.device(device)
@@ -82,7 +94,7 @@ def audit(
                 hooks=hooks,
             )[name]
             hist, cases = aggregate(res, class_names or [], 0, suite)
-            t = efr_table(cases, thresholds)
+            t = efr_table(cases, thresholds, heldout=held)
             t.insert(0, "split", name)
             efrs.append(t)
             cases_all.append(cases)
@@ -108,34 +120,86 @@ def audit(
     }
 
 
+GROUPS = {"held-out families": True, "trained families": False}  # pooled rows when some are held out
+
+
 def paper_tables(
     efr: pd.DataFrame, clean: dict[str, dict[str, float]], thresholds: Sequence[float] = THRESHOLDS
 ) -> dict[float, pd.DataFrame]:
-    """Per threshold: rows perturbation (+ ``clean``), columns ``<dataset>/Dice``, ``<dataset>/IoU`` (%)."""
+    """Per threshold: rows perturbation (+ the held-out / trained pools when a family is held out,
+    ``all``, ``clean``), columns ``held out`` and per dataset ``<dataset>/Dice``, ``<dataset>/IoU`` (EFR
+    %), ``<dataset>/perturbed Dice`` (%), ``<dataset>/worst family``, ``<dataset>/worst family Dice`` (%)."""
     out = {}
     pooled = efr[efr["severity"] == 0]
+    fams = family_rows(efr)
+    held = {str(p) for p, h in zip(fams["perturbation"], fams["heldout"]) if bool(h)}
+    groups = {g: h for g, h in GROUPS.items() if held} if held else {}
     for t in thresholds:
         sub = pooled[pooled["threshold"] == float(t)]
-        cols = {}
+        order = [p for p in dict.fromkeys(sub["perturbation"]) if p != "all"]
+        index = order + list(groups) + ["all", "clean"]
+        cols: dict[str, pd.Series] = {
+            "held out": pd.Series(["yes" if p in held or GROUPS.get(p) else "" for p in index], index=index)
+        }
         for name in dict.fromkeys(sub["split"]):
+            ds = sub[sub["split"] == name]
+            fam = family_rows(ds)
             for m, label in (("dice", "Dice"), ("iou", "IoU")):
-                s = sub[(sub["split"] == name) & (sub["metric"] == m)].set_index("perturbation")["efr"] * 100
+                rows = ds[ds["metric"] == m].set_index("perturbation")
+                s = rows["efr"] * 100
+                for g, is_held in groups.items():
+                    part = rows.loc[[p for p in order if (p in held) == is_held and p in rows.index]]
+                    n = part["cases"].sum()
+                    s[g] = 100 * part["errors"].sum() / n if n else float("nan")
                 s["clean"] = 100 * clean[name][m]
                 cols[f"{name}/{label}"] = s
-        table = pd.DataFrame(cols).round(2)
+            dice = fam.set_index("perturbation")["mean_fol_dice"] * 100
+            worst = pd.Series(None, index=index, dtype=object)
+            worst_dice = pd.Series(float("nan"), index=index)
+            every = {"all": fam, **{g: fam[fam["heldout"].astype(bool) == h] for g, h in groups.items()}}
+            for g, part in every.items():
+                stats = pool_families(part)
+                dice[g] = 100 * float(stats["mean_fol_dice"])  # type: ignore[arg-type]
+                worst[g] = stats["worst_family"]
+                worst_dice[g] = 100 * float(stats["worst_family_dice"])  # type: ignore[arg-type]
+            dice["clean"] = 100 * clean[name]["dice"]
+            cols[f"{name}/perturbed Dice"] = dice
+            cols[f"{name}/worst family"] = worst
+            cols[f"{name}/worst family Dice"] = worst_dice
+        table = pd.DataFrame(cols).reindex(index)
+        numeric = [c for c in table.columns if is_numeric_dtype(table[c])]
+        table[numeric] = table[numeric].round(2)
         table.index.name = "perturbation"
         out[float(t)] = table
     return out
 
 
+def _cell(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    return "" if v is None or pd.isna(v) else f"{float(v):.2f}"
+
+
 def format_efr_tables(tables: dict[float, pd.DataFrame]) -> str:
-    """Markdown: one table per threshold (EFR %, last row = clean Dice / IoU %)."""
+    """Markdown: one table per threshold (EFR %, perturbed and worst-family Dice %, last row = clean
+    Dice / IoU %)."""
     parts = []
     for t, table in tables.items():
         head = "| perturbation | " + " | ".join(table.columns) + " |"
-        sep = "|---|" + "---:|" * len(table.columns)
+        sep = "|---|" + "".join("---:|" if is_numeric_dtype(table[c]) else "---|" for c in table.columns)
         rows = [
-            f"| {p} | " + " | ".join(f"{v:.2f}" for v in r) + " |" for p, r in zip(table.index, table.values)
+            f"| {p} | " + " | ".join(_cell(v) for v in r) + " |" for p, r in zip(table.index, table.values)
         ]
-        parts.append("\n".join([f"### EFR (%) at t = {t:g}", "", head, sep, *rows, ""]))
+        parts.append(
+            "\n".join(
+                [
+                    f"### EFR (%) at t = {t:g}, with the mean Dice (%) on the perturbed images",
+                    "",
+                    head,
+                    sep,
+                    *rows,
+                    "",
+                ]
+            )
+        )
     return "\n".join(parts)

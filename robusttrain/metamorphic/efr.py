@@ -7,6 +7,13 @@ Each row carries a 95 % Wilson interval (``efr_low``, ``efr_high``) so a check t
 only a budgeted subset of the suite is honest about its uncertainty, and ``suite_cases``:
 how many test cases the full suite has in that row (``cases / suite_cases`` = coverage).
 
+A rate can hide the absolute number (a model that segments less has less to lose), so every row also
+carries the Dice it rests on: ``mean_fol_dice`` (mean Dice on the perturbed images of the row's test
+cases) and ``mean_src_dice`` (their clean Dice); the ``all`` rows name the ``worst_family`` -- the
+family with the lowest mean perturbed Dice, severities pooled -- and its ``worst_family_dice``.
+``heldout`` is True for a family that training never draws (a test-only family,
+``MetamorphicCallback(heldout=...)``); ``all`` pools every family, held out or not (False).
+
 >>> import pandas as pd
 >>> cases = pd.DataFrame({"perturbation": ["blur", "blur"], "severity": [2, 4],
 ...                       "src_dice": [0.8, 0.8], "fol_dice": [0.7, 0.2],
@@ -14,11 +21,14 @@ how many test cases the full suite has in that row (``cases / suite_cases`` = co
 >>> t = efr_table(cases, thresholds=(0.25,))
 >>> t[(t.severity == 0) & (t.metric == "dice")][["perturbation", "errors", "cases", "efr"]].values.tolist()
 [['blur', 1, 2, 0.5], ['all', 1, 2, 0.5]]
+>>> row = t[(t.perturbation == "all") & (t.metric == "dice")].iloc[0]
+>>> round(float(row.mean_fol_dice), 3), row.worst_family, round(float(row.worst_family_dice), 3)
+(0.45, 'blur', 0.45)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -39,12 +49,19 @@ EFR_COLUMNS = [
     "efr_low",
     "efr_high",
     "suite_cases",
+    "heldout",
+    "mean_src_dice",
+    "mean_fol_dice",
+    "worst_family",
+    "worst_family_dice",
     "final",
     "basis",
     "from_epoch",
 ]
 # what efr_table returns (the callback adds epoch, split, final, basis, from_epoch)
 TABLE_COLUMNS = EFR_COLUMNS[2:-3]
+# the endpoints beside each rate (issue 34): absent from efr.csv files written before them
+ENDPOINT_COLUMNS = ["heldout", "mean_src_dice", "mean_fol_dice", "worst_family", "worst_family_dice"]
 
 
 def wilson_interval(errors: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -83,13 +100,15 @@ def efr_table(
     thresholds: Sequence[float] = THRESHOLDS,
     metrics: Iterable[str] = ("dice", "iou"),
     suite_cases: int | None = None,
+    heldout: Collection[str] = (),
 ) -> pd.DataFrame:
     """EFR rows from one row per test case (``perturbation, severity, src_<m>, fol_<m>``).
 
-    Returns columns ``perturbation, severity, metric, threshold, errors, cases, efr, efr_low,
-    efr_high, suite_cases``; row order is perturbation (first appearance), severity (0 = pooled
-    last), metric, t. ``suite_cases``: the number of probe cases the full suite tests under each
-    (perturbation, severity); None = ``cases`` (the whole suite was scored).
+    Returns :data:`TABLE_COLUMNS` (``perturbation, severity, metric, threshold, errors, cases, efr,
+    efr_low, efr_high, suite_cases`` and the endpoints, module doc); row order is perturbation (first
+    appearance), severity (0 = pooled last), metric, t. ``suite_cases``: the number of probe cases the
+    full suite tests under each (perturbation, severity); None = ``cases`` (the whole suite was scored).
+    ``heldout``: the test-only families (their rows get ``heldout=True``).
     """
     rows = []
     if len(cases) == 0:
@@ -103,7 +122,16 @@ def efr_table(
         groups.append((p, 0, sub))
     groups.append(("all", 0, cases))
     n_tests = {p: len(set(int(v) for v in cases.loc[cases["perturbation"] == p, "severity"])) for p in perts}
+    held = {str(h) for h in heldout}
+    worst, worst_dice = worst_family(cases)
     for p, s, sub in groups:
+        dice = {
+            "heldout": p in held,
+            "mean_src_dice": _mean(sub["src_dice"]),
+            "mean_fol_dice": _mean(sub["fol_dice"]),
+            "worst_family": worst if p == "all" else None,
+            "worst_family_dice": worst_dice if p == "all" else float("nan"),
+        }
         n = int(len(sub))
         # strata in the full suite behind this row: one (p, s), all severities of p, or every test
         strata = 1 if s else n_tests[p] if p != "all" else sum(n_tests.values())
@@ -124,9 +152,34 @@ def efr_table(
                         "efr_low": lo,
                         "efr_high": hi,
                         "suite_cases": max(full, n),
+                        **dice,
                     }
                 )
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def _mean(values: pd.Series) -> float:
+    v = pd.to_numeric(values, errors="coerce")
+    return float(v.mean()) if v.notna().any() else float("nan")
+
+
+def worst_family(cases: pd.DataFrame) -> tuple[str | None, float]:
+    """(family, its mean perturbed Dice): the family with the lowest mean ``fol_dice`` over its test
+    cases, severities pooled; ties go to the first in the table; (None, NaN) without test cases.
+
+    >>> worst_family(pd.DataFrame({"perturbation": ["a", "a", "b"], "fol_dice": [0.2, 0.6, 0.5]}))
+    ('a', 0.4)
+    """
+    if not len(cases):
+        return None, float("nan")
+    means = (
+        pd.to_numeric(cases["fol_dice"], errors="coerce").groupby(cases["perturbation"], sort=False).mean()
+    )
+    means = means.dropna()
+    if means.empty:
+        return None, float("nan")
+    name = str(means.idxmin())
+    return name, float(means[name])
 
 
 def efr_key(perturbation: str, metric: str, threshold: float, prefix: str = "mr/efr") -> str:
@@ -138,13 +191,88 @@ def efr_key(perturbation: str, metric: str, threshold: float, prefix: str = "mr/
     return f"{prefix}/{perturbation}/{metric}@{_fmt_t(threshold)}"
 
 
+def dice_key(name: str, prefix: str = "mr/efr") -> str:
+    """The logger key of a mean perturbed Dice beside the EFR keys of ``prefix``:
+    ``mr/perturbed_dice/<name>`` (``name``: a family, ``all``, ``heldout``, ``trained`` or
+    ``worst_family``); ``mr/train_perturbed_dice/...`` beside ``mr/train_efr``.
+
+    >>> dice_key("blur"), dice_key("worst_family", prefix="mr/train_efr")
+    ('mr/perturbed_dice/blur', 'mr/train_perturbed_dice/worst_family')
+    """
+    head, _, tail = prefix.rpartition("/")
+    tail = tail[: -len("efr")] + "perturbed_dice" if tail.endswith("efr") else f"{tail}_perturbed_dice"
+    return f"{head}/{tail}/{name}" if head else f"{tail}/{name}"
+
+
+def family_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per family (not ``all``) of an EFR table: its pooled-severity row of the first metric and
+    threshold (the Dice columns are the same in every metric and threshold of a family).
+
+    Old tables without the endpoint columns get them as NaN (``heldout``: False)."""
+    rows = table[(table["severity"] == 0) & (table["perturbation"] != "all")]
+    if len(rows):
+        rows = rows[
+            (rows["metric"] == rows["metric"].iloc[0]) & (rows["threshold"] == rows["threshold"].iloc[0])
+        ]
+    rows = rows.drop_duplicates("perturbation")
+    for c in ENDPOINT_COLUMNS:
+        if c not in rows:
+            rows = rows.assign(**{c: False if c == "heldout" else float("nan")})
+    return rows
+
+
+def pool_families(rows: pd.DataFrame) -> dict[str, object]:
+    """Test cases, mean source / perturbed Dice (weighted by test cases: the mean over the pooled
+    test cases) and the worst family of some :func:`family_rows`; NaN / None where not recorded.
+
+    >>> rows = pd.DataFrame({"perturbation": ["a", "b"], "cases": [1, 3], "mean_src_dice": [0.8, 0.8],
+    ...                      "mean_fol_dice": [0.2, 0.6]})
+    >>> {k: round(v, 2) if isinstance(v, float) else v for k, v in pool_families(rows).items()}
+    {'cases': 4, 'mean_src_dice': 0.8, 'mean_fol_dice': 0.5, 'worst_family': 'a', 'worst_family_dice': 0.2}
+    """
+    n = pd.to_numeric(rows["cases"], errors="coerce").fillna(0) if len(rows) else pd.Series(dtype=float)
+    out: dict[str, object] = {"cases": int(n.sum())}
+    for c in ("mean_src_dice", "mean_fol_dice"):
+        v = pd.to_numeric(rows[c], errors="coerce") if c in rows else pd.Series(np.nan, index=rows.index)
+        ok = v.notna() & (n > 0)
+        out[c] = float((v[ok] * n[ok]).sum() / n[ok].sum()) if ok.any() else float("nan")
+    fol = pd.to_numeric(rows["mean_fol_dice"], errors="coerce") if "mean_fol_dice" in rows else None
+    if fol is None or fol.isna().all():
+        out["worst_family"], out["worst_family_dice"] = None, float("nan")
+    else:
+        i = fol.idxmin()
+        out["worst_family"], out["worst_family_dice"] = str(rows.loc[i, "perturbation"]), float(fol[i])
+    return out
+
+
+def heldout_groups(table: pd.DataFrame) -> dict[str, dict[str, object]]:
+    """:func:`pool_families` of the held-out (test-only) and the trained families of an EFR table,
+    ``{"heldout": ..., "trained": ...}`` -- empty when no family is held out (nothing to split)."""
+    rows = family_rows(table)
+    held = rows["heldout"].astype(str).str.lower().isin(["true", "1", "1.0"])
+    if not held.any():
+        return {}
+    return {"heldout": pool_families(rows[held]), "trained": pool_families(rows[~held])}
+
+
 def efr_metrics(table: pd.DataFrame, prefix: str = "mr/efr") -> dict[str, float]:
-    """The pooled-severity rows of an EFR table as logger keys (:func:`efr_key`)."""
+    """The pooled-severity rows of an EFR table as logger keys (:func:`efr_key`), and beside them the
+    mean perturbed Dice of each family, of ``all``, of the held-out and trained families (when some are
+    held out) and of the worst family (:func:`dice_key`; the family's name is in ``efr.csv``)."""
     pooled = table[table["severity"] == 0]
-    return {
+    out = {
         efr_key(str(r.perturbation), str(r.metric), float(r.threshold), prefix): float(r.efr)
         for r in pooled.itertuples()
     }
+    if "mean_fol_dice" not in pooled or not len(pooled):
+        return out
+    for r in pooled.drop_duplicates("perturbation").itertuples():
+        out[dice_key(str(r.perturbation), prefix)] = float(r.mean_fol_dice)
+        if r.perturbation == "all":
+            out[dice_key("worst_family", prefix)] = float(r.worst_family_dice)
+    for group, stats in heldout_groups(table).items():
+        out[dice_key(group, prefix)] = float(stats["mean_fol_dice"])  # type: ignore[arg-type]
+    return {k: v for k, v in out.items() if k.split("/")[1].endswith("efr") or np.isfinite(v)}
 
 
 def _fmt_t(t: float) -> str:
@@ -153,13 +281,50 @@ def _fmt_t(t: float) -> str:
 
 
 def format_efr_console(table: pd.DataFrame, title: str = "") -> str:
-    """Compact text table: one row per perturbation (pooled severities), EFR in %."""
+    """Compact text table: one row per perturbation (pooled severities), EFR in %, and beside it the
+    mean Dice on the perturbed images (%, ``Dice*``); held-out families are marked ``[held out]``, and
+    a last line names the worst family (lowest perturbed Dice) and the held-out / trained means.
+
+    >>> cases = pd.DataFrame({"perturbation": ["a", "b"], "severity": 2, "src_dice": 0.8,
+    ...                       "fol_dice": [0.7, 0.2], "src_iou": 0.6, "fol_iou": 0.5})
+    >>> print(format_efr_console(efr_table(cases, (0.25,), ("dice",), heldout=["b"])))  # doctest: +NORMALIZE_WHITESPACE
+                    dice@0.25  Dice*  cases
+    perturbation
+    a                     0.0   70.0      1
+    b [held out]        100.0   20.0      1
+    all                  50.0   45.0      2
+    worst family: b (Dice* 20.0 %); held-out families: Dice* 20.0 %, trained families: Dice* 70.0 %
+    """
     pooled = table[table["severity"] == 0]
     if pooled.empty:
         return f"{title}(no metamorphic test cases)"
     wide = pooled.pivot_table(index="perturbation", columns=["metric", "threshold"], values="efr", sort=False)
     wide.columns = [f"{m}@{_fmt_t(t)}" for m, t in wide.columns]
-    n = pooled.groupby("perturbation", sort=False)["cases"].first()
+    first = pooled.drop_duplicates("perturbation").set_index("perturbation")
     wide = (wide * 100).round(1)
-    wide["cases"] = n
-    return (title + "\n" if title else "") + wide.to_string()
+    if "mean_fol_dice" in first:
+        wide["Dice*"] = (100 * pd.to_numeric(first["mean_fol_dice"], errors="coerce")).round(1)
+    wide["cases"] = first["cases"]
+    if "heldout" in first:
+        held = {p for p, h in first["heldout"].items() if str(h).lower() in ("true", "1", "1.0")}
+        wide.index = [f"{p} [held out]" if p in held else p for p in wide.index]
+        wide.index.name = "perturbation"
+    lines = [title] if title else []
+    lines.append(wide.to_string())
+    notes = []
+    if "all" in first.index and "worst_family" in first and pd.notna(first.loc["all", "worst_family"]):
+        notes.append(
+            f"worst family: {first.loc['all', 'worst_family']} "
+            f"(Dice* {100 * float(first.loc['all', 'worst_family_dice']):.1f} %)"
+        )
+    groups = heldout_groups(table)
+    if groups:
+        notes.append(
+            ", ".join(
+                f"{label} families: Dice* {100 * float(groups[g]['mean_fol_dice']):.1f} %"  # type: ignore[arg-type]
+                for g, label in (("heldout", "held-out"), ("trained", "trained"))
+            )
+        )
+    if notes:
+        lines.append("; ".join(notes))
+    return "\n".join(lines)

@@ -161,7 +161,9 @@ def _efr_table(run_dir, history, efr, ctx) -> str:
     if efr is None:
         return _na("efr.csv missing (and no efr_table.csv)")
     return _render(
-        "<p>EFR (%) at the last checked epoch ({{ epoch }}), severities pooled (errors / cases).</p>"
+        "<p>EFR (%) at the last checked epoch ({{ epoch }}), severities pooled (errors / cases); beside "
+        "it the mean Dice (%) on the perturbed images and, on the pooled rows, the worst family's (the "
+        "absolute numbers a rate can hide); <i>held out</i>: test-only families, never trained on.</p>"
         "{% for t, table in tabs %}<h3>t = {{ t }}</h3>{{ table }}{% endfor %}",
         epoch=int(efr["epoch"].max()),
         tabs=[(f"{t:g}", _table(table)) for t, table in tables.efr_tables(efr).items()],

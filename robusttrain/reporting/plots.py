@@ -70,7 +70,8 @@ def safe_name(text: str) -> str:
 
 
 def efr_series(efr: pd.DataFrame, metric: str = "dice", split: str | None = None) -> pd.DataFrame:
-    """EFR (%) per (epoch, perturbation, threshold), severities pooled as errors / cases.
+    """EFR (%) per (epoch, perturbation, threshold), severities pooled as errors / cases, and the mean
+    Dice on the perturbed images (``perturbed_dice``, %; NaN where an old file did not record it).
 
     Pooling sums, not averaging rates, matches the paper's EFR = errors / generated test cases.
     ``split`` defaults to ``val`` when present, else the first split in the file.
@@ -85,7 +86,10 @@ def efr_series(efr: pd.DataFrame, metric: str = "dice", split: str | None = None
         for e, n in zip(frame["errors"], frame["cases"])
     ]
     return frame.assign(
-        efr=100.0 * frame["efr"], efr_low=[100.0 * lo for lo, _ in ci], efr_high=[100.0 * hi for _, hi in ci]
+        efr=100.0 * frame["efr"],
+        efr_low=[100.0 * lo for lo, _ in ci],
+        efr_high=[100.0 * hi for _, hi in ci],
+        perturbed_dice=100.0 * frame["mean_fol_dice"].astype(float),
     )
 
 
@@ -96,14 +100,21 @@ def _mark_epochs(ax, least_loss: int | None, balanced: int | None) -> None:
         ax.axvline(balanced, label=f"balanced epoch {balanced}", **BALANCED_STYLE)
 
 
+def _label(name: str, held: set[str]) -> str:
+    return f"{name} (held out)" if name in held else str(name)
+
+
 @plain_text
 def plot_efr(
     efr: pd.DataFrame, metric: str = "dice", thresholds=THRESHOLDS, corners: Corners | None = None
 ) -> Figure:
-    """One panel per threshold: EFR (%) over epochs, one line per perturbation."""
+    """One panel per threshold: EFR (%) over epochs, one line per perturbation; a last panel: the mean
+    Dice on the perturbed images (%) the rates rest on (a rate can hide it: a model that segments less
+    has less to lose), with the worst family's. Held-out (test-only) families are dashed and labelled."""
     series = efr_series(efr, metric)
-    fig = Figure(figsize=(6.0 * len(thresholds), 4.6))
-    axes = fig.subplots(1, len(thresholds), squeeze=False)[0]
+    held = set(series.loc[series["heldout"].astype(bool), "perturbation"]) if len(series) else set()
+    fig = Figure(figsize=(5.6 * (len(thresholds) + 1), 4.6))
+    axes = fig.subplots(1, len(thresholds) + 1, squeeze=False)[0]
     for ax, t in zip(axes, thresholds):
         sub = series[(series["threshold"] - t).abs() < 1e-9]
         for name, g in sub.groupby("perturbation", sort=True):
@@ -113,33 +124,78 @@ def plot_efr(
                 ax.fill_between(g["epoch"], g["efr_low"], g["efr_high"], color="black", alpha=0.1)
                 continue
             yerr = [(g["efr"] - g["efr_low"]).clip(lower=0), (g["efr_high"] - g["efr"]).clip(lower=0)]
-            ax.errorbar(
+            bars = ax.errorbar(
                 g["epoch"],
                 g["efr"],
                 yerr=yerr,
-                label=str(name),
+                label=_label(str(name), held),
                 marker="o",
                 ms=3,
                 capsize=2,
                 elinewidth=0.8,
                 alpha=0.85,
             )
+            if name in held:
+                bars.lines[0].set_linestyle("--")
         if corners is not None:
             _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
-        ax.set_title(f"EFR ({metric.capitalize()}, t = {t:g}) per perturbation, 95 % Wilson CI")
+        ax.set_title(f"EFR ({metric.capitalize()}, t = {t:g}) per perturbation, 95 % Wilson CI", fontsize=9)
         ax.set_xlabel("epoch")
         ax.set_ylabel("EFR (%)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         if not ax.get_legend_handles_labels()[0]:
             ax.text(0.5, 0.5, f"no EFR rows at t = {t:g}", ha="center", transform=ax.transAxes)
+    _plot_perturbed_dice(axes[-1], series, held, corners)
     # one shared legend below the panels: nine perturbations would cover the curves otherwise
     handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
     rows = -(-len(labels) // 6) if handles else 0
-    fig.subplots_adjust(left=0.06, right=0.98, top=0.92, bottom=0.14 + 0.05 * rows, wspace=0.18)
+    fig.subplots_adjust(left=0.05, right=0.98, top=0.92, bottom=0.14 + 0.05 * rows, wspace=0.2)
     return fig
+
+
+def _plot_perturbed_dice(ax, series: pd.DataFrame, held: set[str], corners: Corners | None) -> None:
+    """The mean perturbed Dice per perturbation over epochs (one threshold's rows: the Dice is the same
+    in each), ``all`` as the thick reference and the worst family's Dice dotted."""
+    if len(series):
+        series = series[(series["threshold"] - series["threshold"].iloc[0]).abs() < 1e-9]
+    if not len(series) or series["perturbed_dice"].isna().all():
+        ax.text(
+            0.5,
+            0.5,
+            "perturbed Dice not recorded\n(efr.csv predates it)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
+        ax.set_axis_off()
+        return
+    for name, g in series.groupby("perturbation", sort=True):
+        if name == "all":
+            ax.plot(g["epoch"], g["perturbed_dice"], label=str(name), color="black", linewidth=2.5)
+            worst = g["worst_family_dice"].astype(float) * 100
+            if worst.notna().any():
+                ax.plot(g["epoch"], worst, label="worst family", color="tab:red", linestyle=":", linewidth=2)
+            continue
+        style = "--" if name in held else "-"
+        ax.plot(
+            g["epoch"],
+            g["perturbed_dice"],
+            label=_label(str(name), held),
+            linestyle=style,
+            marker="o",
+            ms=3,
+            alpha=0.85,
+        )
+    if corners is not None:
+        _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)
+    ax.set_title("Mean Dice on the perturbed images, per perturbation", fontsize=9)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("perturbed Dice (%)")
+    ax.set_ylim(0, 102)
+    ax.grid(alpha=0.3)
 
 
 @plain_text

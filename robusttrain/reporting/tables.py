@@ -5,14 +5,18 @@
 ...                     "severity": 2, "metric": ["dice", "dice", "iou", "dice"],
 ...                     "threshold": [0.5, 0.5, 0.5, 0.25], "errors": [3, 1, 2, 4], "cases": 10,
 ...                     "efr": 0.0})
->>> efr_tables(efr)[0.5].round(1).to_dict("index")
+>>> t = efr_tables(efr)[0.5]
+>>> t[[("val", "Dice"), ("val", "IoU")]].astype(float).round(1).to_dict("index")
 {'blur': {('val', 'Dice'): 10.0, ('val', 'IoU'): 20.0}, 'All': {('val', 'Dice'): 10.0, ('val', 'IoU'): 20.0}}
+>>> t.loc["All", ("val", "perturbed Dice")]  # this file predates the Dice columns
+'not recorded'
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from robusttrain.metamorphic.efr import pool_families
 from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir.corner_cases import Corners
 from robusttrain.rundir.history import dice_columns
@@ -20,39 +24,93 @@ from robusttrain.rundir.history import dice_columns
 METRIC_LABEL = {"dice": "Dice", "iou": "IoU"}
 
 
-def efr_tables(efr: pd.DataFrame, epoch: int | None = None) -> dict[float, pd.DataFrame]:
-    """EFR (%) in the paper's layout, one table per threshold (largest first, as in its Tables 2–9).
+DICE = "perturbed Dice"  # mean Dice (%) on the perturbed images, beside the rates
+WORST, WORST_DICE = "worst family", "worst family Dice"
+HELD = ("", "held out")  # the column marking test-only families (only when some are held out)
+GROUPS = {"held-out families": True, "trained families": False}
 
-    Rows: perturbation (file order, pooled ``All`` last); columns: (split, Dice/IoU). Severities
-    are pooled as errors / cases. ``epoch`` defaults to the last epoch in the file.
+
+def efr_tables(efr: pd.DataFrame, epoch: int | None = None) -> dict[float, pd.DataFrame]:
+    """EFR (%) in the paper's layout, one table per threshold (largest first, as in its Tables 2–9),
+    with the absolute numbers a rate can hide beside it.
+
+    Rows: perturbation (file order, pooled ``All`` last; when some families are held out, their pool
+    and the trained families' pool before it); columns: (split, Dice/IoU) EFR, (split, perturbed Dice)
+    = mean Dice (%) on the perturbed images and, on the pooled rows, (split, worst family) with its
+    (split, worst family Dice); ``("", "held out")`` marks test-only families when there are any.
+    Severities are pooled as errors / cases. ``epoch`` defaults to the last epoch in the file. An old
+    ``efr.csv`` without the Dice columns shows ``not recorded`` there.
     """
     epoch = int(efr["epoch"].max()) if epoch is None else epoch
-    frame = efr[(efr["epoch"] == epoch) & (efr["perturbation"] != "all")]
+    frame = efr_file.with_endpoints(efr[(efr["epoch"] == epoch) & (efr["perturbation"] != "all")])
     order = list(dict.fromkeys(frame["perturbation"]))
     per = efr_file.pool_severities(frame)
-    pooled = per.groupby(["split", "metric", "threshold"])[["errors", "cases"]].sum().reset_index()
-    pooled["perturbation"] = "All"
-    both = pd.concat([per, pooled], ignore_index=True)
+    held = set(per.loc[per["heldout"].astype(bool), "perturbation"])
+    groups = {g: h for g, h in GROUPS.items() if held}
+    pools = [
+        per[per["perturbation"].isin([p for p in order if (p in held) == h])].assign(perturbation=g)
+        for g, h in groups.items()
+    ] + [per.assign(perturbation="All")]
+    pooled = [
+        part.groupby(["split", "metric", "threshold", "perturbation"])[["errors", "cases"]]
+        .sum()
+        .reset_index()
+        for part in pools
+    ]
+    both = pd.concat([per, *pooled], ignore_index=True)
     both["efr"] = 100.0 * both["errors"] / both["cases"].where(both["cases"] > 0)
     both["metric"] = both["metric"].map(lambda m: METRIC_LABEL.get(m, m))
+    index = order + list(groups) + ["All"]
+    recorded = bool(per["mean_fol_dice"].notna().any())
     tables = {}
     for t, sub in both.groupby("threshold"):
         table = sub.pivot_table(
             index="perturbation", columns=["split", "metric"], values="efr", aggfunc="first", dropna=False
         )
-        tables[float(t)] = table.reindex([p for p in order + ["All"] if p in table.index])
+        for split in dict.fromkeys(sub["split"]):
+            fams = per[(per["split"] == split) & (per["threshold"] == t)]
+            if len(fams):  # the Dice is the same in every metric's rows: one metric's
+                fams = fams[fams["metric"] == fams["metric"].iloc[0]].drop_duplicates("perturbation")
+            dice = (100 * fams.set_index("perturbation")["mean_fol_dice"].astype(float)).reindex(index)
+            worst = pd.Series(None, index=index, dtype=object)
+            worst_dice = pd.Series(float("nan"), index=index)
+            for g, part in [
+                ("All", fams),
+                *((g, fams[fams["heldout"].astype(bool) == h]) for g, h in groups.items()),
+            ]:
+                stats = pool_families(part)
+                dice[g] = 100 * float(stats["mean_fol_dice"])  # type: ignore[arg-type]
+                worst[g] = stats["worst_family"]
+                worst_dice[g] = 100 * float(stats["worst_family_dice"])  # type: ignore[arg-type]
+            if not recorded:  # an efr.csv from before these columns: say so, not a blank
+                dice = pd.Series(efr_file.NOT_RECORDED, index=index, dtype=object)
+                worst_dice = worst_dice.astype(object)
+                worst["All"] = worst_dice["All"] = efr_file.NOT_RECORDED
+            table[(split, DICE)], table[(split, WORST)], table[(split, WORST_DICE)] = dice, worst, worst_dice
+        if held:
+            table[HELD] = pd.Series({p: "yes" if p in held or GROUPS.get(p) else "" for p in index})
+            table = table[[HELD] + [c for c in table.columns if c != HELD]]
+        tables[float(t)] = table.reindex([p for p in index if p in table.index])
     return dict(sorted(tables.items(), reverse=True))
 
 
 def last_efr_by_perturbation(efr: pd.DataFrame, metric: str = "dice") -> pd.DataFrame:
-    """The console's compact table: EFR (%) at the last epoch, rows perturbation, columns t."""
+    """The console's compact table: EFR (%) at the last epoch, rows perturbation, columns t, and the
+    mean perturbed Dice (%) beside them (``held out`` marks test-only families)."""
     tables = efr_tables(efr)
     label = METRIC_LABEL.get(metric, metric)
     cols = {}
     for t, table in tables.items():
         picked = [c for c in table.columns if c[1] == label]
         if picked:
-            cols[f"t={t:g}"] = table[picked[0]]
+            cols[f"t={t:g}"] = pd.to_numeric(table[picked[0]], errors="coerce")
+    if tables:
+        table = next(iter(tables.values()))
+        dice = [c for c in table.columns if c[1] == DICE]
+        if dice:
+            cols[DICE] = table[dice[0]]
+        if HELD in table.columns:
+            cols["held out"] = table[HELD]
     return pd.DataFrame(cols)
 
 

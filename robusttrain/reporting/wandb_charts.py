@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from robusttrain.metamorphic.efr import efr_key
+from robusttrain.metamorphic.efr import efr_metrics
 from robusttrain.metamorphic.records import relative_drop
 from robusttrain.reporting import load
 from robusttrain.rundir import efr as efr_file
@@ -91,20 +91,18 @@ def summary_items(corners: Corners) -> dict[str, Any]:
 
 
 def efr_scalars(efr: pd.DataFrame, epoch: int | None = None, split: str = "val") -> dict[str, float]:
-    """``mr/efr/<perturbation>/<metric>@<t>`` (severities pooled) of one epoch of ``efr.csv`` —
-    the documented keys, for when no MetamorphicCallback logged them itself."""
+    """``mr/efr/<perturbation>/<metric>@<t>`` (severities pooled) of one epoch of ``efr.csv`` and beside
+    them ``mr/perturbed_dice/<perturbation | all | heldout | trained | worst_family>`` (the mean Dice
+    on the perturbed images; absent where an old file did not record it) — the documented keys
+    (:func:`robusttrain.metamorphic.efr.efr_metrics`), for when no MetamorphicCallback logged them itself."""
     frame = efr_file.pool_severities(efr)
     if "split" in frame:
         frame = frame[frame["split"] == split]
     if not len(frame):
         return {}
     epoch = int(frame["epoch"].max()) if epoch is None else epoch
-    frame = frame[frame["epoch"] == epoch]
-    return {
-        efr_key(str(r.perturbation), str(r.metric), float(r.threshold)): float(r.efr)
-        for r in frame.itertuples()
-        if np.isfinite(r.efr)
-    }
+    frame = frame[frame["epoch"] == epoch].assign(severity=0)
+    return {k: v for k, v in efr_metrics(frame).items() if np.isfinite(v)}
 
 
 def _mask_image(

@@ -70,6 +70,12 @@ CASES = [
     ),
     ("every-n-negative", lambda: MetamorphicCallback(every_n_epochs=-1), ValueError, r"every_n_epochs=-1"),
     (
+        "heldout-unknown-family",
+        lambda: MetamorphicCallback(heldout=["motion_blur", "nope"]),
+        ValueError,
+        r"heldout: unknown perturbation 'nope'; valid families: ",
+    ),
+    (
         "max-cases-zero",
         lambda: MetamorphicCallback(max_cases=0),
         ValueError,

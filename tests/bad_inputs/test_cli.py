@@ -188,6 +188,19 @@ def _also(*checks):
     return then
 
 
+def _heldout_labelled(c, out):
+    """``check heldout=motion_blur``: the family is tested and marked held out in the printed table
+    and efr_table.csv, pooled on its own, beside the perturbed Dice."""
+    import pandas as pd
+
+    assert "| motion_blur | yes |" in out and "| held-out families | yes |" in out, out[-3000:]
+    table = pd.read_csv(c.run / "efr_table.csv", keep_default_na=False)
+    rows = table[table.threshold == 0.25].set_index("perturbation")
+    assert rows.loc["motion_blur", "held out"] == "yes" and rows.loc["blur", "held out"] == ""
+    assert rows.loc["held-out families", "val/worst family"] == "motion_blur"
+    assert 0 <= float(rows.loc["motion_blur", "val/perturbed Dice"]) <= 100
+
+
 def _exists(*names: str):
     def then(c, out, err):
         for n in names:
@@ -337,6 +350,18 @@ SCENARIOS = [
             _unchanged("config.yaml", "logs/metrics.csv", "history.csv", "efr.csv"),
             _exists("config.check.yaml", "efr_table.csv"),
         ),
+    ),
+    S(
+        "check-heldout-unknown-family",
+        ["check", *TINY, RUN, CK, "heldout=[motion_blur,nope]"],
+        text="bad value for 'heldout': unknown perturbation 'nope'; valid families: ",
+        then=_unchanged("config.yaml", "efr.csv"),
+    ),
+    S(
+        "check-heldout-labelled",
+        ["check", *TINY, RUN, CK, "heldout=motion_blur"],
+        code=0,
+        then=_also(_unchanged("efr.csv"), lambda c, o, e: _heldout_labelled(c, o)),
     ),
     S(
         "leftover-tmp-files-removed",
