@@ -474,3 +474,14 @@ def test_paired_objective_still_runs_by_name(tmp_path):
     mt = MetamorphicTraining(perturbations=COLOUR, objective="paired", consistency=1.0, k=1, dirpath=tmp_path)
     _fit(model, [mt], tmp_path)
     assert [f[0] for f in model.forwards if f[1]] == [4, 2, 4, 2]  # clean batch, then the follow-ups
+
+
+@pytest.mark.slow
+def test_held_out_families_of_the_check_are_never_trained_on(tmp_path):
+    mr = MetamorphicCallback(suite=MRSuite(COLOUR + ["blur"], (2, 4)), heldout=["blur"], dirpath=tmp_path,
+                             verbose=False, class_names=["polyp"])
+    mt = MetamorphicTraining(k=1, q=1.0, epsilon=1.0, record_every=1, record_per_step=4, dirpath=tmp_path)
+    _fit(Probe(line="plain"), [mr, mt], tmp_path, epochs=1, val=True)
+    assert mt.wok is not None and "blur" not in mt.wok.families and set(mt.wok.families) == set(COLOUR)
+    assert {s["family"] for s in records.read_samples(tmp_path)} <= set(COLOUR)
+    assert "blur" not in set(records.read_stats(tmp_path).family)
