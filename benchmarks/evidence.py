@@ -198,7 +198,9 @@ REQUIRED = {
     "pranet256": ("polyp_256/kvasir_seg", "polyp_256/cvc_clinicdb"),
     "acdc": ("acdc/volumes",),
 }
-SYNTHETIC_CASES = 40  # Kvasir stand-in (train / val / test), plus 12 "ClinicDB" frames in 3 sequences and 4 others
+SYNTHETIC_CASES = (
+    40  # Kvasir stand-in (train / val / test), plus 12 "ClinicDB" frames in 3 sequences and 4 others
+)
 
 
 def build_synthetic(args, kw):
@@ -608,9 +610,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     consistency = 0.0
     followups = []
     for pol in efr_pols:
-        model.load_state_dict(
-            extra_weights[pol] if pol in extra_weights else rec.epoch_weights(choices[pol])
-        )
+        model.load_state_dict(extra_weights[pol] if pol in extra_weights else rec.epoch_weights(choices[pol]))
         res = audit(
             model,
             held,
@@ -626,9 +626,9 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         mr_by[pol] = per_case_mr(cases)
         # the audit's clean source scores must be the pick's own (same weights, same data)
         src = cases.groupby(["split", "case_id"])["src_dice"].first()
-        ref = pd.Series(
-            {(sp, c): d for sp, by in picks[pol]["dice"].items() for c, d in by.items()}
-        ).reindex(src.index)
+        ref = pd.Series({(sp, c): d for sp, by in picks[pol]["dice"].items() for c, d in by.items()}).reindex(
+            src.index
+        )
         consistency = max(consistency, float((src - ref).abs().max()))
         if v4:
             followups.append(cases[list(FOLLOWUP_COLUMNS[1:])].assign(policy=pol))
@@ -672,8 +672,13 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
 
         write_followups(run_dir / "followups.csv.gz", followups, FOLLOWUP_COLUMNS)
         for pol in KEPT_FP16:  # ~1 MB each: committed for seed 0 (evidence_archive.py save --weights-seeds)
-            save_fp16(run_dir / "fp16" / f"{pol}.ckpt", rec.epoch_weights(choices[pol]), run_dir / "config.yaml",
-                      epoch=int(choices[pol]), policy=pol)
+            save_fp16(
+                run_dir / "fp16" / f"{pol}.ckpt",
+                rec.epoch_weights(choices[pol]),
+                run_dir / "config.yaml",
+                epoch=int(choices[pol]),
+                policy=pol,
+            )
         out.update(protocol="v4", condition_kwargs=v4_condition_kwargs(cond), **v4_sets)
         out["ema_decay"] = ema.decay
     if v3:
@@ -785,8 +790,10 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
     conds = args.conditions.split(",")
     bad = [c for c in conds if c not in known]
     if bad or not args.conditions:
-        ap.error(f"--conditions: unknown {bad[0] if bad else ''!r} for --protocol {args.protocol}; "
-                 f"expected a comma list of {', '.join(known)}")
+        ap.error(
+            f"--conditions: unknown {bad[0] if bad else ''!r} for --protocol {args.protocol}; "
+            f"expected a comma list of {', '.join(known)}"
+        )
     if len(set(conds)) != len(conds):
         ap.error(f"--conditions names a condition twice: {args.conditions!r}")
     if args.protocol == "v4" and args.dataset not in ("polyp256", "synthetic"):
@@ -805,16 +812,23 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         [int(f) for f in args.features.split(",")]
         [int(v) for v in args.severities.split(",")]
     except ValueError:
-        ap.error(f"--features / --severities: expected comma-separated integers, got "
-                 f"{args.features!r} / {args.severities!r}")
+        ap.error(
+            f"--features / --severities: expected comma-separated integers, got "
+            f"{args.features!r} / {args.severities!r}"
+        )
     root = Path(args.data_root)
     missing = [f for f in REQUIRED[args.dataset] if not (root / f).is_dir()]
     if missing:
-        ap.error(f"--data-root {root}: no {missing[0]}/ there (--dataset {args.dataset} reads "
-                 f"{', '.join(f + '/' for f in REQUIRED[args.dataset])} under it)")
+        ap.error(
+            f"--data-root {root}: no {missing[0]}/ there (--dataset {args.dataset} reads "
+            f"{', '.join(f + '/' for f in REQUIRED[args.dataset])} under it)"
+        )
     from robusttrain.perturbations.suites import resolve
 
-    for flag, spec in (("--perturbations", args.perturbations), ("--test-perturbations", args.test_perturbations)):
+    for flag, spec in (
+        ("--perturbations", args.perturbations),
+        ("--test-perturbations", args.test_perturbations),
+    ):
         try:
             resolve(spec.split(","))
         except (ValueError, TypeError, KeyError) as e:
@@ -839,12 +853,16 @@ def check_v4_conditions(ap, args, conds) -> None:
             if c in V4_MT:
                 MetamorphicTraining(perturbations=fams, severity_caps=4, **V4_MT[c])
         except (ValueError, TypeError, KeyError) as e:
-            ap.error(f"condition {c!r} does not construct with this library: {str(e).strip().splitlines()[0]}")
+            ap.error(
+                f"condition {c!r} does not construct with this library: {str(e).strip().splitlines()[0]}"
+            )
         trained |= set(fams)
     test = resolve(args.test_perturbations.split(","))
     if not [f for f in test if f not in trained and f not in resolve(perts)]:
-        ap.error(f"--test-perturbations {args.test_perturbations!r}: no family held out from training "
-                 f"(every one is drawn by a condition)")
+        ap.error(
+            f"--test-perturbations {args.test_perturbations!r}: no family held out from training "
+            f"(every one is drawn by a condition)"
+        )
 
 
 def main(argv=None) -> dict:
@@ -887,7 +905,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=_seeds, default="0,1,2", help="training seeds")
     ap.add_argument("--conditions", default="plain,random,mined")
     ap.add_argument("--epochs", type=_int_at_least(1), default=30)
-    ap.add_argument("--size", type=_int_at_least(16), default=128, help="training / evaluation image size (px)")
+    ap.add_argument(
+        "--size", type=_int_at_least(16), default=128, help="training / evaluation image size (px)"
+    )
     ap.add_argument("--features", default="16,16,32,64,128,16", help="MONAI BasicUNet widths")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch-size", type=_int_at_least(1), default=8)

@@ -80,7 +80,9 @@ def ema_decay_for(steps: int, half_life: float = 0.1) -> float:
     (0.99755, 0.5)
     """
     if steps < 1 or not 0 < half_life <= 1:
-        raise ValueError(f"ema_decay_for: steps must be >= 1 and half_life in (0, 1], got {steps}, {half_life}")
+        raise ValueError(
+            f"ema_decay_for: steps must be >= 1 and half_life in (0, 1], got {steps}, {half_life}"
+        )
     return float(0.5 ** (1.0 / max(1.0, half_life * steps)))
 
 
