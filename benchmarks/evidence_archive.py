@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from robusttrain.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 NAME = re.compile(r"^([a-z_]+)_s(\d+)$")
-TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv", "followups.csv.gz")
+TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv", "followups.csv.gz", "config.yaml")
 WEIGHTS = ("least_loss.ckpt", "last.ckpt", "config.yaml")  # v4: <run>/fp16/ -> <archive>/<run>/
 
 
