@@ -23,6 +23,12 @@ Protocol (one command per dataset):
 Writes ``<out>/<dataset>/results.json`` (per-run, per-case numbers and the summary) and
 ``results.md`` (the tables), plus trade-off plots (validation and held-out) for every run.
 
+Evidence v4 (issue 34, ``docs/evidence_v4/PROTOCOL.md``): ``--protocol v4`` (its conditions from
+``conditions.V4_*``, the test suite ``--test-perturbations`` with the held-out families, runs under
+``<out>/<dataset>_v4/``, every follow-up's Dice in ``followups.csv.gz``, fp16 ``least_loss`` / ``last``
+weights, tables by ``evidence_report_v4.py``); run it through ``evidence_grid_v4.sh``.
+``--dataset synthetic`` is a procedural stand-in shaped like ``polyp256`` for dry runs and tests.
+
     python benchmarks/evidence.py --dataset polyp --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
     python benchmarks/evidence.py --dataset acdc --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
 """
@@ -839,6 +845,13 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         except (ValueError, TypeError, KeyError) as e:
             ap.error(f"{flag} {spec!r}: {str(e).strip().splitlines()[0]}")
     if args.protocol == "v4":
+        # the v4 conditions are pre-registered (conditions.V4_*): an override would be silently unused
+        for flag in ("q", "jitter", "fresh_image", "clean_mix"):
+            if getattr(args, flag) is not None:
+                ap.error(
+                    f"--{flag.replace('_', '-')} does not apply to --protocol v4 (its conditions are fixed "
+                    "in conditions.V4_MT / V4_MINED)"
+                )
         check_v4_conditions(ap, args, conds)
 
 

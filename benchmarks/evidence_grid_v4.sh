@@ -46,6 +46,8 @@ if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python
 else PY=python3; fi
 DATA_ROOT=${DATA_ROOT:-$(cd "$REPO/.." && pwd)/shared/data}
+"$PY" -c "import torch, lightning" 2>/dev/null || {
+  echo "evidence_grid_v4: $PY cannot import torch and lightning; set PYTHON=<venv>/bin/python" >&2; exit 2; }
 if [ "$TINY" = 1 ]; then
   DATASET=synthetic
   set -- --dataset synthetic --size 32 --epochs 2 --min-epoch 0 --features 4,4,8,8,16,4 --batch-size 4 \

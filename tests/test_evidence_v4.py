@@ -140,6 +140,11 @@ def test_polyp_with_a_missing_data_root_fails_before_anything_is_created(tmp_pat
         (["--perturbations", "blurr"], "--perturbations 'blurr'"),
         (["--ema-half-life", "2"], "--ema-half-life: expected a number in (0, 1)"),
         (
+            ["--protocol", "v4", "--conditions", "plain", "--perturbations", "blur"]
+            + ["--test-perturbations", "blur,motion_blur", "--q", "0.3"],
+            "--q does not apply to --protocol v4",
+        ),
+        (
             [
                 "--protocol",
                 "v4",
