@@ -507,8 +507,14 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         if v4:
             kw = {"condition": v4_condition_kwargs(cond), **v4_sets}
         write_config(run_dir, args, cond, seed, feats, test_fams, sevs, kw)
+    tail = {"lr_tail": args.lr_tail} if getattr(args, "lr_tail", 0.0) > 0 else {}  # v3 code has no lr_tail
     model = SegmentationModule(
-        in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names, lr=args.lr, features=feats
+        in_channels=dm.in_channels,
+        num_classes=dm.num_classes,
+        class_names=names,
+        lr=args.lr,
+        features=feats,
+        **tail,
     )
     if v3:
         from evidence_averages import has_batchnorm
@@ -574,8 +580,10 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
 
         flags = trade.selections["last_inlier"].outlier_epochs
         validated = sorted(rec.val_loss)  # the product's window: over every validated epoch
+        # SWAD-style (issue 30): with a constant-LR tail, the window is the tail's epochs
+        window = args.lr_tail if getattr(args, "lr_tail", 0.0) > 0 else args.average_window
         extra_weights["balanced_average"], averages["balanced_average"] = balanced_average(
-            rec.epoch_weights, validated, flags, window=args.average_window
+            rec.epoch_weights, validated, flags, window=window
         )
         extra_weights["ema"] = ema.weights()
         averages["ema"] = {"decay": ema.decay, "steps": int(trainer.global_step)}
@@ -811,6 +819,18 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--protocol v4 runs on --dataset polyp256 (or synthetic for a dry run), got {args.dataset}")
     if args.report_only:
         return
+    if not 0.0 <= args.lr_tail < 1.0:
+        ap.error(f"--lr-tail {args.lr_tail}: expected a fraction in [0, 1) (0 = no constant-LR tail)")
+    if args.lr_tail > 0:
+        import inspect
+
+        from robusttrain.models.segmentation import SegmentationModule
+
+        if "lr_tail" not in inspect.signature(SegmentationModule.__init__).parameters:
+            ap.error(
+                f"--lr-tail {args.lr_tail}: this library's SegmentationModule has no lr_tail (issue 30's "
+                "averages not merged); --lr-tail 0 trains v3's plain cosine"
+            )
     if not args.profile_steps and args.min_epoch >= args.epochs:
         # the balanced policies would have no epoch to choose from (and the run dies after training)
         ap.error(f"--min-epoch {args.min_epoch} must be below --epochs {args.epochs}")
@@ -909,8 +929,16 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--ema-half-life",
         type=_fraction,
-        default=0.1,
-        help="v4: the EMA's half-life as a fraction of the run's optimiser steps (sets the decay)",
+        default=0.05,
+        help="v4: the EMA's half-life as a fraction of the run's optimiser steps (sets the decay; 0.05 = "
+        "the product's EMACheckpoint default)",
+    )
+    ap.add_argument(
+        "--lr-tail",
+        type=float,
+        default=0.0,
+        help="constant-LR tail over the last fraction of the epochs (SegmentationModule(lr_tail=), issue 30; "
+        "0 = v3's cosine); v4: the balanced average's window is then the tail",
     )
     ap.add_argument(
         "--data-root",

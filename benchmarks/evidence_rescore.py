@@ -29,7 +29,7 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp()); _ = (d / "config.yaml").write_text(
     ...     "data: {image_size: 64}\\nmodel: {features: [4, 4, 8, 8, 16, 4]}\\n")
-    >>> " ".join(cli_command(d / "last.ckpt", "F", "O", "python")[3:6])
+    >>> " ".join(cli_command(d / "last.ckpt", "F", "O", "python")[4:7])
     'recipe=polyp data.image_size=64 model.features=[4,4,8,8,16,4]'
     """
     import yaml
