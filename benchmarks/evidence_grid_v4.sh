@@ -2,7 +2,7 @@
 # Evidence v4 grid (issue 34, docs/evidence_v4/PROTOCOL.md): breadth-first, N parallel queues, resumable.
 #
 #   sh benchmarks/evidence_grid_v4.sh [--resume] [--jobs N] [--seeds 0,1,2,3,4] [--conditions a,b] \
-#       [--tiny] [--dry-run] OUT
+#       [--lr-tail F] [--tiny] [--dry-run] OUT
 #
 # Run it from a frozen checkout (a worktree nobody edits while the grid runs): every run must train
 # with the same code. Jobs are (condition, seed) in breadth-first order -- seed 0 of every condition,
@@ -17,14 +17,16 @@
 # are skipped, an interrupted run continues from its fit/last.ckpt. Without --resume an OUT that holds
 # runs is refused. Stop a running grid: kill -INT -- -$(cat OUT/grid.pid)   (the whole process group;
 # Lightning stops at the end of the step, the run resumes later).
+# --lr-tail F: the constant-LR tail (default 0.25, the recipes' of issue 30; the balanced average
+# averages its inlier epochs); refused in one line where the library has no lr_tail (0 = v3's cosine).
 # --tiny: synthetic data, 32 px, 2 epochs, a 4-8-16 net, 3 test families -- the infrastructure on a
 # handful of steps (the tests run it). --dry-run: print the job order and the run command, nothing else.
 # Environment: PYTHON (default: .venv/bin/python of this checkout, else python3), DATA_ROOT (default:
 # the shared data beside the checkout), NICE (default 10).
 set -eu
-usage="usage: sh benchmarks/evidence_grid_v4.sh [--resume] [--jobs N] [--seeds S] [--conditions C] [--tiny] [--dry-run] OUT"
+usage="usage: sh benchmarks/evidence_grid_v4.sh [--resume] [--jobs N] [--seeds S] [--conditions C] [--lr-tail F] [--tiny] [--dry-run] OUT"
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-RESUME=0 JOBS=2 TINY=0 DRY=0 OUT=""
+RESUME=0 JOBS=2 TINY=0 DRY=0 OUT="" LR_TAIL=""
 SEEDS=0,1,2,3,4
 CONDS=plain,random,hard_consistency,augmix_consistency,random_shift,mined_dose
 while [ $# -gt 0 ]; do
@@ -35,6 +37,7 @@ while [ $# -gt 0 ]; do
     --jobs) JOBS=${2:-}; shift ;;
     --seeds) SEEDS=${2:-}; shift ;;
     --conditions) CONDS=${2:-}; shift ;;
+    --lr-tail) LR_TAIL=${2:-}; shift ;;
     -*) echo "evidence_grid_v4: unknown option $1; $usage" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "evidence_grid_v4: two OUT folders ($OUT, $1); $usage" >&2; exit 2; }; OUT=$1 ;;
   esac
@@ -46,17 +49,15 @@ if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python
 else PY=python3; fi
 DATA_ROOT=${DATA_ROOT:-$(cd "$REPO/.." && pwd)/shared/data}
-"$PY" -c "import torch, lightning" 2>/dev/null || {
-  echo "evidence_grid_v4: $PY cannot import torch and lightning; set PYTHON=<venv>/bin/python" >&2; exit 2; }
 if [ "$TINY" = 1 ]; then
   DATASET=synthetic
   set -- --dataset synthetic --size 32 --epochs 2 --min-epoch 0 --features 4,4,8,8,16,4 --batch-size 4 \
     --perturbations blur,contrast --test-perturbations blur,motion_blur --severities 2 --efr-cases 4 \
-    --efr-policies least_loss,last --n-boot 50
+    --efr-policies least_loss,last --n-boot 50 --lr-tail "${LR_TAIL:-0}"
 else
   DATASET=polyp256
   set -- --dataset polyp256 --size 128 --epochs 30 --features 16,16,32,64,128,16 --batch-size 8 --lr 3e-3 \
-    --mr-every 0 --efr-cases 150 --efr-policies least_loss,last
+    --mr-every 0 --efr-cases 150 --efr-policies least_loss,last --lr-tail "${LR_TAIL:-0.25}"
 fi
 set -- --protocol v4 "$@" --threads 1 --jobs 1 --data-root "$DATA_ROOT" --out "$OUT"
 RUNS="$OUT/${DATASET}_v4"
@@ -67,6 +68,8 @@ if [ "$DRY" = 1 ]; then
   echo "run: OMP_NUM_THREADS=1 nice -n ${NICE:-10} $PY benchmarks/evidence.py $* --resume --conditions C --seeds S"
   exit 0
 fi
+"$PY" -c "import torch, lightning" 2>/dev/null || {
+  echo "evidence_grid_v4: $PY cannot import torch and lightning; set PYTHON=<venv>/bin/python" >&2; exit 2; }
 # every argument, data folder and condition checked before anything is created (one line, exit 2)
 PYTHONPATH="$REPO" OMP_NUM_THREADS=1 "$PY" "$REPO/benchmarks/evidence.py" "$@" --conditions "$CONDS" \
   --seeds "$SEEDS" --check-only > /dev/null

@@ -164,6 +164,21 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys, argv, says):
     assert says in err
 
 
+def test_lr_tail_is_checked_against_the_library_before_anything_is_created(tmp_path, capsys):
+    import inspect
+
+    from robusttrain.models.segmentation import SegmentationModule
+
+    argv = ["--dataset", "synthetic", "--epochs", "4", "--conditions", "plain", "--seeds", "0"]
+    assert "--lr-tail 1.5: expected a fraction in [0, 1)" in _refused(
+        tmp_path, capsys, *argv, "--lr-tail", "1.5"
+    )
+    if "lr_tail" in inspect.signature(SegmentationModule.__init__).parameters:  # issue 30's averages merged
+        assert evidence.main([*argv, "--lr-tail", "0.25", "--check-only", "--out", str(tmp_path / "o")]) == {}
+    else:
+        assert "has no lr_tail" in _refused(tmp_path, capsys, *argv, "--lr-tail", "0.25")
+
+
 def test_check_only_accepts_a_good_v4_grid_and_creates_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     argv = [
@@ -379,6 +394,10 @@ def test_grid_dry_run_is_breadth_first_and_bad_options_exit_2(tmp_path):
     assert lines[:6] == ["plain:0", "random:0", "mined_dose:0", "plain:1", "random:1", "mined_dose:1"]
     assert "--protocol v4 --dataset polyp256 --size 128 --epochs 30 --features 16,16,32,64,128,16" in lines[6]
     assert "--batch-size 8 --lr 3e-3" in lines[6] and "--threads 1" in lines[6]
+    assert (
+        "--lr-tail 0.25" in lines[6]
+        and "--mr-every 0 --efr-cases 150 --efr-policies least_loss,last" in lines[6]
+    )
     assert not (tmp_path / "g").exists()
     for argv in (["--jobs", "0", "x"], ["--bogus", "x"], []):
         r = subprocess.run([*GRID, *argv], capture_output=True, text=True, env=_env())
