@@ -28,6 +28,10 @@ batch (same dose in every MT condition):
   of the JS weight, and the method with the stopped gradient. The first three ran on seed 2 and stalled
   too: the stall comes with the paired loss, not the JS term (docs/results.md).
 
+Evidence v4 (issue 34, ``docs/evidence_v4/PROTOCOL.md``) has its own table, :data:`V4_CONDITIONS`
+(``evidence.py --protocol v4``): the names are the protocol's, and ``random`` there is metamorphic
+training's in-place random augmentation (``mt_random`` of v3), not the v2 slot augmentation.
+
 Used by ``mining_evidence.py`` and ``evidence.py``.
 """
 
@@ -67,6 +71,74 @@ CONDITIONS = ("plain", "random", "mined", *MT_CONDITIONS)
 # the recipe's "family replay" (robusttrain/recipes/callbacks/robust.yaml), the best Kvasir/synthetic
 # trade-off in docs/results.md (Failure mining)
 MINING_DEFAULTS = {"jitter": 0.3, "fresh_image": 0.4, "clean_mix": 0.2}
+
+# ----------------------------------------------------------------------------------- Evidence v4
+# MetamorphicTraining keyword arguments of each v4 condition, complete (no defaults merged in: the
+# pre-registered settings are exactly these, whatever the class's defaults become)
+V4_RANDOM = {"objective": "replace", "k": 1, "q": 0.5, "epsilon": 1.0}
+V4_MT: dict[str, dict[str, Any]] = {
+    "random": dict(V4_RANDOM),
+    "hard_consistency": {
+        "objective": "consistency",
+        "replace_q": 0.5,
+        "q": 0.5,
+        "k": 4,
+        "selection": "augmax",
+        "epsilon": 1.0,
+        "consistency": 1.0,
+    },
+    "augmix_consistency": {
+        "objective": "consistency",
+        "replace_q": 0.5,
+        "q": 0.5,
+        "k": 1,
+        "mix": "augmix",
+        "chain_depth": 3,
+        "width": 3,
+        "epsilon": 1.0,
+        "consistency": 1.0,
+    },
+    "random_shift": dict(V4_RANDOM),
+}
+# families a condition trains on beyond --perturbations (suite names resolved by the library)
+V4_EXTRA_FAMILIES: dict[str, tuple[str, ...]] = {"random_shift": ("shift",)}
+# Mined replay at random augmentation's dose. random perturbs q = 0.5 of every batch's rows (slot rows
+# included), so half of all training samples are perturbed. Mined replay perturbs only its slots, and
+# clean_mix of those stay clean: dose = replay_ratio * (1 - clean_mix); with the recipe's clean_mix 0.2,
+# replay_ratio = 0.5 / 0.8 = 0.625 gives 0.5 (v3 ran 0.2 * 0.8 = 0.16, a third of random's dose).
+V4_RANDOM_DOSE = V4_RANDOM["q"]
+V4_MINED = {"replay_ratio": V4_RANDOM_DOSE / (1.0 - MINING_DEFAULTS["clean_mix"]), **MINING_DEFAULTS}
+V4_CONDITIONS = ("plain", "random", "hard_consistency", "augmix_consistency", "random_shift", "mined_dose")
+# held-out test families: in the test suite, never in any condition's training draws
+V4_TEST_SUITE = ("endoscopy", "endoscopy_heldout")
+
+
+def v4_dose(cond: str) -> float:
+    """Expected share of a v4 condition's training samples that are perturbed (once a mined bank is full).
+
+    >>> v4_dose("random"), v4_dose("mined_dose"), v4_dose("plain")
+    (0.5, 0.5, 0.0)
+    """
+    if cond == "mined_dose":
+        return round(V4_MINED["replay_ratio"] * (1.0 - V4_MINED["clean_mix"]), 6)
+    kw = V4_MT.get(cond)
+    if kw is None:
+        return 0.0
+    # consistency objectives: replace_q of the rows are random draws the supervised loss sees
+    return float(kw["q"] if kw["objective"] == "replace" else kw["replace_q"])
+
+
+def v4_training_families(cond: str, perturbations: Sequence[str]) -> list[str]:
+    """The families condition ``cond`` draws in training (``perturbations`` + its extra suites), resolved.
+
+    >>> v4_training_families("random", ["blur", "contrast"]), v4_training_families("plain", ["blur"])
+    (['blur', 'contrast'], [])
+    """
+    from robusttrain.perturbations.suites import resolve
+
+    if cond == "plain":
+        return []
+    return resolve([*perturbations, *V4_EXTRA_FAMILIES.get(cond, ())])
 
 
 def usable_families(names: Sequence[str] | None, in_channels: int) -> list[str]:
@@ -123,22 +195,54 @@ def training_callbacks(
         dm.wrap_train(mining_cb.wrap)
         return [mr, mining_cb], mr
     if cond in MT_CONDITIONS:
-        from robusttrain.callbacks import MetamorphicTraining
-
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
-        dm.wrap_train(lambda ds: RandomPerturbationDataset(ds, [], tuple(severities), ratio=ratio))
-        mt_cb = MetamorphicTraining(
-            perturbations=list(perturbations),
-            severity_caps=max(severities),
-            seed=train_seed,
-            dirpath=run_dir,
-            **kw,
-        )
-        return [mr, mt_cb], mr
+        return [mr, _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw)], mr
     # same slot layout as ReplayDataset
     names = list(perturbations) if cond == "random" else []
     dm.wrap_train(lambda ds: RandomPerturbationDataset(ds, names, tuple(severities), ratio=ratio))
     return [mr], mr
+
+
+def _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw):
+    """MetamorphicTraining over clean slots (the ``plain`` layout: every condition, the same steps)."""
+    from robusttrain.callbacks import MetamorphicTraining
+
+    dm.wrap_train(lambda ds: RandomPerturbationDataset(ds, [], tuple(severities), ratio=ratio))
+    return MetamorphicTraining(
+        perturbations=list(perturbations),
+        severity_caps=max(severities),
+        seed=train_seed,
+        dirpath=run_dir,
+        **kw,
+    )
+
+
+def v4_callbacks(
+    cond: str,
+    dm: Any,
+    perturbations: Sequence[str],
+    severities: Sequence[int],
+    *,
+    seed: int,
+    train_seed: int,
+    ratio: float = 0.2,
+    **kw: Any,
+) -> tuple[list, MetamorphicCallback]:
+    """Callbacks of the Evidence v4 condition ``cond`` (:data:`V4_CONDITIONS`); ``perturbations`` are the
+    in-family training families; the other keywords as :func:`training_callbacks`."""
+    if cond not in V4_CONDITIONS:
+        raise ValueError(f"v4 condition must be one of {V4_CONDITIONS}, got {cond!r}")
+    if cond == "plain":
+        return training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
+    if cond == "mined_dose":
+        mining = {k: v for k, v in V4_MINED.items() if k != "replay_ratio"}
+        ratio = V4_MINED["replay_ratio"]
+        return training_callbacks(
+            "mined", dm, perturbations, severities, seed=seed, ratio=ratio, mining=mining, **kw
+        )
+    cbs, mr = training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
+    fams = v4_training_families(cond, perturbations)
+    return [*cbs, _mt_callback(dm, fams, severities, ratio, train_seed, kw.get("run_dir"), V4_MT[cond])], mr
 
 
 def mean_std(values: Sequence[float], digits: int = 2) -> dict[str, float]:

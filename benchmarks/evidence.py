@@ -23,6 +23,12 @@ Protocol (one command per dataset):
 Writes ``<out>/<dataset>/results.json`` (per-run, per-case numbers and the summary) and
 ``results.md`` (the tables), plus trade-off plots (validation and held-out) for every run.
 
+Evidence v4 (issue 34, ``docs/evidence_v4/PROTOCOL.md``): ``--protocol v4`` (its conditions from
+``conditions.V4_*``, the test suite ``--test-perturbations`` with the held-out families, runs under
+``<out>/<dataset>_v4/``, every follow-up's Dice in ``followups.csv.gz``, fp16 ``least_loss`` / ``last``
+weights, tables by ``evidence_report_v4.py``); run it through ``evidence_grid_v4.sh``.
+``--dataset synthetic`` is a procedural stand-in shaped like ``polyp256`` for dry runs and tests.
+
     python benchmarks/evidence.py --dataset polyp --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
     python benchmarks/evidence.py --dataset acdc --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
 """
@@ -51,6 +57,7 @@ THRESHOLDS = (0.25, 0.5)
 # ----------------------------------------------------------------------------------- data
 # (held-out test, validation) share of each dataset's keys, the protocol's split (--test/--val-fraction)
 SPLIT_FRACTIONS = {
+    "synthetic": (0.25, 0.25),
     "polyp": (0.25, 0.15),
     "acdc": (0.3, 0.3),
     "polyp256": (0.15, 0.1),
@@ -189,9 +196,47 @@ def build_pranet256(args, kw):
     return dm, held, ["kvasir_test"]
 
 
+# folders each data set reads under --data-root (checked before anything is created)
+REQUIRED = {
+    "synthetic": (),
+    "polyp": ("kvasir_seg", "cvc_clinicdb", "cvc_colondb", "etis_larib", "polypgen"),
+    "polyp256": ("polyp_256/kvasir_seg", "polyp_256/cvc_clinicdb", "cvc_colondb", "etis_larib", "polypgen"),
+    "pranet256": ("polyp_256/kvasir_seg", "polyp_256/cvc_clinicdb"),
+    "acdc": ("acdc/volumes",),
+}
+SYNTHETIC_CASES = (
+    40  # Kvasir stand-in (train / val / test), plus 12 "ClinicDB" frames in 3 sequences and 4 others
+)
+
+
+def build_synthetic(args, kw):
+    """Procedural polyp frames shaped like ``polyp256`` (for the tiny grid and the tests, no data folder):
+    a three-way split of :data:`SYNTHETIC_CASES` frames, a ``cvc_clinicdb`` stand-in of 12 frames in
+    3 "sequences" of 4 (bootstrap clusters) and an ``etis`` stand-in of 4 (``other_ood``)."""
+    from robusttrain.datamodules.polyp import PolypDataModule
+    from robusttrain.datamodules.synthetic_polyp import SyntheticPolypSource
+
+    dm = PolypDataModule(**kw)
+    n, size, s = SYNTHETIC_CASES, args.size, args.data_seed
+    src = SyntheticPolypSource(n, seed=s, image_size=size)
+    tr, va, te = three_way_indices(
+        [src.case_id(i) for i in range(n)], args.test_fraction, args.val_fraction, s
+    )
+    dm.train_dataset, dm.val_dataset = dm._view(src, tr, True), dm._view(src, va, False)
+    held = {"kvasir_test": dm._view(src, te, False)}
+    held["cvc_clinicdb"] = dm._view(SyntheticPolypSource(12, s + 1, size, start=n), None, False)
+    held["etis"] = dm._view(SyntheticPolypSource(4, s + 2, size, start=n + 12), None, False)
+    ids = held["cvc_clinicdb"].case_ids()
+    dm.clusters = {("cvc_clinicdb", c): f"cvc_clinicdb/seq{i // 4:02d}" for i, c in enumerate(ids)}
+    return dm, held, ["kvasir_test"]
+
+
 def build_data(args):
     """(datamodule with train/val set up, {held-out name: dataset}, in-domain names)."""
     kw = dict(image_size=args.size, batch_size=args.batch_size, seed=args.data_seed, num_workers=0)
+    data = Path(getattr(args, "data_root", None) or DATA)
+    if args.dataset == "synthetic":
+        return build_synthetic(args, kw)
     if args.dataset == "polyp256":
         return build_polyp256(args, kw)
     if args.dataset == "pranet256":
@@ -199,19 +244,19 @@ def build_data(args):
     if args.dataset == "polyp":
         from robusttrain.datamodules.polyp import PolypDataModule
 
-        dm = PolypDataModule(root=str(DATA / "kvasir_seg"), **kw)
+        dm = PolypDataModule(root=str(data / "kvasir_seg"), **kw)
         held = {"kvasir_test": three_way_split(dm, args.test_fraction, args.val_fraction, args.data_seed)}
         for name, folder in (
             ("cvc_clinicdb", "cvc_clinicdb"),
             ("cvc_colondb", "cvc_colondb"),
             ("etis", "etis_larib"),
         ):
-            held[name] = dm._view(dm._read(str(DATA / folder)), None, False)
-        held.update(polypgen_by_centre(dm, DATA / "polypgen"))
+            held[name] = dm._view(dm._read(str(data / folder)), None, False)
+        held.update(polypgen_by_centre(dm, data / "polypgen"))
         return dm, held, ["kvasir_test"]
     from robusttrain.datamodules.acdc import ACDCDataModule
 
-    dm = ACDCDataModule(root=str(DATA / "acdc" / "volumes"), **kw)
+    dm = ACDCDataModule(root=str(data / "acdc" / "volumes"), **kw)
     held = {"acdc_test": three_way_split(dm, args.test_fraction, args.val_fraction, args.data_seed)}
     return dm, held, ["acdc_test"]
 
@@ -314,6 +359,46 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
     return EpochRecorder()
 
 
+# ----------------------------------------------------------------------------------- Evidence v4
+# the archive of every follow-up's Dice (per case, test and scored checkpoint): a re-analysis needs no re-run
+FOLLOWUP_COLUMNS = ("policy", "split", "case_id", "perturbation", "severity", "src_dice", "fol_dice")
+KEPT_FP16 = ("least_loss", "last")  # the checkpoints kept as fp16 state dicts (seed 0 committed)
+
+
+def v4_condition_kwargs(cond: str) -> dict:
+    """What the v4 condition trains with (recorded in config.yaml and result.json)."""
+    from conditions import V4_MINED, V4_MT, v4_dose
+
+    if cond == "mined_dose":
+        return {"failure_mining": dict(V4_MINED), "dose": v4_dose(cond)}
+    if cond in V4_MT:
+        return {"metamorphic_training": dict(V4_MT[cond]), "dose": v4_dose(cond)}
+    return {"dose": 0.0}
+
+
+def v4_family_sets(args, cond: str, perts: list[str], test_fams: list[str]) -> dict:
+    """The families a v4 run trains on and is tested on: held-out = test families no v4 condition
+    ever draws (``--perturbations`` + every condition's extra suites); in-family = the rest."""
+    from conditions import V4_CONDITIONS, v4_training_families
+
+    from robusttrain.perturbations.suites import resolve
+
+    trained_anywhere: set[str] = set()
+    for c in V4_CONDITIONS:
+        try:
+            trained_anywhere |= set(v4_training_families(c, perts))
+        except ValueError:  # a suite not in this library (yet) holds no family of the test suite either
+            continue
+    requested = resolve(args.test_perturbations.split(","))
+    return {
+        "training_families": v4_training_families(cond, perts),
+        "test_families": list(test_fams),
+        "heldout_families": [f for f in test_fams if f not in trained_anywhere],
+        "infamily_families": [f for f in test_fams if f in trained_anywhere],
+        "test_families_skipped": [f for f in requested if f not in test_fams],  # do not run on RGB
+    }
+
+
 # ----------------------------------------------------------------------------------- one run
 def per_case_mr(cases: pd.DataFrame) -> dict:
     """``{split: {case: {tests, errors_<m>@<t>, corrupted_dice, errors_dice@0.25_by_perturbation}}}``
@@ -327,10 +412,12 @@ def per_case_mr(cases: pd.DataFrame) -> dict:
             drop = relative_drops(g[f"src_{m}"], g[f"fol_{m}"])  # one home for the relative drop
             for t in THRESHOLDS:
                 d[f"errors_{m}@{t:g}"] = int((drop > t).sum())
+        by = g.groupby("perturbation")
         d["errors_dice@0.25_by_perturbation"] = {
-            p: int((relative_drops(gp["src_dice"], gp["fol_dice"]) > 0.25).sum())
-            for p, gp in g.groupby("perturbation")
+            p: int((relative_drops(gp["src_dice"], gp["fol_dice"]) > 0.25).sum()) for p, gp in by
         }
+        # v4: the per-family follow-up Dice (held-out vs in-family and worst-family endpoints)
+        d["fol_dice_by_perturbation"] = {p: round(float(gp["fol_dice"].mean()), 6) for p, gp in by}
         mr.setdefault(split, {})[cid] = d
     return mr
 
@@ -349,10 +436,12 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     from robusttrain.models.segmentation import SegmentationModule
 
     args = argparse.Namespace(**args_dict)
-    v3 = args.dataset in ("polyp256", "pranet256")
+    v4 = getattr(args, "protocol", "v3") == "v4"
+    # the v3 machinery (resumable fit, per-epoch weights, averages, kept checkpoints) serves v4 too
+    v3 = args.dataset in ("polyp256", "pranet256", "synthetic") or v4
     device = "cuda" if getattr(args, "accelerator", "cpu") == "gpu" else "cpu"
     profile = int(getattr(args, "profile_steps", 0) or 0)
-    run_dir = Path(args.out) / args.dataset / ("profile" if profile else "") / f"{cond}_s{seed}"
+    run_dir = dataset_dir(args) / ("profile" if profile else "") / f"{cond}_s{seed}"
     done = run_dir / "result.json"
     if args.resume and done.is_file():  # finished by an earlier, interrupted invocation
         return json.loads(done.read_text())
@@ -376,22 +465,25 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         if getattr(args, k, None) is not None
     }
     mt = {"q": args.q} if getattr(args, "q", None) is not None else None
-    cbs, _ = training_callbacks(
-        cond,
-        dm,
-        perts,
-        sevs,
+    common = dict(
         seed=args.data_seed,
         ratio=args.ratio,
         probe=args.probe,
         mine_every=args.mine_every,
         run_dir=str(run_dir),
-        mining=mining,
         val_every=getattr(args, "mr_every", 0),
         val_cases=getattr(args, "mr_val_cases", None),
         train_seed=seed,
-        mt=mt,
     )
+    if v4:  # the pre-registered conditions (conditions.V4_*): no per-invocation overrides
+        from conditions import v4_callbacks
+
+        cbs, _ = v4_callbacks(cond, dm, perts, sevs, **common)
+        test_fams = usable_families(args.test_perturbations.split(","), dm.in_channels)
+        v4_sets = v4_family_sets(args, cond, perts, test_fams)
+    else:
+        cbs, _ = training_callbacks(cond, dm, perts, sevs, mining=mining, mt=mt, **common)
+        test_fams, v4_sets = perts, {}
     feats = tuple(int(f) for f in args.features.split(","))
     rec = make_recorder(names, run_dir / "epochs" if v3 else None)
     extra = []
@@ -403,12 +495,26 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         extra = [ModelCheckpoint(dirpath=run_dir / "fit", save_last=True, save_top_k=1, every_n_epochs=1)]
         from evidence_averages import EMATracker
 
-        ema = EMATracker(decay=args.ema_decay)  # watches the run, never swaps into it (evidence_averages.py)
+        decay = args.ema_decay
+        if v4:  # sized to the run: a half-life of --ema-half-life of the run's optimiser steps
+            from evidence_averages import ema_decay_for
+
+            steps = args.epochs * len(dm.train_dataloader())
+            decay = ema_decay_for(steps, args.ema_half_life)
+        ema = EMATracker(decay=decay)  # watches the run, never swaps into it (evidence_averages.py)
         extra.append(ema)
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]} if cond in MT_CONDITIONS else None
-        write_config(run_dir, args, cond, seed, feats, perts, sevs, kw)
+        if v4:
+            kw = {"condition": v4_condition_kwargs(cond), **v4_sets}
+        write_config(run_dir, args, cond, seed, feats, test_fams, sevs, kw)
+    tail = {"lr_tail": args.lr_tail} if getattr(args, "lr_tail", 0.0) > 0 else {}  # v3 code has no lr_tail
     model = SegmentationModule(
-        in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names, lr=args.lr, features=feats
+        in_channels=dm.in_channels,
+        num_classes=dm.num_classes,
+        class_names=names,
+        lr=args.lr,
+        features=feats,
+        **tail,
     )
     if v3:
         from evidence_averages import has_batchnorm
@@ -474,8 +580,10 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
 
         flags = trade.selections["last_inlier"].outlier_epochs
         validated = sorted(rec.val_loss)  # the product's window: over every validated epoch
+        # SWAD-style (issue 30): with a constant-LR tail, the window is the tail's epochs
+        window = args.lr_tail if getattr(args, "lr_tail", 0.0) > 0 else args.average_window
         extra_weights["balanced_average"], averages["balanced_average"] = balanced_average(
-            rec.epoch_weights, validated, flags, window=args.average_window
+            rec.epoch_weights, validated, flags, window=window
         )
         extra_weights["ema"] = ema.weights()
         averages["ema"] = {"decay": ema.decay, "steps": int(trainer.global_step)}
@@ -515,13 +623,13 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         }
 
     # EFR on the held-out sets (v3: at every --efr-policies pick), one fixed suite for every run
-    suite = MRSuite(perts, sevs, seed=args.data_seed)
+    suite = MRSuite(test_fams, sevs, seed=args.data_seed)
     efr_pols = getattr(args, "efr_policies", "least_loss").split(",")
     mr_by: dict = {}
     consistency = 0.0
+    followups = []
     for pol in efr_pols:
-        e = choices[pol]
-        model.load_state_dict(rec.epoch_weights(e))
+        model.load_state_dict(extra_weights[pol] if pol in extra_weights else rec.epoch_weights(choices[pol]))
         res = audit(
             model,
             held,
@@ -535,10 +643,14 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         )
         cases = res["cases"]
         mr_by[pol] = per_case_mr(cases)
-        # the audit's clean source scores must be the recorder's at the same epoch (same weights, same data)
+        # the audit's clean source scores must be the pick's own (same weights, same data)
         src = cases.groupby(["split", "case_id"])["src_dice"].first()
-        rec_at = held_rows[held_rows["epoch"] == e].set_index(["split", "case_id"])["dice"]
-        consistency = max(consistency, float((src - rec_at.reindex(src.index)).abs().max()))
+        ref = pd.Series({(sp, c): d for sp, by in picks[pol]["dice"].items() for c, d in by.items()}).reindex(
+            src.index
+        )
+        consistency = max(consistency, float((src - ref).abs().max()))
+        if v4:
+            followups.append(cases[list(FOLLOWUP_COLUMNS[1:])].assign(policy=pol))
     mr = mr_by[efr_pols[0]]
 
     # trade-off plots: the validation picks drawn on validation and on the pooled held-out cases
@@ -574,6 +686,20 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         "audit_clean_max_abs_diff": consistency,
         "selection_reasons": {p: s.reason for p, s in trade.selections.items()},
     }
+    if v4:
+        from evidence_artifacts import save_fp16, write_followups
+
+        write_followups(run_dir / "followups.csv.gz", followups, FOLLOWUP_COLUMNS)
+        for pol in KEPT_FP16:  # ~1 MB each: committed for seed 0 (evidence_archive.py save --weights-seeds)
+            save_fp16(
+                run_dir / "fp16" / f"{pol}.ckpt",
+                rec.epoch_weights(choices[pol]),
+                run_dir / "config.yaml",
+                epoch=int(choices[pol]),
+                policy=pol,
+            )
+        out.update(protocol="v4", condition_kwargs=v4_condition_kwargs(cond), **v4_sets)
+        out["ema_decay"] = ema.decay
     if v3:
         from evidence_artifacts import save_weights, write_rescore
 
@@ -596,7 +722,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         )
         if cond in MT_CONDITIONS:
             out["mt_kwargs"] = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
-    if cond == "mined":
+    if cond in ("mined", "mined_dose"):
         bank = cbs[-1].bank
         out.update(
             bank_size=len(bank),
@@ -631,14 +757,188 @@ def _run_star(job):
 
 
 # ----------------------------------------------------------------------------------- summary
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr and exit 2 (no usage block above them)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+        return v
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {v}")
+    return v
+
+
+def _seeds(text: str) -> str:
+    """``0,1,2`` -> the same text; every item a distinct integer >= 0, at least one."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or not all(t.isdigit() for t in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0 (e.g. 0,1,2), got {text!r}")
+    if len(set(map(int, items))) != len(items):
+        raise argparse.ArgumentTypeError(f"a seed is named twice in {text!r}")
+    return ",".join(str(int(t)) for t in items)
+
+
+POLICIES = ("least_loss", "last", "best_val_dice", "last_inlier", "maximin", "pareto", "cvar")
+AVERAGE_POLICIES = ("balanced_average", "ema")
+
+
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Every value the runs will need, checked before any folder is created (one line, exit 2)."""
+    from conditions import CONDITIONS, V4_CONDITIONS
+
+    known = V4_CONDITIONS if args.protocol == "v4" else CONDITIONS
+    conds = args.conditions.split(",")
+    bad = [c for c in conds if c not in known]
+    if bad or not args.conditions:
+        ap.error(
+            f"--conditions: unknown {bad[0] if bad else ''!r} for --protocol {args.protocol}; "
+            f"expected a comma list of {', '.join(known)}"
+        )
+    if len(set(conds)) != len(conds):
+        ap.error(f"--conditions names a condition twice: {args.conditions!r}")
+    if args.protocol == "v4" and args.dataset not in ("polyp256", "synthetic"):
+        ap.error(f"--protocol v4 runs on --dataset polyp256 (or synthetic for a dry run), got {args.dataset}")
+    if args.report_only:
+        return
+    if not 0.0 <= args.lr_tail < 1.0:
+        ap.error(f"--lr-tail {args.lr_tail}: expected a fraction in [0, 1) (0 = no constant-LR tail)")
+    if args.lr_tail > 0:
+        import inspect
+
+        from robusttrain.models.segmentation import SegmentationModule
+
+        if "lr_tail" not in inspect.signature(SegmentationModule.__init__).parameters:
+            ap.error(
+                f"--lr-tail {args.lr_tail}: this library's SegmentationModule has no lr_tail (issue 30's "
+                "averages not merged); --lr-tail 0 trains v3's plain cosine"
+            )
+    if not args.profile_steps and args.min_epoch >= args.epochs:
+        # the balanced policies would have no epoch to choose from (and the run dies after training)
+        ap.error(f"--min-epoch {args.min_epoch} must be below --epochs {args.epochs}")
+    v3 = args.dataset in ("polyp256", "pranet256", "synthetic") or args.protocol == "v4"
+    allowed = POLICIES + (AVERAGE_POLICIES if v3 else ())
+    bad = [p for p in args.efr_policies.split(",") if p not in allowed]
+    if bad:
+        ap.error(f"--efr-policies: unknown {bad[0]!r}; expected a comma list of {', '.join(allowed)}")
+    try:
+        [int(f) for f in args.features.split(",")]
+        [int(v) for v in args.severities.split(",")]
+    except ValueError:
+        ap.error(
+            f"--features / --severities: expected comma-separated integers, got "
+            f"{args.features!r} / {args.severities!r}"
+        )
+    root = Path(args.data_root)
+    missing = [f for f in REQUIRED[args.dataset] if not (root / f).is_dir()]
+    if missing:
+        ap.error(
+            f"--data-root {root}: no {missing[0]}/ there (--dataset {args.dataset} reads "
+            f"{', '.join(f + '/' for f in REQUIRED[args.dataset])} under it)"
+        )
+    from robusttrain.perturbations.suites import resolve
+
+    for flag, spec in (
+        ("--perturbations", args.perturbations),
+        ("--test-perturbations", args.test_perturbations),
+    ):
+        try:
+            resolve(spec.split(","))
+        except (ValueError, TypeError, KeyError) as e:
+            ap.error(f"{flag} {spec!r}: {str(e).strip().splitlines()[0]}")
+    if args.protocol == "v4":
+        # the v4 conditions are pre-registered (conditions.V4_*): an override would be silently unused
+        for flag in ("q", "jitter", "fresh_image", "clean_mix"):
+            if getattr(args, flag) is not None:
+                ap.error(
+                    f"--{flag.replace('_', '-')} does not apply to --protocol v4 (its conditions are fixed "
+                    "in conditions.V4_MT / V4_MINED)"
+                )
+        check_v4_conditions(ap, args, conds)
+
+
+def check_v4_conditions(ap, args, conds) -> None:
+    """Every v4 condition constructs with today's library (the MetamorphicTraining API of issue 30, the
+    shift families), and no held-out test family is drawn in training."""
+    from conditions import V4_MT, v4_training_families
+
+    from robusttrain.callbacks import MetamorphicTraining
+    from robusttrain.perturbations.suites import resolve
+
+    perts = args.perturbations.split(",")
+    trained = set()
+    for c in conds:
+        try:
+            fams = v4_training_families(c, perts)
+            if c in V4_MT:
+                MetamorphicTraining(perturbations=fams, severity_caps=4, **V4_MT[c])
+        except (ValueError, TypeError, KeyError) as e:
+            ap.error(
+                f"condition {c!r} does not construct with this library: {str(e).strip().splitlines()[0]}"
+            )
+        trained |= set(fams)
+    test = resolve(args.test_perturbations.split(","))
+    if not [f for f in test if f not in trained and f not in resolve(perts)]:
+        ap.error(
+            f"--test-perturbations {args.test_perturbations!r}: no family held out from training "
+            f"(every one is drawn by a condition)"
+        )
+
+
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--dataset",
-        choices=["polyp", "acdc", "polyp256", "pranet256"],
+        choices=["polyp", "acdc", "polyp256", "pranet256", "synthetic"],
         required=True,
         help="polyp256 = Evidence v3 (issue 22): train on Kvasir-SEG (polyp_256), CVC-ClinicDB held out; "
-        "pranet256 = the GPU protocol: train on Kvasir-SEG + CVC-ClinicDB (split by sequence)",
+        "pranet256 = the GPU protocol: train on Kvasir-SEG + CVC-ClinicDB (split by sequence); "
+        "synthetic = procedural frames shaped like polyp256 (tiny dry runs, no data folder)",
+    )
+    ap.add_argument(
+        "--protocol",
+        choices=["v3", "v4"],
+        default="v3",
+        help="v4 = Evidence v4 (issue 34, docs/evidence_v4/PROTOCOL.md): its conditions (conditions.V4_*), "
+        "the held-out test families, per-follow-up archive, fp16 weights",
+    )
+    ap.add_argument(
+        "--test-perturbations",
+        default=None,
+        help="v4: the MR test suite (suites or families; default endoscopy,endoscopy_heldout); families no "
+        "condition trains on are the held-out ones",
+    )
+    ap.add_argument(
+        "--ema-half-life",
+        type=_fraction,
+        default=0.05,
+        help="v4: the EMA's half-life as a fraction of the run's optimiser steps (sets the decay; 0.05 = "
+        "the product's EMACheckpoint default)",
+    )
+    ap.add_argument(
+        "--lr-tail",
+        type=float,
+        default=0.0,
+        help="constant-LR tail over the last fraction of the epochs (SegmentationModule(lr_tail=), issue 30; "
+        "0 = v3's cosine); v4: the balanced average's window is then the tail",
     )
     ap.add_argument(
         "--data-root",
@@ -648,13 +948,15 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--precision", default="32-true", help="Lightning precision (GPU: bf16-mixed)")
-    ap.add_argument("--seeds", default="0,1,2", help="training seeds")
+    ap.add_argument("--seeds", type=_seeds, default="0,1,2", help="training seeds")
     ap.add_argument("--conditions", default="plain,random,mined")
-    ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--size", type=int, default=128, help="training / evaluation image size (px)")
+    ap.add_argument("--epochs", type=_int_at_least(1), default=30)
+    ap.add_argument(
+        "--size", type=_int_at_least(16), default=128, help="training / evaluation image size (px)"
+    )
     ap.add_argument("--features", default="16,16,32,64,128,16", help="MONAI BasicUNet widths")
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=_int_at_least(1), default=8)
     ap.add_argument("--test-fraction", type=float, default=None, help="held-out share (polyp 0.25, acdc 0.3)")
     ap.add_argument(
         "--val-fraction", type=float, default=None, help="validation share (polyp 0.15, acdc 0.3)"
@@ -698,6 +1000,11 @@ def main(argv=None) -> dict:
         help="summarise the finished runs of --conditions x --seeds under <out>/<dataset> (no training; "
         "runs of other conditions or seeds in the same folder stay out of the tables)",
     )
+    ap.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check every argument (data folders, families, that the conditions construct) and exit",
+    )
     ap.add_argument("--min-epoch", type=int, default=3, help="warm-up epochs the balanced policies skip")
     ap.add_argument(
         "--average-window", type=float, default=0.5, help="balanced average: last fraction of epochs"
@@ -712,8 +1019,8 @@ def main(argv=None) -> dict:
         action="store_true",
         help="evaluate every epoch on the held-out sets (trade-off curve), not only the picks",
     )
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--jobs", type=_int_at_least(1), default=1, help="runs in parallel (processes)")
+    ap.add_argument("--threads", type=_int_at_least(1), default=1, help="torch threads per run")
     ap.add_argument("--out", default="runs/evidence")
     ap.add_argument(
         "--resume",
@@ -728,17 +1035,22 @@ def main(argv=None) -> dict:
         "data, hooks, forward, backward); runs one at a time under <out>/<dataset>/profile/, nothing scored",
     )
     args = ap.parse_args(argv)
-    if not args.report_only and not args.profile_steps and args.min_epoch >= args.epochs:
-        # the balanced policies would have no epoch to choose from (and the run dies after training)
-        ap.error(f"--min-epoch {args.min_epoch} must be below --epochs {args.epochs}")
     defaults = SPLIT_FRACTIONS[args.dataset]
     args.test_fraction = defaults[0] if args.test_fraction is None else args.test_fraction
     args.val_fraction = defaults[1] if args.val_fraction is None else args.val_fraction
-    args.perturbations = args.perturbations or "mri" if args.dataset == "acdc" else "endoscopy"
+    args.perturbations = args.perturbations or ("mri" if args.dataset == "acdc" else "endoscopy")
+    if args.test_perturbations is None:
+        from conditions import V4_TEST_SUITE
+
+        args.test_perturbations = ",".join(V4_TEST_SUITE) if args.protocol == "v4" else args.perturbations
+    check_args(ap, args)
+    if args.check_only:
+        print(f"evidence: arguments OK ({args.conditions} x seeds {args.seeds}, --dataset {args.dataset})")
+        return {}
 
     jobs = [(c, int(s), vars(args)) for s in args.seeds.split(",") for c in args.conditions.split(",")]
     t0 = time.time()
-    out = Path(args.out) / args.dataset
+    out = dataset_dir(args)
     if args.profile_steps:  # one after the other, never in parallel: each profile sees the device alone
         args.resume = False
         return {"profiles": [_run_star((c, s, vars(args))) for c, s, _ in jobs]}
@@ -759,11 +1071,17 @@ def main(argv=None) -> dict:
         results = []
         for j in jobs:  # the tables are re-written after every run: partial results are readable
             results.append(_run_star(j))
-            if args.dataset in ("polyp256", "pranet256"):
+            if args.dataset in ("polyp256", "pranet256") or args.protocol == "v4":
                 write_summary(finished(out), args, out, time.time() - t0)
-    if args.dataset in ("polyp256", "pranet256"):  # every finished run, also other invocations' (several
-        results = finished(out)  # grid processes may share one --out: the last writer must not drop theirs)
+    if args.dataset in ("polyp256", "pranet256") or args.protocol == "v4":  # every finished run, also
+        results = finished(out)  # other invocations' (grid processes share one --out: keep theirs)
     return write_summary(results, args, out, time.time() - t0)
+
+
+def dataset_dir(args) -> Path:
+    """``<out>/<dataset>`` (v4: ``<out>/<dataset>_v4``: its condition names are not v3's)."""
+    v4 = getattr(args, "protocol", "v3") == "v4"
+    return Path(args.out) / (args.dataset + ("_v4" if v4 else ""))
 
 
 def finished(out: Path) -> list[dict]:
@@ -776,7 +1094,12 @@ def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
     """``results.json`` (summary + per-run numbers) and ``results.md`` (tables), both atomic."""
     from robusttrain.io import atomic_write_text
 
-    if args.dataset in ("polyp256", "pranet256"):
+    if getattr(args, "protocol", "v3") == "v4":
+        from evidence_report_v4 import summarise_v4, write_tables_v4
+
+        summary = summarise_v4(results, args)
+        md = write_tables_v4(summary, args)
+    elif args.dataset in ("polyp256", "pranet256", "synthetic"):
         from evidence_report_v3 import summarise_v3, write_tables_v3
 
         summary = summarise_v3(results, args, out)

@@ -15,6 +15,13 @@ the validation MR check per epoch, the per-case validation history, metamorphic 
 counts) as ``<condition>_s<seed>.<table>.gz``; ``restore`` writes them back into
 ``<condition>_s<seed>/`` where that run has none and refuses (exit 2, one line) where one exists with
 other content.
+
+Evidence v4 (``docs/evidence_v4/runs``) also keeps each run's ``followups.csv.gz`` (every follow-up's
+Dice; already gzip, copied as is) and, for the runs of ``--weights-seeds`` (the protocol: seed 0), the
+fp16 weights with their config (``<condition>_s<seed>/{least_loss,last}.ckpt, config.yaml``), which
+``evidence_rescore.py`` re-scores on any folder through the product's CLI:
+
+    python benchmarks/evidence_archive.py save OUT/polyp256_v4 docs/evidence_v4/runs --weights-seeds 0
 """
 
 from __future__ import annotations
@@ -31,7 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from robusttrain.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 NAME = re.compile(r"^([a-z_]+)_s(\d+)$")
-TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv")
+TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv", "followups.csv.gz", "config.yaml")
+WEIGHTS = ("least_loss.ckpt", "last.ckpt", "config.yaml")  # v4: <run>/fp16/ -> <archive>/<run>/
+
+
+def _packed(name: str, raw: bytes) -> bytes:
+    """A table as archived: gzip without a timestamp (a table that is gzip already, as is)."""
+    return raw if name.endswith(".gz") else gzip.compress(raw, compresslevel=9, mtime=0)
+
+
+def _archived(table: str) -> str:
+    return table if table.endswith(".gz") else f"{table}.gz"
 
 
 def _check(result: dict, name: str, where: Path) -> None:
@@ -41,7 +58,7 @@ def _check(result: dict, name: str, where: Path) -> None:
         )
 
 
-def save(out: Path, archive: Path) -> list[str]:
+def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[str]:
     names = []
     for p in sorted(out.glob("*_s*/result.json")):
         name = p.parent.name
@@ -52,8 +69,17 @@ def save(out: Path, archive: Path) -> list[str]:
         atomic_write_bytes(archive / f"{name}.json.gz", gzip.compress(raw, compresslevel=9, mtime=0))
         for t in TABLES:
             if (p.parent / t).is_file():
-                data = gzip.compress((p.parent / t).read_bytes(), compresslevel=9, mtime=0)
-                atomic_write_bytes(archive / f"{name}.{t}.gz", data)
+                atomic_write_bytes(
+                    archive / f"{name}.{_archived(t)}", _packed(t, (p.parent / t).read_bytes())
+                )
+        if int(NAME.match(name).group(2)) in weights_seeds:
+            (archive / name).mkdir(parents=True, exist_ok=True)
+            for w in WEIGHTS:
+                if not (p.parent / "fp16" / w).is_file():
+                    raise SystemExit(
+                        f"evidence_archive: {p.parent / 'fp16' / w}: missing (a v4 run keeps it)"
+                    )
+                atomic_write_bytes(archive / name / w, (p.parent / "fp16" / w).read_bytes())
         names.append(name)
     return names
 
@@ -73,9 +99,10 @@ def restore(archive: Path, out: Path) -> list[str]:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         for t in TABLES:
-            src = archive / f"{name}.{t}.gz"
+            src = archive / f"{name}.{_archived(t)}"
             if src.is_file() and not (dst.parent / t).exists():
-                atomic_write_bytes(dst.parent / t, gzip.decompress(src.read_bytes()))
+                raw = src.read_bytes()
+                atomic_write_bytes(dst.parent / t, raw if t.endswith(".gz") else gzip.decompress(raw))
         atomic_write_text(dst, text)
         names.append(name)
     return names
@@ -86,11 +113,22 @@ def main(argv=None) -> None:
     ap.add_argument("action", choices=["save", "restore"])
     ap.add_argument("src", type=Path)
     ap.add_argument("dst", type=Path)
+    ap.add_argument(
+        "--weights-seeds",
+        default="",
+        help="save: also keep the fp16 weights (v4 runs' fp16/) of these seeds, e.g. 0",
+    )
     a = ap.parse_args(argv)
+    try:
+        seeds = tuple(int(x) for x in a.weights_seeds.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(
+            f"evidence_archive: --weights-seeds {a.weights_seeds!r}: expected integers like 0,1"
+        ) from None
     if not a.src.is_dir():
         raise SystemExit(f"evidence_archive: {a.src}: not a folder")
     a.dst.mkdir(parents=True, exist_ok=True)
-    done = save(a.src, a.dst) if a.action == "save" else restore(a.src, a.dst)
+    done = save(a.src, a.dst, seeds) if a.action == "save" else restore(a.src, a.dst)
     print(f"evidence_archive: {a.action}d {len(done)} run(s): {', '.join(done) or '-'}")
 
 

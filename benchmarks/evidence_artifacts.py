@@ -10,10 +10,16 @@ Per run directory (``<out>/<dataset>/<condition>_s<seed>/``):
 - ``config.yaml`` — the run's settings plus ``callbacks.metamorphic.suite``, the exact MR suite the
   evidence scored with (``robusttrain check`` reads it from the checkpoint's parent folder);
 - ``rescore.sh`` — the product's own commands that re-score a kept checkpoint on any image folder.
+
+Evidence v4 adds ``followups.csv.gz`` (every follow-up's Dice: per case, test and scored checkpoint)
+and ``fp16/{least_loss,last}.ckpt`` + ``fp16/config.yaml`` (the weights in half precision, ~1 MB each,
+with the run's config beside them so ``robusttrain check`` finds the test suite; seed 0's are
+committed by ``evidence_archive.py save --weights-seeds 0``; ``evidence_rescore.py`` re-scores them).
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import shlex
 from pathlib import Path
@@ -32,6 +38,27 @@ def save_weights(path: Path, state_dict: dict, **extra) -> Path:
     torch.save({"state_dict": state_dict, "pytorch-lightning_version": lightning.__version__, **extra}, buf)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def save_fp16(path: Path, state_dict: dict, config: Path, **extra) -> Path:
+    """``state_dict`` with its floating tensors in half precision (:func:`save_weights`), and a copy of the
+    run's ``config`` beside it (``robusttrain check`` reads the MR suite from the checkpoint's folder).
+    The product loads it into its fp32 model (``load_state_dict`` casts), so scores move only by the
+    rounding of the weights."""
+    half = {k: v.half() if v.is_floating_point() else v for k, v in state_dict.items()}
+    save_weights(path, half, **extra)
+    atomic_write_text(path.parent / "config.yaml", Path(config).read_text())
+    return path
+
+
+def write_followups(path: Path, frames, columns) -> Path:
+    """The per-(case, test) follow-up Dice of every scored checkpoint as one gzip csv (no timestamp in
+    the gzip header and Dice rounded to 6 digits: the same run gives the same bytes)."""
+    import pandas as pd
+
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(columns))
+    text = df[list(columns)].round({"src_dice": 6, "fol_dice": 6}).to_csv(index=False)
+    return atomic_write_bytes(path, gzip.compress(text.encode(), compresslevel=9, mtime=0))
 
 
 def load_weights(path: Path) -> dict:

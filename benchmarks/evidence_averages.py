@@ -71,6 +71,26 @@ class EMATracker(Callback):
         self._pending, self._avg = state.get("avg"), None
 
 
+def ema_decay_for(steps: int, half_life: float = 0.05) -> float:
+    """The EMA decay per step whose half-life is ``half_life`` of a run of ``steps`` optimiser steps
+    (Evidence v4, issue 30: "sized to the run"; v3's fixed 0.999 over 2 820 steps kept ~6 % of its
+    weight on the first steps' weights): ``0.5 ** (1 / (half_life * steps))``, the product's rule
+    (``robusttrain.training.averaging.ema_decay``) where the library has it.
+
+    >>> d = ema_decay_for(2820, 0.05); round(d, 5), round(d ** 141, 3)
+    (0.9951, 0.5)
+    """
+    try:  # one home for the rule: the product's, once issue 30's averages are in the library
+        from robusttrain.training.averaging import ema_decay
+    except ImportError:  # older library: the same formula (docs/evidence_v4/PROTOCOL.md)
+        if steps < 1 or not 0 < half_life <= 1:
+            raise ValueError(
+                f"ema_decay_for: steps must be >= 1 and half_life in (0, 1], got {steps}, {half_life}"
+            ) from None
+        return float(0.5 ** (1.0 / (half_life * steps)))
+    return float(ema_decay(half_life, steps))
+
+
 def balanced_average(
     epoch_weights, validated: list[int], outlier_epochs: dict[str, list[int]], window: float = 0.5
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

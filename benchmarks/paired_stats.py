@@ -5,7 +5,9 @@ so condition A's row s is paired with condition B's row s (same seed, same split
 follow-ups). The bootstrap resamples *cases* (columns, the same draw for A and B), recomputes the
 statistic on the resampled matrices, and reports the 2.5 / 97.5 percentiles: the uncertainty from
 which cases happened to be held out. Seeds are not resampled (three are too few to resample);
-their spread is reported separately as the std over seeds.
+their spread is reported separately as the std over seeds, and (Evidence v4) by
+:func:`seed_interval`: a t-interval over the per-seed paired differences, the uncertainty from
+which training seeds happened to be run (a stalled seed moves every case of that seed at once).
 
 >>> import numpy as np
 >>> a = np.array([[0.2, 0.4, 0.6]]); b = np.array([[0.1, 0.2, 0.3]])
@@ -93,3 +95,29 @@ def paired_bootstrap(
         "n_seeds": int(a.shape[0]),
         "n_clusters": int(n_clusters),
     }
+
+
+def seed_interval(a, b, stat: Stat, alpha: float = 0.05) -> dict:
+    """``{"estimate", "lo", "hi", "n_seeds", "per_seed"}``: ``stat`` per seed (row ``s`` of A against row
+    ``s`` of B), and a Student-t interval over those per-seed differences (n - 1 degrees of freedom;
+    NaN bounds with one seed). Seeds, not cases, are the unit: the interval is wide when the seeds
+    disagree, however many cases each has.
+
+    >>> a = np.array([[0.6, 0.8], [0.5, 0.7], [0.7, 0.9]]); b = a - np.array([[0.02], [0.04], [0.03]])
+    >>> r = seed_interval(a, b, mean_difference)
+    >>> round(r["estimate"], 3), [round(x, 3) for x in r["per_seed"]], round(r["lo"], 4), round(r["hi"], 4)
+    (0.03, [0.02, 0.04, 0.03], 0.0052, 0.0548)
+    """
+    from scipy import stats
+
+    a, b = np.atleast_2d(np.asarray(a, dtype=np.float64)), np.atleast_2d(np.asarray(b, dtype=np.float64))
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"paired matrices must have the same non-empty shape, got {a.shape} and {b.shape}")
+    d = np.array([stat(a[s : s + 1], b[s : s + 1]) for s in range(a.shape[0])])
+    n, est = len(d), float(np.mean(d))
+    if n < 2 or not np.isfinite(d).all():
+        lo = hi = float("nan")
+    else:
+        half = float(stats.t.ppf(1 - alpha / 2, n - 1) * np.std(d, ddof=1) / np.sqrt(n))
+        lo, hi = est - half, est + half
+    return {"estimate": est, "lo": lo, "hi": hi, "n_seeds": int(n), "per_seed": [float(x) for x in d]}

@@ -1,0 +1,341 @@
+"""Evidence v4 (issue 34) tables: ``evidence.py --protocol v4`` results -> the pre-registered endpoints.
+
+``docs/evidence_v4/PROTOCOL.md`` defines everything here. Per run and checkpoint, from ``result.json``:
+
+- primary (a) ``heldout_dice``: mean Dice on the held-out-family follow-ups of the MR-scored Kvasir
+  test and ClinicDB cases (per case: the mean over its held-out families' follow-ups);
+- primary (b) ``clinicdb_dice``: clean Dice on all ClinicDB frames;
+- secondary: ``infamily_dice`` (the same as (a) over the in-family families), ``worst_family_dice``
+  (the lowest per-family mean follow-up Dice), ``efr`` (EFR Dice@0.25 over every test, %),
+  ``kvasir_dice`` (in-domain clean Dice), ``worst10_kvasir`` / ``worst10_clinicdb`` (mean clean Dice of
+  the worst 10 % of cases), ``other_ood_dice`` (ColonDB, ETIS, PolypGen pooled).
+
+Every comparison is a condition against ``random`` on the seeds both finished, paired by seed:
+a seed-level t-interval (``paired_stats.seed_interval``) beside the case bootstrap (ClinicDB frames
+resampled by video sequence). Works on any finished subset; tables then say "partial: N of M runs".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from conditions import mean_std
+from paired_stats import paired_bootstrap, seed_interval
+
+REFERENCE = "random"
+PRIMARY_AT = "least_loss"  # the pre-registered checkpoint of every comparison
+ALSO_AT = ("last", "balanced_average", "ema")
+MR_SETS = ("kvasir_test", "cvc_clinicdb")
+LABEL = {
+    "plain": "plain",
+    "random": "random (k=1, in place)",
+    "hard_consistency": "hard + consistency (AugMax, k=4)",
+    "augmix_consistency": "AugMix chains + consistency",
+    "random_shift": "random + shift families",
+    "mined_dose": "mined replay at random's dose",
+}
+
+
+def _group(s: str, group: str) -> bool:
+    if group == "other_ood":
+        return s not in ("kvasir_test", "cvc_clinicdb")
+    return s == group
+
+
+def _clean_keys(r: dict, group: str) -> list[tuple[str, str]]:
+    dice = r["picks"]["last"]["dice"]
+    return [(s, c) for s in sorted(dice) if _group(s, group) for c in sorted(dice[s])]
+
+
+def _mr_keys(r: dict, policy: str) -> list[tuple[str, str]]:
+    mr = r.get("mr_by_policy", {}).get(policy) or {}
+    return [(s, c) for s in MR_SETS for c in sorted(mr.get(s, {}))]
+
+
+def _clean(r, policy, keys):
+    d = r["picks"][policy]["dice"]
+    return np.array([d[s][c] for s, c in keys])
+
+
+def _families(r, policy, keys, fams):
+    """(cases, families) mean follow-up Dice."""
+    mr = r["mr_by_policy"][policy]
+    return np.array([[mr[s][c]["fol_dice_by_perturbation"][f] for f in fams] for s, c in keys])
+
+
+def _efr(r, policy, keys):
+    mr = r["mr_by_policy"][policy]
+    return np.array([mr[s][c]["errors_dice@0.25"] / mr[s][c]["tests"] for s, c in keys])
+
+
+def _worst10(x):
+    from robusttrain.cornercases import worst_fraction_mean
+
+    return worst_fraction_mean(x, 0.1)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One endpoint: the cases it rests on, a run's per-case values and the per-seed number they make."""
+
+    name: str
+    label: str
+    keys: Callable[[dict, str], list]  # (run, policy) -> [(set, case)]
+    values: Callable[[dict, str, list], np.ndarray]  # (run, policy, keys) -> (cases,) or (cases, fams)
+    per_seed: Callable[[np.ndarray], float] = np.mean  # a run's values -> its number (fraction)
+
+    def stat(self, a: np.ndarray, b: np.ndarray) -> float:
+        """Mean over seeds of per_seed(A_s) - per_seed(B_s) (the paired statistic)."""
+        return float(np.mean([self.per_seed(x) - self.per_seed(y) for x, y in zip(a, b)]))
+
+
+ENDPOINTS = (
+    Endpoint(
+        "heldout_dice",
+        "(a) held-out-family follow-up Dice, Kvasir test + ClinicDB",
+        _mr_keys,
+        lambda r, p, k: _families(r, p, k, r["heldout_families"]).mean(axis=1),
+    ),
+    Endpoint("clinicdb_dice", "(b) ClinicDB clean Dice", lambda r, p: _clean_keys(r, "cvc_clinicdb"), _clean),
+    Endpoint(
+        "infamily_dice",
+        "in-family follow-up Dice, Kvasir test + ClinicDB",
+        _mr_keys,
+        lambda r, p, k: _families(r, p, k, r["infamily_families"]).mean(axis=1),
+    ),
+    Endpoint(
+        "worst_family_dice",
+        "worst-family follow-up Dice (lowest family mean), Kvasir test + ClinicDB",
+        _mr_keys,
+        lambda r, p, k: _families(r, p, k, r["test_families"]),
+        lambda x: float(np.min(x.mean(axis=0))),
+    ),
+    Endpoint("efr", "EFR Dice@0.25 (%, every test), Kvasir test + ClinicDB", _mr_keys, _efr),
+    Endpoint(
+        "kvasir_dice",
+        "in-domain clean Dice (Kvasir test)",
+        lambda r, p: _clean_keys(r, "kvasir_test"),
+        _clean,
+    ),
+    Endpoint(
+        "worst10_kvasir",
+        "worst-10 % clean Dice, Kvasir test",
+        lambda r, p: _clean_keys(r, "kvasir_test"),
+        _clean,
+        _worst10,
+    ),
+    Endpoint(
+        "worst10_clinicdb",
+        "worst-10 % clean Dice, ClinicDB",
+        lambda r, p: _clean_keys(r, "cvc_clinicdb"),
+        _clean,
+        _worst10,
+    ),
+    Endpoint(
+        "other_ood_dice",
+        "other-OOD clean Dice (ColonDB, ETIS, PolypGen)",
+        lambda r, p: _clean_keys(r, "other_ood"),
+        _clean,
+    ),
+)
+PRIMARY = ("heldout_dice", "clinicdb_dice")
+BY_NAME = {e.name: e for e in ENDPOINTS}
+
+
+def _available(rs: list[dict], ep: Endpoint, policy: str) -> bool:
+    return all(policy in r["picks"] and ep.keys(r, policy) for r in rs)
+
+
+def _matrix(rs, ep, policy):
+    keys = ep.keys(rs[0], policy)
+    cl = rs[0].get("clusters", {})
+    return np.stack([ep.values(r, policy, keys) for r in rs]), [
+        cl.get(f"{s}/{c}", f"{s}/{c}") for s, c in keys
+    ]
+
+
+def _pts(d: dict) -> dict:
+    return {**d, **{k: 100 * d[k] for k in ("estimate", "lo", "hi")}}
+
+
+def compare(ra, rb, ep: Endpoint, policy: str, n_boot: int) -> dict:
+    """A - B on the endpoint (points): the seed-level interval and the case/sequence bootstrap."""
+    a, cl = _matrix(ra, ep, policy)
+    b, _ = _matrix(rb, ep, policy)
+    seed = _pts(seed_interval(a, b, ep.stat))
+    seed["per_seed"] = [100 * x for x in seed["per_seed"]]
+    return {
+        "seeds": [r["seed"] for r in ra],
+        "seed_t": seed,
+        "case_bootstrap": _pts(paired_bootstrap(a, b, ep.stat, n_boot, clusters=cl)),
+    }
+
+
+def _runs(results, cond, seeds=None):
+    rs = sorted((r for r in results if r["condition"] == cond), key=lambda r: r["seed"])
+    return [r for r in rs if seeds is None or r["seed"] in seeds]
+
+
+def summarise_v4(results: list[dict], args) -> dict:
+    """The v4 summary of the finished runs among ``args.conditions`` x ``args.seeds``."""
+    conds = [c for c in args.conditions.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    named = {(c, s) for c in conds for s in seeds}
+    results = [r for r in results if (r["condition"], int(r["seed"])) in named]
+    s: dict = {
+        "planned": len(named),
+        "finished": len(results),
+        "conditions_run": {c: [r["seed"] for r in _runs(results, c)] for c in conds},
+        "families": {},
+        "endpoints": {},
+        "paired": {},
+        "decision": {},
+        "runs": {
+            f"{r['condition']}_s{r['seed']}": {
+                k: r.get(k)
+                for k in (
+                    "least_loss_epoch",
+                    "train_seconds",
+                    "heldout_seconds",
+                    "optimizer_steps",
+                    "ema_decay",
+                )
+            }
+            for r in results
+        },
+    }
+    if not results:
+        return s
+    r0 = results[0]
+    s["families"] = {k: r0.get(k) for k in ("heldout_families", "infamily_families", "test_families_skipped")}
+    for policy in (PRIMARY_AT, *ALSO_AT):
+        per_ep, pairs = {}, {}
+        for ep in ENDPOINTS:
+            rows = {}
+            for c in conds:
+                rs = _runs(results, c)
+                if rs and _available(rs, ep, policy):
+                    m, _ = _matrix(rs, ep, policy)
+                    rows[c] = {
+                        "seeds": [r["seed"] for r in rs],
+                        **mean_std([100 * ep.per_seed(x) for x in m]),
+                    }
+            per_ep[ep.name] = rows
+            ref = _runs(results, REFERENCE)
+            for c in conds:
+                if c == REFERENCE:
+                    continue
+                common = sorted({r["seed"] for r in _runs(results, c)} & {r["seed"] for r in ref})
+                ra, rb = _runs(results, c, common), _runs(results, REFERENCE, common)
+                if common and _available(ra + rb, ep, policy):
+                    pairs.setdefault(c, {})[ep.name] = compare(ra, rb, ep, policy, args.n_boot)
+        s["endpoints"][policy], s["paired"][policy] = per_ep, pairs
+    s["decision"] = decide(s["paired"].get(PRIMARY_AT, {}), len(seeds))
+    return s
+
+
+def decide(pairs: dict, planned_seeds: int) -> dict:
+    """Issue 34 item 7: a condition becomes the default when it beats random on both primary endpoints by
+    >= 1 point with the seed-level interval above 0, at <= 1 point in-domain clean cost."""
+    out = {}
+    for c, eps in pairs.items():
+        if not all(k in eps for k in (*PRIMARY, "kvasir_dice")):
+            out[c] = {"meets": False, "why": "a primary endpoint or the in-domain cost is not measured"}
+            continue
+        prim = {k: eps[k]["seed_t"] for k in PRIMARY}
+        cost = eps["kvasir_dice"]["seed_t"]["estimate"]
+        ok = {k: bool(v["estimate"] >= 1.0 and v["lo"] > 0) for k, v in prim.items()}
+        n = len(eps[PRIMARY[0]]["seeds"])
+        out[c] = {
+            **{f"{k}_points": round(v["estimate"], 2) for k, v in prim.items()},
+            **{f"{k}_seed_lo": round(v["lo"], 2) for k, v in prim.items()},
+            "in_domain_cost_points": round(cost, 2),
+            "seeds": n,
+            "meets": bool(all(ok.values()) and cost >= -1.0),
+            "final": n >= planned_seeds,
+        }
+    return out
+
+
+def _ms(d):
+    return f"{d['mean']:.1f} ± {d['std']:.1f}" if d else "–"
+
+
+def _ci(d):
+    if d is None:
+        return "–"
+    lo, hi = d["lo"], d["hi"]
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"{d['estimate']:+.1f} [n/a: 1 seed]"
+    return f"{d['estimate']:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def partial_label(s: dict) -> str:
+    """Empty when every planned run finished, else "partial: N of M runs"."""
+    return "" if s["finished"] >= s["planned"] else f"partial: {s['finished']} of {s['planned']} runs"
+
+
+def write_tables_v4(s: dict, args) -> str:
+    part = partial_label(s)
+    tag = f" ({part})" if part else ""
+    L = [
+        f"# Evidence v4 — held-out families and unseen centres{tag}",
+        "",
+        f"{args.epochs} epochs, {args.size} px, BasicUNet {args.features}, batch {args.batch_size}, lr {args.lr}; "
+        f"runs finished: {json.dumps(s['conditions_run'])}. Protocol: docs/evidence_v4/PROTOCOL.md. "
+        "Numbers in % (Dice, EFR); Δ vs random in points with [seed-level 95 % t-interval] and "
+        "[95 % case bootstrap; ClinicDB by sequence].",
+        "",
+    ]
+    if not s["finished"]:
+        return "\n".join(L + ["(no finished runs yet)"])
+    L += [
+        f"Held-out families: {s['families'].get('heldout_families')}; in-family: "
+        f"{s['families'].get('infamily_families')}; requested but not run on RGB: "
+        f"{s['families'].get('test_families_skipped')}.",
+        "",
+    ]
+    L += [f"## Decision (issue 34 item 7, at `{PRIMARY_AT}`){tag}", ""]
+    L += [
+        "| condition | seeds | Δ (a) held-out Dice | Δ (b) ClinicDB Dice | in-domain cost | meets the rule |",
+        "|---|---|---|---|---|---|",
+    ]
+    pairs = s["paired"].get(PRIMARY_AT, {})
+    for c, d in s["decision"].items():
+        eps = pairs.get(c, {})
+        verdict = ("yes" if d["meets"] else "no") + ("" if d.get("final") else " (partial)")
+        L.append(
+            f"| {LABEL.get(c, c)} | {d.get('seeds', '–')} | {_ci((eps.get('heldout_dice') or {}).get('seed_t'))} | "
+            f"{_ci((eps.get('clinicdb_dice') or {}).get('seed_t'))} | "
+            f"{_ci((eps.get('kvasir_dice') or {}).get('seed_t'))} | {verdict} |"
+        )
+    for policy in (PRIMARY_AT, *ALSO_AT):
+        per_ep, pairs = s["endpoints"].get(policy, {}), s["paired"].get(policy, {})
+        if not any(per_ep.values()):
+            continue
+        kind = "pre-registered" if policy == PRIMARY_AT else "secondary checkpoint"
+        L += ["", f"## At `{policy}` ({kind}){tag}", ""]
+        for ep in ENDPOINTS:
+            rows = per_ep.get(ep.name) or {}
+            if not rows:
+                continue
+            primary = " — **primary**" if ep.name in PRIMARY else ""
+            L += [
+                f"**{ep.label}**{primary}",
+                "",
+                "| condition | seeds | mean ± std | Δ vs random [seed t] | Δ vs random [case bootstrap] | per-seed Δ |",
+                "|---|---|---|---|---|---|",
+            ]
+            for c, row in rows.items():
+                pr = (pairs.get(c) or {}).get(ep.name)
+                per = ", ".join(f"{x:+.1f}" for x in pr["seed_t"]["per_seed"]) if pr else "–"
+                L.append(
+                    f"| {LABEL.get(c, c)} | {row['seeds']} | {_ms(row)} | {_ci(pr and pr['seed_t'])} | "
+                    f"{_ci(pr and pr['case_bootstrap'])} | {per} |"
+                )
+            L.append("")
+    L += ["## Runs", "", "```", json.dumps(s["runs"], indent=1), "```", ""]
+    return "\n".join(L)

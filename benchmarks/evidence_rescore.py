@@ -1,0 +1,78 @@
+"""Re-score a kept Evidence v4 checkpoint on any image folder, through the product's own CLI.
+
+    python benchmarks/evidence_rescore.py docs/evidence_v4/runs/random_s0/least_loss.ckpt FOLDER OUT
+
+runs (and prints) exactly::
+
+    python -m robusttrain check recipe=polyp data.image_size=128 'model.features=[16,16,32,64,128,16]' \\
+        data.root=FOLDER data.val_fraction=0 ckpt=CKPT run_dir=OUT
+
+with the image size and network widths read from the ``config.yaml`` beside the checkpoint (the
+run's own); ``check`` finds that same file and audits with the run's test suite (the in-family and
+the held-out families, the evidence's severities and seed). ``data.val_fraction=0``: the whole folder
+is the scored split. The checkpoint holds fp16 weights; the product loads them into its fp32 model,
+so a number can differ from the run's own in the third decimal (the weights' rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+
+def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable) -> list[str]:
+    """The ``robusttrain check`` command line for ``ckpt`` (its folder's ``config.yaml`` gives the model).
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()); _ = (d / "config.yaml").write_text(
+    ...     "data: {image_size: 64}\\nmodel: {features: [4, 4, 8, 8, 16, 4]}\\n")
+    >>> " ".join(cli_command(d / "last.ckpt", "F", "O", "python")[4:7])
+    'recipe=polyp data.image_size=64 model.features=[4,4,8,8,16,4]'
+    """
+    import yaml
+
+    cfg = yaml.safe_load((ckpt.parent / "config.yaml").read_text())
+    size = int(cfg["data"]["image_size"])
+    feats = ",".join(str(int(f)) for f in cfg["model"]["features"])
+    return [
+        python,
+        "-m",
+        "robusttrain",
+        "check",
+        "recipe=polyp",
+        f"data.image_size={size}",
+        f"model.features=[{feats}]",
+        f"data.root={folder}",
+        "data.val_fraction=0",
+        f"ckpt={ckpt}",
+        f"run_dir={out}",
+    ]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "ckpt", type=Path, help="a kept checkpoint (docs/evidence_v4/runs/<condition>_s0/<policy>.ckpt)"
+    )
+    ap.add_argument("folder", help="an image folder the polyp recipe reads (images/, masks/)")
+    ap.add_argument("out", help="the check's run directory (new or empty)")
+    a = ap.parse_args(argv)
+    ap.error = lambda msg: ap.exit(2, f"evidence_rescore: {msg}\n")  # type: ignore[method-assign]
+    if not a.ckpt.is_file():
+        ap.error(f"{a.ckpt}: no such checkpoint file")
+    if not (a.ckpt.parent / "config.yaml").is_file():
+        ap.error(
+            f"{a.ckpt.parent / 'config.yaml'}: missing (the run's config travels beside its checkpoints)"
+        )
+    if not Path(a.folder).is_dir():
+        ap.error(f"{a.folder}: not a folder")
+    cmd = cli_command(a.ckpt, a.folder, a.out)
+    print("[evidence_rescore] " + " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), flush=True)
+    return subprocess.call(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
