@@ -17,13 +17,13 @@ import cv2
 import numpy as np
 import torch
 
+from .base import Perturbation
 from .grey import (
     GreyPerturbation,
     apply_tone_image,
     noise_window_np,
     noise_windows,
     pixel_centres,
-    tone_np,
     tone_torch,
 )
 from .kspace import filter_axis_torch, filter_cols_np, filter_rows_np, freqs, lowpass_np, magnitude_np
@@ -360,14 +360,18 @@ class RicianNoise(GreyPerturbation):
         return np.minimum(out, 1.0, out=out)
 
 
-class _Tone(GreyPerturbation):
-    """Families that are a per-sample tone curve ``clip(gain * x**gamma + offset)`` (uint8: one LUT)."""
+class _Tone(Perturbation):
+    """Families that are a per-sample tone curve ``clip(gain * x**gamma + offset)`` (uint8: one LUT).
 
-    def _grey_torch(self, x, masks, params):
-        return tone_torch(x, params["gamma"], params["gain"], params["offset"])
+    The curve applies to every channel alike, so these run on grey slices and on RGB frames (a display
+    gamma or an exposure error acts on each colour channel of a camera the same way); the colour balance
+    at mid-grey is kept.
+    """
 
-    def _grey_np(self, x, mask, params, out):
-        return tone_np(x, float(params["gamma"]), float(params["gain"]), float(params["offset"]), out=out)
+    rgb = False  # grey and RGB
+
+    def _apply_torch(self, images, masks, params):
+        return tone_torch(images, params["gamma"], params["gain"], params["offset"])
 
     def _apply_np(self, image, mask, params):  # uint8: one lookup table pass
         return apply_tone_image(image, float(params["gamma"]), float(params["gain"]), float(params["offset"]))

@@ -179,6 +179,7 @@ class Collimation(GreyPerturbation):
     """
 
     name = "collimation"
+    occludes = True  # the collimator blanks the image outside its field
     SIDES_DEPTH = {
         1: (1, 0.03, 0.06),
         2: (2, 0.05, 0.09),
