@@ -9,7 +9,7 @@ picks the same level on the numpy path, the CPU and an accelerator.
 
 **Relative units.** Block artifacts are 8 px of the *encoded* frame. To mean the same at every size the
 codec runs on a grid ``k = round(512 / shorter side)`` times finer than the image (bilinear up, integer
-``k``; area average back down), so a 128-px image shows what a frame compressed at ~512 px shows once
+``k``) and its error there, area-averaged back down, is added to the image, so a 128-px image shows what a frame compressed at ~512 px shows once
 downsized; images with a shorter side of 512 px and more are compressed on their own pixel grid.
 """
 
@@ -139,6 +139,7 @@ def jpeg_codec(x, quality, xp=torch):
         v = np.asarray(x, np.float64) * 255
     tables = quant_tables(quality, xp=xp)
     plain = k == 1 and h % 16 == 0 and w % 16 == 0  # the image is the codec's grid: no resampling
+    src = v
     if not plain:
         v = _einsum(xp, "ph,bchw,qw->bcpq", up_h, v, up_w)
     if c == 1:
@@ -155,7 +156,9 @@ def jpeg_codec(x, quality, xp=torch):
         out = _einsum(xp, "dc,bcpq->bdpq", ycc2rgb, ycc)
     out = xp.clip(out, 0, 255) if xp is np else out.clamp(0, 255)
     if not plain:
-        out = _einsum(xp, "hp,bcpq,wq->bchw", down_h, out, down_w)
+        # the codec's error on the fine grid, brought back down: the bilinear-up / box-down round trip is a
+        # slight blur of its own, which the image must not get (without the codec the result is the image)
+        out = src + _einsum(xp, "hp,bcpq,wq->bchw", down_h, out - v, down_w)
     out = out / 255
     if xp is np:
         return np.clip(out, 0, 1).astype(np.float32)
