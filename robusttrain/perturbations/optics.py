@@ -47,13 +47,15 @@ def disk_kernel(radius, kmax: int, xp=torch):
         wx = (1 - (ax[None, None, :] - tx).abs()).clamp_min(0)
         k = torch.einsum("bmy,bmx->byx", wy, wx)
         return k / k.sum((1, 2), keepdim=True)
-    ax = np.arange(-r, r + 1, dtype=np.float32)
-    rad = np.asarray(radius, np.float32)[:, None, None]
-    ty, tx = py[None, :, None] * rad, px[None, :, None] * rad
-    wy = np.clip(1 - np.abs(ax[None, None, :] - ty), 0, None)
-    wx = np.clip(1 - np.abs(ax[None, None, :] - tx), 0, None)
-    k = np.einsum("bmy,bmx->byx", wy, wx)
-    return k / k.sum((1, 2), keepdims=True)
+    axn = np.arange(-r, r + 1, dtype=np.float32)
+    radn = np.asarray(radius, np.float32)[:, None, None]
+    tyn, txn = py[None, :, None] * radn, px[None, :, None] * radn
+    kn = np.einsum(
+        "bmy,bmx->byx",
+        np.clip(1 - np.abs(axn[None, None, :] - tyn), 0, None),
+        np.clip(1 - np.abs(axn[None, None, :] - txn), 0, None),
+    )
+    return kn / kn.sum((1, 2), keepdims=True)
 
 
 class Defocus(Perturbation):

@@ -160,11 +160,12 @@ def band_amplitude(x, band: int, xp=torch):
     if xp is torch:
         spec = torch.fft.rfft2(x.float()).abs() / (h * w)
         out = torch.full((*x.shape[:2], 2 * band + 1, band + 1), -1.0, device=x.device)
-    else:
-        spec = np.abs(np.fft.rfft2(np.asarray(x, np.float32), axes=(-2, -1))).astype(np.float32) / (h * w)
-        out = np.full((*x.shape[:2], 2 * band + 1, band + 1), -1.0, np.float32)
-    out[:, :, band - bh : band + bh + 1, : bw + 1] = spec[:, :, rows, : bw + 1]
-    return out
+        out[:, :, band - bh : band + bh + 1, : bw + 1] = spec[:, :, rows, : bw + 1]
+        return out
+    spec_np = np.abs(np.fft.rfft2(np.asarray(x, np.float32), axes=(-2, -1))).astype(np.float32) / (h * w)
+    out_np = np.full((*x.shape[:2], 2 * band + 1, band + 1), -1.0, np.float32)
+    out_np[:, :, band - bh : band + bh + 1, : bw + 1] = spec_np[:, :, rows, : bw + 1]
+    return out_np
 
 
 def fourier_mix_apply(x, amp, ratio, xp=torch):
