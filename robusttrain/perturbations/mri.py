@@ -378,7 +378,8 @@ class _Tone(Perturbation):
 
 
 class Gamma(_Tone):
-    """Intensity drift between scans / scanners: a gamma curve and a gain, ``clip(gain * x**gamma)``.
+    """Intensity drift between scans / scanners (or a camera's tone curve): a gamma curve and a gain,
+    ``clip(gain * x**gamma)``, the same on every channel (grey slices and RGB frames).
 
     ``log(gamma)`` is drawn with a random sign, severity -> |log gamma| (1: 0.1-0.2, 2: 0.2-0.3,
     3: 0.3-0.45, 4: 0.45-0.6, 5: 0.6-0.8) and gain in ``1 ± 0.04 * severity``.
