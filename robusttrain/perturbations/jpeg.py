@@ -176,10 +176,10 @@ class Jpeg(Perturbation):
 
     Example:
         >>> import numpy as np
-        >>> img = np.random.default_rng(0).integers(0, 256, (32, 48, 3)).astype(np.uint8)
+        >>> img = np.random.default_rng(0).integers(0, 256, (128, 96, 3)).astype(np.uint8)
         >>> out, p = Jpeg(severity=5).apply_numpy(img, rng=np.random.default_rng(0))
         >>> out.shape, bool(np.abs(out.astype(int) - img).mean() > 5)
-        ((32, 48, 3), True)
+        ((128, 96, 3), True)
     """
 
     name = "jpeg"

@@ -195,9 +195,11 @@ def fourier_mix_apply(x, amp, ratio, xp=torch):
 
 
 def _stand_in(x: torch.Tensor) -> torch.Tensor:
-    """The partner of an image that has no other image beside it: itself mirrored left-right with its colour
-    channels rotated (R<-G<-B<-R), a stand-in "style" drawn from its own statistics."""
-    return torch.roll(x.flip(-1), 1, dims=1) if x.shape[1] == 3 else x.flip(-1)
+    """The partner of an image that has no other image beside it: itself mirrored left-right. Its amplitude is
+    the image's own mirrored in the vertical frequency, so the mean colour stays and the low-frequency shading
+    (light fall-off, haze, vignetting) takes the mirrored orientation: the weakest shift, but one that invents
+    no colours (rotating the channels turned endoscopy frames green)."""
+    return x.flip(-1)
 
 
 class FourierMix(Perturbation):
@@ -215,10 +217,10 @@ class FourierMix(Perturbation):
     ratio 1; FACT mixes, ratio uniform in [0, 1]).
 
     **One image alone** (the numpy / Albumentations path, or a batch of one): there is no other image, so
-    the partner is a stand-in built from the image itself: mirrored left-right with its colour channels
-    rotated (a grey image: mirrored only), recorded as ``partner`` = its own position. That still changes
-    colour balance and the orientation of low-frequency shading, but is weaker than a real partner: for
-    FDA-strength shifts apply it to batches.
+    the partner is a stand-in built from the image itself, mirrored left-right, recorded as ``partner`` = its
+    own position. That keeps the mean colour and changes only the orientation of the low-frequency shading,
+    much weaker than a real partner: for FDA-strength shifts apply the family to batches (as the training
+    callbacks do), or give replayed params whose ``amp`` came from another image.
 
     Example:
         >>> import torch
