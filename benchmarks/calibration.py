@@ -34,7 +34,8 @@ from robusttrain.perturbations.suites import SUITES  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CHANGED = 2  # grey levels: beyond rounding and the two paths' parity tolerance
-EXTRA = {"endoscopy": ("motion_blur",)}
+# families measured with a modality's suite besides its own: the held-out and shift families are RGB endoscopy
+EXTRA = {"endoscopy": ("motion_blur",) + SUITES["endoscopy_heldout"][1:] + SUITES["shift"]}
 
 
 # ---------------------------------------------------------------------------------------- frames

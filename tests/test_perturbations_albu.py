@@ -297,13 +297,13 @@ def test_bad_arguments_rejected_at_construction():
     with pytest.raises(ValueError, match="cast must be one of"):
         albu.WhiteBalanceTransform(cast="blue")
     with pytest.raises(ValueError, match="no Albumentations transform"):
-        get("adversarial", model=lambda x: x).to_albumentations()
+        albu.transform_for(get("adversarial", model=lambda x: x))
     with pytest.raises(TypeError, match="abstract"):
         albu.PerturbationTransform()
 
 
-def test_to_albumentations_reuses_configuration():
-    t = get("white_balance", severity=2, cast="purple").to_albumentations(p=1.0)
+def test_transform_for_reuses_configuration():
+    t = albu.transform_for(get("white_balance", severity=2, cast="purple"), p=1.0)
     assert isinstance(t, albu.WhiteBalanceTransform) and t.family_args == {"severity": 2, "cast": "purple"}
     d = A.to_dict(A.Compose([t]))
     assert A.from_dict(d).transforms[0].perturbation.cast == "purple"

@@ -18,6 +18,7 @@ from robusttrain.perturbations.suites import SUITES, resolve
 MRI = ["bias_field", "ghosting", "gibbs", "spike", "rician_noise", "gamma"]
 XRAY = ["quantum_noise", "exposure", "xray_markers", "collimation"]
 NEW = MRI + XRAY
+GREY_ONLY = [n for n in NEW if n not in ("gamma", "exposure")]  # tone curves apply per channel on RGB too
 TOL = 2 / 255 + 1e-6
 
 
@@ -41,7 +42,8 @@ def _batch(imgs):
 
 def test_registry_channels_and_suites():
     for n in NEW:
-        assert n in P.available() and n in P.available(channels=1) and n not in P.available(channels=3)
+        assert n in P.available() and n in P.available(channels=1)
+        assert (n in P.available(channels=3)) == (n not in GREY_ONLY), n
     assert "saturation" in P.available(channels=3) and "saturation" not in P.available(channels=1)
     assert {"blur", "contrast"} <= set(P.available(channels=1)) & set(P.available(channels=3))
     with pytest.raises(ValueError, match="channels must be 1 or 3"):
@@ -49,7 +51,7 @@ def test_registry_channels_and_suites():
     assert resolve("mri") == list(SUITES["mri"]) and resolve("endoscopy")[0] == "saturation"
     assert resolve(["xray", "motion_blur", "blur"]) == list(SUITES["xray"]) + ["motion_blur"]
     with pytest.raises(
-        ValueError, match="unknown perturbation suite 'ct'; valid suites: endoscopy, mri, xray"
+        ValueError, match="unknown perturbation suite 'ct'; valid suites: endoscopy, mri, xray, shift"
     ):
         resolve("ct")
     with pytest.raises(ValueError, match="unknown perturbation 'sparkle'.*valid suites"):
@@ -68,9 +70,9 @@ def test_each_suite_runs_entirely_on_its_modality(suite, channels):
 def test_grey_suites_skip_on_rgb_with_a_reason():
     s = MRSuite("mri", severities=(2,))
     s.prepare(in_channels=3)
-    assert set(s.skipped) == set(MRI)
+    assert set(s.skipped) == set(MRI) - {"gamma"}
     assert all("single-channel" in r for r in s.skipped.values())
-    assert [n for n, _ in s.tests] == ["blur", "contrast"]
+    assert [n for n, _ in s.tests] == ["gamma", "blur", "contrast"]
 
 
 @pytest.mark.parametrize("name", ["xray_markers", "collimation"])
@@ -91,7 +93,7 @@ def test_overlays_keep_off_the_labelled_anatomy(name, planes):
         assert np.array_equal(o[masks[0] != 0], imgs[0][masks[0] != 0])
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", GREY_ONLY)
 def test_colour_input_is_refused_with_one_clear_message(name):
     p = get(name, severity=2)
     rgb = np.zeros((32, 32, 3), np.uint8)

@@ -65,7 +65,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from robusttrain.metamorphic.batch import BatchHooks, normalise_mask
 from robusttrain.metamorphic.check import eval_state as scoring_state  # eval, no grad, modes + RNGs restored
-from robusttrain.perturbations import available
+from robusttrain.perturbations import available, trainable
 from robusttrain.perturbations.suites import resolve
 from robusttrain.rundir import metamorphic_training as records_file
 from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scaled_for_scoring, soft_dice_loss
@@ -82,7 +82,6 @@ from ._dist import gather_objects
 from .context import RobustnessConfigError, RobustnessContext, UsesContext
 
 DEFAULT_CAP = 4  # without a MetamorphicCallback: the recipes' highest tested severity
-NOT_TRAINED = ("adversarial", "melt")  # model-dependent / test-only families: never drawn for training
 
 
 class MetamorphicTraining(UsesContext, Callback):
@@ -422,13 +421,15 @@ class MetamorphicTraining(UsesContext, Callback):
         """The follow-up sampler (and, for ``replace_q``, the in-place random one), from the first batch."""
         suite = getattr(self._ctx, "suite", None)
         names = self.perturbations or (list(suite.names) if suite is not None else resolve("endoscopy"))
-        usable = set(available(int(images.shape[1])))
-        heldout = set(getattr(self._ctx, "heldout_families", None) or ())  # test-only: never trained on
-        families = [n for n in names if n in usable and n not in NOT_TRAINED and n not in heldout]
+        # the families' own traits: what runs on this channel count and may be trained on (not
+        # adversarial / melt), minus what the check holds out as test-only
+        usable = set(trainable(int(images.shape[1])))
+        heldout = set(getattr(self._ctx, "heldout_families", None) or ())
+        families = [n for n in names if n in usable and n not in heldout]
         if not families:
             raise RobustnessConfigError(
                 f"MetamorphicTraining: none of the perturbations {names} runs on {images.shape[1]}-channel "
-                f"images or is trainable; choose families from {sorted(usable - set(NOT_TRAINED) - heldout)} "
+                f"images or is trainable; choose families from {sorted(usable - heldout)} "
                 "(e.g. perturbations='mri' or 'xray')"
             )
         default_cap = max(suite.severities) if suite is not None else DEFAULT_CAP

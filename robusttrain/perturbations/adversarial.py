@@ -33,6 +33,7 @@ class Adversarial(Perturbation):
     """
 
     name = "adversarial"
+    trainable = False  # needs the model under training; the training callbacks draw data-only families
     rgb = False
     EPS = {1: 1 / 255, 2: 2 / 255, 3: 4 / 255, 4: 6 / 255, 5: 8 / 255}
 

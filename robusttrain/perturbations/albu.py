@@ -12,7 +12,8 @@ all of them (``A.from_dict`` finds the class by its full name once this module i
 Params are drawn straight from the transform's seeded ``random_generator`` (the one ``A.Compose(...,
 seed=...)`` sets), as Albumentations' own transforms draw theirs — so ``A.Compose(..., seed=...)`` gives the
 same images within a version (not promised across versions) and ``A.ReplayCompose`` replays exactly — and
-the image goes through the perturbation's numpy kernel. The lesion ``mask`` (if passed) keeps objects, spots and text
+the image goes through the perturbation's numpy kernel. ``FourierMixTransform`` sees one image at a time, so
+its partner is the documented stand-in (:class:`~robusttrain.perturbations.shift.FourierMix`). The lesion ``mask`` (if passed) keeps objects, spots and text
 off the lesion; it is returned unchanged. Families that need a model (``adversarial``) have no transform.
 
 Example:
@@ -37,8 +38,8 @@ import numpy as np
 from albumentations.core.transforms_interface import BaseTransformInitSchema
 from pydantic import create_model
 
-from . import family_class, get
 from .base import Perturbation
+from .registry import family_class, get
 
 _P = inspect.Parameter
 _FAST_KEYS = frozenset({"image", "mask"})  # the inputs PerturbationTransform.__call__ handles itself
@@ -370,6 +371,30 @@ class CollimationTransform(PerturbationTransform):
     family = "collimation"
 
 
+class RandconvTransform(PerturbationTransform):
+    family = "randconv"
+
+
+class FourierMixTransform(PerturbationTransform):
+    family = "fourier_mix"
+
+
+class JpegTransform(PerturbationTransform):
+    family = "jpeg"
+
+
+class DefocusTransform(PerturbationTransform):
+    family = "defocus"
+
+
+class VignettingTransform(PerturbationTransform):
+    family = "vignetting"
+
+
+class SensorNoiseTransform(PerturbationTransform):
+    family = "sensor_noise"
+
+
 __all__ = [
     "PerturbationTransform",
     "TRANSFORMS",
@@ -396,4 +421,10 @@ __all__ = [
     "ExposureTransform",
     "XrayMarkersTransform",
     "CollimationTransform",
+    "RandconvTransform",
+    "FourierMixTransform",
+    "JpegTransform",
+    "DefocusTransform",
+    "VignettingTransform",
+    "SensorNoiseTransform",
 ]

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from . import family_class
 from .base import Params, Perturbation, check_batch, check_masks
+from .registry import family_class
 
 
 def _check_severity(severity: Any, name: str) -> tuple[int, int]:

@@ -295,7 +295,8 @@ def _init_signature(cls: type) -> inspect.Signature:
 class Perturbation:
     """Base class of every perturbation: validation, severity, sampling and the two apply paths.
 
-    Subclasses set ``name`` and ``rgb`` and implement
+    Subclasses set ``name`` and their traits (``rgb``, ``grey_only``, ``occludes``, ``trainable``: see
+    :mod:`.registry`) and implement
 
     * ``_draw(r, b)`` -> dict of random draws, written once against :class:`TorchRandom` /
       :class:`NumpyRandom` so both paths sample the same distribution;
@@ -319,7 +320,11 @@ class Perturbation:
     """
 
     name: str = "perturbation"
+    # Family traits, read generically by the registry (robusttrain/perturbations/registry.py):
     rgb: bool = True  # needs 3-channel RGB input
+    grey_only: bool = False  # needs 1-channel input (MRI / X-ray physics)
+    occludes: bool = False  # covers image content with something opaque (worst-of-k caps its cover)
+    trainable: bool = True  # may be drawn as a training augmentation (not: needs the model, or deletes content)
     # The param keys of this family, when fixed: replaying params with other keys (e.g. pixel-unit
     # params recorded by an older version) is refused with one clear error instead of misread.
     PARAM_KEYS: tuple[str, ...] | None = None
@@ -493,9 +498,3 @@ class Perturbation:
         self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]
     ) -> np.ndarray:
         raise NotImplementedError
-
-    def to_albumentations(self, p: float = 1.0):
-        """This perturbation as an Albumentations transform (see :mod:`robusttrain.perturbations.albu`)."""
-        from .albu import transform_for
-
-        return transform_for(self, p=p)

@@ -533,34 +533,44 @@ class MotionBlur(Perturbation):
             if length.device.type == "cpu"
             else self.LENGTH[self.severity][1] / REF_SIDE * s
         )
-        kmax = self._kmax(hi)
-        k = motion_kernel(length, params["angle"], kmax)
-        if _cpu_planes(images):
-            return filter2d_cpu(images, k).clamp_(0.0, 1.0)
-        if kmax > FFT_ABOVE:
-            return fft_filter(images, k).clamp_(0.0, 1.0).contiguous()
-        b, c, h, w = images.shape
-        r = kmax // 2
-        x = reflect_pad(images.reshape(1, b * c, h, w), r, r, r, r)
-        wgt = k.to(images.dtype).repeat_interleave(c, 0)[:, None]
-        return F.conv2d(x, wgt, groups=b * c).reshape(b, c, h, w).clamp_(0.0, 1.0)
+        k = motion_kernel(length, params["angle"], self._kmax(hi))
+        return kernel_filter(images, k)
 
     def _apply_np(self, image, mask, params):
         length = float(params["length_rel"]) * short_side(*image.shape[:2])
-        k = crop_kernel(
-            motion_kernel(np.float32([length]), params["angle"][None], self._kmax(length), xp=np)[0]
-        )
-        if k.shape[0] * k.shape[1] < DIRECT_AREA:
-            out = cv2.filter2D(image, -1, k, borderType=cv2.BORDER_REFLECT_101)
-        else:  # large diagonal lines: float planes, direct pieces instead of OpenCV's (slow) DFT path
-            planes = [
-                filter2d_pieces(np.ascontiguousarray(image[:, :, c], np.float32), k)
-                for c in range(image.shape[2])
-            ]
-            out = cv2.merge(planes) if len(planes) > 1 else planes[0]
-            out = cv2.convertScaleAbs(out) if image.dtype == np.uint8 else out  # rounds, saturates
-        if out.ndim == 2:
-            out = out[:, :, None]
-        if out.dtype != np.uint8:
-            np.clip(out, 0, 1, out=out)
-        return out
+        k = motion_kernel(np.float32([length]), params["angle"][None], self._kmax(length), xp=np)[0]
+        return kernel_filter_np(image, k)
+
+
+def kernel_filter(images: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Filter each image of a (B,C,H,W) batch with its own centred, point-symmetric (K,K) kernel (k: (B,K,K)),
+    reflect-101 borders, clamped to [0,1]: OpenCV planes on CPU, grouped convolution for small kernels and an
+    FFT for large ones elsewhere (the batch's kernels share one size, so no per-image loop on an accelerator)."""
+    kmax = k.shape[-1]
+    if _cpu_planes(images):
+        return filter2d_cpu(images, k).clamp_(0.0, 1.0)
+    if kmax > FFT_ABOVE:
+        return fft_filter(images, k).clamp_(0.0, 1.0).contiguous()
+    b, c, h, w = images.shape
+    r = kmax // 2
+    x = reflect_pad(images.reshape(1, b * c, h, w), r, r, r, r)
+    wgt = k.to(images.dtype).repeat_interleave(c, 0)[:, None]
+    return F.conv2d(x, wgt, groups=b * c).reshape(b, c, h, w).clamp_(0.0, 1.0)
+
+
+def kernel_filter_np(image: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """:func:`kernel_filter` on one HWC uint8 / float32 image (same dtype and shape back)."""
+    k = crop_kernel(np.asarray(k, np.float32))
+    if k.shape[0] * k.shape[1] < DIRECT_AREA:
+        out = cv2.filter2D(image, -1, k, borderType=cv2.BORDER_REFLECT_101)
+    else:  # large kernels: float planes, direct pieces instead of OpenCV's (slow) DFT path
+        planes = [
+            filter2d_pieces(np.ascontiguousarray(image[:, :, c], np.float32), k) for c in range(image.shape[2])
+        ]
+        out = cv2.merge(planes) if len(planes) > 1 else planes[0]
+        out = cv2.convertScaleAbs(out) if image.dtype == np.uint8 else out  # rounds, saturates
+    if out.ndim == 2:
+        out = out[:, :, None]
+    if out.dtype != np.uint8:
+        np.clip(out, 0, 1, out=out)
+    return out

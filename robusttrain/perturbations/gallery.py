@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 
 from ..io import atomic_write_bytes
+from .registry import get
 
 DEFAULT_NAMES = (
     "saturation",
@@ -27,6 +28,12 @@ DEFAULT_NAMES = (
     "blood",
     "text",
     "melt",
+    "jpeg",
+    "defocus",
+    "vignetting",
+    "sensor_noise",
+    "randconv",
+    "fourier_mix",
 )
 
 
@@ -53,8 +60,6 @@ def render_gallery(
     >>> render_gallery([img], p, names=["gibbs"], severities=(5,)).exists()   # grey-only family on RGB tiles
     True
     """
-    from . import get
-
     if not images:
         raise ValueError("render_gallery: no images given; expected a list of HWC uint8 RGB arrays")
     if colors is not None and not (isinstance(colors, int) and 2 <= colors <= 256):
@@ -85,7 +90,7 @@ def render_gallery(
             tiles = [label(small, f"original #{i}")]
             for sev in severities:
                 op = get(name, severity=sev)
-                if getattr(op, "grey_only", False):  # MRI / X-ray families: on the grey image, shown as RGB
+                if op.grey_only:  # MRI / X-ray families: on the grey image, shown as RGB
                     out = op.apply_numpy(cv2.cvtColor(img, cv2.COLOR_RGB2GRAY), mask, rng=rng)[0]
                     out = np.repeat(out.reshape(out.shape[0], out.shape[1], 1), 3, axis=2)
                 else:

@@ -199,8 +199,12 @@ def tone_lut_u8(gamma: float, gain: float, offset: float) -> np.ndarray:
 
 
 def apply_tone_image(image: np.ndarray, gamma: float, gain: float, offset: float) -> np.ndarray:
-    """Tone curve on one HW1 uint8 / float32 image, returned in the same dtype and shape."""
+    """Tone curve on one HWC (C = 1 or 3) uint8 / float32 image, the same curve on every channel;
+    returned in the same dtype and shape."""
+    c = image.shape[2]
+    x = np.ascontiguousarray(image[:, :, 0] if c == 1 else image)
     if image.dtype == np.uint8:
-        out = cv2.LUT(np.ascontiguousarray(image[:, :, 0]), tone_lut_u8(gamma, gain, offset))
-        return out[:, :, None]
-    return tone_np(np.ascontiguousarray(image[:, :, 0]), gamma, gain, offset)[:, :, None]
+        out = cv2.LUT(x, tone_lut_u8(gamma, gain, offset))
+    else:
+        out = tone_np(x, gamma, gain, offset)
+    return out.reshape(image.shape)

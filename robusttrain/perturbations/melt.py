@@ -34,6 +34,7 @@ class Melt(Perturbation):
     """
 
     name = "melt"
+    trainable = False  # removes content (highlights) it cannot put back: a check, not an augmentation
     THRESH = {1: 0.96, 2: 0.92, 3: 0.88, 4: 0.84, 5: 0.80}
     PARAM_KEYS = ("threshold", "dilate_rel", "method", "radius_rel")
 

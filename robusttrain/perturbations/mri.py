@@ -17,13 +17,13 @@ import cv2
 import numpy as np
 import torch
 
+from .base import Perturbation
 from .grey import (
     GreyPerturbation,
     apply_tone_image,
     noise_window_np,
     noise_windows,
     pixel_centres,
-    tone_np,
     tone_torch,
 )
 from .kspace import filter_axis_torch, filter_cols_np, filter_rows_np, freqs, lowpass_np, magnitude_np
@@ -360,21 +360,26 @@ class RicianNoise(GreyPerturbation):
         return np.minimum(out, 1.0, out=out)
 
 
-class _Tone(GreyPerturbation):
-    """Families that are a per-sample tone curve ``clip(gain * x**gamma + offset)`` (uint8: one LUT)."""
+class _Tone(Perturbation):
+    """Families that are a per-sample tone curve ``clip(gain * x**gamma + offset)`` (uint8: one LUT).
 
-    def _grey_torch(self, x, masks, params):
-        return tone_torch(x, params["gamma"], params["gain"], params["offset"])
+    The curve applies to every channel alike, so these run on grey slices and on RGB frames (a display
+    gamma or an exposure error acts on each colour channel of a camera the same way); the colour balance
+    at mid-grey is kept.
+    """
 
-    def _grey_np(self, x, mask, params, out):
-        return tone_np(x, float(params["gamma"]), float(params["gain"]), float(params["offset"]), out=out)
+    rgb = False  # grey and RGB
+
+    def _apply_torch(self, images, masks, params):
+        return tone_torch(images, params["gamma"], params["gain"], params["offset"])
 
     def _apply_np(self, image, mask, params):  # uint8: one lookup table pass
         return apply_tone_image(image, float(params["gamma"]), float(params["gain"]), float(params["offset"]))
 
 
 class Gamma(_Tone):
-    """Intensity drift between scans / scanners: a gamma curve and a gain, ``clip(gain * x**gamma)``.
+    """Intensity drift between scans / scanners (or a camera's tone curve): a gamma curve and a gain,
+    ``clip(gain * x**gamma)``, the same on every channel (grey slices and RGB frames).
 
     ``log(gamma)`` is drawn with a random sign, severity -> |log gamma| (1: 0.1-0.2, 2: 0.2-0.3,
     3: 0.3-0.45, 4: 0.45-0.6, 5: 0.6-0.8) and gain in ``1 ± 0.04 * severity``.

@@ -55,6 +55,7 @@ class PastedObject(PlacedSampling, Perturbation):
     """
 
     kind = "instrument"
+    occludes = True  # an opaque object over the tissue
     SIZE_FRAC = {1: (0.12, 0.18), 2: (0.18, 0.25), 3: (0.25, 0.32), 4: (0.32, 0.40), 5: (0.40, 0.50)}
     PARAM_KEYS = ("index", "center_rel", "size_rel", "angle", "flip", "gain", "visible")
 

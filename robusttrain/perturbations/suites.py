@@ -2,7 +2,9 @@
 
 ``"endoscopy"`` is the nine MedTest families (RGB endoscopy video); ``"mri"`` and ``"xray"`` are the
 single-channel suites — each family there applies to grey images, so on a 1-channel dataset every one
-of them runs (only ``contrast`` and ``blur`` of the endoscopy suite do).
+of them runs (only ``contrast`` and ``blur`` of the endoscopy suite do). ``"shift"`` holds the
+distribution-shift training families (``randconv``, ``fourier_mix``) and ``"endoscopy_heldout"`` the
+endoscopy artifacts kept out of training for a held-out-family test (camera, codec and optics).
 
 >>> resolve("mri")[:3]
 ['bias_field', 'ghosting', 'gibbs']
@@ -13,6 +15,8 @@ of them runs (only ``contrast`` and ``blur`` of the endoscopy suite do).
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from .registry import available
 
 SUITES: dict[str, tuple[str, ...]] = {
     "endoscopy": (
@@ -28,6 +32,11 @@ SUITES: dict[str, tuple[str, ...]] = {
     ),
     "mri": ("bias_field", "ghosting", "gibbs", "spike", "rician_noise", "gamma", "blur", "contrast"),
     "xray": ("quantum_noise", "exposure", "blur", "xray_markers", "collimation", "contrast"),
+    # distribution-shift augmentations for training (GIN / RandConv, FDA / FACT): no clinical artifact
+    "shift": ("randconv", "fourier_mix"),
+    # endoscopy artifacts outside the "endoscopy" suite: held-out families for a robustness test that no
+    # training condition draws (Evidence v4)
+    "endoscopy_heldout": ("motion_blur", "gamma", "exposure", "sensor_noise", "jpeg", "defocus", "vignetting"),
 }
 
 
@@ -39,8 +48,6 @@ def suite_names() -> list[str]:
 def resolve(spec: str | Iterable[str]) -> list[str]:
     """Family names for a suite name (``"mri"``) or a list of family and/or suite names (expanded in
     order, duplicates dropped). Raises ValueError naming the unknown entry and the valid choices."""
-    from . import available
-
     items = [spec] if isinstance(spec, str) else list(spec)
     known = set(available())
     out: list[str] = []

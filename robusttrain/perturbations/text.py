@@ -139,6 +139,7 @@ class Text(Perturbation):
     """
 
     name = "text"
+    occludes = True  # burned-in overlay hides what lies under it
     PARAM_KEYS = ("codes", "corner", "visible", "level")
 
     def __init__(self, severity: int = 3, inplace: bool = False):

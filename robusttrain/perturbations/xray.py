@@ -61,7 +61,8 @@ class QuantumNoise(GreyPerturbation):
 
 
 class Exposure(_Tone):
-    """Over- / under-exposure and processing drift: ``clip(x**gamma + offset)``.
+    """Over- / under-exposure and processing drift: ``clip(x**gamma + offset)``, the same on every channel
+    (radiographs; on RGB endoscopy frames a too bright / too dark light source).
 
     Over-exposure (half the samples) darkens the radiograph and burns out the lung fields (gamma > 1,
     offset < 0); under-exposure lightens it (gamma < 1, offset > 0). Severity -> |log gamma|
@@ -179,6 +180,7 @@ class Collimation(GreyPerturbation):
     """
 
     name = "collimation"
+    occludes = True  # the collimator blanks the image outside its field
     SIDES_DEPTH = {
         1: (1, 0.03, 0.06),
         2: (2, 0.05, 0.09),

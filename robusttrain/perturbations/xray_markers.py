@@ -112,6 +112,7 @@ class XrayMarkers(GreyPerturbation):
     """
 
     name = "xray_markers"
+    occludes = True  # burned-in markers and text hide what lies under them
 
     def sizes(self, h: int, w: int) -> tuple[int, int, int, int]:
         """(glyph height, glyph width, annotation block width, marker side) in pixels for an HxW image."""

@@ -50,14 +50,14 @@ import torch
 import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
-from robusttrain.perturbations import get
+from robusttrain.perturbations import get, occluding
 
 from .chains import LABEL as CHAIN_LABEL
 from .chains import ChainSampler, chain_families, recreate
 from .selection import SELECTIONS, Selection, mix_pair
 from .selection import select as select_candidates
 
-OCCLUDERS = frozenset({"instrument", "feces", "blood", "text", "xray_markers", "collimation"})
+OCCLUDERS = frozenset(occluding())  # families whose class sets the ``occludes`` trait
 # a pixel counts as covered when any channel moved by more than this (8-bit quantisation is 1/255)
 _COVER_DELTA = 2.0 / 255.0
 

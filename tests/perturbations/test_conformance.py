@@ -122,8 +122,16 @@ def test_numpy_and_torch_paths_agree_and_keep_shape_dtype_range(name, channels, 
                 _, on = p.apply_batch(x, m, generator=torch.Generator(device=device).manual_seed(severity))
                 assert all(v.device == x.device for v in on.values())
         # every severity is visible, except where it cannot be: melt finds nothing to remove on some frames,
-        # and a severity-1 blur is sub-pixel on a 64-px image (relative units: calibrated at 512 px)
-        if name != "melt" and not (name in ("blur", "motion_blur") and severity == 1):
+        # a severity-1 blur is sub-pixel on a 64-px image (relative units: calibrated at 512 px), as is the
+        # 8-px block of a quality 55-70 JPEG on the smooth grey phantoms (64 px: an eighth of the codec's
+        # grid; measured 0.8 grey levels at most), and the grey phantoms differ only by a shift, which
+        # leaves the amplitude spectrum fourier_mix swaps unchanged
+        if (
+            name != "melt"
+            and not (name in ("blur", "motion_blur") and severity == 1)
+            and not (name == "jpeg" and severity == 1 and channels == 1)
+            and not (name == "fourier_mix" and channels == 1)
+        ):
             change = float((out - x).abs().amax())
             assert change > (4 if name in GREY_ONLY else 1) / 255, f"severity {severity} changed nothing"
     assert torch.equal(x, x0) and torch.equal(m, m0)  # inputs and masks untouched
