@@ -157,7 +157,7 @@ def test_average_is_the_mean_of_the_inlier_window_epochs_with_bn_reestimated(tmp
     assert (
         report["averaged_epochs"] == [3, 5]
         and report["status"] == "ok"
-        and report == {"schema": 1, **avg.report}
+        and report == {"schema": 2, **avg.report}
     )
     assert report["bn"] == {"reestimated": True, "batches": BN_BATCHES}
     assert (
