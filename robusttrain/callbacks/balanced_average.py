@@ -223,6 +223,7 @@ class BalancedAverage(UsesContext, Callback):
         self._kept: list[int] = []  # those that may be in the window (weights on disk, written by rank 0)
         self._lrs: dict[int, list[float]] = {}  # epoch -> [LR at its start, LR at its end]
         self._digests: dict[int, str] = {}  # epoch -> SHA-256 of its snapshot (rank 0)
+        self._saved_flags: dict[str, list[int]] | None = None  # ECOD flags restored from the checkpoint
         self.report: dict[str, Any] | None = None  # what balanced_average.json says, for programmatic use
 
     @property
@@ -338,11 +339,21 @@ class BalancedAverage(UsesContext, Callback):
             shutil.rmtree(self._dir / average_file.WINDOW_DIR, ignore_errors=True)
         barrier(trainer, "BalancedAverage.end")
 
-    def _flags(self) -> tuple[dict[str, list[int]], str]:
-        corners = self.context.corners
+    def _context_flags(self) -> dict[str, list[int]] | None:
+        """The ECOD outlier epochs of the corner cases as the shared context has them now (rank 0), or None."""
+        corners = None if self._ctx is None else self._ctx.corners
         if corners is None:
+            return None
+        return {str(c): [int(e) for e in eps] for c, eps in (corners.outlier_epochs or {}).items()}
+
+    def _flags(self) -> tuple[dict[str, list[int]], str]:
+        # a resumed fit with no epoch left may have no analysis in the context (BalancedCheckpoint found its
+        # file): the one saved with the checkpoint, i.e. of the full validation history, is the same analysis
+        flags = self._context_flags()
+        if flags is None:
+            flags = self._saved_flags
+        if flags is None:
             return {}, "no corner-case analysis was available, so no epoch was flagged"
-        flags = {str(c): [int(e) for e in eps] for c, eps in (corners.outlier_epochs or {}).items()}
         return (
             flags,
             f"{len(flags)} corner case(s) with ECOD outlier epochs {sorted({e for v in flags.values() for e in v})}",
@@ -475,6 +486,8 @@ class BalancedAverage(UsesContext, Callback):
             "kept": list(self._kept),
             "lrs": {int(e): list(v) for e, v in self._lrs.items()},
             "digests": {int(e): d for e, d in self._digests.items()},
+            # the corner-case analysis when this checkpoint is saved (after every validation hook)
+            "flags": self._context_flags() if self._context_flags() is not None else self._saved_flags,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -482,3 +495,5 @@ class BalancedAverage(UsesContext, Callback):
         self._kept = [int(e) for e in state_dict.get("kept", [])]
         self._lrs = {int(e): [float(x) for x in v] for e, v in state_dict.get("lrs", {}).items()}
         self._digests = {int(e): str(d) for e, d in state_dict.get("digests", {}).items()}
+        flags = state_dict.get("flags")
+        self._saved_flags = None if flags is None else {str(c): [int(e) for e in v] for c, v in flags.items()}
