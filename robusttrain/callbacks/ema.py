@@ -104,7 +104,9 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
         if decay is not None and not (
             isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0.0 <= decay < 1.0
         ):
-            raise ValueError(f"decay={decay!r}: expected a number in [0, 1), or null to derive it from half_life")
+            raise ValueError(
+                f"decay={decay!r}: expected a number in [0, 1), or null to derive it from half_life"
+            )
         half_life = check_fraction("half_life", half_life, 0.0, 1.0, lo_open=True)
         kwargs["update_every_n_steps"] = check_int(
             "update_every_n_steps", kwargs.get("update_every_n_steps", 1), 1
