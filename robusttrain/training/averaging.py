@@ -15,7 +15,7 @@ on the last quarter of training (the constant-LR tail of the recipes) and ~1e-6 
 
 >>> d = ema_decay(0.05, 2820)
 >>> round(d, 5), f"{first_update_share(d, 2820):.1e}", round(last_fraction_share(d, 2820, 0.25), 3)
-(0.99508, 9.6e-07, 0.969)
+(0.9951, '9.6e-07', 0.969)
 >>> round(first_update_share(0.999, 2820), 3)  # the fixed default of Lightning on that run
 0.06
 """
