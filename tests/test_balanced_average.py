@@ -19,6 +19,7 @@ from robusttrain.callbacks.context import RobustnessConfigError, context_for
 from robusttrain.checkpoints import load_checkpoint
 from robusttrain.cornercases import select_balanced_epoch
 from robusttrain.cornercases.margin import MIN_CASES, selection_margin
+from robusttrain.training.schedules import warmup_cosine_tail
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +71,19 @@ class TinyBN(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class TinyBNTail(TinyBN):
+    """TinyBN on the product's schedule: cosine over max_epochs, constant over the last ``lr_tail``."""
+
+    def __init__(self, lr_tail):
+        super().__init__()
+        self.lr_tail = lr_tail
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        sched = warmup_cosine_tail(opt, self.trainer.max_epochs, 0, self.lr_tail)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+
+
 class PlantedHistory(pl.Callback):
     """A history provider (the documented context route, as MetamorphicCallback) with a planted collapse:
     case ``bad`` is low at every epoch (a corner case) and collapses at ``collapse_epoch`` (its outlier epoch)."""
@@ -115,7 +129,7 @@ def train_loader():
     return DataLoader(Cases(), batch_size=4, shuffle=False)
 
 
-def fit(run, max_epochs, collapse_epoch=4, extra=(), ckpt_path=None, window=0.5):
+def fit(run, max_epochs, collapse_epoch=4, extra=(), ckpt_path=None, window=0.5, lr_tail=None):
     ctx = RobustnessContext()
     avg = BalancedAverage(dirpath=run, window=window, bn_batches=BN_BATCHES, context=ctx)
     cbs = [
@@ -137,7 +151,7 @@ def fit(run, max_epochs, collapse_epoch=4, extra=(), ckpt_path=None, window=0.5)
         accelerator="cpu",
         devices=1,
     )
-    model = TinyBN()
+    model = TinyBN() if lr_tail is None else TinyBNTail(lr_tail)
     trainer.fit(model, train_loader(), DataLoader(Cases(seed=1), batch_size=4), ckpt_path=ckpt_path)
     return trainer, model, avg
 
@@ -157,7 +171,7 @@ def test_average_is_the_mean_of_the_inlier_window_epochs_with_bn_reestimated(tmp
     assert (
         report["averaged_epochs"] == [3, 5]
         and report["status"] == "ok"
-        and report == {"schema": 1, **avg.report}
+        and report == {"schema": 2, **avg.report}
     )
     assert report["bn"] == {"reestimated": True, "batches": BN_BATCHES}
     assert (
@@ -223,6 +237,47 @@ def test_resume_ends_with_the_same_average_as_an_uninterrupted_fit(tmp_path, kin
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ra, rb = (json.loads((d / "balanced_average.json").read_text()) for d in (tmp_path / "straight", run))
     assert ra == rb and rb["averaged_epochs"] == [3, 5] and rb["missing_epochs"] == []
+
+
+def test_lr_tail_window_is_the_constant_lr_tail_minus_the_ecod_outliers(tmp_path):
+    snap = Snapshots()
+    fit(tmp_path, 6, window="lr_tail", lr_tail=0.5, extra=[snap])  # epochs 3, 4, 5 at one LR
+    report = json.loads((tmp_path / "balanced_average.json").read_text())
+    assert report["rule"] == "lr_tail" and report["window"] == "lr_tail"
+    assert report["window_epochs"] == [3, 4, 5] and report["averaged_epochs"] == [3, 5]
+    assert report["window_lr"] == [pytest.approx(0.05)] * 3  # 0.1 x the cosine's value half-way
+    assert "constant-LR tail" in report["reason"] and len(report["run_id"]) == 64
+    state = torch.load(tmp_path / "balanced_average.ckpt", weights_only=True)["state_dict"]
+    mean = (snap.weights[3]["net.0.weight"].double() + snap.weights[5]["net.0.weight"].double()) / 2
+    assert torch.allclose(state["net.0.weight"], mean.float(), atol=1e-7)
+    assert report["bn"] == {"reestimated": True, "batches": BN_BATCHES}
+
+
+@pytest.mark.parametrize(
+    ("lr_tail", "window", "rule"),
+    [(0.0, [3, 4, 5], "fraction"), (None, [0, 1, 2, 3, 4, 5], "lr_tail")],
+    ids=["cosine-to-the-end", "constant-lr-throughout"],
+)
+def test_lr_tail_window_without_a_tail_or_with_a_constant_lr(tmp_path, caplog, lr_tail, window, rule):
+    with caplog.at_level(logging.WARNING):
+        fit(tmp_path, 6, window="lr_tail", lr_tail=lr_tail)
+    report = json.loads((tmp_path / "balanced_average.json").read_text())
+    assert report["rule"] == rule and report["window_epochs"] == window
+    assert report["averaged_epochs"] == [e for e in window if e != 4]
+    assert ("has no constant-LR tail" in caplog.text) == (rule == "fraction")
+
+
+def test_lr_tail_kill_and_resume_ends_with_the_uninterrupted_files(tmp_path):
+    fit(tmp_path / "straight", 6, window="lr_tail", lr_tail=0.5)
+    run = tmp_path / "kill"
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(run, 6, window="lr_tail", lr_tail=0.5, extra=[Crash(5)])
+    fit(run, 6, window="lr_tail", lr_tail=0.5, ckpt_path=run / "checkpoints" / "last.ckpt")
+    a = torch.load(tmp_path / "straight" / "balanced_average.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(run / "balanced_average.ckpt", weights_only=True)["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = (json.loads((d / "balanced_average.json").read_text()) for d in (tmp_path / "straight", run))
+    assert ra == rb and rb["rule"] == "lr_tail" and rb["window_epochs"] == [3, 4, 5]
 
 
 def test_a_finished_fit_extended_into_its_old_window_says_what_is_missing(tmp_path, caplog):

@@ -15,6 +15,8 @@ from torchmetrics.segmentation import DiceScore
 
 from robusttrain.models.networks import build_network
 from robusttrain.training.objective import metamorphic_forward, metamorphic_loss
+from robusttrain.training.schedules import stretch_tail, warmup_cosine_tail
+from robusttrain.validate import check_fraction
 
 
 class SegmentationModule(L.LightningModule):
@@ -46,10 +48,12 @@ class SegmentationModule(L.LightningModule):
         lr: float = 2e-3,
         weight_decay: float = 1e-4,
         warmup_epochs: int = 0,
+        lr_tail: float = 0.0,
     ) -> None:
         super().__init__()
         if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
             raise ValueError(f"model.warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
+        lr_tail = check_fraction("lr_tail", lr_tail, why="the constant-LR tail's fraction of max_epochs")
         if num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2 (background + foreground), got {num_classes}")
         self.save_hyperparameters()
@@ -124,10 +128,17 @@ class SegmentationModule(L.LightningModule):
         return self(images).softmax(1)
 
     def configure_optimizers(self) -> dict:
-        """AdamW; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up."""
+        """AdamW; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up; with
+        ``lr_tail > 0`` the LR stays constant over the last ``lr_tail`` of the epochs (the value the cosine
+        has where the tail starts: SWA/SWAD average under a constant LR, see
+        :mod:`robusttrain.training.schedules`)."""
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
         warmup = int(self.hparams.warmup_epochs or 0)
         total = max(1, int(self.trainer.max_epochs or 1))
+        lr_tail = float(self.hparams.get("lr_tail", 0.0) or 0.0)
+        if lr_tail > 0:
+            tail = warmup_cosine_tail(opt, total, warmup, lr_tail)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": tail, "interval": "epoch"}}
         sched = CosineAnnealingLR(opt, T_max=max(1, total - warmup))
         if warmup > 0:
             ramp = LinearLR(opt, start_factor=1.0 / (warmup + 1), total_iters=warmup)
@@ -144,6 +155,7 @@ class SegmentationModule(L.LightningModule):
             return
         for config in self.trainer.lr_scheduler_configs:
             stretch_cosine(config.scheduler, max_epochs - int(self.hparams.warmup_epochs or 0))
+            stretch_tail(config.scheduler, max_epochs)
 
 
 def stretch_cosine(scheduler: Any, t_max: int) -> bool:
