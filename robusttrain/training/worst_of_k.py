@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import get
+from robusttrain.perturbations.base import FamilyParams
 
 OCCLUDERS = frozenset({"instrument", "feces", "blood", "text", "xray_markers", "collimation"})
 # a pixel counts as covered when any channel moved by more than this (8-bit quantisation is 1/255)
@@ -94,13 +95,18 @@ class Followups:
     def replay(self, images: torch.Tensor, masks: torch.Tensor | None, slice_axis: int = -1) -> torch.Tensor:
         """Re-create :attr:`images` from the clean batch and the recorded params (exact)."""
         out = images[self.index].clone()
+        by_family: dict[str, list[tuple[int, int, dict[str, torch.Tensor]]]] = {}
         for i, rec in enumerate(self.kept()):
-            if rec is None:
-                continue
-            fam, sev, p = rec
-            pos = int(self.index[i])
-            m = None if masks is None else masks[pos : pos + 1]
-            out[i] = _apply(get(fam, sev), images[pos : pos + 1], m, p, slice_axis)[0]
+            if rec is not None:
+                by_family.setdefault(rec[0], []).append((i, rec[1], rec[2]))
+        for fam, items in by_family.items():  # one call per family, as drawn
+            at = [i for i, _, _ in items]
+            pos = self.index[torch.tensor(at, device=self.index.device)]
+            sev = torch.tensor([s for _, s, _ in items])
+            groups = _stacked([(r, s, p) for r, (_, s, p) in enumerate(items)])
+            m = None if masks is None else masks[pos]
+            y, _ = _apply_family(get(fam), images[pos], m, sev, groups, slice_axis)
+            out[torch.tensor(at, device=out.device)] = y
         return out
 
 
@@ -202,22 +208,7 @@ class WorstOfK:
         dev_index = index.to(images.device)
         src = images[dev_index]
         src_m = None if masks is None else masks[dev_index]
-        cand = src.unsqueeze(1).repeat(1, self.k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
-        params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self.k)] for _ in range(n)]
-        # one batched call per (family, severity): candidates of a kind share the kernel launch
-        groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for i in range(n):
-            for j in range(self.k):
-                groups.setdefault((families[i][j], severities[i][j]), []).append((i, j))
-        for (fam, s), members in groups.items():
-            rows = torch.tensor([i for i, _ in members], device=images.device)
-            cols = torch.tensor([j for _, j in members], device=images.device)
-            m = None if src_m is None else src_m[rows]
-            out, p = self._sample_apply(self._op(fam, s), src[rows], m, g)
-            cand[rows, cols] = out  # one scatter and one device->host copy per group, not per candidate
-            host = {key: v.detach().cpu() for key, v in p.items()}
-            for r, (i, j) in enumerate(members):
-                params[i][j] = {key: v[r : r + 1] for key, v in host.items()}
+        cand, params = self._draw_candidates(src, src_m, families, sev, g)
         rejected = self._rejected(src, src_m, cand, families)
         scores = None
         if self.k == 1:
@@ -257,23 +248,40 @@ class WorstOfK:
             self._ops[key] = get(family, severity)
         return self._ops[key]
 
-    def _sample_apply(
-        self, op: Any, x: torch.Tensor, m: torch.Tensor | None, g: torch.Generator
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if x.ndim == 5:  # volumes: params drawn on each volume's middle slice, applied to every slice
-            j = x.shape[2 + self.slice_axis % 3] // 2
-            mid = volume_to_slices(x, self.slice_axis)[j :: x.shape[2 + self.slice_axis % 3]]
-            mm = (
-                None
-                if m is None
-                else volume_to_slices(m, self.slice_axis, channels=False)[
-                    j :: x.shape[2 + self.slice_axis % 3]
-                ]
+    def _draw_candidates(
+        self,
+        src: torch.Tensor,
+        src_m: torch.Tensor | None,
+        families: list[list[str]],
+        sev: torch.Tensor,
+        g: torch.Generator,
+    ) -> tuple[torch.Tensor, list[list[dict[str, torch.Tensor]]]]:
+        """The (n, k, C, ...) candidates and their n x k params: ONE batched call per family drawn, with the
+        candidates' severities (``sev``, (n, k) on the CPU) as a per-row tensor, families in order of first
+        appearance (row-major over (image, candidate)); per-row params come back to the host once per family."""
+        n = src.shape[0]
+        cand = src.unsqueeze(1).repeat(1, self.k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
+        params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self.k)] for _ in range(n)]
+        members: dict[str, list[int]] = {}
+        for i in range(n):
+            for j in range(self.k):
+                members.setdefault(families[i][j], []).append(i * self.k + j)
+        flat_sev = sev.reshape(-1)
+        for fam, flat in members.items():
+            rows_host = [f // self.k for f in flat]
+            idx = torch.tensor(flat, device=src.device)
+            rows = torch.tensor(rows_host, device=src.device)
+            m = None if src_m is None else src_m[rows]
+            out, groups = _apply_family(
+                self._op(fam, self.caps[fam]), src[rows], m, flat_sev[flat], None, self.slice_axis, g
             )
-            p = op.sample_params(mid, mm, generator=g)
-            return _apply(op, x, m, p, self.slice_axis), p
-        out, p = op.apply_batch(x, m, generator=g)
-        return out.to(x.dtype), p
+            cand.view(n * self.k, *cand.shape[2:])[idx] = out  # one scatter per family
+            for grows, p in groups:  # one device->host copy per key and group, then views per candidate
+                host = {key: v.detach().cpu().numpy() for key, v in p.items()}
+                for r, at in enumerate(grows.tolist()):
+                    f = flat[at]
+                    params[f // self.k][f % self.k] = {key: torch.from_numpy(v[r : r + 1]) for key, v in host.items()}
+        return cand, params
 
     def _rejected(
         self, src: torch.Tensor, masks: torch.Tensor | None, cand: torch.Tensor, families: list[list[str]]
@@ -304,6 +312,56 @@ def _apply(
         return slices_to_volume(out.to(x.dtype), x.shape[0], slice_axis)
     out, _ = op.apply_batch(x, m, params={k: v.to(x.device) for k, v in params.items()})
     return out.to(x.dtype)
+
+
+def _apply_family(
+    op: Any,
+    x: torch.Tensor,
+    m: torch.Tensor | None,
+    sev: torch.Tensor,
+    groups: FamilyParams | None,
+    slice_axis: int = -1,
+    g: torch.Generator | None = None,
+) -> tuple[torch.Tensor, FamilyParams]:
+    """``op``'s family on rows with their own severities ``sev`` (CPU), sampling (``groups`` None, from ``g``)
+    or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each volume's middle slice, every slice
+    perturbed with its volume's params."""
+    if x.ndim != 5:
+        out, groups = op.apply_family(x, m, sev, generator=g, params=groups)
+        return out.to(x.dtype), groups
+    n_sl = x.shape[2 + slice_axis % 3]
+    flat = volume_to_slices(x, slice_axis)
+    fm = None if m is None else volume_to_slices(m, slice_axis, channels=False)
+    if groups is None:
+        j = n_sl // 2
+        groups = op.sample_family(flat[j::n_sl], None if fm is None else fm[j::n_sl], sev, g)
+    steps = torch.arange(n_sl)
+    per_slice = [
+        ((rows[:, None] * n_sl + steps).reshape(-1), {k: v.repeat_interleave(n_sl, 0) for k, v in p.items()})
+        for rows, p in groups
+    ]
+    out, _ = op.apply_family(flat, fm, sev.repeat_interleave(n_sl), params=per_slice)
+    return slices_to_volume(out.to(x.dtype), x.shape[0], slice_axis), groups
+
+
+def _stacked(items: list[tuple[int, int, dict[str, torch.Tensor]]]) -> FamilyParams:
+    """Per-row params (leading dim 1) as one group per severity (rows in order), merged into one group when
+    their keys and shapes agree (a family that batches severities replays them in one call)."""
+    by_sev: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
+    for r, s, p in items:
+        by_sev.setdefault(s, []).append((r, p))
+    groups = [
+        (torch.tensor([r for r, _ in rows]), {k: torch.cat([p[k] for _, p in rows]) for k in rows[0][1]})
+        for rows in by_sev.values()
+    ]
+    if len(groups) > 1:
+        try:
+            order = torch.cat([rows for rows, _ in groups])
+            merged = {k: torch.cat([p[k] for _, p in groups])[order.argsort()] for k in groups[0][1]}
+        except (RuntimeError, KeyError):
+            return groups
+        return [(torch.arange(len(items)), merged)]
+    return groups
 
 
 def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str, int]:
