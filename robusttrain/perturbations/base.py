@@ -107,8 +107,14 @@ def _is_arange(rows: torch.Tensor) -> bool:
     return rows.tolist() == list(range(rows.numel()))
 
 
-def _take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    return x if rows.numel() == x.shape[0] and _is_arange(rows) else x[rows.to(x.device)]
+def _take_rows(
+    x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if rows.numel() == x.shape[0] and _is_arange(rows):
+        return x, m
+    from .placement import take_rows  # rows of a batch whose maps are shared keep sharing them
+
+    return take_rows(x, m, rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -621,7 +627,7 @@ class Perturbation:
             return [(torch.arange(images.shape[0]), params)]
         out = []
         for s, rows in severity_groups(sev):
-            x, m = _take_rows(images, rows), None if masks is None else _take_rows(masks, rows)
+            x, m = _take_rows(images, masks, rows)
             out.append((rows, self.at_severity(s).sample_params(x, m, generator=generator)))
         return out
 
@@ -664,7 +670,7 @@ class Perturbation:
             return self.at_severity(int(sev[0])).apply_batch(images, masks, params=params[0][1])[0], params
         out = images.clone()
         for rows, p in params:
-            x, m = _take_rows(images, rows), None if masks is None else _take_rows(masks, rows)
+            x, m = _take_rows(images, masks, rows)
             if self.batched_severities():
                 self._check_params(p, x.shape[0])
                 y = op._apply_torch(x, m, params_to(p, images.device))

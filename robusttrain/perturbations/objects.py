@@ -26,12 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from .base import Perturbation, rel_to_px, short_side, supersampling
-from .border import fov_mask, fov_mask_np
+from .border import fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
 from .placement import (
     PlacedSampling,
     erode_cells,
+    fov_mask_shared,
     erode_cells_np,
     gather_cells,
     gather_cells_np,
@@ -193,7 +194,7 @@ class PastedObject(PlacedSampling, Perturbation):
         ccan = images.new_zeros(b, c, h * w + 1).scatter_(
             2, idx[:, None].expand(b, c, -1), colour.reshape(b, c, -1).to(images.dtype)
         )
-        a = acan[:, : h * w].view(b, 1, h, w) * fov_mask(images)
+        a = acan[:, : h * w].view(b, 1, h, w) * fov_mask_shared(images)
         if masks is not None:
             a = a * (masks[:, None] == 0)
         return torch.lerp(images, ccan[:, :, : h * w].view(b, c, h, w), a)

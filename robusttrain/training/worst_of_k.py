@@ -41,6 +41,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,7 @@ import torch.nn.functional as F
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import get
 from robusttrain.perturbations.base import FamilyParams
+from robusttrain.perturbations.placement import SharedMaps
 
 OCCLUDERS = frozenset({"instrument", "feces", "blood", "text", "xray_markers", "collimation"})
 # a pixel counts as covered when any channel moved by more than this (8-bit quantisation is 1/255)
@@ -267,21 +269,38 @@ class WorstOfK:
             for j in range(self.k):
                 members.setdefault(families[i][j], []).append(i * self.k + j)
         flat_sev = sev.reshape(-1)
-        for fam, flat in members.items():
-            rows_host = [f // self.k for f in flat]
-            idx = torch.tensor(flat, device=src.device)
-            rows = torch.tensor(rows_host, device=src.device)
-            m = None if src_m is None else src_m[rows]
-            out, groups = _apply_family(
-                self._op(fam, self.caps[fam]), src[rows], m, flat_sev[flat], None, self.slice_axis, g
-            )
-            cand.view(n * self.k, *cand.shape[2:])[idx] = out  # one scatter per family
-            for grows, p in groups:  # one device->host copy per key and group, then views per candidate
-                host = {key: v.detach().cpu().numpy() for key, v in p.items()}
-                for r, at in enumerate(grows.tolist()):
-                    f = flat[at]
-                    params[f // self.k][f % self.k] = {key: torch.from_numpy(v[r : r + 1]) for key, v in host.items()}
+        shared = SharedMaps(src, src_m) if src.ndim == 4 else None  # one field-of-view step per call
+        with shared if shared is not None else contextlib.nullcontext():
+            for fam, flat in members.items():
+                rows = torch.tensor([f // self.k for f in flat])
+                if shared is not None:
+                    x, m = shared.take(rows)
+                else:
+                    x, m = src[rows.to(src.device)], None if src_m is None else src_m[rows.to(src.device)]
+                op = self._op(fam, self.caps[fam])
+                out, groups = _apply_family(op, x, m, flat_sev[flat], None, self.slice_axis, g)
+                self._record(cand, params, flat, out, groups)
         return cand, params
+
+    def _record(
+        self,
+        cand: torch.Tensor,
+        params: list[list[dict[str, torch.Tensor]]],
+        flat: list[int],
+        out: torch.Tensor,
+        groups: FamilyParams,
+    ) -> None:
+        """Scatter one family's candidates into ``cand`` and their params into ``params`` (host views)."""
+        n = cand.shape[0]
+        idx = torch.tensor(flat, device=cand.device)
+        cand.view(n * self.k, *cand.shape[2:])[idx] = out  # one scatter per family
+        for grows, p in groups:  # one device->host copy per key and group, then views per candidate
+            host = {key: v.detach().cpu().numpy() for key, v in p.items()}
+            for r, at in enumerate(grows.tolist()):
+                f = flat[at]
+                params[f // self.k][f % self.k] = {
+                    key: torch.from_numpy(v[r : r + 1]) for key, v in host.items()
+                }
 
     def _rejected(
         self, src: torch.Tensor, masks: torch.Tensor | None, cand: torch.Tensor, families: list[list[str]]
