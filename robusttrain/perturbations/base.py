@@ -88,11 +88,12 @@ def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torc
         raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
     if sev.is_floating_point() or sev.dtype == torch.bool:
         raise ValueError(f"{name}: severities must be integers 1..5, got dtype {sev.dtype}")
-    sev = sev.cpu().long()
-    lo, hi = torch.aminmax(sev)
-    if int(lo) < 1 or int(hi) > 5:
-        raise ValueError(f"{name}: severities must be integers 1..5, got values in [{int(lo)}, {int(hi)}]")
-    return sev
+    values = sev.tolist()  # host data (drawn on the CPU): no device sync on this path
+    if min(values) < 1 or max(values) > 5:
+        raise ValueError(
+            f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
+        )
+    return sev.cpu().long()
 
 
 def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
@@ -101,6 +102,34 @@ def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     for i, s in enumerate(sev.tolist()):
         groups.setdefault(int(s), []).append(i)
     return [(s, torch.tensor(rows, dtype=torch.long)) for s, rows in groups.items()]
+
+
+def merge_groups(groups: FamilyParams, b: int) -> FamilyParams:
+    """Groups covering rows 0..b-1 as ONE group in row order when their keys and shapes agree (a family that
+    batches severities then applies them in one call); else the groups unchanged.
+
+    >>> import torch
+    >>> g = [(torch.tensor([1]), {"a": torch.tensor([5.0])}), (torch.tensor([0]), {"a": torch.tensor([7.0])})]
+    >>> [(rows.tolist(), p["a"].tolist()) for rows, p in merge_groups(g, 2)]
+    [([0, 1], [7.0, 5.0])]
+    """
+    if len(groups) < 2:
+        return groups
+    keys = set(groups[0][1])
+    if any(
+        set(p) != keys or any(p[k].shape[1:] != groups[0][1][k].shape[1:] for k in keys) for _, p in groups
+    ):
+        return groups
+    order = torch.cat([rows for rows, _ in groups])
+    if sorted(order.tolist()) != list(range(b)):
+        return groups
+    inv = order.argsort()
+    merged = {}
+    for k in keys:
+        vals = [p[k] for _, p in groups]
+        dev = vals[0].device
+        merged[k] = torch.cat([v.to(dev) for v in vals])[inv.to(dev)]
+    return [(torch.arange(b), merged)]
 
 
 def _is_arange(rows: torch.Tensor) -> bool:
@@ -619,7 +648,17 @@ class Perturbation:
         """
         images = check_batch(images, self.name, self.rgb, check_range=False)
         masks = check_masks(masks, images, self.name)
-        sev = severity_tensor(severities, images.shape[0], self.name)
+        return self._sample_family(
+            images, masks, severity_tensor(severities, images.shape[0], self.name), generator
+        )
+
+    def _sample_family(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        sev: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> FamilyParams:
         if self.batched_severities():
             draws = {k: torch.as_tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
             params = params_to(draws, images.device)
@@ -628,7 +667,15 @@ class Perturbation:
         out = []
         for s, rows in severity_groups(sev):
             x, m = _take_rows(images, masks, rows)
-            out.append((rows, self.at_severity(s).sample_params(x, m, generator=generator)))
+            op = self.at_severity(s)
+            # the input was checked once; a family that overrides the public contract still gets called by it
+            own = type(op).sample_params is not Perturbation.sample_params
+            out.append(
+                (
+                    rows,
+                    op.sample_params(x, m, generator=generator) if own else op._sample_torch(x, m, generator),
+                )
+            )
         return out
 
     def apply_family(
@@ -655,8 +702,10 @@ class Perturbation:
         masks = check_masks(masks, images, self.name)
         sev = severity_tensor(severities, images.shape[0], self.name)
         if params is None:
-            params = self.sample_family(images, masks, sev, generator)
+            params = self._sample_family(images, masks, sev, generator)
         b = images.shape[0]
+        if self.batched_severities() and len(params) > 1:
+            params = merge_groups(params, b)
         if self.batched_severities():
             # params fully describe the perturbation; the severity only bounds buffer sizes (kernel widths on
             # an accelerator), so the batch is applied by the family at its largest severity present
@@ -667,7 +716,7 @@ class Perturbation:
         elif len(params) == 1 and params[0][0].numel() == b and _is_arange(params[0][0]):
             if len(severity_groups(sev)) > 1:
                 raise ValueError(f"{self.name}: one params group for rows of different severities")
-            return self.at_severity(int(sev[0])).apply_batch(images, masks, params=params[0][1])[0], params
+            return self.at_severity(int(sev[0]))._apply_checked(images, masks, params[0][1]), params
         out = images.clone()
         for rows, p in params:
             x, m = _take_rows(images, masks, rows)
@@ -675,9 +724,19 @@ class Perturbation:
                 self._check_params(p, x.shape[0])
                 y = op._apply_torch(x, m, params_to(p, images.device))
             else:
-                y = self.at_severity(int(sev[rows[0]])).apply_batch(x, m, params=p)[0]
+                y = self.at_severity(int(sev[rows[0]]))._apply_checked(x, m, p)
             out[rows.to(images.device)] = y.to(images.dtype)
         return out, params
+
+    def _apply_checked(
+        self, images: torch.Tensor, masks: torch.Tensor | None, params: Params
+    ) -> torch.Tensor:
+        """``apply_batch(images, masks, params=params)`` on input checked already (a family that overrides
+        ``apply_batch`` is still called through it)."""
+        if type(self).apply_batch is not Perturbation.apply_batch:
+            return self.apply_batch(images, masks, params=params)[0]
+        self._check_params(params, images.shape[0])
+        return self._apply_torch(images, masks, params_to(params, images.device))
 
     def to_albumentations(self, p: float = 1.0):
         """This perturbation as an Albumentations transform (see :mod:`robusttrain.perturbations.albu`)."""

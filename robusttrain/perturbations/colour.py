@@ -194,7 +194,10 @@ class Contrast(_AffineColour):
         return {k: r.uniform(lo, hi, (b,)) for k in ("contrast", "brightness", "saturation")}
 
     def _draw_at(self, r, sev):
-        return {k: r.uniform_at(self.RANGES, sev, (sev.numel(),)) for k in ("contrast", "brightness", "saturation")}
+        return {
+            k: r.uniform_at(self.RANGES, sev, (sev.numel(),))
+            for k in ("contrast", "brightness", "saturation")
+        }
 
     def _sample_np(self, image, mask, rng):
         rng = rng if rng is not None else np.random.default_rng()
@@ -287,7 +290,11 @@ class WhiteBalance(_AffineColour):
             if self.cast is None
             else (r.integers(0, 1, (b,)) + self.CASTS.index(self.cast))
         )
-        scale = r.uniform(*self.RANGES[self.severity], (b,)) if sev is None else r.uniform_at(self.RANGES, sev, (b,))
+        scale = (
+            r.uniform(*self.RANGES[self.severity], (b,))
+            if sev is None
+            else r.uniform_at(self.RANGES, sev, (b,))
+        )
         jitter = r.uniform(0.97, 1.03, (b, 2))
         if isinstance(scale, np.ndarray):  # numpy path (one image per call): the same gains in fewer tiny ops
             s12 = scale[:, None] * jitter

@@ -32,8 +32,8 @@ from .cutouts import SIZE, load_cutouts, procedural_cutouts
 from .placement import (
     PlacedSampling,
     erode_cells,
-    fov_mask_shared,
     erode_cells_np,
+    fov_mask_shared,
     gather_cells,
     gather_cells_np,
     pick_cells,

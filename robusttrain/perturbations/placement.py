@@ -231,7 +231,15 @@ def gather_cells(grid: torch.Tensor, y: torch.Tensor, x: torch.Tensor, k: int) -
     return grid.reshape(b, -1).gather(1, cy * wc + cx)
 
 
-__all__ = ["SharedMaps", "maps_torch", "maps_np", "erode_cells", "pick_cells", "gather_cells", "torch_generator_from"]
+__all__ = [
+    "SharedMaps",
+    "maps_torch",
+    "maps_np",
+    "erode_cells",
+    "pick_cells",
+    "gather_cells",
+    "torch_generator_from",
+]
 
 
 # ---- numpy twins, used by the numpy path's sampler (torch op overhead dominates on such tiny maps) ----

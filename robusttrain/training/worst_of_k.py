@@ -364,23 +364,15 @@ def _apply_family(
 
 
 def _stacked(items: list[tuple[int, int, dict[str, torch.Tensor]]]) -> FamilyParams:
-    """Per-row params (leading dim 1) as one group per severity (rows in order), merged into one group when
-    their keys and shapes agree (a family that batches severities replays them in one call)."""
+    """Per-row params (leading dim 1) as one group per severity, rows in order of first appearance
+    (``apply_family`` merges them into one call for a family that batches severities)."""
     by_sev: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
     for r, s, p in items:
         by_sev.setdefault(s, []).append((r, p))
-    groups = [
+    return [
         (torch.tensor([r for r, _ in rows]), {k: torch.cat([p[k] for _, p in rows]) for k in rows[0][1]})
         for rows in by_sev.values()
     ]
-    if len(groups) > 1:
-        try:
-            order = torch.cat([rows for rows, _ in groups])
-            merged = {k: torch.cat([p[k] for _, p in groups])[order.argsort()] for k in groups[0][1]}
-        except (RuntimeError, KeyError):
-            return groups
-        return [(torch.arange(len(items)), merged)]
-    return groups
 
 
 def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str, int]:
