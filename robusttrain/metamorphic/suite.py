@@ -320,7 +320,8 @@ class MRSuite:
             raise ValueError(f"apply_family: tests {list(ks)} are not of one family ({sorted(names)})")
         sizes = [x.shape[0] for x in images]
         x = torch.cat(list(images))
-        m = None if any(mm is None for mm in masks) else torch.cat([mm.to(x.device) for mm in masks])
+        given = [mm for mm in masks if mm is not None]
+        m = torch.cat([mm.to(x.device) for mm in given]) if len(given) == len(masks) else None
         sev = torch.tensor([self.tests[k][1] for k, n in zip(ks, sizes) for _ in range(n)])
         groups, start = [], 0
         for n, ps in zip(sizes, params):

@@ -294,13 +294,14 @@ class WorstOfK:
         n = cand.shape[0]
         idx = torch.tensor(flat, device=cand.device)
         cand.view(n * self.k, *cand.shape[2:])[idx] = out  # one scatter per family
-        for grows, p in groups:  # one device->host copy per key and group, then views per candidate
-            host = {key: v.detach().cpu().numpy() for key, v in p.items()}
-            for r, at in enumerate(grows.tolist()):
+        for grows, p in groups:  # one device->host copy and one split per key and group, not per candidate
+            rows = [
+                dict(zip(p, per))
+                for per in zip(*((v.detach() if v.requires_grad else v).cpu().split(1) for v in p.values()))
+            ]
+            for at, row in zip(grows.tolist(), rows):
                 f = flat[at]
-                params[f // self.k][f % self.k] = {
-                    key: torch.from_numpy(v[r : r + 1]) for key, v in host.items()
-                }
+                params[f // self.k][f % self.k] = row
 
     def _rejected(
         self, src: torch.Tensor, masks: torch.Tensor | None, cand: torch.Tensor, families: list[list[str]]
