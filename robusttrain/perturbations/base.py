@@ -616,7 +616,22 @@ class Perturbation:
     def batched_severities(self) -> bool:
         """True when this family samples a batch of mixed severities in one call (it implements ``_draw_at``)
         and applies params without reading its severity (the params fully describe the perturbation)."""
-        return type(self)._draw_at is not Perturbation._draw_at
+        cls = type(self)
+        return cls._draw_at is not Perturbation._draw_at or cls._sample_at is not Perturbation._sample_at
+
+    def _sample_at(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        sev: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> Params:
+        """Params of a batch whose row i has severity ``sev[i]`` (CPU long), in one call: ``_draw_at`` and
+        ``_content_torch``; families whose sampler is not ``_draw`` (placed families) override this instead."""
+        draws = {k: torch.as_tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
+        params = params_to(draws, images.device)
+        params.update(self._content_torch(images, masks, params))
+        return params
 
     def _draw_at(self, r: TorchRandom, severities: torch.Tensor) -> dict[str, Any]:
         """``_draw`` for a batch whose row i has severity ``severities[i]`` (a CPU long tensor): the same
@@ -660,10 +675,7 @@ class Perturbation:
         generator: torch.Generator | None,
     ) -> FamilyParams:
         if self.batched_severities():
-            draws = {k: torch.as_tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
-            params = params_to(draws, images.device)
-            params.update(self._content_torch(images, masks, params))
-            return [(torch.arange(images.shape[0]), params)]
+            return [(torch.arange(images.shape[0]), self._sample_at(images, masks, sev, generator))]
         out = []
         for s, rows in severity_groups(sev):
             x, m = _take_rows(images, masks, rows)
