@@ -658,7 +658,7 @@ class Perturbation:
         >>> x, g = torch.rand(3, 3, 16, 16), torch.Generator().manual_seed(0)
         >>> [(rows.tolist(), sorted(p)) for rows, p in get("saturation").sample_family(x, None, [2, 5, 2], g)]
         [([0, 1, 2], ['brightness', 'factor'])]
-        >>> [rows.tolist() for rows, _ in get("specularity").sample_family(x, None, [2, 5, 2], g)]
+        >>> [rows.tolist() for rows, _ in get("text").sample_family(x, None, [2, 5, 2], g)]
         [[0, 2], [1]]
         """
         images = check_batch(images, self.name, self.rgb, check_range=False)
