@@ -2,12 +2,13 @@
 
 On a GPU the follow-up draws of ``MetamorphicTraining`` are bound by launches (many tiny kernels), not by
 arithmetic: the H200 profile of 2026-11-26 (docs/results.md "GPU") measured 80-99 ms per step in the hook
-at k=1 and 235-261 ms at k=4 (256 px, batch 16). This counts the top-level aten ops of one ``WorstOfK``
-call on CPU tensors (each is one or a few launches on a GPU), for the current code and for the
-field-of-view loop as an accelerator ran it before that day (all hc + wc dilations, no early exit).
-Measured then: 11 227 ops (k=1) and 35 326 (k=4), i.e. ~7 us per op against the H200 times.
+at k=1 and 235-261 ms at k=4 (256 px, batch 16), ~7 us per aten op. This counts the top-level aten ops of
+one ``WorstOfK`` call on CPU tensors (each is one or a few launches on a GPU) at batch 16 and 64, k = 1
+and 4, and says whether issue 31's targets hold: <= 300 ops per k=1 draw at batch 16 and <= 1.2x that at
+batch 64 (the count should grow with the families drawn, not with the images).
 
-    OMP_NUM_THREADS=1 python benchmarks/launch_count.py [--size 256] [--batch 16] [--calls 8]
+    OMP_NUM_THREADS=1 python benchmarks/launch_count.py [--size 256] [--batches 16 64] [--calls 4]
+    OMP_NUM_THREADS=1 python benchmarks/launch_count.py --old-fov   # also the pre-2026-11-26 FOV loop
 """
 
 from __future__ import annotations
@@ -26,51 +27,64 @@ import robusttrain.perturbations.placement as placement  # noqa: E402
 from robusttrain.perturbations.suites import SUITES  # noqa: E402
 from robusttrain.training.worst_of_k import WorstOfK  # noqa: E402
 
+TARGET_K1 = 300  # aten ops per k=1 draw at 256 px, batch 16 (issue 31)
+TARGET_GROWTH = 1.2  # batch 64 may cost at most this times the batch-16 target
 
-def ops_per_call(k: int, size: int, batch: int, calls: int) -> float:
+
+def count_top_level(fn) -> int:
+    """Top-level aten ops (an aten op not called from another aten op) that ``fn()`` runs."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    top = [e for e in prof.events() if e.name.startswith("aten::")]
+    return sum(1 for e in top if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+
+
+def ops_per_call(k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"]) -> float:
+    """Mean top-level aten ops of one ``WorstOfK`` call (q=0.5, uniform families, severities 1..4) over
+    ``calls`` steps, after two warm-up calls (op construction, caches)."""
     torch.manual_seed(0)
     x = torch.rand(batch, 3, size, size)
     m = torch.zeros(batch, size, size, dtype=torch.long)
     m[:, size // 3 : 2 * size // 3, size // 3 : 2 * size // 3] = 1
-    w = WorstOfK(families=SUITES["endoscopy"], k=k, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
+    w = WorstOfK(families=families, k=k, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
     score = lambda c, mm: c.mean((1, 2, 3))  # noqa: E731 -- a stand-in: the model's forward is not counted
-    for step in range(2):  # first use: op construction, caches
+    for step in range(2):
         w(x, m, score, step=step)
-    counts = []
-    for step in range(2, 2 + calls):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            w(x, m, score, step=step)
-        top = [e for e in prof.events() if e.name.startswith("aten::")]
-        counts.append(
-            sum(1 for e in top if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-        )
+    counts = [count_top_level(lambda s=step: w(x, m, score, step=s)) for step in range(2, 2 + calls)]
     return sum(counts) / len(counts)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--old-fov", action="store_true", help="also count with the old accelerator FOV loop")
     args = ap.parse_args(argv)
-    rows = {}
-    for k in (1, 4):
-        rows[("now", k)] = ops_per_call(k, args.size, args.batch, args.calls)
-    current = border.fov_from_cells
-    # the accelerator path before 2026-11-26: every dilation on the device, no early exit
-    border.fov_from_cells = placement.fov_from_cells = lambda low: current(low, stop_at_fixed_point=False)
-    try:
-        for k in (1, 4):
-            rows[("before", k)] = ops_per_call(k, args.size, args.batch, args.calls)
-    finally:
-        border.fov_from_cells = placement.fov_from_cells = current
-    print(f"# {args.size} px, batch {args.batch}, q=0.5, endoscopy families; mean of {args.calls} calls")
-    print("| k | aten ops per call, now | with the old accelerator field-of-view loop | ratio |")
-    print("|---|---|---|---|")
-    for k in (1, 4):
-        print(
-            f"| {k} | {rows[('now', k)]:,.0f} | {rows[('before', k)]:,.0f} | {rows[('before', k)] / rows[('now', k)]:.1f}x |"
-        )
+    rows = {(b, k): ops_per_call(k, args.size, b, args.calls) for b in args.batches for k in (1, 4)}
+    print(f"# {args.size} px, q=0.5, endoscopy families, severities 1..4; mean of {args.calls} calls")
+    print("| batch | k | aten ops per call |")
+    print("|---|---|---|")
+    for (b, k), v in rows.items():
+        print(f"| {b} | {k} | {v:,.0f} |")
+    if 16 in args.batches:
+        ok16 = rows[(16, 1)] <= TARGET_K1
+        print(f"target k=1, batch 16: <= {TARGET_K1}: {'met' if ok16 else 'NOT met'} ({rows[(16, 1)]:,.0f})")
+    if 64 in args.batches:
+        lim = TARGET_GROWTH * TARGET_K1
+        ok64 = rows[(64, 1)] <= lim
+        print(f"target k=1, batch 64: <= {lim:.0f}: {'met' if ok64 else 'NOT met'} ({rows[(64, 1)]:,.0f})")
+    if args.old_fov:
+        current = border.fov_from_cells
+        # the accelerator path before 2026-11-26: every dilation on the device, no early exit
+        border.fov_from_cells = placement.fov_from_cells = lambda low: current(low, stop_at_fixed_point=False)
+        try:
+            for b in args.batches:
+                for k in (1, 4):
+                    v = ops_per_call(k, args.size, b, args.calls)
+                    print(f"old accelerator field-of-view loop: batch {b}, k={k}: {v:,.0f}")
+        finally:
+            border.fov_from_cells = placement.fov_from_cells = current
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -199,6 +200,7 @@ def run_probe(
         t1 = time.perf_counter()
         t_clean, n_clean = t_clean + t1 - t0, n_clean + n
         u8 = None
+        by_family: dict[str, list[tuple[int, list[int], Any, list[dict]]]] = {}
         for k in range(n_tests):
             rows = (
                 list(range(n))
@@ -220,11 +222,24 @@ def run_probe(
                 pb.images[sub],
                 pb.masks[sub],
             )
+            if path == "torch" and images.ndim == 4:  # applied below, one call per family
+                by_family.setdefault(suite.tests[k][0], []).append((k, rows, sub, params))
+                continue
             per = len(u8) // n if u8 is not None else 1  # uint8 slices per sample (volumes: S)
             sub_u8 = None if u8 is None else [u8[i * per + j] for i in rows for j in range(per)]
             fimg = suite.apply(k, images[sub], masks[sub], params, path=path, uint8=sub_u8)
             queue.add((block, rows, k, fimg, masks[sub], src_lab[sub]))
             n_fol += len(rows)
+        for tests in by_family.values():
+            outs = suite.apply_family(
+                [k for k, _, _, _ in tests],
+                [images[sub] for _, _, sub, _ in tests],
+                [masks[sub] for _, _, sub, _ in tests],
+                [params for _, _, _, params in tests],
+            )
+            for (k, rows, sub, _), fimg in zip(tests, outs):
+                queue.add((block, rows, k, fimg, masks[sub], src_lab[sub]))
+                n_fol += len(rows)
         t_fol += time.perf_counter() - t1
     if queue is not None:
         t2 = time.perf_counter()

@@ -305,6 +305,35 @@ class MRSuite:
         out, _ = op.apply_batch(images, masks, params=batched)
         return out.to(images.dtype)
 
+    def apply_family(
+        self,
+        ks: Sequence[int],
+        images: Sequence[torch.Tensor],
+        masks: Sequence[torch.Tensor | None],
+        params: Sequence[list[dict]],
+    ) -> list[torch.Tensor]:
+        """Follow-up images of tests ``ks`` of ONE family (torch path, (B,C,H,W) images): the batches of all
+        its severities in one ``apply_family`` call (one call per family, not per test), the same images as
+        :meth:`apply` per test. ``images[i]``, ``masks[i]``, ``params[i]``: test ``ks[i]``'s rows."""
+        names = {self.tests[k][0] for k in ks}
+        if len(names) != 1:
+            raise ValueError(f"apply_family: tests {list(ks)} are not of one family ({sorted(names)})")
+        sizes = [x.shape[0] for x in images]
+        x = torch.cat(list(images))
+        given = [mm for mm in masks if mm is not None]
+        m = torch.cat([mm.to(x.device) for mm in given]) if len(given) == len(masks) else None
+        sev = torch.tensor([self.tests[k][1] for k, n in zip(ks, sizes) for _ in range(n)])
+        groups, start = [], 0
+        for n, ps in zip(sizes, params):
+            try:
+                batched = {key: torch.cat([p[key] for p in ps]).to(x.device) for key in ps[0]}
+            except RuntimeError:  # per-sample params of different shapes: apply test by test
+                return [self.apply(k, xi, mi, pi) for k, xi, mi, pi in zip(ks, images, masks, params)]
+            groups.append((torch.arange(start, start + n), batched))
+            start += n
+        out, _ = self.op(ks[0]).apply_family(x, m, sev, params=groups)
+        return list(out.to(x.dtype).split(sizes))
+
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,74 @@ def stack_params(items: list[dict[str, Any]]) -> Params:
         raise ValueError("stack_params: empty list of per-sample params")
     keys = items[0].keys()
     return {k: torch.as_tensor(np.stack([np.asarray(it[k]) for it in items])) for k in keys}
+
+
+FamilyParams = list[tuple[torch.Tensor, Params]]  # (batch rows as a CPU long tensor, their params)
+
+
+def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torch.Tensor:
+    """Per-sample severities (a sequence or tensor of B ints 1..5) as a CPU long tensor, checked once."""
+    sev = torch.as_tensor(severities).reshape(-1)
+    if sev.numel() != b:
+        raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
+    if sev.is_floating_point() or sev.dtype == torch.bool:
+        raise ValueError(f"{name}: severities must be integers 1..5, got dtype {sev.dtype}")
+    values = sev.tolist()  # host data (drawn on the CPU): no device sync on this path
+    if min(values) < 1 or max(values) > 5:
+        raise ValueError(
+            f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
+        )
+    return sev.cpu().long()
+
+
+def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """``(severity, rows)`` per distinct severity of a CPU long tensor, in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(sev.tolist()):
+        groups.setdefault(int(s), []).append(i)
+    return [(s, torch.tensor(rows, dtype=torch.long)) for s, rows in groups.items()]
+
+
+def merge_groups(groups: FamilyParams, b: int) -> FamilyParams:
+    """Groups covering rows 0..b-1 as ONE group in row order when their keys and shapes agree (a family that
+    batches severities then applies them in one call); else the groups unchanged.
+
+    >>> import torch
+    >>> g = [(torch.tensor([1]), {"a": torch.tensor([5.0])}), (torch.tensor([0]), {"a": torch.tensor([7.0])})]
+    >>> [(rows.tolist(), p["a"].tolist()) for rows, p in merge_groups(g, 2)]
+    [([0, 1], [7.0, 5.0])]
+    """
+    if len(groups) < 2:
+        return groups
+    keys = set(groups[0][1])
+    if any(
+        set(p) != keys or any(p[k].shape[1:] != groups[0][1][k].shape[1:] for k in keys) for _, p in groups
+    ):
+        return groups
+    order = torch.cat([rows for rows, _ in groups])
+    if sorted(order.tolist()) != list(range(b)):
+        return groups
+    inv = order.argsort()
+    merged = {}
+    for k in keys:
+        vals = [p[k] for _, p in groups]
+        dev = vals[0].device
+        merged[k] = torch.cat([v.to(dev) for v in vals])[inv.to(dev)]
+    return [(torch.arange(b), merged)]
+
+
+def _is_arange(rows: torch.Tensor) -> bool:
+    return rows.tolist() == list(range(rows.numel()))
+
+
+def _take_rows(
+    x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if rows.numel() == x.shape[0] and _is_arange(rows):
+        return x, m
+    from .placement import take_rows  # rows of a batch whose maps are shared keep sharing them
+
+    return take_rows(x, m, rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -221,6 +290,27 @@ class TorchRandom:
         """Integers in [lo, hi)."""
         return torch.randint(lo, hi, shape, generator=self.g, device=self.device)
 
+    def uniform_at(
+        self, ranges: Mapping[int, tuple[float, float]], sev: torch.Tensor, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        """:meth:`uniform` with row i drawn in ``ranges[sev[i]]``: the same values as ``uniform(lo, hi, shape)``
+        from the same stream when every row has that severity (``lo`` and ``hi - lo`` are rounded to float32
+        as the scalar draw rounds them)."""
+        lo, span = _range_table(ranges)
+        view = (-1,) + (1,) * (len(shape) - 1)
+        u = torch.rand(shape, generator=self.g, device=self.device)
+        return lo.to(self.device)[sev - 1].view(view) + span.to(self.device)[sev - 1].view(view) * u
+
+    def integers_upto(self, sev: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """Integers in [0, sev[i]] per row: ``integers(0, s + 1, shape)`` (the same stream) when every row has
+        severity s; else ``floor(u * (sev + 1))`` on one uniform draw (torch has no per-row bound)."""
+        values = sev.unique()
+        if values.numel() == 1:
+            return self.integers(0, int(values) + 1, shape)
+        view = (-1,) + (1,) * (len(shape) - 1)
+        u = torch.rand(shape, generator=self.g, device=self.device)
+        return (u * (sev.to(self.device) + 1).view(view)).long()
+
 
 class NumpyRandom:
     """The same draws as :class:`TorchRandom`, from a numpy Generator (returns numpy arrays).
@@ -285,6 +375,18 @@ def image_to_batch(image: np.ndarray) -> torch.Tensor:
 def params_to(params: Params, device: torch.device) -> Params:
     """Move params to ``device`` (non-blocking; a no-op when already there)."""
     return {k: (v if v.device == device else v.to(device, non_blocking=True)) for k, v in params.items()}
+
+
+@functools.cache
+def _range_table_cached(items: tuple[tuple[int, float, float], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    lo = torch.tensor([a for _, a, _ in items], dtype=torch.float32)
+    span = torch.tensor([b - a for _, a, b in items], dtype=torch.float32)  # hi - lo in double, then float32
+    return lo, span
+
+
+def _range_table(ranges: Mapping[int, tuple[float, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(5,) float32 ``lo`` and ``hi - lo`` per severity 1..5 (cached per table)."""
+    return _range_table_cached(tuple((s, float(ranges[s][0]), float(ranges[s][1])) for s in SEVERITIES))
 
 
 @functools.cache
@@ -498,3 +600,157 @@ class Perturbation:
         self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]
     ) -> np.ndarray:
         raise NotImplementedError
+
+    # -- one call per family: rows with their own severities --------------------------------
+    def at_severity(self, severity: int) -> Perturbation:
+        """This family, built with the same constructor arguments, at ``severity`` (cached per instance).
+
+        >>> from robusttrain.perturbations import get
+        >>> op = get("blur", severity=2, noise=False)
+        >>> op.at_severity(4).init_args(), op.at_severity(2) is op
+        ({'severity': 4, 'fast': False, 'noise': False}, True)
+        """
+        severity = check_severity(severity, self.name)
+        if severity == self.severity:
+            return self
+        cache = self.__dict__.setdefault("_at_severity", {})
+        if severity not in cache:
+            cache[severity] = type(self)(**{**self.init_args(), "severity": severity})
+        return cache[severity]
+
+    def batched_severities(self) -> bool:
+        """True when this family samples a batch of mixed severities in one call (it implements ``_draw_at``)
+        and applies params without reading its severity (the params fully describe the perturbation)."""
+        cls = type(self)
+        return cls._draw_at is not Perturbation._draw_at or cls._sample_at is not Perturbation._sample_at
+
+    def _sample_at(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        sev: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> Params:
+        """Params of a batch whose row i has severity ``sev[i]`` (CPU long), in one call: ``_draw_at`` and
+        ``_content_torch``; families whose sampler is not ``_draw`` (placed families) override this instead."""
+        draws = {k: torch.as_tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
+        params = params_to(draws, images.device)
+        params.update(self._content_torch(images, masks, params))
+        return params
+
+    def _draw_at(self, r: TorchRandom, severities: torch.Tensor) -> dict[str, Any]:
+        """``_draw`` for a batch whose row i has severity ``severities[i]`` (a CPU long tensor): the same
+        draws from the same stream as ``_draw`` when all rows share a severity. Families that implement it
+        must apply params without reading ``self.severity``."""
+        raise NotImplementedError
+
+    def sample_family(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        severities: Any,
+        generator: torch.Generator | None = None,
+    ) -> FamilyParams:
+        """Params for a (B,C,H,W) batch whose row i is perturbed at ``severities[i]`` (B ints 1..5).
+
+        Returns ``[(rows, params), ...]``: groups of batch rows (CPU long tensors) and their batched params.
+        A family that implements ``_draw_at`` returns one group of all rows (one call, whatever the
+        severities); any other family one group per severity, in order of first appearance (the generic
+        fallback: it only needs today's ``sample_params`` contract).
+
+        >>> import torch
+        >>> from robusttrain.perturbations import get
+        >>> x, g = torch.rand(3, 3, 16, 16), torch.Generator().manual_seed(0)
+        >>> [(rows.tolist(), sorted(p)) for rows, p in get("saturation").sample_family(x, None, [2, 5, 2], g)]
+        [([0, 1, 2], ['brightness', 'factor'])]
+        >>> [rows.tolist() for rows, _ in get("text").sample_family(x, None, [2, 5, 2], g)]
+        [[0, 2], [1]]
+        """
+        images = check_batch(images, self.name, self.rgb, check_range=False)
+        masks = check_masks(masks, images, self.name)
+        return self._sample_family(
+            images, masks, severity_tensor(severities, images.shape[0], self.name), generator
+        )
+
+    def _sample_family(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        sev: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> FamilyParams:
+        if self.batched_severities():
+            return [(torch.arange(images.shape[0]), self._sample_at(images, masks, sev, generator))]
+        out = []
+        for s, rows in severity_groups(sev):
+            x, m = _take_rows(images, masks, rows)
+            op = self.at_severity(s)
+            # the input was checked once; a family that overrides the public contract still gets called by it
+            own = type(op).sample_params is not Perturbation.sample_params
+            out.append(
+                (
+                    rows,
+                    op.sample_params(x, m, generator=generator) if own else op._sample_torch(x, m, generator),
+                )
+            )
+        return out
+
+    def apply_family(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        severities: Any,
+        generator: torch.Generator | None = None,
+        params: FamilyParams | None = None,
+    ) -> tuple[torch.Tensor, FamilyParams]:
+        """Apply to a (B,C,H,W) batch whose row i has severity ``severities[i]``: one call per family for the
+        families that implement ``_draw_at``, one per severity for the others; replays exactly with the
+        ``params`` groups that :meth:`sample_family` (or a previous call) returned.
+
+        >>> import torch
+        >>> from robusttrain.perturbations import get
+        >>> x, op = torch.rand(4, 3, 16, 16), get("contrast")
+        >>> out, groups = op.apply_family(x, None, [1, 5, 3, 5], torch.Generator().manual_seed(0))
+        >>> again, _ = op.apply_family(x, None, [1, 5, 3, 5], params=groups)
+        >>> bool(torch.equal(out, again)), out.shape
+        (True, torch.Size([4, 3, 16, 16]))
+        """
+        images = check_batch(images, self.name, self.rgb)
+        masks = check_masks(masks, images, self.name)
+        sev = severity_tensor(severities, images.shape[0], self.name)
+        if params is None:
+            params = self._sample_family(images, masks, sev, generator)
+        b = images.shape[0]
+        if self.batched_severities() and len(params) > 1:
+            params = merge_groups(params, b)
+        if self.batched_severities():
+            # params fully describe the perturbation; the severity only bounds buffer sizes (kernel widths on
+            # an accelerator), so the batch is applied by the family at its largest severity present
+            op = self.at_severity(max(sev.tolist()))
+            if len(params) == 1 and params[0][0].numel() == b and _is_arange(params[0][0]):
+                self._check_params(params[0][1], b)
+                return op._apply_torch(images, masks, params_to(params[0][1], images.device)), params
+        elif len(params) == 1 and params[0][0].numel() == b and _is_arange(params[0][0]):
+            if len(severity_groups(sev)) > 1:
+                raise ValueError(f"{self.name}: one params group for rows of different severities")
+            return self.at_severity(int(sev[0]))._apply_checked(images, masks, params[0][1]), params
+        out = images.clone()
+        for rows, p in params:
+            x, m = _take_rows(images, masks, rows)
+            if self.batched_severities():
+                self._check_params(p, x.shape[0])
+                y = op._apply_torch(x, m, params_to(p, images.device))
+            else:
+                y = self.at_severity(int(sev[rows[0]]))._apply_checked(x, m, p)
+            out[rows.to(images.device)] = y.to(images.dtype)
+        return out, params
+
+    def _apply_checked(
+        self, images: torch.Tensor, masks: torch.Tensor | None, params: Params
+    ) -> torch.Tensor:
+        """``apply_batch(images, masks, params=params)`` on input checked already (a family that overrides
+        ``apply_batch`` is still called through it)."""
+        if type(self).apply_batch is not Perturbation.apply_batch:
+            return self.apply_batch(images, masks, params=params)[0]
+        self._check_params(params, images.shape[0])
+        return self._apply_torch(images, masks, params_to(params, images.device))

@@ -404,6 +404,12 @@ class Blur(Perturbation):
         level = r.integers(0, self.severity + 1, (b,)) * (1 if self.noise else 0)
         return {"sigma_rel": sigma, "noise": level, "noise_offset": r.integers(0, NOISE_STEPS, (b, 2))}
 
+    def _draw_at(self, r, sev):
+        b = sev.numel()
+        sigma = r.uniform_at(_SIGMA_REL, sev, (b,))
+        level = r.integers_upto(sev, (b,)) * (1 if self.noise else 0)
+        return {"sigma_rel": sigma, "noise": level, "noise_offset": r.integers(0, NOISE_STEPS, (b, 2))}
+
     def _apply_torch(self, images, masks, params):
         s = short_side(*images.shape[-2:])
         sigma = params["sigma_rel"].float() * s
@@ -430,6 +436,9 @@ class Blur(Perturbation):
         if out.ndim == 2:
             out = out[:, :, None]
         return add_noise_np(out, int(params["noise"]), params["noise_offset"], inplace=out is not image)
+
+
+_SIGMA_REL = {s: (lo / REF_SIDE, hi / REF_SIDE) for s, (lo, hi) in Blur.SIGMA.items()}
 
 
 def _pyramid_blur(image: np.ndarray, sigma: float) -> np.ndarray:

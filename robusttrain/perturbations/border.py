@@ -94,9 +94,13 @@ def fov_mask(images: torch.Tensor) -> torch.Tensor:
     >>> bool(m[0, 0, 64, 4]), bool(m[0, 0, 64, 100])
     (False, True)
     """
-    _, _, h, w = images.shape
+    return fov_cells_to_mask(fov_lowres(images), *images.shape[-2:])
+
+
+def fov_cells_to_mask(cells: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """(B,1,Hc,Wc) bool field-of-view cells -> (B,1,H,W) bool pixels (the last partial cells replicate)."""
     k = cell_size(h, w)
-    low = fov_lowres(images).to(torch.uint8)
+    low = cells.to(torch.uint8)
     full = low.repeat_interleave(k, 2).repeat_interleave(k, 3) if k > 1 else low
     ph, pw = h - full.shape[2], w - full.shape[3]
     if ph or pw:

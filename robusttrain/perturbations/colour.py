@@ -54,6 +54,9 @@ def _saturation_matrix(s: Any, xp) -> Any:
     return s[:, None, None] * eye + (1 - s)[:, None, None] * w[None, None, :]
 
 
+_BRIGHT = {s: (1.0, 1.0 + 0.04 * s) for s in range(1, 6)}  # Saturation's brightness range per severity
+
+
 class _AffineColour(Perturbation):
     """Shared apply code for families expressed as ``matrix`` (3x3) and ``offset`` (3,) params."""
 
@@ -137,7 +140,13 @@ class Saturation(_AffineColour):
         lo, hi = self.RANGES[self.severity]
         return {
             "factor": r.uniform(lo, hi, (b,)),
-            "brightness": r.uniform(1.0, 1.0 + 0.04 * self.severity, (b,)),
+            "brightness": r.uniform(*_BRIGHT[self.severity], (b,)),
+        }
+
+    def _draw_at(self, r, sev):
+        return {
+            "factor": r.uniform_at(self.RANGES, sev, (sev.numel(),)),
+            "brightness": r.uniform_at(_BRIGHT, sev, (sev.numel(),)),
         }
 
     def _sample_np(self, image, mask, rng):
@@ -183,6 +192,12 @@ class Contrast(_AffineColour):
     def _draw(self, r, b):
         lo, hi = self.RANGES[self.severity]
         return {k: r.uniform(lo, hi, (b,)) for k in ("contrast", "brightness", "saturation")}
+
+    def _draw_at(self, r, sev):
+        return {
+            k: r.uniform_at(self.RANGES, sev, (sev.numel(),))
+            for k in ("contrast", "brightness", "saturation")
+        }
 
     def _sample_np(self, image, mask, rng):
         rng = rng if rng is not None else np.random.default_rng()
@@ -266,14 +281,20 @@ class WhiteBalance(_AffineColour):
         g0, g1, g2 = np.asarray(params["gains"], np.float32).tolist()
         return [[g0, 0.0, 0.0, 0.0], [0.0, g1, 0.0, 0.0], [0.0, 0.0, g2, 0.0]]
 
-    def _draw(self, r, b):
-        lo, hi = self.RANGES[self.severity]
+    def _draw_at(self, r, sev):
+        return self._draw(r, sev.numel(), sev)
+
+    def _draw(self, r, b, sev=None):
         cast = (
             r.integers(0, 2, (b,))
             if self.cast is None
             else (r.integers(0, 1, (b,)) + self.CASTS.index(self.cast))
         )
-        scale = r.uniform(lo, hi, (b,))
+        scale = (
+            r.uniform(*self.RANGES[self.severity], (b,))
+            if sev is None
+            else r.uniform_at(self.RANGES, sev, (b,))
+        )
         jitter = r.uniform(0.97, 1.03, (b, 2))
         if isinstance(scale, np.ndarray):  # numpy path (one image per call): the same gains in fewer tiny ops
             s12 = scale[:, None] * jitter

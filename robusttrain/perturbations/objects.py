@@ -25,16 +25,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Perturbation, rel_to_px, short_side, supersampling
-from .border import fov_mask, fov_mask_np
+from .base import Perturbation, TorchRandom, rel_to_px, short_side, supersampling
+from .border import fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
 from .placement import (
     PlacedSampling,
     erode_cells,
     erode_cells_np,
+    fov_mask_shared,
     gather_cells,
     gather_cells_np,
+    maps_torch,
     pick_cells,
     pick_cells_np,
 )
@@ -93,18 +95,38 @@ class PastedObject(PlacedSampling, Perturbation):
         cl = torch.as_tensor(self._luma, device=device)[idx] if xp is torch else self._luma[idx]
         return xp.clip((near / xp.clip(cl, 0.05, None)) ** 0.6, 0.4, 1.5) * xp.clip(near / 0.45, 0.5, 1.0)
 
-    def _place(self, luma, free, k, h, w, r, device=None):
+    def _size(self, r, b: int, side: int, dev, sev):
+        """Object sizes in px: the severity's range, or (``sev``, torch only) each row's own severity's range
+        (the same values from the same stream when every row has one severity)."""
+        if sev is None:
+            return dev(r.uniform(*self.SIZE_FRAC[self.severity], (b,))) * side
+        return dev(r.uniform_at(self.SIZE_FRAC, sev, (b,))) * side
+
+    def _sample_at(self, images, masks, sev, generator):
+        # every severity of a batch in one call (the size range and the margin are per row; rendering reads
+        # only the params, and the batch is rendered by the family at its largest severity: a wider window)
+        luma, free, k = maps_torch(images, masks)
+        extra = {"fov": maps_torch(images, None)[1] if masks is not None else free} if self.needs_fov else {}
+        h, w = images.shape[2], images.shape[3]
+        return self._place(luma, free, k, h, w, TorchRandom(generator), images.device, sev=sev, **extra)
+
+    def _place(self, luma, free, k, h, w, r, device=None, sev=None):
         th = isinstance(luma, torch.Tensor)
         xp = torch if th else np
         dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
         b, side = luma.shape[0], short_side(h, w)
-        lo, hi = self.SIZE_FRAC[self.severity]
-        size = dev(r.uniform(lo, hi, (b,))) * side
+        size = self._size(r, b, side, dev, sev)
         # The centre keeps ~0.35*size from the lesion and the border: objects may run into the border
         # (alpha is cut there at render time) and the render also zeroes alpha on the lesion, so this
         # only keeps most of the object visible.
-        rc = math.ceil(0.35 * hi * side / k)
-        ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
+        if sev is None:
+            rc = math.ceil(0.35 * self.SIZE_FRAC[self.severity][1] * side / k)
+            ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
+        else:
+            ok = free
+            for s in sorted(set(sev.tolist())):  # each row eroded by its own severity's margin
+                rc = math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k)
+                ok = torch.where((sev == s).to(free.device)[:, None, None], erode_cells(free, rc), ok)
         # Cells with room for the whole object first; when a large object finds none (a big lesion, a
         # small field of view), any free cell (it is then partly cut at the border / lesion).
         score = ok * 1.0 + free * 1e-6
@@ -194,7 +216,7 @@ class PastedObject(PlacedSampling, Perturbation):
         ccan = images.new_zeros(b, c, h * w + 1).scatter_(
             2, idx[:, None].expand(b, c, -1), colour.reshape(b, c, -1).to(images.dtype)
         )
-        a = acan[:, : h * w].view(b, 1, h, w) * fov_mask(images)
+        a = acan[:, : h * w].view(b, 1, h, w) * fov_mask_shared(images)
         if masks is not None:
             a = a * (masks[:, None] == 0)
         return torch.lerp(images, ccan[:, :, : h * w].view(b, c, h, w), a)
@@ -273,14 +295,13 @@ class Instrument(PastedObject):
     needs_fov = True
     CANDIDATES, STEPS, OVERHANG, JITTER = 8, 48, 0.15, 0.3
 
-    def _place(self, luma, free, k, h, w, r, device=None, fov=None):
+    def _place(self, luma, free, k, h, w, r, device=None, fov=None, sev=None):
         th = isinstance(luma, torch.Tensor)
         xp = torch if th else np
         dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
         gather = gather_cells if th else gather_cells_np
         b, side, nc = luma.shape[0], short_side(h, w), self.CANDIDATES
-        lo, hi = self.SIZE_FRAC[self.severity]
-        size = dev(r.uniform(lo, hi, (b,))) * side
+        size = self._size(r, b, side, dev, sev)
         j = torch.arange(nc, device=device, dtype=torch.float32) if th else np.arange(nc, dtype=np.float32)
         theta = dev(r.uniform(0, 2 * math.pi, (b, 1))) + j[None] * (
             2 * math.pi / nc

@@ -15,7 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from .base import NumpyRandom, TorchRandom, torch_generator_from
-from .border import cell_means, cell_means_np, cell_size, dilate3, fov_from_cells, fov_from_cells_np
+from .border import (
+    cell_means,
+    cell_means_np,
+    cell_size,
+    dilate3,
+    fov_cells_to_mask,
+    fov_from_cells,
+    fov_from_cells_np,
+)
 from .colour import LUMA
 
 
@@ -53,9 +61,110 @@ def maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.
 
     The metamorphic suite samples spots and the three object families for the same images one test
     after another; the maps are memoised per image view (see :class:`_MapsMemo`), so they are computed
-    once per image instead of once per family. Callers must not modify the returned maps.
+    once per image instead of once per family. Rows taken with :meth:`SharedMaps.take` get rows of the
+    maps of the whole batch. Callers must not modify the returned maps.
     """
+    for shared in reversed(_SHARED):
+        hit = shared.lookup(images, masks)
+        if hit is not None:
+            return hit
     return _MAPS_MEMO.get(images, masks, _maps_torch)
+
+
+_SHARED: list[SharedMaps] = []
+
+
+class SharedMaps:
+    """Within ``with SharedMaps(images, masks) as shared:``, the rows ``shared.take(rows)`` returns share one
+    computation of the maps of the whole batch (one field-of-view step per batch, not one per family that
+    draws from it), computed on first use only; the rows' maps are the batch maps' rows (exactly what the
+    rows alone give: every map is per image).
+
+    >>> import torch
+    >>> x = torch.rand(4, 3, 64, 64)
+    >>> with SharedMaps(x, None) as shared:
+    ...     sub, _ = shared.take(torch.tensor([2, 0]))
+    ...     luma, free, k = maps_torch(sub, None)
+    >>> bool(torch.equal(luma, maps_torch(x[[2, 0]], None)[0])), shared.computed
+    (True, 1)
+    """
+
+    def __init__(self, images: torch.Tensor, masks: torch.Tensor | None):
+        self.images, self.masks = images, masks
+        self.views: dict = {}
+        self.computed = 0  # times the batch maps were computed (0 or 1)
+        self._maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
+
+    def __enter__(self) -> SharedMaps:
+        _SHARED.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _SHARED.remove(self)
+        self.views.clear()
+
+    def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(images[rows], masks[rows])``, remembered as those rows (the tensors are held, so their address
+        cannot be reused while the context is open)."""
+        rows = rows.to(self.images.device)
+        x = self.images[rows]
+        m = None if self.masks is None else self.masks[rows]
+        self.views[_tensor_key(x)] = (x, m, rows)
+        return x, m
+
+    def take_from(
+        self, images: torch.Tensor, masks: torch.Tensor | None, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Rows of a view this context gave out, as a view it knows too (None for an unknown ``images``)."""
+        view = self.views.get(_tensor_key(images))
+        if view is None:
+            return None
+        x, m = self.take(view[2][rows.to(view[2].device)])
+        return x, (None if masks is None else m)
+
+    def lookup(self, images: torch.Tensor, masks: torch.Tensor | None):
+        view = self.views.get(_tensor_key(images))
+        if view is None or (masks is not None and _tensor_key(masks) != _tensor_key(view[1])):
+            return None
+        luma, fov, free, k = self._batch_maps()
+        rows = view[2]
+        return luma[rows], (fov if masks is None else free)[rows], k
+
+    def _batch_maps(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        if self._maps is None:
+            luma, fov, k = _maps_torch(self.images, None)
+            free = fov if self.masks is None else fov & ~_lesion_cells(self.masks, fov.shape[-2:], k)
+            self._maps, self.computed = (luma, fov, free, k), self.computed + 1
+        return self._maps
+
+
+def fov_mask_shared(images: torch.Tensor) -> torch.Tensor:
+    """:func:`~robusttrain.perturbations.border.fov_mask` from the maps of :func:`maps_torch` (memoised, or
+    shared by an open :class:`SharedMaps`): the same mask without a second field-of-view step."""
+    return fov_cells_to_mask(maps_torch(images, None)[1][:, None], *images.shape[-2:])
+
+
+def take_rows(
+    images: torch.Tensor, masks: torch.Tensor | None, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(images[rows], masks[rows])``; rows of a view an open :class:`SharedMaps` gave out keep sharing its maps."""
+    for shared in reversed(_SHARED):
+        hit = shared.take_from(images, masks, rows)
+        if hit is not None:
+            return hit
+    dev = rows.to(images.device)
+    return images[dev], None if masks is None else masks[dev]
+
+
+def _lesion_cells(masks: torch.Tensor, cells: tuple[int, int], k: int) -> torch.Tensor:
+    """(B,Hc,Wc) bool: cells holding any lesion pixel."""
+    hc, wc = cells
+    les = (
+        F.max_pool2d((masks[:, None, : hc * k, : wc * k] != 0).float(), k)
+        if k > 1
+        else (masks[:, None] != 0).float()
+    )
+    return les[:, 0] >= 0.5
 
 
 def _maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -65,13 +174,7 @@ def _maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch
     free = fov_from_cells(low)[:, 0]
     luma = (low * torch.as_tensor(LUMA, device=low.device, dtype=low.dtype)[None, :, None, None]).sum(1)
     if masks is not None:
-        hc, wc = free.shape[-2:]
-        les = (
-            F.max_pool2d((masks[:, None, : hc * k, : wc * k] != 0).float(), k)
-            if k > 1
-            else (masks[:, None] != 0).float()
-        )
-        free = free & (les[:, 0] < 0.5)
+        free = free & ~_lesion_cells(masks, free.shape[-2:], k)
     return luma, free, k
 
 
@@ -128,7 +231,15 @@ def gather_cells(grid: torch.Tensor, y: torch.Tensor, x: torch.Tensor, k: int) -
     return grid.reshape(b, -1).gather(1, cy * wc + cx)
 
 
-__all__ = ["maps_torch", "maps_np", "erode_cells", "pick_cells", "gather_cells", "torch_generator_from"]
+__all__ = [
+    "SharedMaps",
+    "maps_torch",
+    "maps_np",
+    "erode_cells",
+    "pick_cells",
+    "gather_cells",
+    "torch_generator_from",
+]
 
 
 # ---- numpy twins, used by the numpy path's sampler (torch op overhead dominates on such tiny maps) ----

@@ -21,13 +21,14 @@ import math
 import numpy as np
 import torch
 
-from .base import Perturbation, rel_to_px, short_side, supersampling
+from .base import Perturbation, TorchRandom, rel_to_px, short_side, supersampling
 from .placement import (
     PlacedSampling,
     erode_cells,
     erode_cells_np,
     gather_cells,
     gather_cells_np,
+    maps_torch,
     pick_cells,
     pick_cells_np,
 )
@@ -72,20 +73,41 @@ class Specularity(PlacedSampling, Perturbation):
     LAMBDA = {1: 0.03, 2: 0.035, 3: 0.04, 4: 0.05, 5: 0.06}
     PARAM_KEYS = ("center_rel", "axes_rel", "angle", "strength")
 
-    def _place(self, luma, free, k, h, w, r, device=None) -> dict:
-        """Spot params from the low-res maps; ``r`` is a TorchRandom (torch maps) or NumpyRandom (numpy)."""
+    def _sample_at(self, images, masks, sev, generator):
+        # Mixed severities in one call: spot arrays padded to the largest count present (unused spots have
+        # strength 0), per-row size scale and margin. One severity: exactly the per-severity sampler.
+        values = sorted(set(sev.tolist()))
+        if len(values) == 1:
+            return self.at_severity(values[0])._sample_torch(images, masks, generator)
+        luma, free, k = maps_torch(images, masks)
+        return self._place(
+            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, sev=sev
+        )
+
+    def _place(self, luma, free, k, h, w, r, device=None, sev=None) -> dict:
+        """Spot params from the low-res maps; ``r`` is a TorchRandom (torch maps) or NumpyRandom (numpy);
+        ``sev`` (torch only): per-row severities (CPU long) instead of this family's severity."""
         th = isinstance(luma, torch.Tensor)
         dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
         take = (lambda a, i: a.gather(1, i)) if th else (lambda a, i: np.take_along_axis(a, i, 1))  # noqa: E731
         xp = torch if th else np
         b = luma.shape[0]
-        lo, hi = self.SPOTS[self.severity]
         side = short_side(h, w)
-        lam = self.LAMBDA[self.severity] * side
-        # Cluster centres keep half the largest spot's reach from non-free cells; each spot is then
-        # checked with its own reach (below), so large severities do not lose most spots to the margin.
-        rc = math.ceil(0.5 * REACH * lam / k)
-        ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
+        if sev is None:
+            lo, hi = self.SPOTS[self.severity]
+            lam = self.LAMBDA[self.severity] * side
+            # Cluster centres keep half the largest spot's reach from non-free cells; each spot is then
+            # checked with its own reach (below), so large severities do not lose most spots to the margin.
+            rc = math.ceil(0.5 * REACH * lam / k)
+            ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
+        else:
+            rows = sev.tolist()
+            hi = max(self.SPOTS[s][1] for s in rows)
+            lam = torch.tensor([self.LAMBDA[s] * side for s in rows], device=device)[:, None]
+            ok = free
+            for s in sorted(set(rows)):  # each row eroded by its own severity's margin
+                rc = math.ceil(0.5 * REACH * self.LAMBDA[s] * side / k)
+                ok = torch.where((sev == s).to(device)[:, None, None], erode_cells(free, rc), ok)
         score = ok * (0.15 + luma)
         cells = pick_cells(score, 3, r) if th else pick_cells_np(score, 3, r)
         wc = luma.shape[-1]
@@ -100,7 +122,12 @@ class Specularity(PlacedSampling, Perturbation):
         a = (0.15 + 0.85 * dev(r.uniform(0, 1, (b, hi))) ** 2) * lam
         bb = a * dev(r.uniform(0.4, 1.0, (b, hi)))
         ang = dev(r.uniform(0, math.pi, (b, hi)))
-        n = dev(r.integers(lo, hi + 1, (b,)))
+        if sev is None:
+            n = dev(r.integers(lo, hi + 1, (b,)))
+        else:  # spot count in the row's own range (torch has no per-row randint bound)
+            lo_r = torch.tensor([self.SPOTS[s][0] for s in rows])
+            hi_r = torch.tensor([self.SPOTS[s][1] for s in rows])
+            n = dev(lo_r + (r.uniform(0, 1, (b,)) * (hi_r - lo_r + 1)).long())
         inside = (y >= 0) & (y <= h - 1) & (x >= 0) & (x <= w - 1)
         gather = gather_cells if th else gather_cells_np
         reach = REACH * a + k  # the spot's bounding box (plus a cell): its corners and centre must be free

@@ -41,6 +41,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,8 @@ import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import get, occluding
+from robusttrain.perturbations.base import FamilyParams
+from robusttrain.perturbations.placement import SharedMaps
 
 from .chains import LABEL as CHAIN_LABEL
 from .chains import ChainSampler, chain_families, recreate
@@ -90,6 +93,7 @@ class Followups:
     partner: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     chains: list[list[dict[str, Any]]] | None = None
+    applied: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return int(self.index.numel())
@@ -105,7 +109,10 @@ class Followups:
     def _candidate(self, i: int, j: int) -> dict[str, Any]:
         if self.chains is not None:
             return self.chains[i][j]
-        return {"family": self.families[i][j], "severity": self.severities[i][j], "params": self.params[i][j]}
+        rec = {"family": self.families[i][j], "severity": self.severities[i][j], "params": self.params[i][j]}
+        if self.applied is not None and self.applied[i][j] != rec["severity"]:
+            rec["applied_at"] = self.applied[i][j]  # the family call's largest severity (its buffers)
+        return rec
 
     def recipe(self, i: int) -> dict[str, Any] | None:
         """How follow-up ``i`` was made (family, severity, params; a chain's every operation and mix
@@ -263,12 +270,12 @@ class WorstOfK:
         dev_index = index.to(images.device)
         src = images[dev_index]
         src_m = None if masks is None else masks[dev_index]
-        chains = None
+        chains, applied = None, None
         if self.chains is not None:
             cand, families, severities, params, chains = self._draw_chains(src, src_m, k, probs_np, g)
             occl = [[any(f in OCCLUDERS for f in chain_families(r)) for r in row] for row in chains]
         else:
-            cand, families, severities, params = self._draw_single(src, src_m, k, probs_np, g)
+            cand, families, severities, params, applied = self._draw_single(src, src_m, k, probs_np, g)
             occl = None
         rejected = self._rejected(src, src_m, cand, families, occl)
         scores = None
@@ -307,12 +314,15 @@ class WorstOfK:
             partner=sel.partner,
             weight=sel.weight,
             chains=chains,
+            applied=applied,
         )
 
     def _draw_single(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
-    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], list[list[dict[str, torch.Tensor]]]]:
-        """k single-family candidates per image: (n, k, C, ...) images, families, severities, params."""
+    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], list[list[dict[str, torch.Tensor]]], list[list[int]]]:
+        """k single-family candidates per image: (n, k, C, ...) images, families, severities, params and
+        the severity each family call was applied at (a family that batches severities applies a call at
+        its largest severity present; replaying one image exactly needs it)."""
         n = src.shape[0]
         probs = torch.as_tensor(probs_np, dtype=torch.float64)
         fam_idx = (
@@ -323,24 +333,68 @@ class WorstOfK:
         caps = torch.tensor([self.caps[f] for f in self.families])
         sev = (torch.rand(n, k, generator=g) * caps[fam_idx]).long() + 1
         families = [[self.families[int(j)] for j in row] for row in fam_idx]
-        severities = sev.tolist()
+        cand, params, applied = self._draw_candidates(src, src_m, families, sev, g)
+        return cand, families, sev.tolist(), params, applied
+
+    def _draw_candidates(
+        self,
+        src: torch.Tensor,
+        src_m: torch.Tensor | None,
+        families: list[list[str]],
+        sev: torch.Tensor,
+        g: torch.Generator,
+    ) -> tuple[torch.Tensor, list[list[dict[str, torch.Tensor]]], list[list[int]]]:
+        """The (n, k, C, ...) candidates, their n x k params and applied-at severities: ONE batched call per
+        family drawn, with the candidates' severities (``sev``, (n, k) on the CPU) as a per-row tensor,
+        families in order of first appearance (row-major over (image, candidate)); per-row params come back
+        to the host once per family."""
+        n, k = sev.shape if sev.ndim == 2 else (src.shape[0], self.k)
         cand = src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
         params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(k)] for _ in range(n)]
-        # one batched call per (family, severity): candidates of a kind share the kernel launch
-        groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        applied = [[0] * k for _ in range(n)]
+        members: dict[str, list[int]] = {}
         for i in range(n):
             for j in range(k):
-                groups.setdefault((families[i][j], severities[i][j]), []).append((i, j))
-        for (fam, s), members in groups.items():
-            rows = torch.tensor([i for i, _ in members], device=src.device)
-            cols = torch.tensor([j for _, j in members], device=src.device)
-            m = None if src_m is None else src_m[rows]
-            out, p = self._sample_apply(self._op(fam, s), src[rows], m, g)
-            cand[rows, cols] = out  # one scatter and one device->host copy per group, not per candidate
-            host = {key: v.detach().cpu() for key, v in p.items()}
-            for r, (i, j) in enumerate(members):
-                params[i][j] = {key: v[r : r + 1] for key, v in host.items()}
-        return cand, families, severities, params
+                members.setdefault(families[i][j], []).append(i * k + j)
+        flat_sev = sev.reshape(-1)
+        shared = SharedMaps(src, src_m) if src.ndim == 4 else None  # one field-of-view step per call
+        with shared if shared is not None else contextlib.nullcontext():
+            for fam, flat in members.items():
+                rows = torch.tensor([f // k for f in flat])
+                if shared is not None:
+                    x, m = shared.take(rows)
+                else:
+                    x, m = src[rows.to(src.device)], None if src_m is None else src_m[rows.to(src.device)]
+                op = self._op(fam, self.caps[fam])
+                fam_sev = flat_sev[flat]
+                out, groups = _apply_family(op, x, m, fam_sev, None, self.slice_axis, g)
+                self._record(cand, params, flat, out, groups, k)
+                top = int(fam_sev.max()) if op.batched_severities() else None
+                for f, s in zip(flat, fam_sev.tolist()):
+                    applied[f // k][f % k] = top if top is not None else int(s)
+        return cand, params, applied
+
+    def _record(
+        self,
+        cand: torch.Tensor,
+        params: list[list[dict[str, torch.Tensor]]],
+        flat: list[int],
+        out: torch.Tensor,
+        groups: FamilyParams,
+        k: int,
+    ) -> None:
+        """Scatter one family's candidates into ``cand`` and their params into ``params`` (host views)."""
+        n = cand.shape[0]
+        idx = torch.tensor(flat, device=cand.device)
+        cand.view(n * k, *cand.shape[2:])[idx] = out  # one scatter per family
+        for grows, p in groups:  # one device->host copy and one split per key and group, not per candidate
+            rows = [
+                dict(zip(p, per))
+                for per in zip(*((v.detach() if v.requires_grad else v).cpu().split(1) for v in p.values()))
+            ]
+            for at, row in zip(grows.tolist(), rows):
+                f = flat[at]
+                params[f // k][f % k] = row
 
     def _draw_chains(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
@@ -348,7 +402,10 @@ class WorstOfK:
         """k chain candidates per image (AugMix-style), with each one's recipe."""
         assert self.chains is not None
         n = src.shape[0]
-        apply = lambda fam, sev, x, m: self._sample_apply(self._op(fam, sev), x, m, g)  # noqa: E731
+        def apply(fam: str, sev: int, x: torch.Tensor, m: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            out, groups = _apply_family(self._op(fam, sev), x, m, torch.full((len(x),), sev), None, self.slice_axis, g)
+            return out, _row_ordered(groups, len(x))
+
         probs = probs_np[[self.families.index(f) for f in self.chains.families]]
         outs, recipes = [], []
         for _ in range(k):
@@ -368,24 +425,6 @@ class WorstOfK:
         if key not in self._ops:
             self._ops[key] = get(family, severity)
         return self._ops[key]
-
-    def _sample_apply(
-        self, op: Any, x: torch.Tensor, m: torch.Tensor | None, g: torch.Generator
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if x.ndim == 5:  # volumes: params drawn on each volume's middle slice, applied to every slice
-            j = x.shape[2 + self.slice_axis % 3] // 2
-            mid = volume_to_slices(x, self.slice_axis)[j :: x.shape[2 + self.slice_axis % 3]]
-            mm = (
-                None
-                if m is None
-                else volume_to_slices(m, self.slice_axis, channels=False)[
-                    j :: x.shape[2 + self.slice_axis % 3]
-                ]
-            )
-            p = op.sample_params(mid, mm, generator=g)
-            return _apply(op, x, m, p, self.slice_axis), p
-        out, p = op.apply_batch(x, m, generator=g)
-        return out.to(x.dtype), p
 
     def _rejected(
         self,
@@ -438,7 +477,10 @@ def recreate_followup(
     def candidate(rec: Mapping[str, Any]) -> torch.Tensor:
         if rec["family"] == CHAIN_LABEL:
             return recreate(rec, image, mask, op)
-        return op(rec["family"], int(rec["severity"]), image, mask, rec["params"])
+        p = {k: torch.as_tensor(v) for k, v in rec["params"].items()}
+        at = torch.tensor([int(rec.get("applied_at", rec["severity"]))])
+        fam = get(rec["family"], int(rec["severity"]))
+        return _apply_family(fam, image, mask, at, [(torch.tensor([0]), p)], slice_axis)[0]
 
     out = candidate(recipe)
     if "partner" in recipe:
@@ -456,6 +498,56 @@ def jsonable(recipe: Any) -> Any:
     if isinstance(recipe, (list, tuple)):
         return [jsonable(v) for v in recipe]
     return recipe
+
+
+def _apply_family(
+    op: Any,
+    x: torch.Tensor,
+    m: torch.Tensor | None,
+    sev: torch.Tensor,
+    groups: FamilyParams | None,
+    slice_axis: int = -1,
+    g: torch.Generator | None = None,
+) -> tuple[torch.Tensor, FamilyParams]:
+    """``op``'s family on rows with their own severities ``sev`` (CPU), sampling (``groups`` None, from ``g``)
+    or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each volume's middle slice, every slice
+    perturbed with its volume's params."""
+    if x.ndim != 5:
+        out, groups = op.apply_family(x, m, sev, generator=g, params=groups)
+        return out.to(x.dtype), groups
+    n_sl = x.shape[2 + slice_axis % 3]
+    flat = volume_to_slices(x, slice_axis)
+    fm = None if m is None else volume_to_slices(m, slice_axis, channels=False)
+    if groups is None:
+        j = n_sl // 2
+        groups = op.sample_family(flat[j::n_sl], None if fm is None else fm[j::n_sl], sev, g)
+    steps = torch.arange(n_sl)
+    per_slice = [
+        ((rows[:, None] * n_sl + steps).reshape(-1), {k: v.repeat_interleave(n_sl, 0) for k, v in p.items()})
+        for rows, p in groups
+    ]
+    out, _ = op.apply_family(flat, fm, sev.repeat_interleave(n_sl), params=per_slice)
+    return slices_to_volume(out.to(x.dtype), x.shape[0], slice_axis), groups
+
+
+def _stacked(items: list[tuple[int, int, dict[str, torch.Tensor]]]) -> FamilyParams:
+    """Per-row params (leading dim 1) as one group per severity, rows in order of first appearance
+    (``apply_family`` merges them into one call for a family that batches severities)."""
+    by_sev: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
+    for r, s, p in items:
+        by_sev.setdefault(s, []).append((r, p))
+    return [
+        (torch.tensor([r for r, _ in rows]), {k: torch.cat([p[k] for _, p in rows]) for k in rows[0][1]})
+        for rows in by_sev.values()
+    ]
+
+
+def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
+    """The params of ``n`` rows as one dict in row order (from ``apply_family``'s groups)."""
+    if len(groups) == 1 and groups[0][0].numel() == n and bool((groups[0][0] == torch.arange(n)).all()):
+        return dict(groups[0][1])
+    order = torch.cat([rows for rows, _ in groups]).argsort()
+    return {k: torch.cat([p[k] for _, p in groups])[order] for k in groups[0][1]}
 
 
 def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str, int]:
