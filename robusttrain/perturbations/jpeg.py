@@ -67,34 +67,22 @@ def quant_tables(quality, xp=torch):
     return np.clip(np.floor((np.stack([LUMA_TABLE, CHROMA_TABLE])[None] * scale + 50) / 100), 1, 255)
 
 
-def _linear_up(n_src: int, factor: int, n_out: int) -> np.ndarray:
-    """(n_out, n_src) bilinear upsampling by ``factor`` (half-pixel centres, edges clamped, as OpenCV's
-    INTER_LINEAR and libjpeg's fancy upsampling); rows past ``factor * n_src`` repeat the last one (the
-    codec's edge padding to whole blocks)."""
-    m = np.zeros((n_out, n_src))
-    for i in range(n_out):
-        src = min(max((min(i, factor * n_src - 1) + 0.5) / factor - 0.5, 0.0), n_src - 1.0)
-        i0 = int(math.floor(src))
-        i1, f = min(i0 + 1, n_src - 1), src - i0
-        m[i, i0] += 1 - f
-        m[i, i1] += f
-    return m
-
-
-def _box_down(n_out: int, factor: int, n_src: int) -> np.ndarray:
-    """(n_out, n_src) mean of each ``factor`` consecutive samples (columns past ``factor * n_out`` unused)."""
-    m = np.zeros((n_out, n_src))
-    for i in range(n_out):
-        m[i, i * factor : (i + 1) * factor] = 1.0 / factor
-    return m
+def _linear_up(n_src: int, factor: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bilinear upsampling by ``factor`` as (i0, i1, f) with ``out[i] = (1 - f) src[i0] + f src[i1]``
+    (half-pixel centres, edges clamped, as OpenCV's INTER_LINEAR and libjpeg's fancy upsampling); outputs
+    past ``factor * n_src`` repeat the last one (the codec's edge padding to whole blocks)."""
+    i = np.minimum(np.arange(n_out), factor * n_src - 1)
+    src = np.clip((i + 0.5) / factor - 0.5, 0.0, n_src - 1.0)
+    i0 = np.floor(src).astype(np.int64)
+    return i0, np.minimum(i0 + 1, n_src - 1), src - i0
 
 
 @lru_cache(maxsize=16)
-def codec_grid(n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For an axis of ``n`` px coded on a ``k``-times finer grid: (up (P,n), down (n,P), chroma down (P/2,P),
-    chroma up (P,P/2)) with P = k n padded to whole 16-px macroblocks."""
+def codec_grid(n: int, k: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], int]:
+    """For an axis of ``n`` px coded on a ``k``-times finer grid padded to whole 16-px macroblocks (P samples):
+    the upsampling to P and the chroma upsampling from P/2 (as :func:`_linear_up`), and P."""
     p = 16 * math.ceil(k * n / 16)
-    return _linear_up(n, k, p), _box_down(n, k, p), _box_down(p // 2, 2, p), _linear_up(p // 2, 2, p)
+    return _linear_up(n, k, p), _linear_up(p // 2, 2, p), p
 
 
 def grid_factor(h: int, w: int) -> int:
@@ -102,19 +90,58 @@ def grid_factor(h: int, w: int) -> int:
     return max(1, round(REF_SIDE / short_side(h, w)))
 
 
+def _up(v, lin, dim: int, xp):
+    """Linear resampling of ``v`` along ``dim`` (-2 or -1) by :func:`_linear_up`'s (i0, i1, f): two gathers."""
+    i0, i1, f = lin
+    shape = (-1, 1) if dim == -2 else (-1,)
+    if xp is torch:
+        i0, i1 = torch.from_numpy(i0).to(v.device), torch.from_numpy(i1).to(v.device)
+        f = torch.from_numpy(f).to(v.device).reshape(shape)
+        a, b = v.index_select(dim, i0), v.index_select(dim, i1)
+    else:
+        f = f.reshape(shape)
+        a, b = np.take(v, i0, axis=dim), np.take(v, i1, axis=dim)
+    return a + (b - a) * f
+
+
+def _down(v, n_out: int, factor: int, dim: int):
+    """Mean of each ``factor`` consecutive samples along ``dim`` (-2 or -1), the first ``n_out`` groups."""
+    if dim == -2:
+        v = v[..., : n_out * factor, :]
+        return v.reshape(*v.shape[:-2], n_out, factor, v.shape[-1]).mean(-2)
+    v = v[..., : n_out * factor]
+    return v.reshape(*v.shape[:-1], n_out, factor).mean(-1)
+
+
 def _einsum(xp, spec: str, *ops):
-    # numpy's einsum contracts three operands naively (O(n^4) here) unless asked to plan the order
+    # numpy's einsum contracts several operands naively unless asked to plan the order
     return np.einsum(spec, *ops, optimize=True) if xp is np else torch.einsum(spec, *ops)
 
 
-def _quantise(planes, tables, dct, xp):
-    """Block-DCT quantisation of (B,P,Q) planes (P, Q multiples of 8) by per-sample (B,8,8) tables."""
+def _blocks(planes, xp):
+    """(B,P,Q) planes -> (B, P/8 * Q/8, 64) flattened 8x8 blocks."""
     b, ph, pw = planes.shape
-    blocks = planes.reshape(b, ph // 8, 8, pw // 8, 8)
-    coef = _einsum(xp, "uy,bmynx,vx->bmunv", dct, blocks, dct)
-    t = tables[:, None, :, None, :]
+    v = planes.reshape(b, ph // 8, 8, pw // 8, 8)
+    v = v.transpose(2, 3) if xp is torch else v.transpose(0, 1, 3, 2, 4)
+    return v.reshape(b, -1, 64)
+
+
+def _unblocks(blocks, ph: int, pw: int, xp):
+    """Inverse of :func:`_blocks`."""
+    b = blocks.shape[0]
+    v = blocks.reshape(b, ph // 8, pw // 8, 8, 8)
+    v = v.transpose(2, 3) if xp is torch else v.transpose(0, 1, 3, 2, 4)
+    return v.reshape(b, ph, pw)
+
+
+def _quantise(planes, tables, kron, xp):
+    """Block-DCT quantisation of (B,P,Q) planes (P, Q multiples of 8) by per-sample (B,8,8) tables; ``kron``
+    is the 64x64 2-D DCT of a flattened block, so each transform is one matrix product."""
+    b, ph, pw = planes.shape
+    t = tables.reshape(b, 1, 64)
+    coef = _blocks(planes, xp) @ kron.T
     coef = xp.round(coef / t) * t
-    return _einsum(xp, "uy,bmunv,vx->bmynx", dct, coef, dct).reshape(b, ph, pw)
+    return _unblocks(coef @ kron, ph, pw, xp)
 
 
 def jpeg_codec(x, quality, xp=torch):
@@ -122,43 +149,36 @@ def jpeg_codec(x, quality, xp=torch):
     float64 inside, the input's dtype out. ``xp=np`` runs the same arithmetic on numpy arrays."""
     b, c, h, w = x.shape
     k = grid_factor(h, w)
-    up_h, down_h, cd_h, cu_h = codec_grid(h, k)
-    up_w, down_w, cd_w, cu_w = codec_grid(w, k)
+    up_h, cu_h, ph = codec_grid(h, k)
+    up_w, cu_w, pw = codec_grid(w, k)
+    d = dct_matrix()
+    kron, rgb2ycc, ycc2rgb = np.kron(d, d), RGB2YCC, YCC2RGB
     if xp is torch:
-        dev = x.device
-
-        def t(a):
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
-
-        up_h, down_h, cd_h, cu_h, up_w, down_w, cd_w, cu_w, dct, rgb2ycc, ycc2rgb = map(
-            t, (up_h, down_h, cd_h, cu_h, up_w, down_w, cd_w, cu_w, dct_matrix(), RGB2YCC, YCC2RGB)
-        )
+        kron, rgb2ycc, ycc2rgb = (torch.from_numpy(a).to(x.device) for a in (kron, rgb2ycc, ycc2rgb))
         v = x.double() * 255
     else:
-        dct, rgb2ycc, ycc2rgb = dct_matrix(), RGB2YCC, YCC2RGB
         v = np.asarray(x, np.float64) * 255
     tables = quant_tables(quality, xp=xp)
     plain = k == 1 and h % 16 == 0 and w % 16 == 0  # the image is the codec's grid: no resampling
     src = v
     if not plain:
-        v = _einsum(xp, "ph,bchw,qw->bcpq", up_h, v, up_w)
+        v = _up(_up(v, up_h, -2, xp), up_w, -1, xp)
     if c == 1:
-        y = _quantise(v[:, 0] - 128, tables[:, 0], dct, xp) + 128
-        out = y[:, None]
+        out = (_quantise(v[:, 0] - 128, tables[:, 0], kron, xp) + 128)[:, None]
     else:
         ycc = _einsum(xp, "dc,bcpq->bdpq", rgb2ycc, v)
-        y = _quantise(ycc[:, 0] - 128, tables[:, 0], dct, xp) + 128
-        chroma = _einsum(xp, "ip,bcpq,jq->bcij", cd_h, ycc[:, 1:], cd_w)  # 4:2:0; centred at 0 (no +128)
-        cb = _quantise(chroma[:, 0], tables[:, 1], dct, xp)
-        cr = _quantise(chroma[:, 1], tables[:, 1], dct, xp)
-        chroma = _einsum(xp, "pi,bcij,qj->bcpq", cu_h, xp.stack([cb, cr], 1), cu_w)
+        y = _quantise(ycc[:, 0] - 128, tables[:, 0], kron, xp) + 128
+        chroma = _down(_down(ycc[:, 1:], ph // 2, 2, -2), pw // 2, 2, -1)  # 4:2:0; centred at 0 (no +128)
+        cb = _quantise(chroma[:, 0], tables[:, 1], kron, xp)
+        cr = _quantise(chroma[:, 1], tables[:, 1], kron, xp)
+        chroma = _up(_up(xp.stack([cb, cr], 1), cu_h, -2, xp), cu_w, -1, xp)
         ycc = xp.concatenate([y[:, None], chroma], 1) if xp is np else torch.cat([y[:, None], chroma], 1)
         out = _einsum(xp, "dc,bcpq->bdpq", ycc2rgb, ycc)
     out = xp.clip(out, 0, 255) if xp is np else out.clamp(0, 255)
     if not plain:
         # the codec's error on the fine grid, brought back down: the bilinear-up / box-down round trip is a
         # slight blur of its own, which the image must not get (without the codec the result is the image)
-        out = src + _einsum(xp, "hp,bcpq,wq->bchw", down_h, out - v, down_w)
+        out = src + _down(_down(out - v, h, k, -2), w, k, -1)
     out = out / 255
     if xp is np:
         return np.clip(out, 0, 1).astype(np.float32)
