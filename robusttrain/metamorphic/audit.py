@@ -25,6 +25,9 @@ from typing import Any
 import pandas as pd
 import torch
 
+from robusttrain.rundir import efr as efr_file
+from robusttrain.rundir import layout
+
 from .batch import BatchHooks
 from .check import Probe, checking_state, id_prefix, predict_fn, probe_cases, run_check
 from .efr import THRESHOLDS, efr_table
@@ -46,6 +49,7 @@ def audit(
     hooks: BatchHooks | None = None,
     to_probabilities: str | Callable | None = None,
     always: Sequence[str] = (),
+    progress: Callable[[str, int], Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``suite`` (default: nine families x severities 2, 4) on every dataset.
 
@@ -54,9 +58,13 @@ def audit(
     params and scoring), so a dataset named ``"val"`` audited with a run's suite and ``max_cases``
     reproduces the numbers its MetamorphicCallback wrote for the same weights.
 
+    ``progress(name, total)`` returns a progress bar (tqdm's ``update`` / ``close``) per dataset; the
+    datasets are streamed batch by batch, never held whole.
+
     Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),
-    "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "markdown": str}`` and, with
-    ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide table) and ``efr_table.md``.
+    "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "n_cases": {name: cases scored},
+    "markdown": str}`` and, with ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide
+    table) and ``efr_table.md`` (which says how many cases each table rests on).
     """
     suite = suite or MRSuite()
     hooks = hooks or BatchHooks()
@@ -68,10 +76,11 @@ def audit(
     path = path if path != "auto" else ("torch" if dev.type == "cuda" else "numpy")
     model = model.to(dev)
     predict = predict_fn(model, to_probabilities)
-    efrs, cases_all, clean = [], [], {}
+    efrs, cases_all, clean, n_cases = [], [], {}, {}
     with checking_state(model, suite.seed):
         for name, ds in datasets.items():
             idx, ids = probe_cases(ds, name, max_cases, suite.seed, always if name == "val" else ())
+            n_cases[name] = len(idx)
             res = run_check(
                 predict,
                 {name: Probe(ds, idx, ids, id_prefix=id_prefix(name))},
@@ -80,6 +89,7 @@ def audit(
                 device=dev,
                 batch_size=batch_size,
                 hooks=hooks,
+                progress=progress,
             )[name]
             hist, cases = aggregate(res, class_names or [], 0, suite)
             t = efr_table(cases, thresholds)
@@ -89,7 +99,7 @@ def audit(
             clean[name] = {m: float(hist.filter(like=f"{m}_").mean(axis=1).mean()) for m in ("dice", "iou")}
     efr = pd.concat(efrs, ignore_index=True)
     tables = paper_tables(efr, clean, thresholds)
-    md = format_efr_tables(tables)
+    md = format_efr_tables(tables, n_cases)
     if out_dir is not None:
         from robusttrain.io import atomic_write_csv, atomic_write_text
 
@@ -97,13 +107,14 @@ def audit(
             [t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True
         )
         long = long[["threshold"] + [c for c in long.columns if c != "threshold"]]
-        atomic_write_csv(os.path.join(out_dir, "efr_table.csv"), long)
-        atomic_write_text(os.path.join(out_dir, "efr_table.md"), md)
+        atomic_write_csv(os.path.join(out_dir, efr_file.TABLE_NAME), long)
+        atomic_write_text(os.path.join(out_dir, layout.EFR_TABLE_MD), md)
     return {
         "tables": tables,
         "efr": efr,
         "cases": pd.concat(cases_all, ignore_index=True),
         "clean": clean,
+        "n_cases": n_cases,
         "markdown": md,
     }
 
@@ -128,14 +139,20 @@ def paper_tables(
     return out
 
 
-def format_efr_tables(tables: dict[float, pd.DataFrame]) -> str:
-    """Markdown: one table per threshold (EFR %, last row = clean Dice / IoU %)."""
+def format_efr_tables(tables: dict[float, pd.DataFrame], n_cases: dict[str, int] | None = None) -> str:
+    """Markdown: one table per threshold (EFR %, last row = clean Dice / IoU %), each saying how many
+    cases of each dataset it rests on when ``n_cases`` is given."""
     parts = []
+    rests = (
+        "Rests on " + ", ".join(f"{n} case(s) of {name}" for name, n in n_cases.items()) + ".\n\n"
+        if n_cases
+        else ""
+    )
     for t, table in tables.items():
         head = "| perturbation | " + " | ".join(table.columns) + " |"
         sep = "|---|" + "---:|" * len(table.columns)
         rows = [
             f"| {p} | " + " | ".join(f"{v:.2f}" for v in r) + " |" for p, r in zip(table.index, table.values)
         ]
-        parts.append("\n".join([f"### EFR (%) at t = {t:g}", "", head, sep, *rows, ""]))
+        parts.append(f"### EFR (%) at t = {t:g}\n\n{rests}" + "\n".join([head, sep, *rows, ""]))
     return "\n".join(parts)
