@@ -289,8 +289,13 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     whole = split == "all" and getattr(dm, "root", None) is not None and hasattr(dm, "whole_dataset")
     datasets = {"all": dm.whole_dataset()} if whole else {"val": dm.val_dataset}
     datasets.update({name: loader.dataset for name, loader in dm.extra_val_dataloaders().items()})
-    what = "every case of data.root (split=val: its validation split only)" if whole else "the validation split"
-    print(f"[robusttrain] check scores {what}: " + ", ".join(f"{k}: {len(v)} cases" for k, v in datasets.items()))
+    what = (
+        "every case of data.root (split=val: its validation split only)" if whole else "the validation split"
+    )
+    print(
+        f"[robusttrain] check scores {what}: "
+        + ", ".join(f"{k}: {len(v)} cases" for k, v in datasets.items())
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = audit(
         model,
@@ -306,7 +311,11 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     )  # as the training-time check
     print(out["markdown"])
     clean = "  ".join(f"{name}: Dice={v['dice']:.4f} IoU={v['iou']:.4f}" for name, v in out["clean"].items())
-    print(f"[robusttrain] clean {clean} (" + ", ".join(f"{k}: {n} cases" for k, n in out["n_cases"].items()) + ")")
+    print(
+        f"[robusttrain] clean {clean} ("
+        + ", ".join(f"{k}: {n} cases" for k, n in out["n_cases"].items())
+        + ")"
+    )
     print(f"[robusttrain] EFR tables written to {run_dir / 'efr_table.csv'} and {run_dir / 'efr_table.md'}")
     print(f"[robusttrain] run_dir={run_dir}", flush=True)
     return 0

@@ -407,7 +407,6 @@ class BaseSegDataModule(L.LightningDataModule):
             return self.val_dataset
         return self._view(self.train_dataset.source, None, False)
 
-
     def predict_dataloader(self) -> DataLoader:
         return self.val_dataloader()
 

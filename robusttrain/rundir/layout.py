@@ -103,10 +103,22 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(corner_cases.NAME, "BalancedCheckpoint: corner cases and the chosen epoch", result=True),
     Entry(BALANCED_CKPT, "BalancedCheckpoint: the chosen epoch's checkpoint", result=True),
-    Entry(CANDIDATES, "BalancedCheckpoint: per-epoch candidates until the fit ends", True, ("epoch=*.ckpt",), True),
+    Entry(
+        CANDIDATES,
+        "BalancedCheckpoint: per-epoch candidates until the fit ends",
+        True,
+        ("epoch=*.ckpt",),
+        True,
+    ),
     Entry(balanced_average.CHECKPOINT, "BalancedAverage: the averaged weights", result=True),
     Entry(balanced_average.NAME, "BalancedAverage: which epochs it averaged", result=True),
-    Entry(balanced_average.WINDOW_DIR, "BalancedAverage: window snapshots until the fit ends", True, ("epoch=*.pt",), True),
+    Entry(
+        balanced_average.WINDOW_DIR,
+        "BalancedAverage: window snapshots until the fit ends",
+        True,
+        ("epoch=*.pt",),
+        True,
+    ),
     Entry(metamorphic_training.STATS, "MetamorphicTraining: drawn / kept per family and epoch", result=True),
     Entry(metamorphic_training.SAMPLES, "MetamorphicTraining: a sample of its follow-ups", result=True),
     Entry(EMA_CKPT, "EMACheckpoint: the EMA weights", result=True),
@@ -116,7 +128,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(REPORT, "report: the HTML report"),
     Entry(GALLERY, "gallery out=RUN_DIR/gallery.png (the report shows it)"),
     Entry(f"{EARLIER}*", "a fresh API fit: an earlier fit's results, set aside", True, ("**",)),
-    Entry(f"{failures.DIR}.{EARLIER}*", "FailureMiningCallback: an earlier run's bank, set aside", True, ("**",)),
+    Entry(
+        f"{failures.DIR}.{EARLIER}*", "FailureMiningCallback: an earlier run's bank, set aside", True, ("**",)
+    ),
 )
 LOCK_FILES = (lock.LOCK_NAME, lock.OWNER_NAME)
 
