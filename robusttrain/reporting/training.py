@@ -106,8 +106,8 @@ def _epochs(value: Any) -> list[int]:
 def average_summary(report: dict[str, Any]) -> dict[str, str]:
     """The plain facts of ``balanced_average.json`` as strings (untrusted values coerced)."""
     window = report.get("window")
-    bn = report.get("bn") if isinstance(report.get("bn"), dict) else {}
-    flags = report.get("outlier_epochs") if isinstance(report.get("outlier_epochs"), dict) else {}
+    bn: dict[str, Any] = report["bn"] if isinstance(report.get("bn"), dict) else {}
+    flags: dict[str, Any] = report["outlier_epochs"] if isinstance(report.get("outlier_epochs"), dict) else {}
     return {
         "status": str(report.get("status", "?")),
         "window": f"last {100 * window:g} % of the validated epochs"
