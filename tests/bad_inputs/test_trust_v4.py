@@ -255,11 +255,10 @@ def test_two_api_fits_into_one_run_dir_keep_the_first_ones_files(tmp_path, caplo
     """Two trainers given one ``dirpath``, one after the other: the second sets the first's results
     aside (``before-<time>/``, bytes unchanged) and says so, instead of replacing history.csv /
     corner_cases.json without a word."""
-    from robusttrain.rundir import layout
-
     from user_project import make
 
     from robusttrain.callbacks import BalancedCheckpoint
+    from robusttrain.rundir import layout
 
     L, Net, Data = make()
     run = tmp_path / "run"
