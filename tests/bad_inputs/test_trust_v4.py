@@ -36,8 +36,11 @@ class WalkRunDir(Callback):
         self.run_dir = Path(run_dir)
 
     def _walk(self) -> None:
-        from robusttrain.rundir import layout
-
+        try:
+            from robusttrain.rundir import layout
+        except ImportError:  # code from before the list: the fit goes on (the other tests use it)
+            SEEN.append("<robusttrain.rundir.layout missing>")
+            return
         WALKED.update(p.relative_to(self.run_dir).as_posix() for p in self.run_dir.rglob("*"))
         SEEN.extend(layout.unknown_files(self.run_dir))
 
