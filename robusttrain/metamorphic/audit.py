@@ -25,9 +25,6 @@ from typing import Any
 import pandas as pd
 import torch
 
-from robusttrain.rundir import efr as efr_file
-from robusttrain.rundir import layout
-
 from .batch import BatchHooks
 from .check import Probe, checking_state, id_prefix, predict_fn, probe_cases, run_check
 from .efr import THRESHOLDS, efr_table
@@ -102,6 +99,8 @@ def audit(
     md = format_efr_tables(tables, n_cases)
     if out_dir is not None:
         from robusttrain.io import atomic_write_csv, atomic_write_text
+        from robusttrain.rundir import efr as efr_file  # here: rundir imports the EFR schema from metamorphic
+        from robusttrain.rundir import layout
 
         long = pd.concat(
             [t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True
