@@ -18,6 +18,8 @@ to that name, then rename: ``.ema.ckpt.tmp``, ``.balanced_average.ckpt.tmp``, ``
 (True, True, False)
 >>> known("failures/thumbs", is_folder=True), known("plots/x.csv")
 (True, False)
+>>> known("before-20261126-140312-000001", is_folder=True), known("before-notes", is_folder=True)
+(True, False)
 >>> is_temp(".ema.ckpt.tmp"), is_temp("balanced_candidates/.epoch=0003.ckpt.tmp"), is_temp(".notes.txt.tmp")
 (True, True, False)
 >>> "metamorphic_training.csv" in own_names() and "ema.ckpt" in result_names()
@@ -62,6 +64,7 @@ BALANCED_CKPT = "balanced.ckpt"
 CANDIDATES = "balanced_candidates"
 EMA_CKPT = "ema.ckpt"
 EARLIER = "before-"  # a fresh API fit's folder for an earlier fit's results: before-<time>/
+STAMP = "[0-9]*-[0-9]*-[0-9]*"  # <time> as %Y%m%d-%H%M%S-%f: a user's `before-notes/` is not ours
 COMMANDS = ("validate", "test", "check")  # write beside a fit: config.<command>.yaml, logs/<command>/
 
 
@@ -127,9 +130,12 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(EFR_TABLE_MD, "check: the EFR tables as Markdown"),
     Entry(REPORT, "report: the HTML report"),
     Entry(GALLERY, "gallery out=RUN_DIR/gallery.png (the report shows it)"),
-    Entry(f"{EARLIER}*", "a fresh API fit: an earlier fit's results, set aside", True, ("**",)),
+    Entry(f"{EARLIER}{STAMP}", "a fresh API fit: an earlier fit's results, set aside", True, ("**",)),
     Entry(
-        f"{failures.DIR}.{EARLIER}*", "FailureMiningCallback: an earlier run's bank, set aside", True, ("**",)
+        f"{failures.DIR}.{EARLIER}{STAMP}",
+        "FailureMiningCallback: an earlier run's bank, set aside",
+        True,
+        ("**",),
     ),
 )
 LOCK_FILES = (lock.LOCK_NAME, lock.OWNER_NAME)
@@ -158,8 +164,10 @@ def own_paths(run_dir: str | os.PathLike) -> list[Path]:
     root = Path(run_dir)
     out: list[Path] = []
     for e in ENTRIES:
-        found = sorted(root.glob(e.name)) if "*" in e.name else [root / e.name]
-        out += [p for p in found if p.exists() or p.is_symlink()]
+        if "*" in e.name:  # a globbed name is ours only as the kind the list says (a folder)
+            out += [p for p in sorted(root.glob(e.name)) if p.is_dir() == e.folder and not p.is_symlink()]
+        else:
+            out += [p for p in [root / e.name] if p.exists() or p.is_symlink()]
     return out
 
 
