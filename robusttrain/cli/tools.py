@@ -283,7 +283,7 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     print(f"[robusttrain] check recipe={cfg.recipe} ckpt={ckpt} run_dir={run_dir}", flush=True)
     model = _load_model(cfg, str(ckpt))  # a bad checkpoint fails before the data is read
     dm = build("data", cfg.data)
-    if hasattr(dm, "cache_mb") and not any(o.startswith("data.cache_mb=") for o in overrides):
+    if hasattr(dm, "cache_mb") and not any(o.lstrip("+").startswith("data.cache_mb=") for o in overrides):
         dm.cache_mb = 0  # one streamed pass over the cases: a decoded-image cache would only hold memory
     dm.setup("fit")
     whole = split == "all" and getattr(dm, "root", None) is not None and hasattr(dm, "whole_dataset")
