@@ -31,6 +31,7 @@ from robusttrain.errors import InputError
 from robusttrain.io import atomic_write_text
 from robusttrain.reporting import load, plots, tables, training
 from robusttrain.reporting.plots import MAX_CASE_PLOTS
+from robusttrain.rundir import layout
 from robusttrain.rundir.history import dice_columns
 
 log = logging.getLogger(__name__)
@@ -112,19 +113,8 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
         facts["perturbations"] = ", ".join(p for p in dict.fromkeys(efr["perturbation"]) if p != "all")
         # severity 0 marks the MR callback's pooled rows, not a severity that was run
         facts["severities"] = ", ".join(str(s) for s in sorted(efr["severity"].unique()) if s > 0)
-    files = [
-        n
-        for n in (
-            load.CONFIG,
-            load.HISTORY,
-            load.EFR,
-            load.EFR_TABLE,
-            load.CORNERS,
-            load.FAILURES,
-            "balanced.ckpt",
-        )
-        if (run_dir / n).exists()
-    ]
+    # what the run directory holds, by the one list of its names (robusttrain.rundir.layout)
+    files = [p.name + ("/" if p.is_dir() else "") for p in layout.own_paths(run_dir)]
     facts["files"] = ", ".join(files) or "none"
     return _render(
         "<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>"
