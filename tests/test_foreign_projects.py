@@ -148,6 +148,7 @@ def test_a_fit_never_replays_a_bank_it_did_not_write(tmp_path):
     assert (tmp_path / "failures" / "failures.jsonl").is_file() and n_perturbed(first.seen[1]) > 0
     trainer, second = _fit(make_spleen, tmp_path, epochs=1)
     assert n_perturbed(second.seen[0]) == 0  # nothing of the first fit's bank replayed
-    moved = list(tmp_path.glob("failures.before-*"))
+    # a fresh fit sets the earlier fit's results aside (robusttrain.rundir.layout.set_aside_results)
+    moved = list(tmp_path.glob("before-*/failures"))
     assert len(moved) == 1 and (moved[0] / "failures.jsonl").is_file()
     assert len(trainer.robusttrain_context.members) == 4

@@ -56,7 +56,9 @@ def test_audit_default_suite_paper_layout_and_files(tmp_path):
     csv = pd.read_csv(tmp_path / "efr_table.csv")
     assert set(csv.threshold) == {0.25, 0.5} and "kvasir/IoU" in csv.columns
     md = (tmp_path / "efr_table.md").read_text()
-    assert md == format_efr_tables(res["tables"]) and "### EFR (%) at t = 0.5" in md
+    assert md == format_efr_tables(res["tables"], res["n_cases"]) and "### EFR (%) at t = 0.5" in md
+    assert res["n_cases"] == {"kvasir": 4, "etis": 3}  # each table says what it rests on
+    assert md.count("Rests on 4 case(s) of kvasir, 3 case(s) of etis.") == 2
     assert len(res["cases"]) == (4 + 3) * 9 * 2
 
 

@@ -146,6 +146,12 @@ class RobustnessContext:
             from robusttrain.rundir.lock import hold
 
             hold(self.run_dir, "fit", holder=trainer)
+            if getattr(trainer, "ckpt_path", None) is None:
+                # a fresh fit: an earlier fit's results there go aside, said in one warning (the CLI
+                # has refused or emptied such a directory before this point)
+                from robusttrain.rundir.layout import set_aside_results
+
+                set_aside_results(self.run_dir)
         return self.run_dir
 
     @property

@@ -17,9 +17,9 @@ USAGE = """usage: python -m robusttrain <command> [recipe=NAME] [key=value ...]
 
 commands:
   fit        train a recipe                        fit recipe=polyp [data.root=PATH] [ckpt=last]
-  validate   validate a checkpoint                 validate recipe=polyp ckpt=PATH
-  test       test a checkpoint                     test recipe=polyp ckpt=PATH
-  check      metamorphic robustness audit          check recipe=polyp ckpt=PATH [data.root=PATH]
+  validate   validate a checkpoint                 validate recipe=polyp ckpt=PATH [data.root=PATH] [split=all|val]
+  test       test a checkpoint                     test recipe=polyp ckpt=PATH [data.root=PATH] [split=all|val]
+  check      metamorphic robustness audit          check recipe=polyp ckpt=PATH [data.root=PATH] [split=all|val]
   corners    corner-case report of a run           corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto|cvar]
   gallery    render the perturbation gallery       gallery [recipe=polyp] [out=gallery.png] [n=2] [tile=192] [colors=256]
   report     self-contained HTML report of a run   report RUN_DIR
@@ -28,6 +28,7 @@ exit codes: 0 done, 2 bad input (one line names it), 3 file system refused (disk
 permission, a file where a folder should be), 130 Ctrl-C, 143 SIGTERM (resume a fit with ckpt=last)
 
 recipes: {recipes}
+With data.root, validate / test / check score every case of the folder (split=val: its validation split).
 Overrides use Hydra syntax (data.batch_size=4, logger=wandb, callbacks.metamorphic.enabled=false).
 """
 
@@ -63,12 +64,32 @@ def _stage(name: str) -> Callable[[list[str]], int]:
                 if name == "fit"
                 else f"overwrite= is for fit only, not {name}"
             )
-        overrides = [o for o in overrides if o.split("=", 1)[0] != "overwrite"]
+        split = split_option(overrides, name)
+        overrides = [o for o in overrides if o.split("=", 1)[0] not in ("overwrite", "split")]
         return run_stage(
-            name, compose_recipe(recipe, overrides), overwrite=bool(overwrite) and overwrite[-1] == "true"
+            name,
+            compose_recipe(recipe, overrides),
+            overwrite=bool(overwrite) and overwrite[-1] == "true",
+            split=split,
         )
 
     return run
+
+
+SPLITS = ("all", "val")
+
+
+def split_option(overrides: list[str], command: str) -> str:
+    """``split=all|val`` of validate / test / check: with ``data.root`` they score the whole folder
+    (``all``, the default) or only its validation split (``val``); fit takes no ``split=``."""
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "split"]
+    if not given:
+        return "all"
+    if command == "fit":
+        raise UsageError("split= is for validate, test and check (what to score), not fit")
+    if given[-1] not in SPLITS:
+        raise UsageError(f"bad value for 'split': {given[-1]!r} (expected all or val)")
+    return given[-1]
 
 
 def _tool(name: str) -> Callable[[list[str]], int]:

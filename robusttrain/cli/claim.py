@@ -5,10 +5,11 @@ and what a ``fit`` may find there before it starts.
   pointed at the same ``run_dir`` write beside them (``config.<command>.yaml``, ``logs/<command>/``).
 * The lock is :mod:`robusttrain.rundir.lock` (OS-level; the callbacks take the same one in the API).
   A second command on a run directory in use is refused (exit 2). When the previous owner was
-  killed, its temp files (:data:`robusttrain.io.TMP_PATTERN`, only in robusttrain's own folders
+  killed, its temp files (:func:`robusttrain.rundir.layout.is_temp`, only in robusttrain's own folders
   of the run directory) are removed and a message says so.
 * A fresh ``fit`` (no ``ckpt=``) into a run directory that holds anything is refused, unless
-  ``overwrite=true`` (which removes robusttrain's own files there, nothing else) or the previous
+  ``overwrite=true`` (which removes robusttrain's own files there -- :mod:`robusttrain.rundir.layout`'s
+  list --, nothing else) or the previous
   fit there was killed before it saved ``checkpoints/last.ckpt`` (nothing to resume: it starts clean).
 * Under DDP the other ranks re-run the command in child processes (``LOCAL_RANK``/``NODE_RANK`` set):
   rank 0 holds the lock for all of them.
@@ -22,46 +23,12 @@ import sys
 from pathlib import Path
 
 from robusttrain.cli.errors import UsageError
-from robusttrain.io import TMP_PATTERN
-from robusttrain.rundir import lock
+from robusttrain.rundir import layout, lock
 
-# robusttrain's own files and folders in a run directory (fit's, and the other commands' beside them)
-FIT_OUTPUTS = (
-    "config.yaml",
-    "logs",
-    "checkpoints",
-    "history.csv",
-    "balanced_history.csv",
-    "efr.csv",
-    "mr_cases.csv",
-    "corner_cases.json",
-    "balanced.ckpt",
-    "balanced_candidates",
-    "failures",
-    "plots",
-    "report.html",
-    "wandb",
-    "efr_table.csv",
-    "efr_table.md",
-    "config.validate.yaml",
-    "config.test.yaml",
-    "config.check.yaml",
-)
-# where robusttrain writes temp files (never recursively into anything else the folder may hold)
-TMP_FOLDERS = (
-    ".",
-    "checkpoints",
-    "logs",
-    "logs/validate",
-    "logs/test",
-    "logs/check",
-    "failures",
-    "failures/thumbs",
-    "plots",
-    "balanced_candidates",
-)
-FOLDERS = ("logs", "checkpoints", "failures", "plots", "balanced_candidates")
-CANDIDATE_TMP = ".epoch="  # BalancedCheckpoint's `.epoch=NNNN.ckpt.tmp` before its rename
+# robusttrain's own names in a run directory: the one list (robusttrain.rundir.layout)
+FIT_OUTPUTS = layout.own_names()
+TMP_FOLDERS = layout.TEMP_FOLDERS
+FOLDERS = layout.folder_names()
 
 
 def config_name(command: str) -> str:
@@ -80,13 +47,15 @@ def is_child_rank() -> bool:
 
 
 def is_own_temp(path: Path) -> bool:
-    """A temp name robusttrain writes (``.<name>.<rand>.robusttrain.tmp``, a candidate's ``.epoch=*.ckpt.tmp``).
+    """A temp name robusttrain writes (:func:`robusttrain.rundir.layout.is_temp`), ``path`` relative
+    to the run directory.
 
     >>> is_own_temp(Path(".history.csv.ab12_xyZ.robusttrain.tmp")), is_own_temp(Path(".notes.txt.tmp"))
     (True, False)
+    >>> is_own_temp(Path(".ema.ckpt.tmp")), is_own_temp(Path("balanced_candidates/.epoch=0001.ckpt.tmp"))
+    (True, True)
     """
-    name = path.name
-    return bool(TMP_PATTERN.match(name)) or (name.startswith(CANDIDATE_TMP) and name.endswith(".ckpt.tmp"))
+    return layout.is_temp(path)
 
 
 def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
@@ -97,7 +66,7 @@ def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
         if not folder.is_dir() or folder.is_symlink():
             continue
         for p in folder.iterdir():
-            if is_own_temp(p) and p.is_file() and not p.is_symlink():
+            if is_own_temp(Path(sub) / p.name) and p.is_file() and not p.is_symlink():
                 p.unlink(missing_ok=True)
                 n += 1
     return n
@@ -143,15 +112,12 @@ def _contents(run_dir: Path) -> list[str]:
 
 def _remove_outputs(run_dir: Path) -> list[str]:
     gone = []
-    for name in FIT_OUTPUTS:
-        p = run_dir / name
+    for p in layout.own_paths(run_dir):
         if p.is_symlink() or p.is_file():
             p.unlink()
         elif p.is_dir():
             shutil.rmtree(p)
-        else:
-            continue
-        gone.append(name)
+        gone.append(p.name)
     return gone
 
 
@@ -182,6 +148,13 @@ def prepare_fresh_fit(run_dir: Path, overwrite: bool) -> None:
         _say(f"[robusttrain] run_dir {run_dir}: overwrite=true: removed {', '.join(gone) or 'nothing'}")
     else:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        if not any((run_dir / layout.CHECKPOINTS).glob("*.ckpt")):
+            # a fit stopped before its first checkpoint (or no fit at all): nothing to resume
+            raise UsageError(
+                f"run_dir '{run_dir}' is not empty ({shown}) but holds no checkpoint: nothing was "
+                "trained there yet; pass overwrite=true to start over (it replaces robusttrain's "
+                "files there), or use another run_dir"
+            )
         raise UsageError(
             f"run_dir '{run_dir}' is not empty ({shown}); resume its fit with ckpt=last, "
             "use another run_dir, or pass overwrite=true to replace its robusttrain files"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,18 @@ def report(recipe: str | None, overrides: list[str], positional: list[str]) -> i
     out = write_report(run_dir, out)
     print(f"[robusttrain] report written to {Path(out).resolve()}")
     return 0
+
+
+def progress_bar(command: str):
+    """``progress(name, total)`` for long commands: a tqdm bar on stderr (as Lightning's), one per
+    dataset, so a long run is never mistaken for a hang."""
+
+    def start(name: str, total: int):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=f"{command} {name}", unit="img", file=sys.stderr, mininterval=1.0)
+
+    return start
 
 
 NUMERIC_CORNER_OPTS = {"contamination": "(0, 0.5]", "worst_fraction": "(0, 1]"}
@@ -280,6 +293,7 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     if positional:
         raise UsageError(f"unexpected argument '{positional[0]}' (expected key=value)")
     from robusttrain.checkpoints import check_file
+    from robusttrain.cli import split_option
 
     # heldout=: test-only families (held out from training), validated before anything is read
     given = [heldout_value(o.split("=", 1)[1]) for o in overrides if o.startswith("heldout=")]
@@ -288,6 +302,8 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
         heldout = heldout_families(given[-1]) if given else None
     except ValueError as e:
         raise UsageError(f"bad value for 'heldout': {str(e).removeprefix('heldout: ')}") from None
+    split = split_option(overrides, "check")
+    overrides = [o for o in overrides if o.split("=", 1)[0] != "split"]
     cfg = compose_recipe(recipe, overrides)
     ckpt = cfg.get("ckpt")
     if not ckpt or not Path(str(ckpt)).expanduser().exists():
@@ -314,9 +330,19 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     print(f"[robusttrain] check recipe={cfg.recipe} ckpt={ckpt} run_dir={run_dir}", flush=True)
     model = _load_model(cfg, str(ckpt))  # a bad checkpoint fails before the data is read
     dm = build("data", cfg.data)
+    if hasattr(dm, "cache_mb") and not any(o.lstrip("+").startswith("data.cache_mb=") for o in overrides):
+        dm.cache_mb = 0  # one streamed pass over the cases: a decoded-image cache would only hold memory
     dm.setup("fit")
-    datasets = {"val": dm.val_dataset}
+    whole = split == "all" and getattr(dm, "root", None) is not None and hasattr(dm, "whole_dataset")
+    datasets = {"all": dm.whole_dataset()} if whole else {"val": dm.val_dataset}
     datasets.update({name: loader.dataset for name, loader in dm.extra_val_dataloaders().items()})
+    what = (
+        "every case of data.root (split=val: its validation split only)" if whole else "the validation split"
+    )
+    print(
+        f"[robusttrain] check scores {what}: "
+        + ", ".join(f"{k}: {len(v)} cases" for k, v in datasets.items())
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = audit(
         model,
@@ -329,10 +355,15 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
         class_names=getattr(dm, "class_names", None),
         always=list(getattr(dm, "planted_hard_cases", []) or []),
         heldout=heldout,
+        progress=progress_bar("check"),
     )  # as the training-time check
     print(out["markdown"])
     clean = "  ".join(f"{name}: Dice={v['dice']:.4f} IoU={v['iou']:.4f}" for name, v in out["clean"].items())
-    print(f"[robusttrain] clean {clean}")
+    print(
+        f"[robusttrain] clean {clean} ("
+        + ", ".join(f"{k}: {n} cases" for k, n in out["n_cases"].items())
+        + ")"
+    )
     print(f"[robusttrain] EFR tables written to {run_dir / 'efr_table.csv'} and {run_dir / 'efr_table.md'}")
     print(f"[robusttrain] run_dir={run_dir}", flush=True)
     return 0

@@ -44,11 +44,13 @@ def _say(text: str) -> None:
         print(text, flush=True)
 
 
-def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False) -> int:
+def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False, split: str = "all") -> int:
     """Run ``fit``/``validate``/``test``. ``overwrite``: a fresh fit may replace a run directory's files.
 
     ``validate``/``test`` load only the checkpoint's weights into the recipe's model: evaluating is not
     resuming, so the training run's callback states (its MR suite, bank, ...) are neither needed nor checked.
+    With ``data.root`` they score every case of the folder (``split="all"``) or its validation split
+    (``split="val"``), and say how many cases the Dice rests on.
     """
     ckpt = str(cfg.get("ckpt")) if cfg.get("ckpt") not in (None, "") else None
     if stage != "fit" and ckpt is None:
@@ -86,16 +88,30 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False) -> int:
             trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
         metrics = dict(trainer.callback_metrics)
         _say(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
-    elif stage == "validate":
-        run.model.load_state_dict(state["state_dict"])
-        trainer.validate(run.model, datamodule=run.datamodule)
-        _say(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')}")
     else:
         run.model.load_state_dict(state["state_dict"])
-        trainer.test(run.model, datamodule=run.datamodule)
-        _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')}")
+        what = _eval_split(run.datamodule, split)
+        if stage == "validate":
+            trainer.validate(run.model, datamodule=run.datamodule)
+            _say(f"[robusttrain] validation {_dice_line(dict(trainer.callback_metrics), 'val')} ({what})")
+        else:
+            trainer.test(run.model, datamodule=run.datamodule)
+            _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')} ({what})")
     _say(f"[robusttrain] run_dir={run.run_dir}")
     return 0
+
+
+def _eval_split(datamodule, split: str) -> str:
+    """Point validate / test at ``split`` of a ``data.root`` folder; say how many cases they score."""
+    if not hasattr(datamodule, "eval_split"):
+        return "the datamodule's own loader"
+    if getattr(datamodule, "root", None) is None:
+        return f"{len(datamodule.val_dataloader().dataset)} cases: the validation split"
+    datamodule.eval_split = split
+    n = len(datamodule.val_dataloader().dataset)
+    if split == "all":
+        return f"{n} cases: every case of data.root; split=val for its validation split only"
+    return f"{n} cases: the validation split of data.root"
 
 
 RESTORE_FRAMES = {

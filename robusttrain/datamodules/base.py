@@ -108,6 +108,31 @@ def collate_samples(batch: list) -> Any:
     return torch.utils.data.default_collate(batch)
 
 
+def check_one_size(source: Any, root: Any) -> None:
+    """``resize='none'`` promises the images are used as they are, so they must share one size:
+    DataError naming two files that differ (sizes read from the file headers, nothing decoded)."""
+    pairs = getattr(source, "pairs", None)
+    if not pairs:
+        return  # volumes and other sources: their own readers check shapes
+    from PIL import Image, UnidentifiedImageError
+
+    sizes: dict[tuple[int, int], list[str]] = {}
+    for ip, _mp, _cid in pairs:
+        try:
+            with Image.open(ip) as im:
+                sizes.setdefault(im.size, []).append(Path(ip).name)
+        except (UnidentifiedImageError, OSError, ValueError):
+            continue  # the reader names a file it cannot read when it loads it
+    if len(sizes) > 1:
+        (s1, f1), (s2, f2) = sorted(sizes.items(), key=lambda kv: -len(kv[1]))[:2]
+        raise DataError(
+            f"data.resize=none but the images in {root} differ in size: {len(f1)} are {s1[0]}x{s1[1]} "
+            f"(e.g. {f1[0]}), {len(f2)} are {s2[0]}x{s2[1]} (e.g. {f2[0]})"
+            + (f", {len(sizes) - 2} more size(s)" if len(sizes) > 2 else "")
+            + "; use data.resize=stretch or data.resize=letterbox (to data.image_size)"
+        )
+
+
 def seed_worker(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: seed numpy, ``random`` and the dataset's Albumentations pipeline.
 
@@ -230,6 +255,9 @@ class BaseSegDataModule(L.LightningDataModule):
         self._train_wrap: Any = None
         self._train_generator: torch.Generator | None = None
         self._resume_rng: dict[str, Any] | None = None
+        # what val_dataloader serves: "val" (the split; always in fit) or "all" (whole_dataset), set by
+        # the CLI's validate / test on a data.root folder
+        self.eval_split = "val"
 
     # --- what subclasses provide -------------------------------------------------------------
     @property
@@ -269,6 +297,8 @@ class BaseSegDataModule(L.LightningDataModule):
         tr_idx, va_idx = split_by_case(ids, self.val_fraction, self.seed)
         if not tr_idx:
             raise DataError(f"{self.root}: too few cases ({len(set(ids))}) to split off a validation set")
+        if self.resize == "none":
+            check_one_size(source, self.root)
         self.train_dataset = self._view(source, tr_idx, True)
         self.val_dataset = self._view(source, va_idx or tr_idx, False)
 
@@ -359,11 +389,23 @@ class BaseSegDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         self.setup("fit")
+        if self.eval_split == "all":  # validate / test scoring a whole folder (never during fit)
+            return self._loader(self.whole_dataset(), shuffle=False)
         return self._loader(self.val_dataset, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
         """The validation split (there is no separate held-out split)."""
         return self.val_dataloader()
+
+    def whole_dataset(self) -> SegmentationDataset:
+        """Every case of ``root`` (both sides of the split) with the validation pipeline, for scoring a
+        folder as a whole (``check`` / ``validate`` / ``test`` with ``data.root``); the validation split
+        when the data are synthetic (their training cases are generated, not a folder the user named)."""
+        self.setup("fit")
+        assert self.train_dataset is not None and self.val_dataset is not None
+        if self.root is None:
+            return self.val_dataset
+        return self._view(self.train_dataset.source, None, False)
 
     def predict_dataloader(self) -> DataLoader:
         return self.val_dataloader()

@@ -56,6 +56,7 @@ def audit(
     to_probabilities: str | Callable | None = None,
     always: Sequence[str] = (),
     heldout: str | Sequence[str] | None = None,
+    progress: Callable[[str, int], Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``suite`` (default: nine families x severities 2, 4) on every dataset.
 
@@ -65,9 +66,13 @@ def audit(
     reproduces the numbers its MetamorphicCallback wrote for the same weights. ``heldout``: test-only
     families (:mod:`robusttrain.metamorphic.heldout`; added to the suite when missing, labelled).
 
+    ``progress(name, total)`` returns a progress bar (tqdm's ``update`` / ``close``) per dataset; the
+    datasets are streamed batch by batch, never held whole.
+
     Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),
-    "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "markdown": str}`` and, with
-    ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide table) and ``efr_table.md``.
+    "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "n_cases": {name: cases scored},
+    "markdown": str}`` and, with ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide
+    table) and ``efr_table.md`` (which says how many cases each table rests on).
     """
     held = heldout_families(heldout)
     suite = with_families(suite or MRSuite(), held)
@@ -80,10 +85,11 @@ def audit(
     path = path if path != "auto" else ("torch" if dev.type == "cuda" else "numpy")
     model = model.to(dev)
     predict = predict_fn(model, to_probabilities)
-    efrs, cases_all, clean = [], [], {}
+    efrs, cases_all, clean, n_cases = [], [], {}, {}
     with checking_state(model, suite.seed):
         for name, ds in datasets.items():
             idx, ids = probe_cases(ds, name, max_cases, suite.seed, always if name == "val" else ())
+            n_cases[name] = len(idx)
             res = run_check(
                 predict,
                 {name: Probe(ds, idx, ids, id_prefix=id_prefix(name))},
@@ -92,6 +98,7 @@ def audit(
                 device=dev,
                 batch_size=batch_size,
                 hooks=hooks,
+                progress=progress,
             )[name]
             hist, cases = aggregate(res, class_names or [], 0, suite)
             t = efr_table(cases, thresholds, heldout=held)
@@ -101,21 +108,24 @@ def audit(
             clean[name] = {m: float(hist.filter(like=f"{m}_").mean(axis=1).mean()) for m in ("dice", "iou")}
     efr = pd.concat(efrs, ignore_index=True)
     tables = paper_tables(efr, clean, thresholds)
-    md = format_efr_tables(tables)
+    md = format_efr_tables(tables, n_cases)
     if out_dir is not None:
         from robusttrain.io import atomic_write_csv, atomic_write_text
+        from robusttrain.rundir import efr as efr_file  # here: rundir imports the EFR schema from metamorphic
+        from robusttrain.rundir import layout
 
         long = pd.concat(
             [t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True
         )
         long = long[["threshold"] + [c for c in long.columns if c != "threshold"]]
-        atomic_write_csv(os.path.join(out_dir, "efr_table.csv"), long)
-        atomic_write_text(os.path.join(out_dir, "efr_table.md"), md)
+        atomic_write_csv(os.path.join(out_dir, efr_file.TABLE_NAME), long)
+        atomic_write_text(os.path.join(out_dir, layout.EFR_TABLE_MD), md)
     return {
         "tables": tables,
         "efr": efr,
         "cases": pd.concat(cases_all, ignore_index=True),
         "clean": clean,
+        "n_cases": n_cases,
         "markdown": md,
     }
 
@@ -180,10 +190,15 @@ def _cell(v: Any) -> str:
     return "" if v is None or pd.isna(v) else f"{float(v):.2f}"
 
 
-def format_efr_tables(tables: dict[float, pd.DataFrame]) -> str:
+def format_efr_tables(tables: dict[float, pd.DataFrame], n_cases: dict[str, int] | None = None) -> str:
     """Markdown: one table per threshold (EFR %, perturbed and worst-family Dice %, last row = clean
-    Dice / IoU %)."""
+    Dice / IoU %), each saying how many cases of each dataset it rests on when ``n_cases`` is given."""
     parts = []
+    rests = (
+        "Rests on " + ", ".join(f"{n} case(s) of {name}" for name, n in n_cases.items()) + ".\n\n"
+        if n_cases
+        else ""
+    )
     for t, table in tables.items():
         head = "| perturbation | " + " | ".join(table.columns) + " |"
         sep = "|---|" + "".join("---:|" if is_numeric_dtype(table[c]) else "---|" for c in table.columns)
@@ -191,15 +206,7 @@ def format_efr_tables(tables: dict[float, pd.DataFrame]) -> str:
             f"| {p} | " + " | ".join(_cell(v) for v in r) + " |" for p, r in zip(table.index, table.values)
         ]
         parts.append(
-            "\n".join(
-                [
-                    f"### EFR (%) at t = {t:g}, with the mean Dice (%) on the perturbed images",
-                    "",
-                    head,
-                    sep,
-                    *rows,
-                    "",
-                ]
-            )
+            f"### EFR (%) at t = {t:g}, with the mean Dice (%) on the perturbed images\n\n{rests}"
+            + "\n".join([head, sep, *rows, ""])
         )
     return "\n".join(parts)

@@ -29,8 +29,9 @@ from markupsafe import Markup
 
 from robusttrain.errors import InputError
 from robusttrain.io import atomic_write_text
-from robusttrain.reporting import load, plots, tables
+from robusttrain.reporting import load, plots, tables, training
 from robusttrain.reporting.plots import MAX_CASE_PLOTS
+from robusttrain.rundir import layout
 from robusttrain.rundir.history import dice_columns
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ SECTIONS = [
     ("efr-curves", "EFR curves"),
     ("corner-cases", "Corner cases"),
     ("tradeoff", "Checkpoint trade-off"),
+    ("training", "Training side"),
     ("failures", "Worst failures"),
     ("gallery", "Perturbation gallery"),
 ]
@@ -111,19 +113,8 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
         facts["perturbations"] = ", ".join(p for p in dict.fromkeys(efr["perturbation"]) if p != "all")
         # severity 0 marks the MR callback's pooled rows, not a severity that was run
         facts["severities"] = ", ".join(str(s) for s in sorted(efr["severity"].unique()) if s > 0)
-    files = [
-        n
-        for n in (
-            load.CONFIG,
-            load.HISTORY,
-            load.EFR,
-            load.EFR_TABLE,
-            load.CORNERS,
-            load.FAILURES,
-            "balanced.ckpt",
-        )
-        if (run_dir / n).exists()
-    ]
+    # what the run directory holds, by the one list of its names (robusttrain.rundir.layout)
+    files = [p.name + ("/" if p.is_dir() else "") for p in layout.own_paths(run_dir)]
     facts["files"] = ", ".join(files) or "none"
     return _render(
         "<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>"
@@ -341,6 +332,53 @@ def _gallery(run_dir, history, efr, ctx) -> str:
     ) + _png(data, "perturbation gallery")
 
 
+def _training(run_dir, history, efr, ctx) -> str:
+    """Metamorphic training per family and epoch; the balanced average's window; EMA."""
+    out = Markup("<h3>Metamorphic training</h3>")
+    stats = training.read_stats(run_dir)
+    if stats is None:
+        out += _na("metamorphic_training.csv missing (no MetamorphicTraining in this run)")
+    else:
+        out += _render(
+            "<p>Follow-ups drawn (candidates), kept (trained on) and rejected (occluders over the lesion) "
+            "per family, over {{ n }} epoch(s).</p>",
+            n=stats["epoch"].nunique(),
+        )
+        out += _table(training.family_totals(stats), "{:.2f}")
+        out += Markup("<p>Per epoch: kept / drawn (rejected).</p>")
+        out += _table(training.per_epoch(stats), "{}")
+    out += Markup("<h3>Balanced average</h3>")
+    report = training.read_average(run_dir)
+    if report is None:
+        out += _na("balanced_average.json missing (no BalancedAverage in this run)")
+    else:
+        facts = training.average_summary(report)
+        out += _render(
+            "<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>",
+            facts=facts,
+        )
+        dice = training.window_dice(history, report) if history is not None else None
+        if dice is None:
+            out += _na("history.csv missing: no per-epoch Dice for the window")
+        else:
+            out += Markup(
+                "<p>Per-case Dice of the epochs the average holds, from history.csv (the averaged weights "
+                "themselves are not scored in the run directory: <code>robusttrain check ckpt=RUN/"
+                "balanced_average.ckpt</code> scores them).</p>"
+            )
+            out += _table(dice, "{:.4f}")
+    out += Markup("<h3>EMA</h3>")
+    out += (
+        Markup(
+            "<p><code>ema.ckpt</code> holds the EMA weights (score them with <code>robusttrain validate "
+            "ckpt=RUN/ema.ckpt</code>).</p>"
+        )
+        if training.has_ema(run_dir)
+        else _na("ema.ckpt missing (no EMACheckpoint in this run)")
+    )
+    return out
+
+
 BUILDERS: dict[str, Callable[..., str]] = {
     "summary": _summary,
     "clean-dice": _clean_dice,
@@ -348,6 +386,7 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "efr-curves": _efr_curves,
     "corner-cases": _corner_cases,
     "tradeoff": _tradeoff,
+    "training": _training,
     "failures": _failures,
     "gallery": _gallery,
 }

@@ -8,7 +8,8 @@
 through :mod:`~robusttrain.rundir.paths` (no symlinks, nothing outside the run directory, torn rows
 and garbage bytes refused with :class:`~robusttrain.rundir.paths.RunDirFileError`). Readers return
 ``None`` when the file is missing (so a report degrades section by section). ``lock`` is the
-run-directory lock.
+run-directory lock. ``layout`` is the one list of every name a run directory holds (files, folders,
+temp names): ``fit overwrite=true``, the temp clean-up and the API's set-aside derive from it.
 
 >>> import tempfile
 >>> from robusttrain.rundir import history
@@ -22,6 +23,7 @@ from . import (
     efr,
     failures,
     history,
+    layout,
     metamorphic_training,
     mining,
     mr_cases,
@@ -34,6 +36,7 @@ __all__ = [
     "efr",
     "failures",
     "history",
+    "layout",
     "metamorphic_training",
     "mining",
     "mr_cases",

@@ -1,0 +1,166 @@
+"""The training side of a run for the report: what metamorphic training drew and kept per family and
+epoch (``metamorphic_training.csv``), and which epochs the balanced average holds
+(``balanced_average.json``) with their clean and worst-case Dice against the last epoch's
+(``history.csv``).
+
+Everything comes from run-directory files, so it is untrusted: read through :mod:`robusttrain.rundir`
+(no symlinks, torn rows refused), coerced to plain numbers and strings here (a value of the wrong type
+reads as missing, never as code), and rendered by the caller with autoescape.
+
+>>> import pandas as pd
+>>> stats = pd.DataFrame({"epoch": [0, 0, 1], "family": ["blur", "jpeg", "blur"],
+...                       "candidates": [8, 4, 8], "chosen": [4, 2, 3], "rejected": [0, 1, 2]})
+>>> family_totals(stats).to_dict("index")["blur"]
+{'epochs': 2, 'drawn': 16, 'kept': 7, 'rejected': 2, 'kept %': 43.75}
+>>> per_epoch(stats).loc[1, "blur"]
+'3 / 8 (2 rejected)'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import pandas as pd
+
+from robusttrain.cornercases.balanced import worst_fraction_mean
+from robusttrain.rundir import balanced_average as average_file
+from robusttrain.rundir import layout
+from robusttrain.rundir import metamorphic_training as mt_file
+from robusttrain.rundir.history import dice_columns
+from robusttrain.rundir.paths import RunDirFileError, locate, read_text
+
+WORST = 0.1  # the worst-case Dice: mean of the worst 10 % of cases (CVaR), as BalancedCheckpoint's
+
+
+def _count(frame: pd.DataFrame, column: str) -> pd.Series:
+    return (
+        pd.to_numeric(frame[column], errors="coerce").fillna(0)
+        if column in frame
+        else pd.Series(0, frame.index)
+    )
+
+
+def family_totals(stats: pd.DataFrame) -> pd.DataFrame:
+    """Per family over all epochs: epochs, drawn (candidates), kept (chosen), rejected, kept %."""
+    f = pd.DataFrame(
+        {
+            "family": stats["family"].astype(str),
+            "epoch": stats["epoch"],
+            "drawn": _count(stats, "candidates"),
+            "kept": _count(stats, "chosen"),
+            "rejected": _count(stats, "rejected"),
+        }
+    )
+    out = f.groupby("family", sort=False).agg(
+        epochs=("epoch", "nunique"),
+        drawn=("drawn", "sum"),
+        kept=("kept", "sum"),
+        rejected=("rejected", "sum"),
+    )
+    out[["drawn", "kept", "rejected"]] = out[["drawn", "kept", "rejected"]].astype(int)
+    out["kept %"] = (100 * out["kept"] / out["drawn"].where(out["drawn"] > 0)).round(2)
+    return out
+
+
+def per_epoch(stats: pd.DataFrame) -> pd.DataFrame:
+    """Rows epoch, columns family: ``kept / drawn (rejected)``."""
+    cell = (
+        _count(stats, "chosen").astype(int).astype(str)
+        + " / "
+        + _count(stats, "candidates").astype(int).astype(str)
+        + " ("
+        + _count(stats, "rejected").astype(int).astype(str)
+        + " rejected)"
+    )
+    f = pd.DataFrame({"epoch": stats["epoch"], "family": stats["family"].astype(str), "cell": cell})
+    return f.pivot_table(index="epoch", columns="family", values="cell", aggfunc="first", sort=False)
+
+
+def read_average(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``balanced_average.json`` through the run-directory reader (no symlinks); None when absent."""
+    text = read_text(run_dir, average_file.NAME)
+    if text is None:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError as err:
+        raise RunDirFileError(
+            f"run-directory file '{os.path.realpath(run_dir)}{os.sep}{average_file.NAME}' is not valid JSON "
+            f"({err})"
+        ) from None
+    return obj if isinstance(obj, dict) else None
+
+
+def _epochs(value: Any) -> list[int]:
+    """A list of epoch numbers from an untrusted value ([] for anything else)."""
+    if not isinstance(value, list):
+        return []
+    return [
+        int(v) for v in value if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ]
+
+
+def average_summary(report: dict[str, Any]) -> dict[str, str]:
+    """The plain facts of ``balanced_average.json`` as strings (untrusted values coerced)."""
+    window = report.get("window")
+    bn: dict[str, Any] = report["bn"] if isinstance(report.get("bn"), dict) else {}
+    flags: dict[str, Any] = report["outlier_epochs"] if isinstance(report.get("outlier_epochs"), dict) else {}
+    return {
+        "status": str(report.get("status", "?")),
+        "window": f"last {100 * window:g} % of the validated epochs"
+        if isinstance(window, (int, float)) and not isinstance(window, bool)
+        else "?",
+        "window epochs": ", ".join(map(str, _epochs(report.get("window_epochs")))) or "none",
+        "averaged epochs": ", ".join(map(str, _epochs(report.get("averaged_epochs")))) or "none",
+        "excluded (ECOD-flagged)": ", ".join(map(str, _epochs(report.get("excluded_epochs")))) or "none",
+        "missing (weights not on disk)": ", ".join(map(str, _epochs(report.get("missing_epochs")))) or "none",
+        "corner cases with outlier epochs": str(len(flags)),
+        "BatchNorm re-estimated": f"{bool(bn.get('reestimated'))} ({bn.get('batches', 0)} batches)",
+        "checkpoint": str(report.get("checkpoint") or "none"),
+        "reason": str(report.get("reason", "")),
+    }
+
+
+def window_dice(history: pd.DataFrame, report: dict[str, Any]) -> pd.DataFrame | None:
+    """Clean mean Dice and worst-10 % Dice (per-case Dice averaged over classes) of the averaged
+    epochs (their mean), the whole window's, and the last epoch's; ``cases`` = how many each rests on."""
+    cols = dice_columns(history)
+    if not cols:
+        return None
+    per_case = history.assign(_dice=history[cols].mean(axis=1))
+    last = int(per_case["epoch"].max())
+    groups = {
+        "averaged epochs (mean)": _epochs(report.get("averaged_epochs")),
+        "window epochs (mean)": _epochs(report.get("window_epochs")),
+        f"last epoch ({last})": [last],
+    }
+    rows = {}
+    for name, epochs in groups.items():
+        sub = per_case[per_case["epoch"].isin(epochs)]
+        if sub.empty:
+            continue
+        by_epoch = sub.groupby("epoch")["_dice"]
+        rows[name] = {
+            "epochs": len(by_epoch),
+            "cases": int(sub["case_id"].nunique()),
+            "clean Dice": float(by_epoch.mean().mean()),
+            f"worst {100 * WORST:g} % Dice": float(
+                by_epoch.apply(lambda s: worst_fraction_mean(s, WORST)).mean()
+            ),
+        }
+    return pd.DataFrame(rows).T if rows else None
+
+
+def has_ema(run_dir: str | os.PathLike) -> bool:
+    """``ema.ckpt`` is a regular file of the run directory (a symlink is refused, as by every reader)."""
+    return locate(run_dir, layout.EMA_CKPT) is not None
+
+
+def read_stats(run_dir: str | os.PathLike) -> pd.DataFrame | None:
+    stats = mt_file.read_stats(run_dir)
+    if stats is None or not {"epoch", "family"} <= set(stats.columns):
+        return None
+    return stats
