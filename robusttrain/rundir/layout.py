@@ -41,6 +41,7 @@ from . import (
     balanced_average,
     corner_cases,
     efr,
+    ema,
     failures,
     history,
     lock,
@@ -62,7 +63,7 @@ GALLERY = "gallery.png"
 EFR_TABLE_MD = "efr_table.md"
 BALANCED_CKPT = "balanced.ckpt"
 CANDIDATES = "balanced_candidates"
-EMA_CKPT = "ema.ckpt"
+EMA_CKPT = ema.CHECKPOINT
 EARLIER = "before-"  # a fresh API fit's folder for an earlier fit's results: before-<time>/
 STAMP = "[0-9]*-[0-9]*-[0-9]*"  # <time> as %Y%m%d-%H%M%S-%f: a user's `before-notes/` is not ours
 COMMANDS = ("validate", "test", "check")  # write beside a fit: config.<command>.yaml, logs/<command>/
@@ -125,6 +126,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(metamorphic_training.STATS, "MetamorphicTraining: drawn / kept per family and epoch", result=True),
     Entry(metamorphic_training.SAMPLES, "MetamorphicTraining: a sample of its follow-ups", result=True),
     Entry(EMA_CKPT, "EMACheckpoint: the EMA weights", result=True),
+    Entry(ema.NAME, "EMACheckpoint: its decay and the window it gives", result=True),
     Entry(PLOTS, "RobustnessReporter: PNG curves", True, ("*.png",), result=True),
     Entry(efr.TABLE_NAME, "check: the EFR tables"),
     Entry(EFR_TABLE_MD, "check: the EFR tables as Markdown"),
