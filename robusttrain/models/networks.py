@@ -126,11 +126,11 @@ def build_network(
 
         from monai.networks.nets import SwinUNETR
 
-        if importlib.util.find_spec("einops") is None:  # MONAI imports it lazily, at the first forward
-            raise ValueError("model.network=swin_unetr needs the einops package (pip install einops)")
         size = _one_width(name, feats, 24)
         if size % 12:
             raise ValueError(f"model.features for swin_unetr is [feature_size], a multiple of 12; got {size}")
+        if importlib.util.find_spec("einops") is None:  # MONAI imports it lazily, at the first forward
+            raise ValueError("model.network=swin_unetr needs the einops package (pip install einops)")
         return SwinUNETR(
             in_channels, out_channels, feature_size=size, spatial_dims=spatial_dims, drop_rate=dropout,
             norm_name=str(norm or "instance").lower(), **kwargs,
