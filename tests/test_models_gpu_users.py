@@ -27,10 +27,14 @@ HAS_EINOPS = importlib.util.find_spec("einops") is not None
 
 def bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     return {
-        n: b.detach().clone()
+        n: b.detach().cpu().clone()
         for n, m in model.named_modules()
         if isinstance(m, nn.modules.batchnorm._BatchNorm)
-        for n, b in ((f"{n}.mean", m.running_mean), (f"{n}.var", m.running_var), (f"{n}.n", m.num_batches_tracked))
+        for n, b in (
+            (f"{n}.mean", m.running_mean),
+            (f"{n}.var", m.running_var),
+            (f"{n}.n", m.num_batches_tracked),
+        )
     }
 
 
@@ -66,10 +70,19 @@ def test_networks_build_by_name_and_refuse_bad_values_in_one_line():
     assert seg3d(torch.rand(2, 1, 32, 32, 8)).shape == (2, 2, 32, 32, 8)
     bad = [
         (dict(network="flexible_unet", backbone="efficientnet-b9"), "model.backbone must be one of"),
-        (dict(network="flexible_unet", backbone="resnet18", pretrained=True), "model.pretrained=true needs a 2-D"),
-        (dict(network="flexible_unet", backbone="resnet18", features=[8, 8]), "model.features for flexible_unet needs 5 decoder widths"),
+        (
+            dict(network="flexible_unet", backbone="resnet18", pretrained=True),
+            "model.pretrained=true needs a 2-D",
+        ),
+        (
+            dict(network="flexible_unet", backbone="resnet18", features=[8, 8]),
+            "model.features for flexible_unet needs 5 decoder widths",
+        ),
         (dict(network="segresnet", norm="layer"), "model.norm must be one of"),
-        (dict(network="swin_unetr", features=[16]), "model.features for swin_unetr is [feature_size], a multiple of 12"),
+        (
+            dict(network="swin_unetr", features=[16]),
+            "model.features for swin_unetr is [feature_size], a multiple of 12",
+        ),
         (dict(network="unet3"), "unknown model.network 'unet3'"),
         (dict(spatial_dims=4), "model.spatial_dims must be 2 or 3"),
     ]
@@ -89,7 +102,9 @@ def test_pretrained_offline_is_one_line_naming_the_key(monkeypatch):
 
     monkeypatch.setattr(effnet.model_zoo, "load_url", offline)
     with pytest.raises(ValueError, match=r"^model\.pretrained=true could not fetch the efficientnet-b0"):
-        build_network("flexible_unet", 3, 2, backbone="efficientnet-b0", pretrained=True, features=TINY_DECODER)
+        build_network(
+            "flexible_unet", 3, 2, backbone="efficientnet-b0", pretrained=True, features=TINY_DECODER
+        )
 
 
 # ----------------------------------------------------------------------------- the callbacks on BN models
@@ -102,7 +117,7 @@ class Volumes(Dataset):
         self.m = torch.zeros(n, *size, dtype=torch.long)
         for i in range(n):
             r = 4 + 3 * i
-            self.m[i, r : r + 12, 6 : 20, 2:6] = 1
+            self.m[i, r : r + 12, 6:20, 2:6] = 1
         self.x[:, 0][self.m.bool()] += 0.5
 
     def __len__(self):
@@ -151,7 +166,9 @@ MODELS = {
     "flexible_unet-efficientnet-b0": dict(network="flexible_unet", backbone="efficientnet-b0"),
     "flexible_unet-resnet10": dict(network="flexible_unet", backbone="resnet10"),
     "segresnet-batch": dict(network="segresnet", features=[8], norm="batch"),
-    "segresnet-3d-batch": dict(network="segresnet", features=[8], norm="batch", spatial_dims=3, in_channels=1),
+    "segresnet-3d-batch": dict(
+        network="segresnet", features=[8], norm="batch", spatial_dims=3, in_channels=1
+    ),
     "swin_unetr-batch": dict(network="swin_unetr", features=[12], norm="batch"),
 }
 
@@ -161,6 +178,17 @@ MODELS = {
 def test_checks_and_scoring_never_move_batchnorm_statistics(tmp_path, name):
     if name.startswith("swin") and not HAS_EINOPS:
         pytest.skip("SwinUNETR needs einops (pip install einops), not installed here")
+    fit_with_spies(tmp_path, name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_in_bf16_checks_and_scoring_never_move_batchnorm_statistics(tmp_path):
+    fit_with_spies(tmp_path, "flexible_unet-efficientnet-b0", accelerator="gpu", precision="bf16-mixed")
+
+
+def fit_with_spies(tmp_path, name: str, accelerator: str = "cpu", precision: str = "32-true") -> None:
+    """A real 1-epoch fit with the MR check, worst-of-2 training and BalancedCheckpoint between two spies."""
     kw = dict(MODELS[name])
     kw.setdefault("features", TINY_DECODER)
     torch.manual_seed(0)
@@ -180,8 +208,16 @@ def test_checks_and_scoring_never_move_batchnorm_statistics(tmp_path, name):
     ]
     start = bn_buffers(model)
     L.Trainer(
-        max_epochs=1, callbacks=callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path, num_sanity_val_steps=0,
+        max_epochs=1,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator=accelerator,
+        precision=precision,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
     ).fit(model, DataLoader(train, batch_size=4), DataLoader(val, batch_size=4))
 
     assert [s[0] for s in before.seen] == ["train_batch_start"] * (len(train) // 4) + ["validation_epoch_end"]
@@ -200,7 +236,9 @@ def _cli_fit(tmp_path, recipe: str, *overrides: str) -> pd.DataFrame:
     from robusttrain.cli import main
 
     run_dir = tmp_path / "run"
-    code = main(["fit", f"recipe={recipe}", f"run_dir={run_dir}", "trainer.enable_progress_bar=false", *overrides])
+    code = main(
+        ["fit", f"recipe={recipe}", f"run_dir={run_dir}", "trainer.enable_progress_bar=false", *overrides]
+    )
     assert code == 0
     metrics = pd.read_csv(run_dir / "logs" / "metrics.csv")
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "efr.csv").is_file()
@@ -213,15 +251,28 @@ def test_polyp_gpu_recipe_builds_and_trains_a_step_on_cpu_in_bf16(tmp_path):
 
     cfg = compose_recipe("polyp_gpu", [])
     assert (cfg.data.image_size, cfg.data.batch_size, cfg.model.network, cfg.model.backbone) == (
-        352, 16, "flexible_unet", "efficientnet-b0"
+        352,
+        16,
+        "flexible_unet",
+        "efficientnet-b0",
     )
     assert cfg.model.pretrained is True and cfg.trainer.precision == "bf16-mixed" and cfg.data.num_workers > 0
     assert set(cfg.callbacks) == set(compose_recipe("polyp", []).callbacks)  # the same robustness callbacks
     metrics = _cli_fit(
-        tmp_path, "polyp_gpu", "model.pretrained=false", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-        "data.image_size=64", "data.batch_size=4", "data.n_train=4", "data.n_val=4", "data.num_workers=0",
-        "model.features=[32,16,16,8,8]", "callbacks.metamorphic.suite.perturbations=[contrast,blur]",
+        tmp_path,
+        "polyp_gpu",
+        "model.pretrained=false",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=1",
+        "data.image_size=64",
+        "data.batch_size=4",
+        "data.n_train=4",
+        "data.n_val=4",
+        "data.num_workers=0",
+        "model.features=[32,16,16,8,8]",
+        "callbacks.metamorphic.suite.perturbations=[contrast,blur]",
         "callbacks.metamorphic.suite.severities=[2]",
+        "trainer.log_every_n_steps=1",
     )
     assert "precision: bf16-mixed" in (tmp_path / "run" / "config.yaml").read_text()
     dice = metrics["val/dice"].dropna()
@@ -254,9 +305,15 @@ def test_a_torch_compiled_module_trains_with_every_recipe_callback(tmp_path):
     cfg = compose_recipe(
         "smoke",
         [
-            f"run_dir={tmp_path / 'run'}", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
-            "trainer.accelerator=cpu", "data.n_train=8", "data.n_val=4", "data.image_size=32",
-            "callbacks.metamorphic.suite.perturbations=[contrast]", "callbacks.metamorphic.max_cases=2",
+            f"run_dir={tmp_path / 'run'}",
+            "trainer.max_epochs=1",
+            "trainer.enable_progress_bar=false",
+            "trainer.accelerator=cpu",
+            "data.n_train=8",
+            "data.n_val=4",
+            "data.image_size=32",
+            "callbacks.metamorphic.suite.perturbations=[contrast]",
+            "callbacks.metamorphic.max_cases=2",
         ],
     )
     run = build_run(cfg)

@@ -104,14 +104,20 @@ def build_network(
         from monai.networks.nets import AttentionUnet
 
         if norm is not None:
-            raise ValueError(f"model.norm: attention_unet always uses batch norm; set model.norm=null, got {norm!r}")
+            raise ValueError(
+                f"model.norm: attention_unet always uses batch norm; set model.norm=null, got {norm!r}"
+            )
         feats = feats or (16, 32, 64, 128)
         strides = (2,) * (len(feats) - 1)
-        return AttentionUnet(spatial_dims, in_channels, out_channels, feats, strides, dropout=dropout, **kwargs)
+        return AttentionUnet(
+            spatial_dims, in_channels, out_channels, feats, strides, dropout=dropout, **kwargs
+        )
     if name == "flexible_unet":
         if norm is not None:  # the decoder's; the encoder keeps its own batch norm
             kwargs["norm"] = str(norm).lower()
-        return _flexible_unet(in_channels, out_channels, feats, dropout, spatial_dims, backbone, pretrained, **kwargs)
+        return _flexible_unet(
+            in_channels, out_channels, feats, dropout, spatial_dims, backbone, pretrained, **kwargs
+        )
     if name == "segresnet":
         from monai.networks.nets import SegResNet
 
@@ -119,7 +125,13 @@ def build_network(
         n = str(norm or "group").lower()
         norm_arg: Any = ("group", {"num_groups": min(8, init)}) if n == "group" else n
         return SegResNet(
-            spatial_dims, init, in_channels, out_channels, dropout_prob=dropout or None, norm=norm_arg, **kwargs
+            spatial_dims,
+            init,
+            in_channels,
+            out_channels,
+            dropout_prob=dropout or None,
+            norm=norm_arg,
+            **kwargs,
         )
     if name == "swin_unetr":
         import importlib.util
@@ -132,8 +144,13 @@ def build_network(
         if importlib.util.find_spec("einops") is None:  # MONAI imports it lazily, at the first forward
             raise ValueError("model.network=swin_unetr needs the einops package (pip install einops)")
         return SwinUNETR(
-            in_channels, out_channels, feature_size=size, spatial_dims=spatial_dims, drop_rate=dropout,
-            norm_name=str(norm or "instance").lower(), **kwargs,
+            in_channels,
+            out_channels,
+            feature_size=size,
+            spatial_dims=spatial_dims,
+            drop_rate=dropout,
+            norm_name=str(norm or "instance").lower(),
+            **kwargs,
         )
     raise ValueError(f"unknown model.network '{name}'; valid choices: {', '.join(NETWORKS)}")
 
@@ -142,7 +159,9 @@ def _one_width(name: str, feats: tuple[int, ...] | None, default: int) -> int:
     if feats is None:
         return default
     if len(feats) != 1 or feats[0] < 1:
-        raise ValueError(f"model.features for {name} is one positive width, e.g. [{default}]; got {list(feats)}")
+        raise ValueError(
+            f"model.features for {name} is one positive width, e.g. [{default}]; got {list(feats)}"
+        )
     return feats[0]
 
 
@@ -173,8 +192,14 @@ def _flexible_unet(
         raise ValueError(f"model.features for flexible_unet needs 5 decoder widths, got {list(feats)}")
     try:
         net = FlexibleUNet(
-            in_channels, out_channels, backbone, pretrained=bool(pretrained), decoder_channels=feats,
-            spatial_dims=spatial_dims, dropout=dropout, **kwargs,
+            in_channels,
+            out_channels,
+            backbone,
+            pretrained=bool(pretrained),
+            decoder_channels=feats,
+            spatial_dims=spatial_dims,
+            dropout=dropout,
+            **kwargs,
         )
     except OSError as e:  # urllib's URLError and friends: no internet, a proxy, a full disk
         raise ValueError(
