@@ -222,7 +222,11 @@ def main(argv=None) -> None:
         print(f"\nMR check at budget={args.mr_budget} ({args.mr_val} validation images, {args.model}):\n")
         print("| epoch | training (s) | check (s) | (train + check) / train |")
         print("|---|---|---|---|")
-        for epoch, check_s, train_s in rows:
+        for (
+            epoch,
+            check_s,
+            train_s,
+        ) in rows:  # the last epoch's check is the final one (completes the rotation)
             print(
                 f"| {epoch} | {train_s:.1f} | {check_s:.1f} | {(train_s + check_s) / max(train_s, 1e-9):.2f}x |"
             )

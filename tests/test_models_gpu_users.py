@@ -329,6 +329,7 @@ def test_a_torch_compiled_module_trains_with_every_recipe_callback(tmp_path):
             "data.image_size=32",
             "callbacks.metamorphic.suite.perturbations=[contrast]",
             "callbacks.metamorphic.max_cases=2",
+            "callbacks.mining.enabled=false",
         ],
     )
     run = build_run(cfg)

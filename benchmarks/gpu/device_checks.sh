@@ -72,7 +72,7 @@ print('lightning', lightning.__version__, 'kornia', kornia.__version__, 'monai',
 } > "$OUT/env.txt"
 cat "$OUT/env.txt"
 
-echo "# device checks (issue 31): $(head -n 2 "$OUT/env.txt" | tr '\n' ' ')" > "$OUT/checks.md"
+echo "# device checks (issue 31): $(sed -n '2p;4p' "$OUT/env.txt" | tr '\n' ' ')" > "$OUT/checks.md"
 TS="$PY benchmarks/training_step.py --device $DEVICE --size $BENCH_SIZE --batch-size $BENCH_BATCH"
 
 # A. one training step's time: plain vs random augmentation vs the recipes' setting, both recipes' models
