@@ -28,7 +28,10 @@ def test_help_lists_commands_and_recipes(capsys):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (("fit", "recipe=nope"), "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, polyp_gpu, smoke"),
+        (
+            ("fit", "recipe=nope"),
+            "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, polyp_gpu, smoke",
+        ),
         (("fit",), "missing recipe=NAME"),
         (
             ("fit", "recipe=smoke", "data.foo=1"),
@@ -46,7 +49,7 @@ def test_help_lists_commands_and_recipes(capsys):
         ),
         (
             ("fit", "recipe=smoke", "model=foo"),
-            "unknown model 'foo'; valid choices: attention_unet, basic_unet",
+            "unknown model 'foo'; valid choices: attention_unet, basic_unet, flexible_unet, segresnet, swin_unetr",
         ),
         (("validate", "recipe=smoke"), "validate needs ckpt=PATH"),
         (("frobnicate",), None),
