@@ -199,6 +199,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
     ap.add_argument(
+        "--cuda-only",
+        action="store_true",
+        help="only the GPU columns (cuda, k-cuda, c/k, %%copy); needs CUDA",
+    )
+    ap.add_argument(
         "--adapter", action="store_true", help="Albumentations adapter vs bare kernel (issue 19.3)"
     )
     args = ap.parse_args()
@@ -211,6 +216,10 @@ def main() -> None:
     min_time = 0.3 if args.quick else 1.0
     b = args.batch or (8 if args.quick else 32)
     cuda = torch.cuda.is_available()
+    if args.cuda_only and not cuda:
+        raise SystemExit(
+            "perturbations.py --cuda-only: no CUDA device here (torch.cuda.is_available() is False)"
+        )
 
     _blur_fixed.size = args.size
     img, mask = frame(args.size)
@@ -251,6 +260,8 @@ def main() -> None:
             fns["albu"] = (lambda: albu(image=img, **extra), 1, lambda: None)
         if kor is not None:
             fns["kornia"] = (lambda: kor(x), b, lambda: None)
+        if args.cuda_only:  # the CPU columns at 512^2 x 64 would take minutes of a GPU lease
+            fns.clear()
         if cuda and label != "melt":
             fns["cuda"] = (lambda: pert.apply_batch(xc, mc, generator=gen), b, sync)
             if kor is not None:

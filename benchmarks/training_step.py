@@ -9,6 +9,14 @@ same machine load; the table reports the median step time and its ratio to plain
 default <= 2.0x). Wall-clock ratios, one run: the load and versions are printed with them.
 
     OMP_NUM_THREADS=1 python benchmarks/training_step.py [--steps 12] [--rounds 3] [--size 128] [--device cpu]
+
+``--model flexible_unet`` times recipe=polyp_gpu's network (FlexibleUNet, EfficientNet-b0 encoder; random
+weights: the step's cost does not depend on them) instead of the BasicUNet; ``--precision bf16-mixed``
+the recipe's precision. The setting "recipe" is the packaged ``callbacks/metamorphic_training.yaml``
+(what every recipe trains with). ``--mr-budget 0.25`` then also fits ``--mr-epochs`` epochs with the
+MetamorphicCallback at that budget beside the recipe's MetamorphicTraining and prints, per epoch, the
+check's seconds against the training seconds it follows (the callback's own ``mr/check_s`` /
+``mr/train_s``; target (train + check) / train <= 1.2).
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 import lightning.pytorch as L  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from robusttrain.callbacks import MetamorphicTraining  # noqa: E402
+from robusttrain.callbacks import MetamorphicCallback, MetamorphicTraining  # noqa: E402
+from robusttrain.cli.compose import PACKAGE_RECIPES  # noqa: E402
 from robusttrain.datamodules import PolypDataModule  # noqa: E402
 from robusttrain.models import SegmentationModule  # noqa: E402
 
@@ -50,6 +60,22 @@ SETTINGS = {
         k=4, q=0.5, objective="paired", consistency=1.0, score_scale=0.5
     ),
 }
+MODELS = {  # what the recipes train: recipe=polyp (BasicUNet) and recipe=polyp_gpu (FlexibleUNet-b0)
+    "basic_unet": dict(network="basic_unet", features=(16, 16, 32, 64, 128, 16)),
+    "flexible_unet": dict(network="flexible_unet", backbone="efficientnet-b0", pretrained=False),
+}
+
+
+def recipe_setting() -> dict:
+    """The packaged recipes' MetamorphicTraining arguments (its yaml's plain values; paths and seeds
+    are interpolations and stay at the class defaults)."""
+    node = OmegaConf.load(PACKAGE_RECIPES / "callbacks" / "metamorphic_training.yaml").metamorphic_training
+    raw = OmegaConf.to_container(node, resolve=False)
+    skip = {"_target_", "enabled", "perturbations", "severity_caps"}
+    return {k: v for k, v in raw.items() if k not in skip and not (isinstance(v, str) and "${" in v)}
+
+
+SETTINGS["recipe (callbacks/metamorphic_training.yaml)"] = recipe_setting()
 
 
 class StepTimer(L.Callback):
@@ -72,9 +98,16 @@ class StepTimer(L.Callback):
         self.times.append(time.perf_counter() - self.t0)
 
 
-def time_setting(setting: dict | None, loader: DataLoader, steps: int, accelerator: str) -> list[float]:
+def time_setting(
+    setting: dict | None,
+    loader: DataLoader,
+    steps: int,
+    accelerator: str,
+    model_name: str = "basic_unet",
+    precision: str = "32-true",
+) -> list[float]:
     torch.manual_seed(0)
-    model = SegmentationModule(in_channels=3, num_classes=2, features=(16, 16, 32, 64, 128, 16), lr=3e-3)
+    model = SegmentationModule(in_channels=3, num_classes=2, lr=3e-3, **MODELS[model_name])
     timer = StepTimer(torch.device("cuda" if accelerator == "gpu" else "cpu"))
     cbs = [timer]
     if setting is not None:
@@ -94,10 +127,54 @@ def time_setting(setting: dict | None, loader: DataLoader, steps: int, accelerat
         enable_model_summary=False,
         accelerator=accelerator,
         devices=1,
+        precision=precision,
     )
     trainer.fit(model, loader)
     shutil.rmtree(out, ignore_errors=True)
     return timer.times[2:]  # the first two steps warm up allocators and caches
+
+
+class CheckTimes(L.Callback):
+    """The MetamorphicCallback's ``mr/check_s`` and ``mr/train_s`` of every fitting validation."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float]] = []
+
+    def on_validation_end(self, trainer, pl_module):
+        m = trainer.callback_metrics
+        if not trainer.sanity_checking and "mr/check_s" in m:
+            self.rows.append((trainer.current_epoch, float(m["mr/check_s"]), float(m["mr/train_s"])))
+
+
+def time_check(
+    dm: PolypDataModule, args: argparse.Namespace, accelerator: str
+) -> list[tuple[int, float, float]]:
+    """Per epoch (check seconds, training seconds) of a fit with the MR check at ``--mr-budget``."""
+    torch.manual_seed(0)
+    model = SegmentationModule(in_channels=3, num_classes=2, lr=3e-3, **MODELS[args.model])
+    out = tempfile.mkdtemp(prefix="training_step.")
+    times = CheckTimes()
+    cbs = [
+        MetamorphicCallback(dirpath=out, budget=args.mr_budget, batch_size=args.batch_size, verbose=False),
+        MetamorphicTraining(dirpath=out, severity_caps=4, record_per_step=0, **recipe_setting()),
+        times,
+    ]
+    trainer = L.Trainer(
+        default_root_dir=out,
+        max_epochs=args.mr_epochs,
+        callbacks=cbs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator=accelerator,
+        devices=1,
+        precision=args.precision,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(model, datamodule=dm)
+    shutil.rmtree(out, ignore_errors=True)
+    return times.rows
 
 
 def main(argv=None) -> None:
@@ -108,13 +185,18 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--only", default="", help="comma-separated setting names (substring match)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="basic_unet")
+    ap.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed")
+    ap.add_argument("--mr-budget", type=float, default=None, help="also time the MR check at this budget")
+    ap.add_argument("--mr-epochs", type=int, default=3)
+    ap.add_argument("--mr-val", type=int, default=64, help="validation images of the --mr-budget fit")
     args = ap.parse_args(argv)
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     dm = PolypDataModule(
         image_size=args.size,
         batch_size=args.batch_size,
         n_train=args.batch_size * (args.steps + 2),
-        n_val=4,
+        n_val=args.mr_val if args.mr_budget is not None else 4,
         seed=0,
     )
     dm.setup("fit")
@@ -127,12 +209,13 @@ def main(argv=None) -> None:
     print(
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
         f"threads {torch.get_num_threads()}, device {args.device}, load {os.getloadavg()[0]:.2f} at start; "
-        f"{args.size} px, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds per setting"
+        f"{args.size} px, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds per setting; "
+        f"model {args.model}, precision {args.precision}"
     )
     times: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(args.rounds):
         for n in names:
-            times[n] += time_setting(SETTINGS[n], loader, args.steps, accelerator)
+            times[n] += time_setting(SETTINGS[n], loader, args.steps, accelerator, args.model, args.precision)
     base = statistics.median(times["plain"])
     print(f"\nload {os.getloadavg()[0]:.2f} at end\n")
     print("| setting | median step (ms) | vs plain |")
@@ -140,6 +223,19 @@ def main(argv=None) -> None:
     for n in names:
         med = statistics.median(times[n])
         print(f"| {n} | {1000 * med:.0f} | {med / base:.2f}x |")
+    if args.mr_budget is not None:
+        rows = time_check(dm, args, accelerator)
+        print(f"\nMR check at budget={args.mr_budget} ({args.mr_val} validation images, {args.model}):\n")
+        print("| epoch | training (s) | check (s) | (train + check) / train |")
+        print("|---|---|---|---|")
+        for (
+            epoch,
+            check_s,
+            train_s,
+        ) in rows:  # the last epoch's check is the final one (completes the rotation)
+            print(
+                f"| {epoch} | {train_s:.1f} | {check_s:.1f} | {(train_s + check_s) / max(train_s, 1e-9):.2f}x |"
+            )
 
 
 if __name__ == "__main__":

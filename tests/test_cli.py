@@ -22,13 +22,16 @@ def test_help_lists_commands_and_recipes(capsys):
     assert code == 0
     for word in ("fit", "validate", "test", "check", "corners", "gallery", "report"):
         assert f"  {word} " in out
-    assert "recipes: acdc, cxr, polyp, smoke" in out
+    assert "recipes: acdc, cxr, polyp, polyp_gpu, smoke" in out
 
 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (("fit", "recipe=nope"), "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, smoke"),
+        (
+            ("fit", "recipe=nope"),
+            "unknown recipe 'nope'; available recipes: acdc, cxr, polyp, polyp_gpu, smoke",
+        ),
         (("fit",), "missing recipe=NAME"),
         (
             ("fit", "recipe=smoke", "data.foo=1"),
@@ -46,7 +49,7 @@ def test_help_lists_commands_and_recipes(capsys):
         ),
         (
             ("fit", "recipe=smoke", "model=foo"),
-            "unknown model 'foo'; valid choices: attention_unet, basic_unet",
+            "unknown model 'foo'; valid choices: attention_unet, basic_unet, flexible_unet, segresnet, swin_unetr",
         ),
         (("validate", "recipe=smoke"), "validate needs ckpt=PATH"),
         (("frobnicate",), None),

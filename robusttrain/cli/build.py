@@ -176,7 +176,7 @@ def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit", 
     run_dir = resolve_run_dir(cfg, command)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = build("data", cfg.data)
-    model = build("model", cfg.model)
+    model = build("model", _without_download(cfg))
     _check_compatible(datamodule, model)
     run = Run(cfg=cfg, run_dir=run_dir, datamodule=datamodule, model=model)
     if with_trainer:
@@ -191,6 +191,15 @@ def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit", 
     if write:
         write_config(cfg, run_dir, command)
     return run
+
+
+def _without_download(cfg: DictConfig) -> Any:
+    """The model node; with a checkpoint to load (resume, validate, check) ``pretrained`` is off: the
+    checkpoint's weights replace the encoder's, so nothing is downloaded (and nothing fails offline)."""
+    node = cfg.model
+    if cfg.get("ckpt") and isinstance(node, DictConfig) and node.get("pretrained"):
+        node = OmegaConf.merge(node, {"pretrained": False})
+    return node
 
 
 def _wire_replay(callbacks: list, datamodule: Any) -> None:

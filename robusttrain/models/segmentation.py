@@ -20,9 +20,11 @@ from robusttrain.validate import check_fraction
 
 
 class SegmentationModule(L.LightningModule):
-    """Multi-class 2-D segmentation with softmax over ``num_classes`` logits (background = 0).
+    """Multi-class segmentation with softmax over ``num_classes`` logits (background = 0).
 
-    Batches are dicts with ``image`` (B,C,H,W) float and ``mask`` (B,H,W) int64. Logs
+    Batches are dicts with ``image`` (B,C,H,W) float and ``mask`` (B,H,W) int64 (with ``spatial_dims=3``:
+    (B,C,H,W,D) and (B,H,W,D)). ``network``, ``features``, ``backbone``, ``pretrained`` and ``norm`` pick
+    the MONAI network (:func:`~robusttrain.models.build_network`). Logs
     ``train/loss``, ``val/loss``, ``val/dice`` (mean over foreground classes) and
     ``val/dice_<class>``; ``predict_step`` returns class probabilities.
 
@@ -49,6 +51,10 @@ class SegmentationModule(L.LightningModule):
         weight_decay: float = 1e-4,
         warmup_epochs: int = 0,
         lr_tail: float = 0.0,
+        spatial_dims: int = 2,
+        backbone: str | None = None,
+        pretrained: bool = False,
+        norm: str | None = None,
     ) -> None:
         super().__init__()
         if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
@@ -63,6 +69,10 @@ class SegmentationModule(L.LightningModule):
             num_classes,
             features=list(features) if features is not None else None,
             dropout=dropout,
+            spatial_dims=spatial_dims,
+            backbone=backbone,
+            pretrained=pretrained,
+            norm=norm,
         )
         names = list(class_names) if class_names else [f"class{i}" for i in range(1, num_classes)]
         if len(names) != num_classes - 1:
