@@ -136,14 +136,23 @@ def _is_arange(rows: torch.Tensor) -> bool:
     return rows.tolist() == list(range(rows.numel()))
 
 
+# Open shared-map scopes (placement.SharedMaps pushes itself here while open): rows taken from a batch
+# whose field-of-view maps are shared keep sharing them. The stack lives here, not in placement, so the
+# base class never imports a family module (no import circle).
+SHARED_SCOPES: list[Any] = []
+
+
 def _take_rows(
     x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if rows.numel() == x.shape[0] and _is_arange(rows):
         return x, m
-    from .placement import take_rows  # rows of a batch whose maps are shared keep sharing them
-
-    return take_rows(x, m, rows)
+    for shared in reversed(SHARED_SCOPES):
+        hit = shared.take_from(x, m, rows)
+        if hit is not None:
+            return hit
+    dev = rows.to(x.device)
+    return x[dev], None if m is None else m[dev]
 
 
 # --------------------------------------------------------------------------------------

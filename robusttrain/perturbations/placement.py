@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import NumpyRandom, TorchRandom, torch_generator_from
+from .base import SHARED_SCOPES, NumpyRandom, TorchRandom, torch_generator_from
 from .border import (
     cell_means,
     cell_means_np,
@@ -71,7 +71,7 @@ def maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.
     return _MAPS_MEMO.get(images, masks, _maps_torch)
 
 
-_SHARED: list[SharedMaps] = []
+_SHARED = SHARED_SCOPES  # the open scopes (the stack lives in base, whose row taking reads it too)
 
 
 class SharedMaps:
@@ -142,18 +142,6 @@ def fov_mask_shared(images: torch.Tensor) -> torch.Tensor:
     """:func:`~robusttrain.perturbations.border.fov_mask` from the maps of :func:`maps_torch` (memoised, or
     shared by an open :class:`SharedMaps`): the same mask without a second field-of-view step."""
     return fov_cells_to_mask(maps_torch(images, None)[1][:, None], *images.shape[-2:])
-
-
-def take_rows(
-    images: torch.Tensor, masks: torch.Tensor | None, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(images[rows], masks[rows])``; rows of a view an open :class:`SharedMaps` gave out keep sharing its maps."""
-    for shared in reversed(_SHARED):
-        hit = shared.take_from(images, masks, rows)
-        if hit is not None:
-            return hit
-    dev = rows.to(images.device)
-    return images[dev], None if masks is None else masks[dev]
 
 
 def _lesion_cells(masks: torch.Tensor, cells: tuple[int, int], k: int) -> torch.Tensor:
