@@ -117,6 +117,8 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
         "consistency_paired": (1, 0.3, 1e-9),
         "consistency_light": (1, 0.3, 0.1),
         "metamorphic_detached": (4, 0.3, 1.0, True),
+        # robust training v2's seed-2 stall reproducer: the method's draws, the consistency objective
+        "metamorphic_consistency": (4, 0.3, 1.0),
     }
     assert set(MT_CONDITIONS) == set(expected) and set(expected) < set(CONDITIONS)
     lengths = {}
@@ -134,6 +136,10 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
             k, eps, lam, *detach = expected[cond]
             assert (mt.k, mt.epsilon, mt.consistency, mt.q, mt.seed) == (k, eps, lam, 0.5, 3)
             assert mt.detach_source == bool(detach)
+            # v3 meant the paired objective by consistency > 0, and scored at half size (the class's
+            # defaults moved in robust training v2; the conditions spell v3 out)
+            objective = "consistency" if cond == "metamorphic_consistency" else ("paired" if lam else "replace")
+            assert (mt.objective, mt.score_scale) == (objective, 0.5)
         else:
             assert not mts
         lengths[cond] = len(dm.train_dataloader().dataset)

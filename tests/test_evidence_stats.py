@@ -89,7 +89,7 @@ def test_per_family_efr_and_training_mix_count_what_the_runs_hold(tmp_path):
     d = tmp_path / "metamorphic_s0"
     d.mkdir()
     rows = ["epoch,family,chosen", "0,blur,100", "5,blur,30", "5,saturation,10", "6,saturation,60"]
-    (d / "metamorphic_training.csv").write_text("\n".join(rows))
+    (d / "metamorphic_training.csv").write_text("\n".join(rows) + "\n")  # a complete file ends its last row
     mix = family_mix(tmp_path, rs)  # seed 1 has no file: left out, not counted as zero
     assert mix["metamorphic"]["saturation"]["mean"] == 70.0 and mix["metamorphic"]["blur"]["mean"] == 30.0
 
