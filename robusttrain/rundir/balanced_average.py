@@ -20,8 +20,6 @@ as it is.
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -29,8 +27,6 @@ from typing import Any
 from robusttrain.io import atomic_write_json
 
 from . import paths
-
-log = logging.getLogger(__name__)
 
 NAME = "balanced_average.json"
 CHECKPOINT = "balanced_average.ckpt"
@@ -45,10 +41,4 @@ def write(run_dir: str | os.PathLike, report: dict[str, Any]) -> Path:
 
 def read(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The written object, or None when absent / unreadable (a warning names the file)."""
-    try:
-        text = paths.read_text(run_dir, NAME)
-        obj = None if text is None else json.loads(text)
-    except (paths.RunDirFileError, json.JSONDecodeError) as err:
-        log.warning("cannot read %s: %s", Path(run_dir) / NAME, err)
-        return None
-    return obj if isinstance(obj, dict) else None
+    return paths.read_json_object(run_dir, NAME)

@@ -20,6 +20,8 @@ robusttrain.rundir.paths.RunDirFileError: run-directory file '...efr.csv' is a s
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import stat
 from pathlib import Path, PurePath
@@ -86,6 +88,18 @@ def read_text(run_dir: str | os.PathLike, name: str | os.PathLike) -> str | None
             f"run-directory file '{Path(run_dir).resolve() / name}' is not text (byte "
             f"0x{data[e.start]:02x} at offset {e.start} is not UTF-8)"
         ) from None
+
+
+def read_json_object(run_dir: str | os.PathLike, name: str) -> dict | None:
+    """A run-directory JSON file's object, or None when absent, unreadable or not an object (a warning
+    names the file): the reader of the small end-of-fit records (``balanced_average.json``, ``ema.json``)."""
+    try:
+        text = read_text(run_dir, name)
+        obj = None if text is None else json.loads(text)
+    except (RunDirFileError, json.JSONDecodeError) as err:
+        logging.getLogger(__name__).warning("cannot read %s: %s", Path(run_dir) / name, err)
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def inside(run_dir: str | os.PathLike, path: str | os.PathLike | None) -> Path | None:
