@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from test_callback_metamorphic import Blobs, Tiny
 from torch.utils.data import DataLoader
+from toys import square_batch
 
 from robusttrain.callbacks import (
     MetamorphicCallback,
@@ -31,12 +32,7 @@ from robusttrain.training import WorstOfK, divergence, soft_dice_loss
 COLOUR = ["contrast", "saturation", "white_balance"]
 
 
-def _batch(n=8, size=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = 0.2 + 0.5 * torch.rand(n, 3, size, size, generator=g)
-    m = torch.zeros(n, size, size, dtype=torch.long)
-    m[:, size // 4 : size // 2, size // 4 : size // 2] = 1
-    return x, m
+_batch = square_batch
 
 
 # ----------------------------------------------------------------------------- WorstOfK (pure torch)
@@ -491,6 +487,7 @@ DDP_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from torch.utils.data import DataLoader, DistributedSampler
     from test_callback_metamorphic import Blobs, Tiny
+from toys import square_batch
     from robusttrain.callbacks import MetamorphicTraining
 
     class Shards(Tiny):  # rank r trains on samples r, r+2, ... in order (what the test recomputes)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
-from toys import Blobs
+from toys import Blobs, square_batch
 
 from robusttrain.callbacks import (
     MetamorphicCallback,
@@ -29,12 +29,7 @@ from robusttrain.training import WorstOfK, recreate_followup, select
 COLOUR = ["contrast", "saturation", "white_balance"]
 
 
-def _batch(n=8, size=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = 0.2 + 0.5 * torch.rand(n, 3, size, size, generator=g)
-    m = torch.zeros(n, size, size, dtype=torch.long)
-    m[:, size // 4 : size // 2, size // 4 : size // 2] = 1
-    return x, m
+_batch = square_batch
 
 
 # ----------------------------------------------------------------------------- pure torch

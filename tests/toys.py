@@ -11,6 +11,7 @@ Extend here instead of copying a ``Tiny`` / ``Blobs`` into a new test file:
   (class k where the image is about k/3) and a 4-class conv that learns them; logs ``val/loss``.
 * :class:`Snapshots` -- records the weights at every fitting validation.
 * :func:`fit` -- a quiet deterministic CPU trainer on :class:`Blobs`.
+* :func:`square_batch` -- one (images, masks) batch: noisy mid-grey images, a square lesion in each.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 COLOUR = ["saturation", "contrast", "white_balance"]
+
+
+def square_batch(n=8, size=32, seed=0):
+    """(B,3,H,W) images in [0.2, 0.7] and (B,H,W) masks with the same square lesion in every image."""
+    g = torch.Generator().manual_seed(seed)
+    x = 0.2 + 0.5 * torch.rand(n, 3, size, size, generator=g)
+    m = torch.zeros(n, size, size, dtype=torch.long)
+    m[:, size // 4 : size // 2, size // 4 : size // 2] = 1
+    return x, m
 
 
 class Blobs(Dataset):
