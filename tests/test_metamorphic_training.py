@@ -487,7 +487,6 @@ DDP_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from torch.utils.data import DataLoader, DistributedSampler
     from test_callback_metamorphic import Blobs, Tiny
-from toys import square_batch
     from robusttrain.callbacks import MetamorphicTraining
 
     class Shards(Tiny):  # rank r trains on samples r, r+2, ... in order (what the test recomputes)
