@@ -348,7 +348,7 @@ class WorstOfK:
         family drawn, with the candidates' severities (``sev``, (n, k) on the CPU) as a per-row tensor,
         families in order of first appearance (row-major over (image, candidate)); per-row params come back
         to the host once per family."""
-        n, k = sev.shape if sev.ndim == 2 else (src.shape[0], self.k)
+        n, k = sev.shape
         cand = src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
         params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(k)] for _ in range(n)]
         applied = [[0] * k for _ in range(n)]
@@ -528,18 +528,6 @@ def _apply_family(
     ]
     out, _ = op.apply_family(flat, fm, sev.repeat_interleave(n_sl), params=per_slice)
     return slices_to_volume(out.to(x.dtype), x.shape[0], slice_axis), groups
-
-
-def _stacked(items: list[tuple[int, int, dict[str, torch.Tensor]]]) -> FamilyParams:
-    """Per-row params (leading dim 1) as one group per severity, rows in order of first appearance
-    (``apply_family`` merges them into one call for a family that batches severities)."""
-    by_sev: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
-    for r, s, p in items:
-        by_sev.setdefault(s, []).append((r, p))
-    return [
-        (torch.tensor([r for r, _ in rows]), {k: torch.cat([p[k] for _, p in rows]) for k in rows[0][1]})
-        for rows in by_sev.values()
-    ]
 
 
 def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
