@@ -61,9 +61,8 @@ def _every_callback(run: Path) -> list[str]:
         *TINY,
         f"run_dir={run}",
         "trainer.max_epochs=2",
-        "+callbacks.ema._target_=robusttrain.callbacks.EMACheckpoint",
-        f"+callbacks.ema.dirpath={run}",
-        "+callbacks.ema.decay=0.5",
+        "callbacks.ema.enabled=true",
+        "callbacks.ema.decay=0.5",
         "+callbacks.walk._target_=bad_inputs.test_trust_v4.WalkRunDir",
         f"+callbacks.walk.run_dir={run}",
     ]
