@@ -57,6 +57,14 @@ class EMATracker(Callback):
             self._ensure(pl_module).update_parameters(pl_module.net)
 
     def weights(self) -> dict[str, torch.Tensor]:
+        if self._avg is None and self._pending is not None:
+            # resumed from a checkpoint with no step left (a run stopped while it was scoring): the
+            # checkpoint's average is the run's average; AveragedModel keys its copy as "module.<name>"
+            return {
+                f"net.{k[len('module.'):]}": v.detach().cpu().clone()
+                for k, v in self._pending.items()
+                if k.startswith("module.")
+            }
         if self._avg is None:
             raise RuntimeError("EMATracker: no optimizer step was seen")
         return {f"net.{k}": v.detach().cpu().clone() for k, v in self._avg.module.state_dict().items()}

@@ -89,6 +89,21 @@ def test_ema_resumes_from_the_checkpoint_equal_to_an_uninterrupted_run(tmp_path)
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
 
 
+def test_ema_of_a_run_resumed_with_no_step_left_is_the_checkpoint_s_average(tmp_path):
+    # Evidence v4's first two runs were stopped while scoring; their resume (max_epochs already
+    # reached) must read the EMA from the checkpoint, not refuse ("no optimizer step was seen")
+    whole = EMATracker(decay=0.8)
+    t = trainer(tmp_path / "w", 2, [whole])
+    t.fit(Net(), loader())
+    t.save_checkpoint(tmp_path / "done.ckpt")
+    resumed = EMATracker(decay=0.5)
+    trainer(tmp_path / "w", 2, [resumed]).fit(Net(), loader(), ckpt_path=tmp_path / "done.ckpt")
+    a, b = whole.weights(), resumed.weights()
+    assert sorted(a) == sorted(b) and resumed.decay == 0.8
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
 def test_balanced_average_takes_the_window_s_inlier_epochs():
     states = {e: {"w": torch.tensor([float(e)]), "n": torch.tensor(e)} for e in range(10)}
     avg, info = balanced_average(states.__getitem__, list(range(10)), {"p1": [6, 8], "p2": [8]}, 0.5)
