@@ -62,7 +62,14 @@ from robusttrain.metamorphic.check import (
     probe_cases,
     run_check,
 )
-from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
+from robusttrain.metamorphic.efr import (
+    EFR_COLUMNS,
+    THRESHOLDS,
+    VIOLATION_THRESHOLD,
+    efr_metrics,
+    efr_table,
+    format_efr_console,
+)
 from robusttrain.metamorphic.failures import build_failures
 from robusttrain.metamorphic.heldout import heldout_families, with_families
 from robusttrain.metamorphic.reuse import ValidationOutputs
@@ -145,7 +152,7 @@ class MetamorphicCallback(UsesContext, Callback):
         budget: float | None = None,
         final: str = "rotation",
         thresholds: Sequence[float] = THRESHOLDS,
-        violation_threshold: float = 0.25,
+        violation_threshold: float = VIOLATION_THRESHOLD,
         failure_images: int = 16,
         batch_size: int = 8,
         num_workers: int = 0,

@@ -26,13 +26,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from robusttrain.io import atomic_write_bytes
-from robusttrain.metamorphic.efr import wilson_interval
+from robusttrain.metamorphic.efr import THRESHOLDS, wilson_interval
 from robusttrain.reporting import load
 from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir.corner_cases import Corners
 from robusttrain.rundir.history import dice_columns
 
-THRESHOLDS = (0.25, 0.5)
 LEAST_LOSS_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.5)
 BALANCED_STYLE = dict(color="tab:green", linestyle="-", linewidth=2.0, alpha=0.7)
 
