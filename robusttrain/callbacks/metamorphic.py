@@ -45,6 +45,7 @@ import pandas as pd
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from robusttrain.metamorphic.batch import BatchHooks, iter_probe
 from robusttrain.metamorphic.budget import (
@@ -207,7 +208,8 @@ class MetamorphicCallback(UsesContext, Callback):
         return self._generate_state_key()
 
     # -- Lightning hooks ---------------------------------------------------------------
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         ctx = self.join_context(trainer)
@@ -219,39 +221,47 @@ class MetamorphicCallback(UsesContext, Callback):
         if ds is not None and len(ds):  # refuse shapes the check cannot read now, not after an epoch
             next(iter_probe(ds, [0], 1, self.hooks))
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self._ctx is not None:
             self._ctx.release_lock(trainer, type(self).__name__)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.context.finalize(trainer)
         self._publish()
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # "auto" outputs: unambiguous probabilities stop fit here, before anything trains
         decide_outputs(trainer, pl_module, self._dataset(trainer, "val"), self.hooks, self.to_probabilities)
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.start()
 
+    @override
     def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.clock.step()
         if self.budget.enabled:
             self.work.add(batch)
 
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.pause()
         self.reuse.clear()
         if fitting(trainer):
             self.reuse.attach(pl_module)
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.reuse.detach()
         self.clock.resume()
 
-    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not fitting(trainer):
             return
         epoch = int(trainer.current_epoch)
@@ -272,10 +282,12 @@ class MetamorphicCallback(UsesContext, Callback):
         if splits:
             self.check(trainer, pl_module, epoch, splits, full=last)
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_trained_epoch = int(trainer.current_epoch)
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # stopped early (or by steps / time): the final EFR table is still made (the rotation completed,
         # or the whole suite), on the weights training ended with
         if self.budget.enabled and not self._last_val_full and self._last_check_epoch >= 0:
@@ -553,6 +565,7 @@ class MetamorphicCallback(UsesContext, Callback):
         cases_file.write(d, self.cases)
 
     # -- checkpoint state --------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": 2,
@@ -572,6 +585,7 @@ class MetamorphicCallback(UsesContext, Callback):
         refuses the same state when Lightning restores it."""
         self.suite.check_state(state.get("suite", {}))
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # a changed suite is refused before anything is replaced (its tables would not compare)
         self.suite.load_state_dict(state.get("suite", {}))

@@ -24,19 +24,12 @@ The objective (``objective=``; the maths and the user's two lines are :mod:`robu
 The recipes' :class:`~robusttrain.models.SegmentationModule` has both lines built in. ``lambda`` ramps
 from 0 over the first ``ramp`` fraction of the training steps.
 
-**What is drawn.** Per selected image, ``k`` candidates: a family from ``(1 - epsilon) * w + epsilon *
-uniform`` (``w`` the latest check's per-family violation rates, the training probe's when failure mining
-checks one; uniform without a MetamorphicCallback), a severity in ``1..cap``, the family's params — or,
-with ``chain_depth > 1`` / ``mix="augmix"``, an AugMix-style chain mix (:mod:`robusttrain.training.chains`).
-With ``k > 1`` the model scores the candidates (no grad, eval mode, at ``score_scale`` of the size;
-full size by default) and ``selection`` keeps the worst, a loss quantile, or AugMax's mix of the worst
-and a random one; ``warmup`` draws at random (nothing scored) for the first fraction of the steps.
-Every draw comes from a generator seeded by ``(seed, global step, global rank)``: identical under any
-load, after a resume, and each DDP rank draws for its own shard. ``k=1`` is random augmentation with
-the same families and dose. Per-epoch counts go to ``metamorphic_training.csv`` and a sample of the
-kept follow-ups' recipes to ``metamorphic_training_samples.jsonl``
-(:mod:`robusttrain.rundir.metamorphic_training`); any recorded follow-up is re-created exactly by
-:func:`robusttrain.training.recreate_followup`.
+**What is drawn** (per selected image, ``k`` candidates, steered by the latest check's per-family
+violation rates, seeded by ``(seed, global step, global rank)``) and how it is selected:
+:mod:`robusttrain.training.settings`. Per-epoch counts go to ``metamorphic_training.csv`` and a sample
+of the kept follow-ups' recipes to ``metamorphic_training_samples.jsonl``
+(:mod:`robusttrain.training.accounting`, :mod:`robusttrain.rundir.metamorphic_training`); any recorded
+follow-up is re-created exactly by :func:`robusttrain.training.recreate_followup`.
 
 Example::
 
@@ -64,19 +57,16 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from robusttrain.errors import InputError
 from robusttrain.metamorphic.batch import BatchHooks, normalise_mask
 from robusttrain.metamorphic.check import eval_state as scoring_state  # eval, no grad, modes + RNGs restored
 from robusttrain.metamorphic.efr import VIOLATION_THRESHOLD, family_rates
-from robusttrain.perturbations import trainable
-from robusttrain.perturbations.suites import resolve
 from robusttrain.rundir import metamorphic_training as records_file
 from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scaled_for_scoring, soft_dice_loss
 from robusttrain.training.accounting import FamilyCounts, merge_rows, sample_rows, with_epoch
-from robusttrain.training.objective import MissingCallbackError, select_rows, zero_like_outputs
 from robusttrain.training.objective import metamorphic_forward as metamorphic_forward
-from robusttrain.training.objective import metamorphic_loss as _metamorphic_loss
-from robusttrain.training.settings import DEFAULT_CAP, SETTINGS, MTSettings
+from robusttrain.training.objective import metamorphic_loss as metamorphic_loss
+from robusttrain.training.objective import select_rows, zero_like_outputs
+from robusttrain.training.settings import DEFAULT_CAP, SETTINGS, MTSettings, check_training_images
 from robusttrain.training.worst_of_k import Followups
 
 from ._dist import gather_objects
@@ -87,38 +77,10 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
     """Metamorphic training for any Lightning model: follow-ups drawn (and selected) online, trained on
     through one of three objectives (module doc).
 
-    Args (validated when built, :class:`~robusttrain.training.settings.MTSettings`):
-        perturbations: families or a suite name (default: the MetamorphicCallback's suite, else the
-            endoscopy suite); families that cannot run on the data's channel count, are not trainable
-            (adversarial, melt) or are held out by the MetamorphicCallback are dropped.
-        k: candidates per image (1 = random augmentation).
-        q: fraction of each batch that gets a follow-up (with ``"consistency"``: of the whole batch,
-            drawn among the rows ``replace_q`` left clean).
-        epsilon: uniform share of the family choice, in [0, 1] (the rest follows the check's rates).
-        temperature: 0 keeps the selected candidate; > 0 samples the worst by ``softmax(loss / T)``.
-        severity_caps: highest severity drawn, an int 1..5 or a mapping family -> 1..5 (families a
-            mapping leaves out, and ``None``: the MR suite's highest severity, 4 without one).
-        max_cover: occluding candidates changing more of the lesion than this are never kept.
-        objective: ``"replace"``, ``"consistency"`` or ``"paired"`` (module doc); default
-            ``"consistency"`` when ``consistency > 0``, else ``"replace"``.
-        consistency: ``lambda``, the weight of ``D(p(x), p(x*))`` (> 0 for the two consistency objectives).
-        divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
-        detach_source: stop the consistency gradient at the clean (source) prediction, so only the
-            follow-up moves to agree (the MR's direction; AdvChain / FixMatch do the same). ``False``
-            (default) is AugMix's symmetric JS.
-        ramp: fraction of the training steps over which ``lambda`` grows from 0.
-        replace_q: with ``"consistency"``, the fraction of each batch replaced in place by a random
-            (k=1) follow-up that the supervised loss sees (the same draws as ``"replace"`` with
-            ``k=1, q=replace_q``); 0 keeps the supervised batch clean (AugMix).
-        selection: ``"worst"``, ``"quantile"`` or ``"augmax"`` (:mod:`robusttrain.training.selection`).
-        quantile: the loss quantile ``selection="quantile"`` keeps (1.0 = the worst).
-        warmup: fraction of the training steps before selection starts (random draws until then).
-        score_scale: size of the scoring forward relative to the image (1.0, the default, scores at the
-            training resolution; a smaller scale is kept when the scaled size is a multiple of 16).
-        chain_depth, mix, width, alpha: AugMix-style chains (:mod:`robusttrain.training.chains`).
+    Args:
+        perturbations, k, q, epsilon, ...: the settings, checked when built and documented at
+            :class:`~robusttrain.training.settings.MTSettings`.
         hooks: how batches are read (default: the MetamorphicCallback's, else dict / tuple batches).
-        seed: seeds every draw with the step and rank.
-        record_every, record_per_step: every N-th step, the first M kept follow-ups' recipes are written.
         dirpath: run directory (default: the context's).
         context: a shared :class:`RobustnessContext` (default: the trainer's).
     """
@@ -212,7 +174,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             self.wok, self.replacer = self._build(images)
         if self.wok.n_selected(images.shape[0]) == 0 and self.replacer is None:
             return
-        _check_images(images, int(trainer.global_step))  # every batch: a later one can be out of range too
+        check_training_images(images, int(trainer.global_step))  # every batch: a later one can be out of range too
         step, rank = int(trainer.global_step), int(trainer.global_rank)
         rates = self._rates()
         eligible = None
@@ -353,24 +315,11 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
     def _build(self, images: torch.Tensor) -> tuple[WorstOfK, WorstOfK | None]:
         """The follow-up sampler (and, for ``replace_q``, the in-place random one), from the first batch."""
         suite = getattr(self._ctx, "suite", None)
-        names = self.perturbations or (list(suite.names) if suite is not None else resolve("endoscopy"))
-        # the families' own traits: what runs on this channel count and may be trained on (not
-        # adversarial / melt), minus what the check holds out as test-only
-        usable = set(trainable(int(images.shape[1])))
-        heldout = set(getattr(self._ctx, "heldout_families", None) or ())
-        families = [n for n in names if n in usable and n not in heldout]
-        if not families:
-            raise RobustnessConfigError(
-                f"MetamorphicTraining: none of the perturbations {names} runs on {images.shape[1]}-channel "
-                f"images or is trainable; choose families from {sorted(usable - heldout)} "
-                "(e.g. perturbations='mri' or 'xray')"
-            )
-        try:
-            caps = self.caps_for(families, max(suite.severities) if suite is not None else DEFAULT_CAP)
-        except InputError as err:
-            raise RobustnessConfigError(str(err)) from None
+        heldout = getattr(self._ctx, "heldout_families", None) or ()
+        families, dropped = self.families_for(getattr(suite, "names", None), int(images.shape[1]), list(heldout))
+        caps = self.caps_for(families, max(suite.severities) if suite is not None else DEFAULT_CAP)
         wok, replacer = self.samplers(families, caps, getattr(suite, "slice_axis", -1) if suite is not None else -1)
-        rank_zero_info(self.describe(families, [n for n in names if n not in families], replacer is not None))
+        rank_zero_info(self.describe(families, dropped, replacer is not None))
         return wok, replacer
 
     def _rates(self) -> dict[str, float] | None:
@@ -441,28 +390,6 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         self.samples = list(state_dict.get("samples", []))
 
 
-def metamorphic_loss(
-    pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None, *, required: bool = True
-) -> torch.Tensor:
-    """The ``"paired"`` objective's term of this step: ``L_seg(x*) + lambda * D(p(x), p(x*))``.
-
-    Call it in ``training_step`` with the clean batch, the model's outputs on it and your segmentation
-    loss (``seg_loss(outputs, target)``, applied to the follow-ups and their rows of the batch's masks;
-    default: soft Dice). Returns 0 when the step has no follow-ups or another objective is set. Without a
-    :class:`MetamorphicTraining` callback on the trainer it raises, unless ``required=False``.
-
-    >>> import torch
-    >>> class _M:  # no trainer callbacks: nothing to add
-    ...     trainer = type("T", (), {"callbacks": []})()
-    >>> float(metamorphic_loss(_M(), None, torch.zeros(1, 2, 4, 4), required=False))
-    0.0
-    """
-    try:
-        return _metamorphic_loss(pl_module, batch, outputs, seg_loss, required=required)
-    except MissingCallbackError as err:
-        raise RobustnessConfigError(str(err)) from None
-
-
 def _total_steps(trainer: Any) -> int:
     total = trainer.estimated_stepping_batches
     return int(total) if math.isfinite(total) else 1000
@@ -471,23 +398,6 @@ def _total_steps(trainer: Any) -> int:
 def _forward_context(trainer: Any) -> Any:
     plugin = getattr(trainer, "precision_plugin", None)
     return plugin.forward_context() if plugin is not None else contextlib.nullcontext()
-
-
-def _check_images(images: Any, step: int = 0) -> None:
-    """Training images the perturbations can take: float (B,C,H,W[,D]) in [0, 1] (checked every batch:
-    a loader can produce an out-of-range batch at any step)."""
-    if not torch.is_tensor(images) or not images.is_floating_point() or images.ndim not in (4, 5):
-        raise RobustnessConfigError(
-            f"MetamorphicTraining needs float (B,C,H,W) or (B,C,H,W,D) training images, got "
-            f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}"
-        )
-    lo, hi = (float(v) for v in torch.aminmax(images.detach()))
-    if not (lo >= 0.0 and hi <= 1.0):  # also false for NaN
-        raise RobustnessConfigError(
-            f"MetamorphicTraining perturbs images in [0, 1], but the training images at step {step} span "
-            f"[{lo:.3g}, {hi:.3g}] (normalise after the perturbation, e.g. in the model's forward, or pass "
-            "hooks=BatchHooks(get_images=...))"
-        )
 
 
 def _py(v: Any) -> Any:

@@ -37,13 +37,15 @@ from typing import Any
 
 import torch
 
+from robusttrain.errors import RobustnessConfigError
 from robusttrain.metamorphic.outputs import main_output
 
 OBJECTIVES = ("replace", "consistency", "paired")
 
 
-class MissingCallbackError(RuntimeError):
-    """A ``training_step`` asked for the MR term but no MetamorphicTraining callback is on the trainer."""
+class MissingCallbackError(RobustnessConfigError, RuntimeError):
+    """A ``training_step`` asked for the MR term but no MetamorphicTraining callback is on the trainer
+    (a :class:`~robusttrain.errors.RobustnessConfigError`; a ``RuntimeError`` as it always was)."""
 
 
 def _provider(module: Any) -> Any:

@@ -1,7 +1,18 @@
 """MetamorphicTraining's settings: every argument validated when the callback is built (one line naming
 the argument), and what follows from them alone -- the follow-up samplers for the run's families and
 the line describing them. No trainer here; the Lightning glue is
-:class:`robusttrain.callbacks.MetamorphicTraining` (its Args document each setting).
+:class:`robusttrain.callbacks.MetamorphicTraining`.
+
+**What is drawn.** Per selected image, ``k`` candidates: a family from ``(1 - epsilon) * w + epsilon *
+uniform`` (``w`` the latest check's per-family violation rates, the training probe's when failure mining
+checks one; uniform without a MetamorphicCallback), a severity in ``1..cap``, the family's params — or,
+with ``chain_depth > 1`` / ``mix="augmix"``, an AugMix-style chain mix (:mod:`robusttrain.training.chains`).
+With ``k > 1`` the model scores the candidates (no grad, eval mode, at ``score_scale`` of the size;
+full size by default) and ``selection`` keeps the worst, a loss quantile, or AugMax's mix of the worst
+and a random one; ``warmup`` draws at random (nothing scored) for the first fraction of the steps.
+Every draw comes from a generator seeded by ``(seed, global step, global rank)``: identical under any
+load, after a resume, and each DDP rank draws for its own shard. ``k=1`` is random augmentation with
+the same families and dose.
 
 >>> s = MTSettings(k=1, q=0.25)
 >>> s.objective, s.pair, s.describe_draw()
@@ -22,9 +33,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-from robusttrain.errors import InputError
-from robusttrain.perturbations import available
+from robusttrain.errors import RobustnessConfigError
+from robusttrain.perturbations import available, trainable
 from robusttrain.perturbations.suites import resolve
 from robusttrain.validate import check_choice, check_fraction, check_int
 
@@ -42,8 +54,44 @@ def _number(value: Any) -> bool:
 
 
 class MTSettings:
-    """The validated settings of metamorphic training (module doc; the arguments are
-    :class:`~robusttrain.callbacks.MetamorphicTraining`'s). Raises ``ValueError`` naming a bad one."""
+    """The validated settings of metamorphic training (module doc), the arguments of
+    :class:`~robusttrain.callbacks.MetamorphicTraining` but its ``hooks``, ``dirpath`` and ``context``.
+
+    Args:
+        perturbations: families or a suite name (default: the MetamorphicCallback's suite, else the
+            endoscopy suite); families that cannot run on the data's channel count, are not trainable
+            (adversarial, melt) or are held out by the MetamorphicCallback are dropped.
+        k: candidates per image (1 = random augmentation).
+        q: fraction of each batch that gets a follow-up (with ``"consistency"``: of the whole batch,
+            drawn among the rows ``replace_q`` left clean).
+        epsilon: uniform share of the family choice, in [0, 1] (the rest follows the check's rates).
+        temperature: 0 keeps the selected candidate; > 0 samples the worst by ``softmax(loss / T)``.
+        severity_caps: highest severity drawn, an int 1..5 or a mapping family -> 1..5 (families a
+            mapping leaves out, and ``None``: the MR suite's highest severity, 4 without one).
+        max_cover: occluding candidates changing more of the lesion than this are never kept.
+        objective: ``"replace"``, ``"consistency"`` or ``"paired"`` (module doc); default
+            ``"consistency"`` when ``consistency > 0``, else ``"replace"``.
+        consistency: ``lambda``, the weight of ``D(p(x), p(x*))`` (> 0 for the two consistency objectives).
+        divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
+        detach_source: stop the consistency gradient at the clean (source) prediction, so only the
+            follow-up moves to agree (the MR's direction; AdvChain / FixMatch do the same). ``False``
+            (default) is AugMix's symmetric JS.
+        ramp: fraction of the training steps over which ``lambda`` grows from 0.
+        replace_q: with ``"consistency"``, the fraction of each batch replaced in place by a random
+            (k=1) follow-up that the supervised loss sees (the same draws as ``"replace"`` with
+            ``k=1, q=replace_q``); 0 keeps the supervised batch clean (AugMix).
+        selection: ``"worst"``, ``"quantile"`` or ``"augmax"`` (:mod:`robusttrain.training.selection`).
+        quantile: the loss quantile ``selection="quantile"`` keeps (1.0 = the worst).
+        warmup: fraction of the training steps before selection starts (random draws until then).
+        score_scale: size of the scoring forward relative to the image (1.0, the default, scores at the
+            training resolution; a smaller scale is kept when the scaled size is a multiple of 16).
+        chain_depth, mix, width, alpha: AugMix-style chains (:mod:`robusttrain.training.chains`).
+        seed: seeds every draw with the step and rank.
+        record_every, record_per_step: every N-th step, the first M kept follow-ups' recipes are written.
+
+    Raises:
+        ValueError: a bad value, named in the message.
+    """
 
     def __init__(
         self,
@@ -138,14 +186,33 @@ class MTSettings:
         replacing its images."""
         return self.objective != "replace"
 
+    def families_for(self, suite_names: Sequence[str] | None, channels: int, heldout: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+        """(the families trained on, those asked for but not trained on here): the settings' (else the
+        MR suite's, else the endoscopy suite's) that run on ``channels``-channel images and may be trained
+        on (not adversarial / melt), minus the check's test-only ``heldout`` families.
+
+        >>> MTSettings(perturbations=["blur", "adversarial"]).families_for(None, 3)
+        (['blur'], ['adversarial'])
+        """
+        names = self.perturbations or (list(suite_names) if suite_names is not None else resolve("endoscopy"))
+        usable = set(trainable(int(channels)))
+        families = [n for n in names if n in usable and n not in set(heldout)]
+        if not families:
+            raise RobustnessConfigError(
+                f"MetamorphicTraining: none of the perturbations {names} runs on {channels}-channel "
+                f"images or is trainable; choose families from {sorted(usable - set(heldout))} "
+                "(e.g. perturbations='mri' or 'xray')"
+            )
+        return families, [n for n in names if n not in families]
+
     def caps_for(self, families: Sequence[str], default_cap: int) -> int | dict[str, int]:
         """The highest severity of each family drawn (``default_cap`` where the settings name none);
-        a family in ``severity_caps`` that the run does not train on is refused (:class:`InputError`)."""
+        a family in ``severity_caps`` that the run does not train on is refused."""
         caps = self.severity_caps
         if isinstance(caps, Mapping):
             unknown = sorted(set(caps) - set(families))
             if unknown:
-                raise InputError(
+                raise RobustnessConfigError(
                     f"MetamorphicTraining: severity_caps names {unknown}, not families this run trains on "
                     f"({list(families)})"
                 )
@@ -210,6 +277,23 @@ class MTSettings:
             + (f", random in place on replace_q={self.replace_q:g}" if replacing else "")
             + (f" (not trained on here: {list(dropped)})" if dropped else "")
             + (f", consistency lambda={self.consistency:g} ({self.divergence})" if self.pair else "")
+        )
+
+
+def check_training_images(images: Any, step: int = 0) -> None:
+    """Training images the perturbations can take: float (B,C,H,W[,D]) in [0, 1] (checked every batch:
+    a loader can produce an out-of-range batch at any step)."""
+    if not torch.is_tensor(images) or not images.is_floating_point() or images.ndim not in (4, 5):
+        raise RobustnessConfigError(
+            f"MetamorphicTraining needs float (B,C,H,W) or (B,C,H,W,D) training images, got "
+            f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}"
+        )
+    lo, hi = (float(v) for v in torch.aminmax(images.detach()))
+    if not (lo >= 0.0 and hi <= 1.0):  # also false for NaN
+        raise RobustnessConfigError(
+            f"MetamorphicTraining perturbs images in [0, 1], but the training images at step {step} span "
+            f"[{lo:.3g}, {hi:.3g}] (normalise after the perturbation, e.g. in the model's forward, or pass "
+            "hooks=BatchHooks(get_images=...))"
         )
 
 
