@@ -167,7 +167,7 @@ def rng_state(generator: Any = None) -> dict[str, Any]:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     out = {
         "torch": torch.get_rng_state(),
-        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+        "numpy": [kind, np.asarray(keys).tolist(), pos, has_gauss, gauss],
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import os
-from typing import Any
+from typing import Any, cast
 
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -103,14 +103,14 @@ class CSVLogger(_LightningCSVLogger):
 
     @property
     @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
+    def experiment(self) -> _KeepingWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _KeepingWriter(log_dir=self.log_dir)
-        return self._experiment
+        return cast(_KeepingWriter, self._experiment)  # only this class ever sets it
 
     def resume_after(self, epoch: int) -> int:
         """Forget rows of epochs after ``epoch`` (a resumed run logs them again); returns the count."""
         from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-        return self.experiment.drop_epochs_after(epoch) if rank_zero_only.rank == 0 else 0
+        return self.experiment.drop_epochs_after(epoch) if getattr(rank_zero_only, "rank", 0) == 0 else 0

@@ -12,8 +12,8 @@ from test_callback_metamorphic import COLOUR, Blobs, Tiny
 from torch.utils.data import DataLoader
 
 from robusttrain.callbacks import MetamorphicCallback
-from robusttrain.callbacks._mr_reuse import ValidationOutputs
 from robusttrain.metamorphic.efr import efr_table, wilson_interval
+from robusttrain.metamorphic.reuse import ValidationOutputs
 from robusttrain.metamorphic.rotation import PAIR, latest_scores
 from robusttrain.metamorphic.suite import MRSuite
 

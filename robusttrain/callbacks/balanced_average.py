@@ -54,25 +54,31 @@ import io
 import itertools
 import json
 import logging
-import math
 import os
-import random
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import lightning.pytorch as L
 import torch
 from lightning.pytorch import Callback
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.optim.swa_utils import update_bn
+from typing_extensions import override
 
-from robusttrain.checkpoints import rng_state, set_rng_state
 from robusttrain.io import atomic_write_bytes
 from robusttrain.metamorphic.batch import BatchHooks
 from robusttrain.rundir import balanced_average as average_file
-from robusttrain.validate import check_fraction, check_int
+from robusttrain.training.averaging import (  # the averaging maths; re-exported here as before
+    FALLBACK_WINDOW,
+    LR_TAIL,
+    average_states,
+    check_window,
+    constant_lr_tail,
+    inlier_epochs,
+    seeded_update_bn,
+    window_epochs,
+)
+from robusttrain.validate import check_int
 
 from ._dist import barrier, broadcast_object
 from ._weights import save_weights
@@ -80,99 +86,6 @@ from .compat import fitting
 from .context import RobustnessContext, UsesContext
 
 log = logging.getLogger(__name__)
-
-LR_TAIL = "lr_tail"
-FALLBACK_WINDOW = 0.5  # window="lr_tail" on a run without a constant-LR tail: the last half
-
-
-def window_epochs(epochs: Iterable[int], window: float) -> list[int]:
-    """The last ``ceil(window * n)`` (at least one) of ``n`` validated epochs.
-
-    >>> window_epochs(range(8), 0.5), window_epochs([0, 1, 2], 0.5), window_epochs([3], 0.1)
-    ([4, 5, 6, 7], [1, 2], [3])
-    """
-    eps = sorted(set(int(e) for e in epochs))
-    n = max(1, math.ceil(window * len(eps) - 1e-9))  # 1e-9: 0.3·10 must be 3, not 4
-    return eps[-n:] if eps else []
-
-
-def constant_lr_tail(epochs: Iterable[int], lrs: Mapping[int, Sequence[float]]) -> list[int]:
-    """The trailing run of ``epochs`` trained at the last one's learning rate: every epoch whose recorded
-    ``(lr at start, lr at end)`` both equal the last epoch's start LR (relative tolerance 1e-9). An epoch
-    without a record ends the run.
-
-    >>> lrs = {0: (1.0, 1.0), 1: (0.5, 0.5), 2: (0.2, 0.2), 3: (0.2, 0.2)}
-    >>> constant_lr_tail([0, 1, 2, 3], lrs), constant_lr_tail([0, 1, 2], lrs), constant_lr_tail([], lrs)
-    ([2, 3], [2], [])
-    """
-    eps = sorted(set(int(e) for e in epochs))
-    if not eps or eps[-1] not in lrs:
-        return []
-    final = float(lrs[eps[-1]][0])
-    tail: list[int] = []
-    for e in reversed(eps):
-        rec = lrs.get(e)
-        if rec is None or not all(math.isclose(float(v), final, rel_tol=1e-9, abs_tol=0.0) for v in rec):
-            break
-        tail.append(e)
-    return tail[::-1]
-
-
-def inlier_epochs(
-    epochs: Sequence[int], outlier_epochs: Mapping[str, Iterable[int]]
-) -> tuple[list[int], str]:
-    """The ``epochs`` no corner case flags (status ``"ok"``); when every one is flagged, those flagged by
-    the fewest corner cases (status ``"no_inlier_epoch"``): the epochs a balanced average is taken over.
-
-    >>> inlier_epochs([5, 6, 7], {"p1": [6], "p2": [6, 7]})
-    ([5], 'ok')
-    >>> inlier_epochs([6, 7], {"p1": [6], "p2": [6, 7]})
-    ([7], 'no_inlier_epoch')
-    """
-    bad: dict[int, int] = {}
-    for eps in outlier_epochs.values():
-        for e in set(eps):
-            bad[int(e)] = bad.get(int(e), 0) + 1
-    inliers = [e for e in epochs if e not in bad]
-    if inliers or not epochs:
-        return inliers, "ok"
-    fewest = min(bad[e] for e in epochs)
-    return [e for e in epochs if bad[e] == fewest], "no_inlier_epoch"
-
-
-def average_states(states: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Uniform average of state dicts (floating tensors, summed in float64); other tensors (e.g.
-    BatchNorm's ``num_batches_tracked``) are taken from the last state.
-
-    >>> a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
-    >>> b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}
-    >>> avg = average_states([a, b]); avg["w"].tolist(), avg["n"].item()
-    ([2.0, 4.0], 5)
-    """
-    sums: dict[str, torch.Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    last: dict[str, torch.Tensor] = {}
-    count = 0
-    for state in states:
-        count += 1
-        for k, v in state.items():
-            if torch.is_floating_point(v):
-                dtypes[k] = v.dtype
-                sums[k] = sums[k] + v.double() if k in sums else v.double().clone()
-            else:
-                last[k] = v.clone()
-    if count == 0:
-        raise ValueError("average_states: no state to average")
-    return {**last, **{k: (s / count).to(dtypes[k]) for k, s in sums.items()}}
-
-
-def _check_window(window: Any) -> float | str:
-    if window == LR_TAIL:
-        return LR_TAIL
-    if isinstance(window, str):
-        raise ValueError(f"window={window!r}: expected a number in (0, 1] or {LR_TAIL!r}")
-    return check_fraction("window", window, 0.0, 1.0, lo_open=True)
-
 
 class BalancedAverage(UsesContext, Callback):
     """Write ``balanced_average.ckpt`` (see module docstring for the rule and why).
@@ -213,7 +126,7 @@ class BalancedAverage(UsesContext, Callback):
         context: RobustnessContext | None = None,
     ) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.window = _check_window(window)
+        self.window = check_window(window)
         self.bn_batches = check_int("bn_batches", bn_batches, 0)
         self.seed = check_int("seed", seed, 0)
         self.hooks, self._context_arg = hooks, context
@@ -230,14 +143,16 @@ class BalancedAverage(UsesContext, Callback):
     def state_key(self) -> str:
         return self._generate_state_key(window=self.window)
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self.join_context(trainer)
         # the ECOD flags come from BalancedCheckpoint: without it fit stops before training, saying so
         self.context.join(type(self).__name__, self.dirpath, requires=("corners",))
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._dir = self.context.finalize(trainer)
         self._finished = False
 
@@ -253,7 +168,8 @@ class BalancedAverage(UsesContext, Callback):
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
-    def on_fit_end(self, trainer, pl_module) -> None:
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A fit resumed after its last epoch's checkpoint (kill -9 or SIGTERM in the end-of-fit window)
         # runs no training loop and no on_train_end: the average is made here unless this run's report
         # is already there (BalancedCheckpoint, earlier in the list, has re-made the corner cases by then).
@@ -288,10 +204,12 @@ class BalancedAverage(UsesContext, Callback):
         rec = self._lrs.setdefault(int(trainer.current_epoch), [lr, lr])
         rec[at] = lr
 
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._record_lr(trainer, 0)
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # before Lightning steps epoch-interval schedulers: the LR this epoch ended with
         self._record_lr(trainer, 1)
 
@@ -301,7 +219,8 @@ class BalancedAverage(UsesContext, Callback):
             return sorted(keep | set(window_epochs(self._epochs, FALLBACK_WINDOW)))
         return window_epochs(self._epochs, float(self.window))
 
-    def on_validation_end(self, trainer, pl_module) -> None:
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not fitting(trainer) or self._ctx is None:
             return
         epoch = int(trainer.current_epoch)
@@ -320,7 +239,8 @@ class BalancedAverage(UsesContext, Callback):
         self._kept = keep
 
     # ------------------------------------------------------------------ end of fit
-    def on_train_end(self, trainer, pl_module) -> None:
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._ctx is None or self._dir is None:
             return
         self._finished = True
@@ -435,7 +355,7 @@ class BalancedAverage(UsesContext, Callback):
         )
         return state, report
 
-    def _save(self, trainer, pl_module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         own = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
         try:
             pl_module.load_state_dict(state)
@@ -446,7 +366,7 @@ class BalancedAverage(UsesContext, Callback):
             pl_module.load_state_dict(own)
         return bn
 
-    def _reestimate_bn(self, trainer, pl_module) -> dict[str, Any]:
+    def _reestimate_bn(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         if self.bn_batches == 0 or not any(isinstance(m, _BatchNorm) for m in pl_module.modules()):
             return {"reestimated": False, "batches": 0}
         loader = trainer.train_dataloader
@@ -468,18 +388,11 @@ class BalancedAverage(UsesContext, Callback):
                 seen[0] += 1
                 yield hooks.get_images(batch)
 
-        saved = rng_state()
-        try:  # same seed -> same batches, whatever the run did before; the run's RNG is left as it was
-            torch.manual_seed(self.seed)
-            np.random.seed(self.seed)
-            random.seed(self.seed)
-            # train mode, momentum None (cumulative mean) over the batches; mode and momenta restored
-            update_bn(images(), pl_module, device=pl_module.device)
-        finally:
-            set_rng_state(saved)
+        seeded_update_bn(images(), pl_module, self.seed, device=pl_module.device)
         return {"reestimated": True, "batches": seen[0]}
 
     # ------------------------------------------------------------------ resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "epochs": list(self._epochs),
@@ -490,6 +403,7 @@ class BalancedAverage(UsesContext, Callback):
             "flags": self._context_flags() if self._context_flags() is not None else self._saved_flags,
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._epochs = [int(e) for e in state_dict.get("epochs", [])]
         self._kept = [int(e) for e in state_dict.get("kept", [])]

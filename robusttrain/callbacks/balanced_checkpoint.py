@@ -20,10 +20,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as L
 import numpy as np
 import pandas as pd
 import torch
 from lightning.pytorch import Callback
+from typing_extensions import override
 
 from robusttrain.cornercases import POLICIES, Selection, load_history, max_flagged, select_balanced_epoch
 from robusttrain.cornercases.balanced import check_worst_fraction
@@ -135,14 +137,16 @@ class BalancedCheckpoint(UsesContext, Callback):
         return self._generate_state_key(policy=self.policy, monitor=self.monitor)
 
     # ------------------------------------------------------------------ setup / paths
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self._finished = False
         self.join_context(trainer)
         self.context.join(type(self).__name__, self.dirpath, provides=("corners",))
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # every setup has run: whether an MR callback provides the history is known now
         self._dir = self.context.finalize(trainer)
         has_mr = self.context.provides("mr")
@@ -170,11 +174,19 @@ class BalancedCheckpoint(UsesContext, Callback):
         # only fitting validations are candidates; trainer.validate() and the sanity check are not
         return fitting(trainer) and self._ctx is not None
 
-    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._sums, self._seen = {}, 0
 
+    @override
     def on_validation_batch_end(
-        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         if not self._computing or not self._active(trainer) or dataloader_idx != 0:
             return
@@ -204,7 +216,8 @@ class BalancedCheckpoint(UsesContext, Callback):
             self._sums[(cid, sl)] = s
         self._seen += len(sums)
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._computing or not self._active(trainer):
             return
         merged: dict[tuple[str, int | str], np.ndarray] = {}
@@ -216,9 +229,8 @@ class BalancedCheckpoint(UsesContext, Callback):
         if not per_case:
             return
         n = next(iter(per_case.values())).shape[0]
-        dm_names = (
-            getattr(trainer.datamodule, "class_names", None) if trainer.datamodule is not None else None
-        )
+        dm = getattr(trainer, "datamodule", None)
+        dm_names = getattr(dm, "class_names", None) if dm is not None else None
         names = self.class_names or dm_names
         names = list(names) if names and len(names) == n else [f"class{k}" for k in range(1, n + 1)]
         epoch = trainer.current_epoch
@@ -235,7 +247,8 @@ class BalancedCheckpoint(UsesContext, Callback):
             )
 
     # ------------------------------------------------------------------ candidates
-    def on_validation_end(self, trainer, pl_module) -> None:
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._active(trainer):
             return
         epoch = trainer.current_epoch
@@ -324,10 +337,12 @@ class BalancedCheckpoint(UsesContext, Callback):
         return min(vals, key=lambda e: (sign * vals[e], e))
 
     # ------------------------------------------------------------------ decision
-    def on_train_end(self, trainer, pl_module) -> None:
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._finish(trainer)
 
-    def on_fit_end(self, trainer, pl_module) -> None:
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A fit resumed from a run that was stopped after its last epoch's checkpoint (kill -9,
         # SIGTERM during the end-of-fit work) has no epoch left: Lightning skips the training loop
         # and on_train_end. The end-of-fit work is idempotent, so it is simply done here when missing.
@@ -340,7 +355,8 @@ class BalancedCheckpoint(UsesContext, Callback):
             # stopped while removing the candidates, after corner_cases.json was committed
             shutil.rmtree(self._dir / CANDIDATES, ignore_errors=True)
 
-    def teardown(self, trainer, pl_module, stage: str) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # the fit is over: this trainer lets go of the run-directory lock its context took (the
         # reporter does it when present: its teardown still writes the final plots)
         if (
@@ -444,6 +460,7 @@ class BalancedCheckpoint(UsesContext, Callback):
         }
 
     # ------------------------------------------------------------------ resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "rows": list(self._rows),
@@ -451,6 +468,7 @@ class BalancedCheckpoint(UsesContext, Callback):
             "saved": list(self._saved),
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._rows = list(state_dict.get("rows", []))
         self._monitor_values = {int(k): float(v) for k, v in state_dict.get("monitor_values", {}).items()}

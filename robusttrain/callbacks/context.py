@@ -37,17 +37,13 @@ from typing import Any
 import pandas as pd
 from lightning.pytorch.utilities import rank_zero_info
 
-from robusttrain.errors import InputError
+from robusttrain.errors import RobustnessConfigError
 
 from ._dist import broadcast_object
 
 ATTR = "robusttrain_context"
 PROVIDERS = {"mr": "MetamorphicCallback", "corners": "BalancedCheckpoint"}
 _WHAT = {"mr": "MetamorphicCallback results", "corners": "BalancedCheckpoint corner cases"}
-
-
-class RobustnessConfigError(InputError):
-    """The robustness callbacks are configured inconsistently; the message says what to change."""
 
 
 @dataclass
@@ -255,11 +251,11 @@ class UsesContext:
     >>> Cb().context
     Traceback (most recent call last):
     ...
-    robusttrain.callbacks.context.RobustnessConfigError: Cb.context is used before setup(): ...
+    robusttrain.errors.RobustnessConfigError: Cb.context is used before setup(): ...
     >>> Cb().fit_dir
     Traceback (most recent call last):
     ...
-    robusttrain.callbacks.context.RobustnessConfigError: Cb.fit_dir is used before on_fit_start(): ...
+    robusttrain.errors.RobustnessConfigError: Cb.fit_dir is used before on_fit_start(): ...
     """
 
     _ctx: RobustnessContext | None = None

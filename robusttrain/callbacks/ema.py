@@ -38,9 +38,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as L
 from lightning.pytorch.callbacks import EMAWeightAveraging
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim.swa_utils import get_ema_avg_fn
+from typing_extensions import override
 
 from robusttrain.rundir import ema as ema_file
 from robusttrain.training.averaging import (
@@ -126,7 +128,8 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
         self._ctx = context
         self._dir: Path | None = self.dirpath
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self.join_context(trainer)
@@ -137,7 +140,8 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
                     "and stay at their initial values in ema.ckpt; use use_buffers=True (the default)"
                 )
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._dir = self.context.finalize(trainer)
         self._finished = False
 
@@ -158,7 +162,8 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
             updates += max(0, int(trainer.max_epochs) - self.update_starting_at_epoch)
         return max(1, updates)
 
-    def on_train_start(self, trainer, pl_module) -> None:
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.updates = self.planned_updates(trainer)
         if self.decay is None:
             self.decay_used = ema_decay(self.half_life, self.updates)
@@ -166,7 +171,8 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
             self._average_model.avg_fn = get_ema_avg_fn(decay=self.decay_used)
 
     # ------------------------------------------------------------------ end of fit
-    def on_train_end(self, trainer, pl_module) -> None:
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)  # Lightning copies the EMA weights into the model
         self._finished = True
         save_weights(trainer, self.fit_dir / ema_file.CHECKPOINT)
@@ -174,7 +180,8 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
             ema_file.write(self.fit_dir, self._report(trainer))
         barrier(trainer, "EMACheckpoint.end")
 
-    def on_fit_end(self, trainer, pl_module) -> None:
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A fit resumed from the last epoch's checkpoint runs no training loop, so no on_train_end: the EMA
         # that on_load_checkpoint restored is copied in and written here, as the uninterrupted fit did.
         if getattr(self, "_finished", True) or self._average_model is None or self._ctx is None:
@@ -200,9 +207,11 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
         }
 
     # ------------------------------------------------------------------ resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "decay_used": self.decay_used, "updates": self.updates}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         if state_dict.get("decay_used") is not None:

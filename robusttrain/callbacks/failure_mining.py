@@ -31,8 +31,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as L
 import pandas as pd
 from lightning.pytorch import Callback
+from typing_extensions import override
 
 from robusttrain.metamorphic.batch import iter_probe
 from robusttrain.metamorphic.check import checking_state
@@ -169,7 +171,8 @@ class FailureMiningCallback(UsesContext, Callback):
             self._probe.dataset = CleanDataset(replay.base)
 
     # ---- wiring -----------------------------------------------------------------------------
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.enabled or stage != "fit":
             return
         ctx = self.join_context(trainer)
@@ -182,11 +185,13 @@ class FailureMiningCallback(UsesContext, Callback):
             None if base is None else CleanDataset(base), self.train_probe_size, self.every_n_epochs
         )
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self._ctx is not None:
             self._ctx.release_lock(trainer, type(self).__name__)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled:
             return
         run_dir = self.context.finalize(trainer)
@@ -207,7 +212,8 @@ class FailureMiningCallback(UsesContext, Callback):
             self._bind(self.replay)
         barrier(trainer, "failure_mining_resume")
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # the train loader exists now: the wrap must have happened, and its samples must round-trip
         if not self.enabled:
             return
@@ -254,7 +260,8 @@ class FailureMiningCallback(UsesContext, Callback):
         self._counts[record.epoch][record.perturbation] += 1
 
     # ---- per-epoch sync ---------------------------------------------------------------------
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.bank is None:
             return
         self._sync(trainer)
@@ -267,11 +274,13 @@ class FailureMiningCallback(UsesContext, Callback):
                 "weights": self.replay.weights() if n else {},
             }
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.bank is not None and not trainer.sanity_checking:
             self._sync(trainer)
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.bank is None:
             return
         self._sync(trainer)
@@ -332,6 +341,7 @@ class FailureMiningCallback(UsesContext, Callback):
         )
 
     # ---- checkpoint state -------------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": 2,
@@ -341,6 +351,7 @@ class FailureMiningCallback(UsesContext, Callback):
             "rows": list(self.rows),
         }
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.weights.load_state_dict(state.get("weights", {}))
         self._weights_epoch = int(state.get("weights_epoch", -1))

@@ -25,7 +25,7 @@ instead (``basis="suite"``). Every EFR row has a 95 % Wilson interval (``efr_low
 (``subset`` | ``suite`` | ``rotation``).
 
 The clean pass over the validation probe reuses the validation loop's own forwards when they were of
-the very same inputs and weights (:mod:`._mr_reuse`), so the complete per-case clean history costs
+the very same inputs and weights (:mod:`robusttrain.metamorphic.reuse`), so the complete per-case clean history costs
 no second forward.
 
 Volumes (B,C,H,W,D) work as images do: the suite perturbs them slice-wise (``MRSuite(slice_axis=)``),
@@ -39,27 +39,42 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import lightning.pytorch as L
 import numpy as np
 import pandas as pd
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from robusttrain.metamorphic.batch import BatchHooks, iter_probe
-from robusttrain.metamorphic.budget import CheckBudget, check_budget, final_reserve, training_work
+from robusttrain.metamorphic.budget import (
+    CheckBudget,
+    TrainClock,
+    TrainWork,
+    check_budget,
+    plan_check,
+    plans_subset,
+)
 from robusttrain.metamorphic.check import (
     Probe,
     checking_state,
     id_prefix,
-    prepare_suite,
     probe_cases,
-    rng_preserved,
     run_check,
 )
-from robusttrain.metamorphic.efr import EFR_COLUMNS, THRESHOLDS, efr_metrics, efr_table, format_efr_console
+from robusttrain.metamorphic.efr import (
+    EFR_COLUMNS,
+    THRESHOLDS,
+    VIOLATION_THRESHOLD,
+    efr_metrics,
+    efr_table,
+    format_efr_console,
+)
 from robusttrain.metamorphic.failures import build_failures
 from robusttrain.metamorphic.heldout import heldout_families, with_families
-from robusttrain.metamorphic.rotation import complete_plan, latest_scores
+from robusttrain.metamorphic.reuse import ValidationOutputs
+from robusttrain.metamorphic.rotation import latest_scores
 from robusttrain.metamorphic.runner import ProbeResult, aggregate
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.rundir import efr as efr_file
@@ -68,9 +83,7 @@ from robusttrain.rundir import mr_cases as cases_file
 from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import broadcast_object, gather_objects
-from ._mr_budget import TrainClock, TrainWork
 from ._mr_probe import decide_outputs, make_predict, make_to_probabilities, progress_bar
-from ._mr_reuse import ValidationOutputs
 from .compat import fitting
 from .context import RobustnessConfigError, RobustnessContext, TrainProbe, UsesContext
 
@@ -140,7 +153,7 @@ class MetamorphicCallback(UsesContext, Callback):
         budget: float | None = None,
         final: str = "rotation",
         thresholds: Sequence[float] = THRESHOLDS,
-        violation_threshold: float = 0.25,
+        violation_threshold: float = VIOLATION_THRESHOLD,
         failure_images: int = 16,
         batch_size: int = 8,
         num_workers: int = 0,
@@ -195,7 +208,8 @@ class MetamorphicCallback(UsesContext, Callback):
         return self._generate_state_key()
 
     # -- Lightning hooks ---------------------------------------------------------------
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         ctx = self.join_context(trainer)
@@ -207,39 +221,47 @@ class MetamorphicCallback(UsesContext, Callback):
         if ds is not None and len(ds):  # refuse shapes the check cannot read now, not after an epoch
             next(iter_probe(ds, [0], 1, self.hooks))
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self._ctx is not None:
             self._ctx.release_lock(trainer, type(self).__name__)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.context.finalize(trainer)
         self._publish()
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # "auto" outputs: unambiguous probabilities stop fit here, before anything trains
         decide_outputs(trainer, pl_module, self._dataset(trainer, "val"), self.hooks, self.to_probabilities)
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.start()
 
+    @override
     def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.clock.step()
         if self.budget.enabled:
             self.work.add(batch)
 
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.pause()
         self.reuse.clear()
         if fitting(trainer):
             self.reuse.attach(pl_module)
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.reuse.detach()
         self.clock.resume()
 
-    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not fitting(trainer):
             return
         epoch = int(trainer.current_epoch)
@@ -260,10 +282,12 @@ class MetamorphicCallback(UsesContext, Callback):
         if splits:
             self.check(trainer, pl_module, epoch, splits, full=last)
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_trained_epoch = int(trainer.current_epoch)
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # stopped early (or by steps / time): the final EFR table is still made (the rotation completed,
         # or the whole suite), on the weights training ended with
         if self.budget.enabled and not self._last_val_full and self._last_check_epoch >= 0:
@@ -362,39 +386,29 @@ class MetamorphicCallback(UsesContext, Callback):
             self._write()
         self.clock.resume()  # the check's own time is not training
 
-    def _plan(self, trainer, probes, train_px, epoch, full) -> dict[str, Any]:
-        """Per split, the cases to test under each test (None: all); rank 0 decides, every rank follows.
-
-        Work, not seconds: every rank's pixels count (ranks train on their own shards), in forwards
-        of one probe sample, so the plan is the same under any load (module doc)."""
-        rotation = full and self.final == "rotation"
-        if not self.budget.enabled or (full and not rotation) or not probes:
+    def _plan(
+        self, trainer: L.Trainer, probes: dict[str, Probe], train_px: int, epoch: int, full: bool
+    ) -> dict[str, Any]:
+        """Per split, the cases to test under each test (None: all); rank 0 decides
+        (:func:`~robusttrain.metamorphic.budget.plan_check`), every rank follows."""
+        if not plans_subset(self.budget, self.final, full) or not probes:
             return {}
-        px = gather_objects(trainer, int(train_px))
+        px = gather_objects(trainer, int(train_px))  # every rank's pixels: ranks train on their own shards
         plan = None
         if trainer.is_global_zero:
-            first = probes.get("val", next(iter(probes.values())))
-            probe_px = _sample_pixels(first.dataset, first.indices, self.hooks)
-            work = training_work(sum(px), probe_px)
-            clean, fol = self.budget.costs()
-            n_val = len(probes["val"].indices) if "val" in probes else 0
-            since = epoch - self._last_check_epoch if self._last_check_epoch >= 0 else epoch + 1
-            if self.suite.in_channels is None:  # the number of tests depends on the data's channels
-                prepare_suite(self.suite, first, self.hooks)
-            # the rotation's final table needs no whole suite at the end: nothing to set aside for it
-            reserve = (
-                0.0
-                if self.final == "rotation"
-                else final_reserve(n_val, len(self.suite.tests), clean, fol, since, trainer.max_epochs)
+            plan = plan_check(
+                self.budget,
+                probes,
+                px,
+                self.suite,
+                self.hooks,
+                epoch=epoch,
+                last_check_epoch=self._last_check_epoch,
+                max_epochs=trainer.max_epochs,
+                final=self.final,
+                full=full,
+                cases=self.cases,
             )
-            plan = self.budget.plan(
-                work, {s: p.case_ids for s, p in probes.items()}, len(self.suite.tests), reserve=reserve
-            )
-            if (
-                rotation and "val" in probes
-            ):  # the last check completes the rotation: every pair not scored yet
-                done = self.cases[self.cases["split"] == "val"] if len(self.cases) else self.cases
-                plan["val"] = complete_plan(plan.get("val"), probes["val"].case_ids, self.suite.tests, done)
         shared = broadcast_object(trainer, plan)
         assert shared is not None  # rank 0 always plans; the other ranks receive its plan
         return shared
@@ -551,6 +565,7 @@ class MetamorphicCallback(UsesContext, Callback):
         cases_file.write(d, self.cases)
 
     # -- checkpoint state --------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": 2,
@@ -570,6 +585,7 @@ class MetamorphicCallback(UsesContext, Callback):
         refuses the same state when Lightning restores it."""
         self.suite.check_state(state.get("suite", {}))
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # a changed suite is refused before anything is replaced (its tables would not compare)
         self.suite.load_state_dict(state.get("suite", {}))
@@ -579,15 +595,6 @@ class MetamorphicCallback(UsesContext, Callback):
         self.budget.load_state_dict(state.get("budget", {}))
         self.work.pixels = int(state.get("train_pixels", 0))  # a mid-epoch checkpoint: work since the check
         self._last_check_epoch, self._last_val_full = state.get("last_check", [-1, True])
-
-
-def _sample_pixels(ds: Any, idx: Sequence[int], hooks: BatchHooks) -> int:
-    """Pixels (voxels) of one probe sample: the unit of the budget's work."""
-    if not len(idx):
-        return 1
-    with rng_preserved():  # reading must not shift the seeded stream the check's samples are read with
-        x = next(iter_probe(ds, list(idx[:1]), 1, hooks)).images
-    return max(1, int(x[0, 0].numel()))
 
 
 def _replace(frame: pd.DataFrame, new: pd.DataFrame, epoch: int, split: str) -> pd.DataFrame:

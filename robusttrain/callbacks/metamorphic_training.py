@@ -24,19 +24,12 @@ The objective (``objective=``; the maths and the user's two lines are :mod:`robu
 The recipes' :class:`~robusttrain.models.SegmentationModule` has both lines built in. ``lambda`` ramps
 from 0 over the first ``ramp`` fraction of the training steps.
 
-**What is drawn.** Per selected image, ``k`` candidates: a family from ``(1 - epsilon) * w + epsilon *
-uniform`` (``w`` the latest check's per-family violation rates, the training probe's when failure mining
-checks one; uniform without a MetamorphicCallback), a severity in ``1..cap``, the family's params — or,
-with ``chain_depth > 1`` / ``mix="augmix"``, an AugMix-style chain mix (:mod:`robusttrain.training.chains`).
-With ``k > 1`` the model scores the candidates (no grad, eval mode, at ``score_scale`` of the size;
-full size by default) and ``selection`` keeps the worst, a loss quantile, or AugMax's mix of the worst
-and a random one; ``warmup`` draws at random (nothing scored) for the first fraction of the steps.
-Every draw comes from a generator seeded by ``(seed, global step, global rank)``: identical under any
-load, after a resume, and each DDP rank draws for its own shard. ``k=1`` is random augmentation with
-the same families and dose. Per-epoch counts go to ``metamorphic_training.csv`` and a sample of the
-kept follow-ups' recipes to ``metamorphic_training_samples.jsonl``
-(:mod:`robusttrain.rundir.metamorphic_training`); any recorded follow-up is re-created exactly by
-:func:`robusttrain.training.recreate_followup`.
+**What is drawn** (per selected image, ``k`` candidates, steered by the latest check's per-family
+violation rates, seeded by ``(seed, global step, global rank)``) and how it is selected:
+:mod:`robusttrain.training.settings`. Per-epoch counts go to ``metamorphic_training.csv`` and a sample
+of the kept follow-ups' recipes to ``metamorphic_training_samples.jsonl``
+(:mod:`robusttrain.training.accounting`, :mod:`robusttrain.rundir.metamorphic_training`); any recorded
+follow-up is re-created exactly by :func:`robusttrain.training.recreate_followup`.
 
 Example::
 
@@ -57,69 +50,37 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
+import lightning.pytorch as L
 import pandas as pd
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from robusttrain.metamorphic.batch import BatchHooks, normalise_mask
 from robusttrain.metamorphic.check import eval_state as scoring_state  # eval, no grad, modes + RNGs restored
-from robusttrain.perturbations import available, trainable
-from robusttrain.perturbations.suites import resolve
+from robusttrain.metamorphic.efr import VIOLATION_THRESHOLD, family_rates
 from robusttrain.rundir import metamorphic_training as records_file
 from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scaled_for_scoring, soft_dice_loss
-from robusttrain.training.chains import MIXES
-from robusttrain.training.consistency import DIVERGENCES
-from robusttrain.training.objective import OBJECTIVES, MissingCallbackError, zero_like_outputs
+from robusttrain.training.accounting import FamilyCounts, merge_rows, sample_rows, with_epoch
 from robusttrain.training.objective import metamorphic_forward as metamorphic_forward
-from robusttrain.training.objective import metamorphic_loss as _metamorphic_loss
-from robusttrain.training.selection import SELECTIONS
-from robusttrain.training.worst_of_k import jsonable
-from robusttrain.validate import check_choice, check_fraction, check_int
+from robusttrain.training.objective import metamorphic_loss as metamorphic_loss
+from robusttrain.training.objective import select_rows, zero_like_outputs
+from robusttrain.training.settings import DEFAULT_CAP, SETTINGS, MTSettings, check_training_images
+from robusttrain.training.worst_of_k import Followups
 
 from ._dist import gather_objects
 from .context import RobustnessConfigError, RobustnessContext, UsesContext
 
-DEFAULT_CAP = 4  # without a MetamorphicCallback: the recipes' highest tested severity
 
-
-class MetamorphicTraining(UsesContext, Callback):
+class MetamorphicTraining(MTSettings, UsesContext, Callback):
     """Metamorphic training for any Lightning model: follow-ups drawn (and selected) online, trained on
     through one of three objectives (module doc).
 
     Args:
-        perturbations: families or a suite name (default: the MetamorphicCallback's suite, else the
-            endoscopy suite); families that cannot run on the data's channel count, are not trainable
-            (adversarial, melt) or are held out by the MetamorphicCallback are dropped.
-        k: candidates per image (1 = random augmentation).
-        q: fraction of each batch that gets a follow-up (with ``"consistency"``: of the whole batch,
-            drawn among the rows ``replace_q`` left clean).
-        epsilon: uniform share of the family choice, in [0, 1] (the rest follows the check's rates).
-        temperature: 0 keeps the selected candidate; > 0 samples the worst by ``softmax(loss / T)``.
-        severity_caps: highest severity drawn, an int 1..5 or a mapping family -> 1..5 (families a
-            mapping leaves out, and ``None``: the MR suite's highest severity, 4 without one).
-        max_cover: occluding candidates changing more of the lesion than this are never kept.
-        objective: ``"replace"``, ``"consistency"`` or ``"paired"`` (module doc); default
-            ``"consistency"`` when ``consistency > 0``, else ``"replace"``.
-        consistency: ``lambda``, the weight of ``D(p(x), p(x*))`` (> 0 for the two consistency objectives).
-        divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
-        detach_source: stop the consistency gradient at the clean (source) prediction, so only the
-            follow-up moves to agree (the MR's direction; AdvChain / FixMatch do the same). ``False``
-            (default) is AugMix's symmetric JS.
-        ramp: fraction of the training steps over which ``lambda`` grows from 0.
-        replace_q: with ``"consistency"``, the fraction of each batch replaced in place by a random
-            (k=1) follow-up that the supervised loss sees (the same draws as ``"replace"`` with
-            ``k=1, q=replace_q``); 0 keeps the supervised batch clean (AugMix).
-        selection: ``"worst"``, ``"quantile"`` or ``"augmax"`` (:mod:`robusttrain.training.selection`).
-        quantile: the loss quantile ``selection="quantile"`` keeps (1.0 = the worst).
-        warmup: fraction of the training steps before selection starts (random draws until then).
-        score_scale: size of the scoring forward relative to the image (1.0, the default, scores at the
-            training resolution; a smaller scale is kept when the scaled size is a multiple of 16).
-        chain_depth, mix, width, alpha: AugMix-style chains (:mod:`robusttrain.training.chains`).
+        perturbations, k, q, epsilon, ...: the settings, checked when built and documented at
+            :class:`~robusttrain.training.settings.MTSettings`.
         hooks: how batches are read (default: the MetamorphicCallback's, else dict / tuple batches).
-        seed: seeds every draw with the step and rank.
-        record_every, record_per_step: every N-th step, the first M kept follow-ups' recipes are written.
         dirpath: run directory (default: the context's).
         context: a shared :class:`RobustnessContext` (default: the trainer's).
     """
@@ -154,116 +115,51 @@ class MetamorphicTraining(UsesContext, Callback):
         width: int = 3,
         alpha: float = 1.0,
     ):
-        self.perturbations = None if perturbations is None else resolve(perturbations)
-        self.k = check_int("k", k, 1)
-        self.q = check_fraction("q", q)
-        self.epsilon = check_fraction("epsilon", epsilon)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0 (0 = keep the worst), got {temperature!r}")
-        self.temperature = float(temperature)
-        self.severity_caps = _checked_caps(severity_caps, self.perturbations)
-        self.max_cover = check_fraction("max_cover", max_cover)
-        if (
-            isinstance(consistency, bool)
-            or not isinstance(consistency, (int, float))
-            or not math.isfinite(consistency)
-            or consistency < 0
-        ):
-            raise ValueError(
-                f"consistency must be a weight >= 0 (0 = no consistency term), got {consistency!r}"
-            )
-        self.consistency = float(consistency)
-        if objective is None:
-            objective = "consistency" if self.consistency > 0 else "replace"
-        self.objective = check_choice("objective", objective, OBJECTIVES)
-        if self.objective != "replace" and self.consistency <= 0:
-            raise ValueError(
-                f"objective={self.objective!r} trains through the consistency term: give consistency > 0 "
-                f"(lambda, e.g. 1.0), got consistency={consistency!r}"
-            )
-        if self.objective == "replace" and self.consistency > 0:
-            raise ValueError(
-                f"objective='replace' has no consistency term, but consistency={consistency!r}; use "
-                "objective='consistency' (hard copies only through the consistency term) or consistency=0"
-            )
-        self.divergence = check_choice("divergence", divergence, DIVERGENCES)
-        if not isinstance(detach_source, bool):
-            raise ValueError(f"detach_source must be true or false, got {detach_source!r}")
-        self.detach_source = detach_source
-        self.ramp = check_fraction("ramp", ramp)
-        if (
-            isinstance(score_scale, bool)
-            or not isinstance(score_scale, (int, float))
-            or not 0 < score_scale <= 1
-        ):
-            raise ValueError(f"score_scale must be in (0, 1] (1 = score at full size), got {score_scale!r}")
-        self.score_scale = float(score_scale)
-        self.replace_q = check_fraction("replace_q", replace_q)
-        if self.replace_q > 0 and self.objective != "consistency":
-            raise ValueError(
-                f"replace_q={replace_q!r} is for objective='consistency' (random in-place draws the supervised "
-                f"loss sees); with objective={self.objective!r} use q"
-            )
-        self.selection = check_choice("selection", selection, SELECTIONS)
-        self.quantile = check_fraction("quantile", quantile)
-        self.warmup = check_fraction("warmup", warmup)
-        if self.warmup >= 1:
-            raise ValueError(f"warmup must be a fraction of the training steps in [0, 1), got {warmup!r}")
-        self.chain_depth = check_int("chain_depth", chain_depth, 1)
-        if self.chain_depth > 5:
-            raise ValueError(f"chain_depth must be 1..5 (AugMix uses up to 3), got {chain_depth!r}")
-        self.mix = check_choice("mix", mix, MIXES)
-        self.width = check_int("width", width, 1)
-        if self.mix == "none" and self.width != 1 and self.chain_depth > 1:
-            raise ValueError(f"width={width} chains are mixed only with mix='augmix'; with mix='none' use width=1")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"alpha must be a number > 0 (AugMix: 1.0), got {alpha!r}")
-        self.alpha = float(alpha)
+        # MTSettings: every value checked, one line naming a bad one
+        MTSettings.__init__(self, **{k: v for k, v in locals().items() if k in SETTINGS})
         if hooks is not None and not isinstance(hooks, BatchHooks):
             raise ValueError(f"hooks must be a BatchHooks, got {type(hooks).__name__}")
         self.hooks = hooks
-        self.seed = check_int("seed", seed, None)
-        self.record_every = check_int("record_every", record_every, 1)
-        self.record_per_step = check_int("record_per_step", record_per_step, 0)
         self.dirpath, self._context_arg = dirpath, context
         self.wok: WorstOfK | None = None
         self.replacer: WorstOfK | None = None
         self.stats = pd.DataFrame(columns=records_file.STATS_COLUMNS)
         self.samples: list[dict[str, Any]] = []
         self._ctx: RobustnessContext | None = context
-        self._acc: dict[str, Any] = {}
+        self._counts = FamilyCounts()
         self._pending: Any = None
         self._epoch_samples: list[dict[str, Any]] = []
         self._consumed = False
         self._steps_seen = 0
         self._rates_cache: tuple[Any, dict[str, float] | None] = (None, None)  # (efr table, its rates)
 
-    @property
-    def pair(self) -> bool:
-        """Whether follow-ups wait beside the batch (the two consistency objectives) instead of
-        replacing its images."""
-        return self.objective != "replace"
-
     # -- Lightning hooks ---------------------------------------------------------------
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self.join_context(trainer)
         self.context.join(type(self).__name__, self.dirpath)
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self._ctx is not None:
             self._ctx.release_lock(trainer, type(self).__name__)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.context.finalize(trainer)
         self._steps_seen = 0
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self._reset_acc()
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._counts.reset()
 
+    @override
     @torch.no_grad()
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._pending, self._consumed = None, False
         hooks = self._hooks()
         try:
@@ -278,7 +174,7 @@ class MetamorphicTraining(UsesContext, Callback):
             self.wok, self.replacer = self._build(images)
         if self.wok.n_selected(images.shape[0]) == 0 and self.replacer is None:
             return
-        _check_images(images, int(trainer.global_step))  # every batch: a later one can be out of range too
+        check_training_images(images, int(trainer.global_step))  # every batch: a later one can be out of range too
         step, rank = int(trainer.global_step), int(trainer.global_rank)
         rates = self._rates()
         eligible = None
@@ -299,14 +195,14 @@ class MetamorphicTraining(UsesContext, Callback):
             eligible=eligible,
             select=not warming,
         )
-        self._account(fol, rates)
+        self._counts.add(self.wok, fol, rates)
         self._record(trainer, batch, fol)
         if self.pair:
             self._pending = (fol, hooks.get_masks(batch))
             return
         self._write_into(batch, images, fol)
 
-    def _write_into(self, batch: Any, images: torch.Tensor, fol: Any) -> None:
+    def _write_into(self, batch: Any, images: torch.Tensor, fol: Followups) -> None:
         images[fol.index] = fol.images.to(images.dtype)
         if self._steps_seen == 0 and self._hooks().get_images(batch).data_ptr() != images.data_ptr():
             raise RobustnessConfigError(
@@ -314,8 +210,9 @@ class MetamorphicTraining(UsesContext, Callback):
                 "use objective='consistency' with metamorphic_forward(self, images) in training_step instead"
             )
 
+    @override
     def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.pair and self._pending is not None and not self._consumed and self._steps_seen == 0:
             line = (
@@ -331,11 +228,13 @@ class MetamorphicTraining(UsesContext, Callback):
         self._steps_seen += 1
         self._pending = None
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        rows = self._epoch_rows(int(trainer.current_epoch))
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        epoch = int(trainer.current_epoch)
+        rows = self._counts.take(epoch, self._worst_of_k().labels) if self.wok is not None else []
         parts = gather_objects(trainer, {"rows": rows, "samples": self._epoch_samples})
         self._epoch_samples = []
-        merged = _merge_rows([r for p in parts for r in p["rows"]])  # the same on every rank
+        merged = merge_rows([r for p in parts for r in p["rows"]])  # the same on every rank
         kept = sum(r["chosen"] for r in merged)
         if kept:  # which artifacts the model trained on this epoch: one curve per family (W&B, CSV)
             pl_module.log_dict(
@@ -346,11 +245,7 @@ class MetamorphicTraining(UsesContext, Callback):
             )
         if not trainer.is_global_zero:
             return
-        new = pd.DataFrame(merged, columns=records_file.STATS_COLUMNS)
-        keep = (
-            self.stats[self.stats["epoch"] != int(trainer.current_epoch)] if len(self.stats) else self.stats
-        )
-        self.stats = pd.concat([keep, new], ignore_index=True) if len(keep) else new
+        self.stats = with_epoch(self.stats, merged, epoch, records_file.STATS_COLUMNS)
         self.samples.extend(
             sorted(
                 (s for p in parts for s in p["samples"]), key=lambda r: (r["step"], r["rank"], r["position"])
@@ -360,11 +255,11 @@ class MetamorphicTraining(UsesContext, Callback):
         records_file.write_samples(self.context.resolved_run_dir, self.samples)
 
     # -- the objectives' terms (called from training_step through robusttrain.training.objective) ---
-    def _lambda(self, pl_module: Any) -> float:
+    def _lambda(self, pl_module: L.LightningModule) -> float:
         trainer = pl_module.trainer
         return self.consistency * ramp(int(trainer.global_step), _total_steps(trainer), self.ramp)
 
-    def _consistency(self, pl_module: Any, source: Any, followup: Any, n: int) -> torch.Tensor:
+    def _consistency(self, pl_module: L.LightningModule, source: Any, followup: Any, n: int) -> torch.Tensor:
         """``lambda * D(p(source), p(followup))``, logged; the source detached with ``detach_source``."""
         spec = self._hooks().to_probabilities
         p_src = probabilities(source, spec)
@@ -376,7 +271,7 @@ class MetamorphicTraining(UsesContext, Callback):
         pl_module.log("mt/lambda", lam, on_step=False, on_epoch=True, batch_size=n)
         return lam * cons
 
-    def consistency_forward(self, pl_module: Any, images: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    def consistency_forward(self, pl_module: L.LightningModule, images: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """The ``"consistency"`` objective's forward (:func:`metamorphic_forward`): one forward over
         ``images`` and this step's follow-ups; ``images``' outputs and ``lambda * D`` (0 without follow-ups)."""
         self._consumed = True
@@ -386,11 +281,11 @@ class MetamorphicTraining(UsesContext, Callback):
         fol = self._pending[0]
         b = images.shape[0]
         out = pl_module(torch.cat([images, fol.images.to(images.dtype)]))
-        clean, follow = _select(out, slice(0, b)), _select(out, slice(b, None))
-        return clean, self._consistency(pl_module, _select(clean, fol.index), follow, len(fol))
+        clean, follow = select_rows(out, slice(0, b)), select_rows(out, slice(b, None))
+        return clean, self._consistency(pl_module, select_rows(clean, fol.index), follow, len(fol))
 
     def paired_loss(
-        self, pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None
+        self, pl_module: L.LightningModule, batch: Any, outputs: Any, seg_loss: Callable | None = None
     ) -> torch.Tensor:
         """The ``"paired"`` objective's term (:func:`metamorphic_loss`): ``L_seg(x*) + lambda * D(p(x), p(x*))``
         for this step's follow-ups (0 for the other objectives, or when there are none)."""
@@ -402,13 +297,13 @@ class MetamorphicTraining(UsesContext, Callback):
         idx = fol.index
         out_f = pl_module(fol.images)
         if seg_loss is not None:
-            seg = seg_loss(out_f, _select(target, idx))
+            seg = seg_loss(out_f, select_rows(target, idx))
         else:
             spec = self._hooks().to_probabilities
-            seg = soft_dice_loss(probabilities(out_f, spec), normalise_mask(_select(target, idx), fol.images)).mean()
+            seg = soft_dice_loss(probabilities(out_f, spec), normalise_mask(select_rows(target, idx), fol.images)).mean()
         n = int(idx.numel())
         pl_module.log("mt/followup_loss", seg.detach(), on_step=False, on_epoch=True, batch_size=n)
-        return seg + self._consistency(pl_module, _select(outputs, idx), out_f, n)
+        return seg + self._consistency(pl_module, select_rows(outputs, idx), out_f, n)
 
     # -- internals ---------------------------------------------------------------------
     def _hooks(self) -> BatchHooks:
@@ -420,80 +315,12 @@ class MetamorphicTraining(UsesContext, Callback):
     def _build(self, images: torch.Tensor) -> tuple[WorstOfK, WorstOfK | None]:
         """The follow-up sampler (and, for ``replace_q``, the in-place random one), from the first batch."""
         suite = getattr(self._ctx, "suite", None)
-        names = self.perturbations or (list(suite.names) if suite is not None else resolve("endoscopy"))
-        # the families' own traits: what runs on this channel count and may be trained on (not
-        # adversarial / melt), minus what the check holds out as test-only
-        usable = set(trainable(int(images.shape[1])))
-        heldout = set(getattr(self._ctx, "heldout_families", None) or ())
-        families = [n for n in names if n in usable and n not in heldout]
-        if not families:
-            raise RobustnessConfigError(
-                f"MetamorphicTraining: none of the perturbations {names} runs on {images.shape[1]}-channel "
-                f"images or is trainable; choose families from {sorted(usable - heldout)} "
-                "(e.g. perturbations='mri' or 'xray')"
-            )
-        default_cap = max(suite.severities) if suite is not None else DEFAULT_CAP
-        caps = self.severity_caps
-        if isinstance(caps, Mapping):
-            unknown = sorted(set(caps) - set(families))
-            if unknown:
-                raise RobustnessConfigError(
-                    f"MetamorphicTraining: severity_caps names {unknown}, not families this run trains on "
-                    f"({families})"
-                )
-            caps = {f: caps.get(f, default_cap) for f in families}  # the documented default for the rest
-        elif caps is None:
-            caps = default_cap
-        slice_axis = getattr(suite, "slice_axis", -1) if suite is not None else -1
-        common: dict[str, Any] = dict(
-            epsilon=self.epsilon,
-            severity_caps=caps,
-            max_cover=self.max_cover,
-            seed=self.seed,
-            slice_axis=slice_axis,
-        )
-        wok = WorstOfK(
-            families,
-            k=self.k,
-            q=self.q,
-            temperature=self.temperature,
-            selection=self.selection,
-            quantile=self.quantile,
-            chain_depth=self.chain_depth,
-            mix=self.mix,
-            width=self.width,
-            alpha=self.alpha,
-            # the consistency follow-ups draw on a stream of their own, so the in-place part of the
-            # batch is exactly what objective="replace", k=1, q=replace_q draws for the same seed
-            stream="consistency" if self.objective == "consistency" else "worst_of_k",
-            **common,
-        )
-        replacer = None
-        if self.replace_q > 0:
-            replacer = WorstOfK(families, k=1, q=self.replace_q, stream="worst_of_k", **common)
-        dropped = [n for n in names if n not in families]
-        rank_zero_info(
-            f"[robusttrain] metamorphic training ({self.objective}): {self._what()} on q={self.q:g} of each "
-            f"batch, families {families} ({self._draw()})"
-            + (f", random in place on replace_q={self.replace_q:g}" if replacer is not None else "")
-            + (f" (not trained on here: {dropped})" if dropped else "")
-            + (f", consistency lambda={self.consistency:g} ({self.divergence})" if self.pair else "")
-        )
+        heldout = getattr(self._ctx, "heldout_families", None) or ()
+        families, dropped = self.families_for(getattr(suite, "names", None), int(images.shape[1]), list(heldout))
+        caps = self.caps_for(families, max(suite.severities) if suite is not None else DEFAULT_CAP)
+        wok, replacer = self.samplers(families, caps, getattr(suite, "slice_axis", -1) if suite is not None else -1)
+        rank_zero_info(self.describe(families, dropped, replacer is not None))
         return wok, replacer
-
-    def _what(self) -> str:
-        # k=1 scores nothing: one random draw, i.e. augmentation
-        what = "an AugMix chain mix" if self.mix == "augmix" or self.chain_depth > 1 else "perturbation"
-        if self.k == 1:
-            return f"one random {what} (k=1)"
-        return f"{self.selection} of k={self.k} ({what})" + (f", random for the first {self.warmup:g} of steps" if self.warmup else "")
-
-    def _draw(self) -> str:
-        return (
-            "drawn uniformly"
-            if self.epsilon >= 1.0
-            else f"weighted by the MR check, {self.epsilon:g} uniform"
-        )
 
     def _rates(self) -> dict[str, float] | None:
         """Per-family violation rates of the latest check (train probe if there is one, else val).
@@ -505,26 +332,14 @@ class MetamorphicTraining(UsesContext, Callback):
             return None
         if self._rates_cache[0] is efr:
             return self._rates_cache[1]
-        rates = self._rates_of(efr)
+        t = getattr(self._ctx, "violation_threshold", None) or VIOLATION_THRESHOLD
+        rates = family_rates(efr, "auto", "dice", t) or None
         self._rates_cache = (efr, rates)
         return rates
 
-    def _rates_of(self, efr: pd.DataFrame) -> dict[str, float] | None:
-        t = getattr(self._ctx, "violation_threshold", None) or 0.25
-        rows = efr[
-            (efr["metric"] == "dice")
-            & (efr["severity"] == 0)
-            & (efr["perturbation"] != "all")
-            & ((efr["threshold"] - t).abs() < 1e-9)
-        ]
-        split = "train" if (rows["split"] == "train").any() else "val"
-        rows = rows[rows["split"] == split]
-        if not len(rows):
-            return None
-        last = rows[rows["epoch"] == rows["epoch"].max()]
-        return {str(p): float(v) for p, v in zip(last["perturbation"], last["efr"]) if v == v}
-
-    def _scorer(self, trainer: Any, pl_module: Any) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    def _scorer(
+        self, trainer: L.Trainer, pl_module: L.LightningModule
+    ) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
         spec = self._hooks().to_probabilities
 
         def score(candidates: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
@@ -538,73 +353,12 @@ class MetamorphicTraining(UsesContext, Callback):
 
         return score
 
-    def _reset_acc(self) -> None:
-        self._acc = {}
-
     def _worst_of_k(self) -> WorstOfK:
         if self.wok is None:  # built from the first training batch (its channel count)
             raise RobustnessConfigError("MetamorphicTraining: no training batch has been seen yet")
         return self.wok
 
-    def _account(self, fol: Any, rates: Mapping[str, float] | None) -> None:
-        """Per-family counts and score sums, kept on the device (read once per epoch)."""
-        wok = self._worst_of_k()
-        fams = wok.labels
-        dev = fol.images.device
-        if "cand" not in self._acc:
-            z = lambda: torch.zeros(len(fams), dtype=torch.float64, device=dev)
-            self._acc = {
-                "cand": [0] * len(fams),
-                "chosen": z(),
-                "rejected": z(),
-                "score": z(),
-                "nscore": z(),
-                "chosen_score": z(),
-            }
-        pos = {f: i for i, f in enumerate(fams)}
-        fam_idx = torch.tensor([[pos[f] for f in row] for row in fol.families], dtype=torch.long)
-        for j in fam_idx.flatten().tolist():
-            self._acc["cand"][j] += 1
-        if not len(fol):
-            return
-        fi = fam_idx.to(dev)
-        rej = fol.extra["rejected"]
-        self._acc["rejected"].index_add_(0, fi.flatten(), rej.flatten().double())
-        ok = fol.chosen >= 0
-        sel = fi.gather(1, fol.chosen.clamp_min(0).view(-1, 1)).view(-1)
-        self._acc["chosen"].index_add_(0, sel, ok.double())
-        if fol.scores is not None:
-            s = fol.scores.double()
-            finite = torch.isfinite(s)
-            self._acc["score"].index_add_(0, fi.flatten(), torch.where(finite, s, 0).flatten())
-            self._acc["nscore"].index_add_(0, fi.flatten(), finite.double().flatten())
-            cs = s.gather(1, fol.chosen.clamp_min(0).view(-1, 1)).view(-1)
-            self._acc["chosen_score"].index_add_(0, sel, torch.where(ok, cs, 0))
-        self._acc["weights"] = wok.family_probs(rates).tolist() + [None] * (len(fams) - len(wok.families))
-
-    def _epoch_rows(self, epoch: int) -> list[dict[str, Any]]:
-        if "cand" not in self._acc:
-            return []
-        a = {k: (v.cpu().tolist() if torch.is_tensor(v) else v) for k, v in self._acc.items()}
-        rows = []
-        for i, fam in enumerate(self._worst_of_k().labels):
-            rows.append(
-                {
-                    "epoch": epoch,
-                    "family": fam,
-                    "candidates": a["cand"][i],
-                    "chosen": a["chosen"][i],
-                    "rejected": a["rejected"][i],
-                    "score": a["score"][i],
-                    "nscore": a["nscore"][i],
-                    "chosen_score": a["chosen_score"][i],
-                    "weight": a.get("weights", [None] * 99)[i],
-                }
-            )
-        self._acc = {}
-        return rows
-
-    def _record(self, trainer: Any, batch: Any, fol: Any) -> None:
+    def _record(self, trainer: L.Trainer, batch: Any, fol: Followups) -> None:
         step = int(trainer.global_step)
         if self.record_per_step == 0 or step % self.record_every:
             return
@@ -613,27 +367,11 @@ class MetamorphicTraining(UsesContext, Callback):
             ids = self._hooks().get_case_ids(batch)
         except Exception:  # noqa: BLE001 -- case ids are optional
             ids = None
-        for i in range(min(len(fol), self.record_per_step)):
-            rec = fol.recipe(i)
-            if rec is None:
-                continue
-            pos = int(fol.index[i])
-            row = {
-                "step": step,
-                "epoch": int(trainer.current_epoch),
-                "rank": int(trainer.global_rank),
-                "position": pos,
-                "case_id": None if ids is None else str(list(ids)[pos]),
-                "family": rec["family"],
-                "severity": int(rec["severity"]),
-                "params": jsonable(rec.get("params", {})),
-            }
-            extra = {k: v for k, v in rec.items() if k not in ("family", "severity", "params")}
-            if extra:  # a chain's operations and mix, AugMax's partner: recreate_followup(row["recipe"], ...)
-                row["recipe"] = jsonable(rec)
-            self._epoch_samples.append(row)
+        rows = sample_rows(fol, ids, step, int(trainer.current_epoch), int(trainer.global_rank), self.record_per_step)
+        self._epoch_samples.extend(rows)
 
     # -- checkpoint state --------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": 1,
@@ -641,36 +379,15 @@ class MetamorphicTraining(UsesContext, Callback):
             "samples": list(self.samples),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        stats = state.get("stats") or {}
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        stats = state_dict.get("stats") or {}
         self.stats = (
             pd.DataFrame(stats, columns=records_file.STATS_COLUMNS)
             if stats
             else pd.DataFrame(columns=records_file.STATS_COLUMNS)
         )
-        self.samples = list(state.get("samples", []))
-
-
-def metamorphic_loss(
-    pl_module: Any, batch: Any, outputs: Any, seg_loss: Callable | None = None, *, required: bool = True
-) -> torch.Tensor:
-    """The ``"paired"`` objective's term of this step: ``L_seg(x*) + lambda * D(p(x), p(x*))``.
-
-    Call it in ``training_step`` with the clean batch, the model's outputs on it and your segmentation
-    loss (``seg_loss(outputs, target)``, applied to the follow-ups and their rows of the batch's masks;
-    default: soft Dice). Returns 0 when the step has no follow-ups or another objective is set. Without a
-    :class:`MetamorphicTraining` callback on the trainer it raises, unless ``required=False``.
-
-    >>> import torch
-    >>> class _M:  # no trainer callbacks: nothing to add
-    ...     trainer = type("T", (), {"callbacks": []})()
-    >>> float(metamorphic_loss(_M(), None, torch.zeros(1, 2, 4, 4), required=False))
-    0.0
-    """
-    try:
-        return _metamorphic_loss(pl_module, batch, outputs, seg_loss, required=required)
-    except MissingCallbackError as err:
-        raise RobustnessConfigError(str(err)) from None
+        self.samples = list(state_dict.get("samples", []))
 
 
 def _total_steps(trainer: Any) -> int:
@@ -681,89 +398,6 @@ def _total_steps(trainer: Any) -> int:
 def _forward_context(trainer: Any) -> Any:
     plugin = getattr(trainer, "precision_plugin", None)
     return plugin.forward_context() if plugin is not None else contextlib.nullcontext()
-
-
-def _check_images(images: Any, step: int = 0) -> None:
-    """Training images the perturbations can take: float (B,C,H,W[,D]) in [0, 1] (checked every batch:
-    a loader can produce an out-of-range batch at any step)."""
-    if not torch.is_tensor(images) or not images.is_floating_point() or images.ndim not in (4, 5):
-        raise RobustnessConfigError(
-            f"MetamorphicTraining needs float (B,C,H,W) or (B,C,H,W,D) training images, got "
-            f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}"
-        )
-    lo, hi = (float(v) for v in torch.aminmax(images.detach()))
-    if not (lo >= 0.0 and hi <= 1.0):  # also false for NaN
-        raise RobustnessConfigError(
-            f"MetamorphicTraining perturbs images in [0, 1], but the training images at step {step} span "
-            f"[{lo:.3g}, {hi:.3g}] (normalise after the perturbation, e.g. in the model's forward, or pass "
-            "hooks=BatchHooks(get_images=...))"
-        )
-
-
-def _checked_caps(caps: Any, families: Sequence[str] | None) -> int | dict[str, int] | None:
-    """``severity_caps`` validated at construction: None, an int 1..5, or family -> 1..5 for families of
-    the run (all registered ones when the run's families are not known yet)."""
-
-    def ok(v: Any) -> bool:
-        return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 1 <= int(v) <= 5
-
-    what = "an int 1..5 or a mapping family -> 1..5 (default: the MR suite's highest severity)"
-    if caps is None:
-        return None
-    if ok(caps):
-        return int(caps)
-    if not isinstance(caps, Mapping):
-        raise ValueError(f"severity_caps must be {what}, got {caps!r}")
-    known = list(families) if families is not None else available()
-    unknown = [str(f) for f in caps if f not in known]
-    if unknown:
-        raise ValueError(
-            f"severity_caps names {unknown}, not families of this run; expected keys among {sorted(known)}"
-        )
-    bad = {str(f): v for f, v in caps.items() if not ok(v)}
-    if bad:
-        raise ValueError(f"severity_caps must be {what}; bad values {bad}")
-    return {str(f): int(v) for f, v in caps.items()}
-
-
-def _select(outputs: Any, idx: torch.Tensor | slice) -> Any:
-    """Rows ``idx`` of a tensor, or of every tensor in a dict / tuple of outputs."""
-    if torch.is_tensor(outputs):
-        return outputs[idx]
-    if isinstance(outputs, Mapping):
-        return {k: _select(v, idx) for k, v in outputs.items()}
-    if isinstance(outputs, (list, tuple)):
-        return type(outputs)(_select(v, idx) for v in outputs)
-    return outputs
-
-
-def _merge_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sum the ranks' per-family rows; means from the sums."""
-    out: dict[tuple[int, str], dict[str, Any]] = {}
-    for r in rows:
-        key = (r["epoch"], r["family"])
-        if key not in out:
-            out[key] = dict(r)
-            continue
-        for c in ("candidates", "chosen", "rejected", "score", "nscore", "chosen_score"):
-            out[key][c] += r[c]
-    merged = []
-    for r in out.values():
-        merged.append(
-            {
-                "epoch": r["epoch"],
-                "family": r["family"],
-                "candidates": int(r["candidates"]),
-                "chosen": int(r["chosen"]),
-                "rejected": int(r["rejected"]),
-                "mean_score": round(r["score"] / r["nscore"], 6) if r["nscore"] else None,
-                "mean_chosen_score": round(r["chosen_score"] / r["chosen"], 6)
-                if r["chosen"] and r["nscore"]
-                else None,
-                "weight": None if r["weight"] is None else round(float(r["weight"]), 6),
-            }
-        )
-    return merged
 
 
 def _py(v: Any) -> Any:

@@ -30,9 +30,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import lightning.pytorch as L
 import pandas as pd
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from robusttrain.metamorphic.records import failure_id
 from robusttrain.reporting import tables, wandb_charts
@@ -103,14 +105,16 @@ class RobustnessReporter(UsesContext, Callback):
         self._table: WandbTable | None = None
 
     # ------------------------------------------------------------------ wiring
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self.join_context(trainer)
         self.context.join(type(self).__name__, self.dirpath)
         self.context.subscribe(self._on_failure)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.context.finalize(trainer)
 
     def _on_failure(self, record: Any, images: dict | None = None) -> None:
@@ -124,10 +128,12 @@ class RobustnessReporter(UsesContext, Callback):
         return self.context.finalize(trainer)
 
     # ------------------------------------------------------------------ hooks
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validated = self._validated or fitting(trainer)
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after every validation hook of this epoch, whatever the callbacks' order
         if not self._validated:
             return
@@ -137,7 +143,8 @@ class RobustnessReporter(UsesContext, Callback):
         if (epoch + 1) % every == 0 and trainer.is_global_zero:
             self._report(trainer, epoch, final=False)
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # after on_fit_end / on_train_end: corner_cases.json is final now, the W&B run still open
         if stage == "fit" and self._ctx is not None and trainer.is_global_zero and trainer.current_epoch > 0:
             try:
@@ -260,9 +267,11 @@ class RobustnessReporter(UsesContext, Callback):
         rank_zero_info("\n".join(lines))
 
     # ------------------------------------------------------------------ checkpoint state
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"logged": sorted(self._logged)}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._logged = set(state.get("logged", []))
 

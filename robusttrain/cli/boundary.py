@@ -26,6 +26,7 @@ import errno
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 EXIT_INPUT, EXIT_SYSTEM, EXIT_SIGINT, EXIT_SIGTERM = 2, 3, 130, 143
 
@@ -36,7 +37,7 @@ class Stopped:
     def __init__(self) -> None:
         self.signal: int | None = None
         self._pid = os.getpid()
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler it had
 
     def _handler(self, signum, frame) -> None:
         if os.getpid() != self._pid or self.signal is not None:
@@ -77,7 +78,7 @@ _HINTS = {
 
 def os_error_line(e: OSError) -> str:
     """One line for a refused file operation, naming the path (and, for ENOTDIR, the file in the way)."""
-    what, fix = _HINTS.get(e.errno, ("file system error", "check the path"))
+    what, fix = _HINTS.get(e.errno or 0, ("file system error", "check the path"))
     path = e.filename
     if e.errno in (errno.ENOTDIR, errno.EEXIST) and path:
         blocker = next((p for p in (Path(path), *Path(path).parents) if p.exists() and not p.is_dir()), None)

@@ -126,10 +126,10 @@ def build_callbacks(cfg: DictConfig) -> list:
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is None:
             continue
-        node = OmegaConf.to_container(node, resolve=True)
-        if not node.pop("enabled", True):  # `callbacks.<name>.enabled=false` switches one off
+        spec: Any = OmegaConf.to_container(node, resolve=True)
+        if not spec.pop("enabled", True):  # `callbacks.<name>.enabled=false` switches one off
             continue
-        out.append(build(f"callbacks.{name}", node))
+        out.append(build(f"callbacks.{name}", spec))
     return out
 
 
@@ -140,10 +140,10 @@ def build_loggers(cfg: DictConfig, command: str = "fit") -> list | bool:
     for name, node in (cfg.get("logger") or {}).items():
         if node is None:
             continue
-        node = OmegaConf.to_container(node, resolve=True)
-        if command != "fit" and "version" in node:
-            node["version"] = claim.logger_version(command)
-        loggers.append(build(f"logger.{name}", node))
+        spec: Any = OmegaConf.to_container(node, resolve=True)
+        if command != "fit" and "version" in spec:
+            spec["version"] = claim.logger_version(command)
+        loggers.append(build(f"logger.{name}", spec))
     return loggers or False
 
 
@@ -182,7 +182,7 @@ def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit", 
     if with_trainer:
         run.callbacks = build_callbacks(cfg)
         _wire_replay(run.callbacks, datamodule)
-        trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+        trainer_cfg: Any = OmegaConf.to_container(cfg.trainer, resolve=True)
         trainer_cfg["callbacks"] = run.callbacks
         trainer_cfg["logger"] = build_loggers(cfg, command)
         # checkpoints are written atomically in place and read back weights-only

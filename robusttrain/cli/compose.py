@@ -61,7 +61,7 @@ def _yaml_error(e: BaseException) -> str | None:
     """One line for a YAML error anywhere in ``e``'s chain (Hydra wraps some), else None."""
     import yaml
 
-    seen = e
+    seen: BaseException | None = e
     while seen is not None and not isinstance(seen, yaml.YAMLError):
         seen = seen.__cause__ or seen.__context__
     if seen is None:

@@ -16,9 +16,10 @@ from robusttrain.cli.errors import UsageError
 from robusttrain.errors import InputError
 
 
-def _resolve_ckpt(ckpt: str, run_dir: Path | None) -> Path:
+def _resolve_ckpt(ckpt: str | Path, run_dir: Path | None) -> Path:
     """``ckpt=PATH`` or ``ckpt=last`` (``<run_dir>/checkpoints/last.ckpt``) -> an existing, non-empty file."""
     if ckpt == "last":
+        assert run_dir is not None  # ckpt=last is resolved once the run directory is known
         path = run_dir / "checkpoints" / "last.ckpt"
         if not path.is_file():
             raise UsageError(
@@ -52,7 +53,7 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False, split: str =
     With ``data.root`` they score every case of the folder (``split="all"``) or its validation split
     (``split="val"``), and say how many cases the Dice rests on.
     """
-    ckpt = str(cfg.get("ckpt")) if cfg.get("ckpt") not in (None, "") else None
+    ckpt: str | Path | None = str(cfg.get("ckpt")) if cfg.get("ckpt") not in (None, "") else None
     if stage != "fit" and ckpt is None:
         raise UsageError(f"{stage} needs ckpt=PATH (a .ckpt file written by fit)")
     state = None
@@ -65,12 +66,14 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False, split: str =
     if resume_last and stage == "fit" and starts_clean(run.run_dir):
         ckpt, resume_last = None, False  # killed before its first last.ckpt: nothing to resume
     if resume_last:
+        assert ckpt is not None
         ckpt = _resolve_ckpt(ckpt, run.run_dir)
         state = load_checkpoint(ckpt)
     if ckpt is not None:
         # Weights only, and they must fit this recipe's model -- checked before Lightning starts
         # (Lightning then reads the file through the same loader: robusttrain.checkpoints.checkpoint_io).
-        check_fits(ckpt, state["state_dict"], run.model)
+        assert state is not None  # loaded with every resolved ckpt above
+        check_fits(Path(ckpt), state["state_dict"], run.model)
         if stage == "fit":
             with _restoring(ckpt):
                 _check_callback_states(run.trainer, state)
@@ -79,16 +82,19 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False, split: str =
     # every check passed: only now is anything in the run directory changed
     write_config(cfg, run.run_dir, stage)
     if ckpt is not None:
+        assert state is not None
         if stage == "fit":
             _forget_epochs_after(run.trainer, Path(ckpt), int(state.get("epoch", -1)), resume_last)
         ckpt = str(ckpt)
     trainer = run.trainer
+    assert trainer is not None  # build_run(with_trainer=True)
     if stage == "fit":
         with _restoring(ckpt):
             trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
         metrics = dict(trainer.callback_metrics)
         _say(f"[robusttrain] final validation {_dice_line(metrics, 'val')}")
     else:
+        assert state is not None  # validate / test need ckpt=PATH
         run.model.load_state_dict(state["state_dict"])
         what = _eval_split(run.datamodule, split)
         if stage == "validate":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +87,13 @@ def _check(image: np.ndarray, label: np.ndarray, path: Path) -> tuple[np.ndarray
     return image, lab.astype(np.uint8)
 
 
+def _nifti(path: Path) -> Any:
+    """``nibabel.load`` (a NIfTI image: ``shape``, ``dataobj``)."""
+    import nibabel as nib
+
+    return nib.load(str(path))
+
+
 class _VolumeSource:
     """Shared slice indexing + per-file cache; subclasses implement ``_read(path)`` → (image, label)."""
 
@@ -95,6 +103,9 @@ class _VolumeSource:
             raise DataError(f"ACDC folder {root}: empty dataset (no labelled volumes found)")
         self.root, self.entries = root, entries
         self._cache: dict[Path, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _read(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError  # each source reads its own files
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -131,7 +142,7 @@ class H5Source(_VolumeSource):
                 plain.append(f)
         names = _phase_names(frames, {})
         has_volume = {(p, fr) for p, fr, s in parsed.values() if s is None}
-        entries = []
+        entries: list[tuple[Path, str, int | None, int]] = []
         for f in files:
             shape = self._shape(f, h5py)
             if f in parsed:
@@ -171,7 +182,7 @@ class H5Source(_VolumeSource):
         except OSError as e:
             raise DataError(f"cannot read HDF5 file {f} (corrupt or not HDF5: {e})") from None
 
-    def _read(self, path: Path):
+    def _read(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
         import h5py
 
         try:
@@ -185,11 +196,14 @@ class NiftiSource(_VolumeSource):
     """ACDC in its original NIfTI layout (see module doc)."""
 
     def __init__(self, root: str | Path):
-        import nibabel as nib
 
         root = Path(root)
         images = sorted(p for p in root.rglob("patient*_frame*.nii*") if "_gt" not in p.name)
-        frames, cfg, found = defaultdict(set), {}, []
+        import nibabel  # noqa: F401 -- a missing nibabel fails here, not as an unreadable file
+
+        frames: defaultdict[str, set[int]] = defaultdict(set)
+        cfg: dict[str, Any] = {}
+        found: list[tuple[Path, Path, str, int]] = []
         for im in images:
             m = _NAME.match(_stem(im))
             if not m:
@@ -205,7 +219,7 @@ class NiftiSource(_VolumeSource):
         entries, self._gt = [], {}
         for im, gt, pat, fr in found:
             try:
-                shape = nib.load(str(im)).shape
+                shape = _nifti(im).shape
             except Exception as e:  # nibabel raises several types for broken headers
                 raise DataError(f"cannot read NIfTI file {im} ({e})") from None
             self._gt[im] = gt
@@ -215,12 +229,12 @@ class NiftiSource(_VolumeSource):
             ]
         super().__init__(root, entries)
 
-    def _read(self, path: Path):
-        import nibabel as nib
+    def _read(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
+        import nibabel  # noqa: F401 -- a missing nibabel fails here, not as an unreadable file
 
         try:
-            img = np.asarray(nib.load(str(path)).dataobj, dtype=np.float32)
-            lab = np.asarray(nib.load(str(self._gt[path])).dataobj, dtype=np.float32)
+            img = np.asarray(_nifti(path).dataobj, dtype=np.float32)
+            lab = np.asarray(_nifti(self._gt[path]).dataobj, dtype=np.float32)
         except Exception as e:
             raise DataError(f"cannot read NIfTI file {path} or its label ({e})") from None
         if img.ndim == 3:  # (X, Y, Z) → (Z, Y, X), the orientation of the SSL4MIS HDF5 files

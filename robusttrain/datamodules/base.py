@@ -142,6 +142,7 @@ def seed_worker(worker_id: int) -> None:
     same in every run with the same seed and differs between workers and ranks.
     """
     info = torch.utils.data.get_worker_info()
+    assert info is not None  # the loaders' worker_init_fn: it runs in a worker
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
     s = (info.seed + 1_000_003 * rank) % 2**32
     np.random.seed(s)
@@ -320,6 +321,7 @@ class BaseSegDataModule(L.LightningDataModule):
         if self.root is not None:
             return {}
         self.setup("fit")
+        assert self.train_dataset is not None and self.val_dataset is not None  # setup("fit") made them
         return {**self.train_dataset.hard_cases, **self.val_dataset.hard_cases}
 
     # --- resume: the training RNG travels in the checkpoint --------------------------------------
@@ -346,6 +348,7 @@ class BaseSegDataModule(L.LightningDataModule):
         from robusttrain.checkpoints import set_rng_state
 
         state, self._resume_rng = self._resume_rng, None
+        assert state is not None  # called only with a resume state
         if state.get("rng") is not None:
             set_rng_state(state["rng"], generator)
         gen, py = self._augmentation_streams()
@@ -355,7 +358,7 @@ class BaseSegDataModule(L.LightningDataModule):
             py.setstate((aug["python"][0], tuple(aug["python"][1]), aug["python"][2]))
 
     # --- loaders -----------------------------------------------------------------------------
-    def _loader(self, ds: Dataset, shuffle: bool) -> DataLoader:
+    def _loader(self, ds: Any, shuffle: bool) -> DataLoader:
         # seeded for every loader: it also draws the workers' base seed (see seed_worker)
         g = torch.Generator().manual_seed(self.seed)
         if shuffle:

@@ -97,7 +97,9 @@ def find_pairs(root: str | Path) -> list[tuple[Path, Path, str]]:
                 pairs += _pairs_in(i, m, prefix=f"{sub.name}/")
     elif img_dir or mask_dir:
         missing = "masks/" if img_dir else "images/"
-        raise DataError(f"data folder {root}: found {(img_dir or mask_dir).name}/ but no {missing} folder")
+        found = img_dir or mask_dir
+        assert found is not None
+        raise DataError(f"data folder {root}: found {found.name}/ but no {missing} folder")
     else:
         raise DataError(
             f"data folder {root}: expected images/ + masks/, TrainDataset/ or "

@@ -76,7 +76,7 @@ def render_acdc_slice(
     # anatomy around the heart: body ellipse with fat rim, lungs, liver
     by, bx = p["body"]
     db = np.hypot((y - 0.52) / by, (x - 0.5) / bx)
-    img = np.where(db < 1, p["tissue"], 0.02).astype(np.float32)
+    img: np.ndarray = np.where(db < 1, p["tissue"], 0.02).astype(np.float32)
     img += (0.08 * smooth_noise(rng, size, 12)) * (db < 1)
     img = np.where((db > 0.9) & (db < 1), p["fat"], img)
     for ly, lx in ((0.42, 0.5 + 0.24), (0.38, 0.5 - 0.26)):
@@ -134,7 +134,7 @@ def render_acdc_slice(
 
     img = img * (1 + 0.05 * smooth_noise(rng, size, 20))  # tissue texture
     img = cv2.GaussianBlur(img.astype(np.float32), (0, 0), 0.7)  # partial volume
-    img *= 1 + 0.18 * smooth_noise(rng, size, 2)  # coil bias field
+    np.multiply(img, 1 + 0.18 * smooth_noise(rng, size, 2), out=img)  # coil bias field (in place: float32)
     sigma = rng.uniform(0.02, 0.045)
     img = np.sqrt(
         (img + sigma * rng.standard_normal(img.shape, dtype=np.float32)) ** 2

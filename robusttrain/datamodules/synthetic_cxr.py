@@ -26,7 +26,7 @@ def render_cxr(seed: int, index: int, size: int = 128, hard: bool = False) -> tu
     rng = np.random.default_rng([int(seed), int(index), 17])
     y, x = grid(size)
     body = np.clip((0.47 + rng.uniform(-0.03, 0.03) - np.abs(x - 0.5)) * size / 3, 0, 1)
-    img = 0.15 + 0.5 * body
+    img: np.ndarray = 0.15 + 0.5 * body
     lungs = np.zeros((size, size), bool)
     mid = 0.5 + rng.uniform(-0.02, 0.02)
     top, base = rng.uniform(0.12, 0.2), rng.uniform(0.72, 0.85)
@@ -44,7 +44,7 @@ def render_cxr(seed: int, index: int, size: int = 128, hard: bool = False) -> tu
     img = np.where(lungs, 0.12 + 0.06 * smooth_noise(rng, size, 24), img)  # air-filled lungs are dark
     if hard:  # dense opacity inside one lung, still lung in the label
         ys, xs = np.nonzero(lungs)
-        k = rng.integers(len(ys))
+        k = int(rng.integers(len(ys)))
         r = rng.uniform(0.07, 0.12)
         blob = np.hypot(y - ys[k] / size, x - xs[k] / size) < r * (1 + 0.3 * smooth_noise(rng, size, 6))
         img = np.where(blob & lungs, 0.5 + 0.1 * rng.random(), img)

@@ -28,16 +28,37 @@ True
 >>> plan = b.plan(train_work=100.0, probes={"val": ids}, n_tests=4)   # (25 - 10) / 1.25 = 12 pairs
 >>> sorted(len(v) for v in plan["val"].values())
 [3, 3, 3, 3]
+
+What the budget plans with is counted during training: pixels of the training batches since the last
+check (:class:`TrainWork`: deterministic) and, reported only, wall seconds (:class:`TrainClock`).
+:func:`plan_check` assembles one check's plan from them (rank 0 of the MetamorphicCallback calls it).
+
+>>> import torch
+>>> work = TrainWork(); work.add({"image": torch.zeros(4, 3, 16, 16)}); work.add((torch.zeros(2, 3, 8, 8), None))
+>>> work.take()   # 4 x 16 x 16 + 2 x 8 x 8 pixels
+1152
+>>> clock = TrainClock(); clock.start(0.0); clock.step(2.0); clock.pause(); clock.resume(10.0); clock.step(11.0)
+>>> clock.take()   # 2 s + 1 s of batches; the 8 s in between (validation) do not count
+3.0
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
+import torch
 
-from .suite import stable_seed
+from .batch import BatchHooks, iter_probe
+from .check import prepare_suite, rng_preserved
+from .rotation import complete_plan
+from .suite import MRSuite, stable_seed
+
+if TYPE_CHECKING:
+    from .check import Probe
 
 # one training sample = forward + backward: ~3 forwards (backward ~2x forward, per layer FLOPs)
 TRAIN_FACTOR = 3.0
@@ -168,3 +189,135 @@ class CheckBudget:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         # costs are constants now (older checkpoints stored measured seconds: ignored)
         self.cursors = {str(k): int(v) for k, v in state.get("cursors", {}).items()}
+
+
+Plan = dict[str, "dict[int, set[str]] | None"]
+
+
+def plans_subset(budget: CheckBudget, final: str, full: bool) -> bool:
+    """Whether a check is planned at all (else it scores the whole suite): with a budget, every check
+    but a final one of ``final="suite"`` (the rotation's final check completes a plan)."""
+    return budget.enabled and (not full or final == "rotation")
+
+
+def plan_check(
+    budget: CheckBudget,
+    probes: Mapping[str, Probe],
+    train_pixels: Sequence[int],
+    suite: MRSuite,
+    hooks: BatchHooks,
+    *,
+    epoch: int,
+    last_check_epoch: int,
+    max_epochs: int | None,
+    final: str,
+    full: bool,
+    cases: pd.DataFrame,
+) -> Plan:
+    """Per split, the cases to test under each test (None: all), for a check after ``epoch``.
+
+    Work, not seconds: ``train_pixels`` are every rank's training pixels since the last check (ranks
+    train on their own shards), counted in forwards of one probe sample, so the plan is the same under
+    any load (module doc). ``final="suite"`` sets aside this check's share of the whole-suite check at
+    the end; the rotation's final check (``full``) adds every (case, test) pair of the validation probe
+    that ``cases`` (the run's scored pairs) lacks. Advances ``budget``'s cursors (call on one rank)."""
+    first = probes.get("val", next(iter(probes.values())))
+    probe_px = sample_pixels(first.dataset, first.indices, hooks)
+    work = training_work(sum(train_pixels), probe_px)
+    clean, fol = budget.costs()
+    n_val = len(probes["val"].indices) if "val" in probes else 0
+    since = epoch - last_check_epoch if last_check_epoch >= 0 else epoch + 1
+    if suite.in_channels is None:  # the number of tests depends on the data's channels
+        prepare_suite(suite, first, hooks)
+    # the rotation's final table needs no whole suite at the end: nothing to set aside for it
+    reserve = (
+        0.0 if final == "rotation" else final_reserve(n_val, len(suite.tests), clean, fol, since, max_epochs)
+    )
+    plan = budget.plan(work, {s: p.case_ids for s, p in probes.items()}, len(suite.tests), reserve=reserve)
+    if full and final == "rotation" and "val" in probes:  # the last check completes the rotation
+        done = cases[cases["split"] == "val"] if len(cases) else cases
+        plan["val"] = complete_plan(plan.get("val"), probes["val"].case_ids, suite.tests, done)
+    return plan
+
+
+def sample_pixels(ds: Any, idx: Sequence[int], hooks: BatchHooks) -> int:
+    """Pixels (voxels) of one probe sample: the unit of the budget's work."""
+    if not len(idx):
+        return 1
+    with rng_preserved():  # reading must not shift the seeded stream the check's samples are read with
+        x = next(iter_probe(ds, list(idx[:1]), 1, hooks)).images
+    return max(1, int(x[0, 0].numel()))
+
+
+class TrainWork:
+    """Pixels (voxels) of the training images seen since the last :meth:`take`.
+
+    ``get_images`` reads a batch's images (the MR hooks); a batch it cannot read (lists of crops,
+    custom containers) is counted through every floating tensor of >= 3 dims in it, and a batch with
+    none counts 0 (the budget then affords only its minimum)."""
+
+    def __init__(self, get_images: Callable[[Any], torch.Tensor] | None = None) -> None:
+        self.pixels = 0
+        self.get_images = get_images
+
+    def add(self, batch: Any) -> None:
+        x = None
+        if self.get_images is not None:
+            try:
+                x = self.get_images(batch)
+            except Exception:  # noqa: BLE001 -- the fallback below counts any image-like tensor
+                x = None
+        self.pixels += _pixels(x) if torch.is_tensor(x) else sum(_pixels(t) for t in _image_tensors(batch))
+
+    def take(self) -> int:
+        out, self.pixels = self.pixels, 0
+        return out
+
+
+def _pixels(x: torch.Tensor) -> int:
+    # (B,C,H,W[,D]) -> B*H*W[*D]; a 3-dim tensor is one (C,H,W) image
+    if x.ndim < 3:
+        return 0
+    return int(x.numel() // x.shape[1]) if x.ndim >= 4 else int(x.numel() // x.shape[0])
+
+
+def _image_tensors(batch: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if torch.is_tensor(batch):
+        if batch.is_floating_point() and batch.ndim >= 4:
+            yield batch
+    elif depth < 4 and isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from _image_tensors(v, depth + 1)
+    elif depth < 4 and isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _image_tensors(v, depth + 1)
+
+
+class TrainClock:
+    """Wall time spent in training batches (data loading included, validation excluded); reported only."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._mark: float | None = None
+
+    def start(self, now: float | None = None) -> None:
+        """At the start of a training epoch (and when training resumes after validation)."""
+        self._mark = time.perf_counter() if now is None else now
+
+    resume = start
+
+    def step(self, now: float | None = None) -> None:
+        """At the end of a training batch: the time since the last mark was training."""
+        now = time.perf_counter() if now is None else now
+        if self._mark is not None:
+            self.seconds += now - self._mark
+        self._mark = now
+
+    def pause(self) -> None:
+        """At the start of validation: nothing counts until :meth:`resume`."""
+        self._mark = None
+
+    def take(self) -> float:
+        """Training seconds since the last call (and reset)."""
+        out, self.seconds = self.seconds, 0.0
+        return out

@@ -35,7 +35,10 @@ import pandas as pd
 
 from .records import relative_drops
 
-THRESHOLDS = (0.25, 0.5)
+# a test case whose Dice drops by more than this is a violation: the failure records', the mining's and
+# metamorphic training's rates (MetamorphicCallback(violation_threshold=)); one of the reported THRESHOLDS
+VIOLATION_THRESHOLD = 0.25
+THRESHOLDS = (VIOLATION_THRESHOLD, 0.5)
 EFR_COLUMNS = [
     "epoch",
     "split",
@@ -202,6 +205,52 @@ def dice_key(name: str, prefix: str = "mr/efr") -> str:
     head, _, tail = prefix.rpartition("/")
     tail = tail[: -len("efr")] + "perturbed_dice" if tail.endswith("efr") else f"{tail}_perturbed_dice"
     return f"{head}/{tail}/{name}" if head else f"{tail}/{name}"
+
+
+def family_rates(
+    efr: pd.DataFrame | None,
+    split: str = "auto",
+    metric: str = "dice",
+    threshold: float = VIOLATION_THRESHOLD,
+    epoch: int | None = None,
+) -> dict[str, float]:
+    """Per family (not ``all``): its failure rate, errors / test cases over its severities, at one epoch
+    of an ``efr.csv`` table (the MetamorphicCallback's; what failure mining and metamorphic training
+    weight their families by).
+
+    A family's pooled row (``severity == 0``) is used where the table has one (summing it with the
+    per-severity rows would count every case twice), else its severities are pooled; no cases: 0.
+    ``split="auto"``: the training probe's rows when there are any, else the validation probe's;
+    ``epoch=None``: the latest epoch of ``split``. A table with the rates only (no ``errors`` /
+    ``cases`` columns) gives its pooled rows' ``efr``.
+
+    >>> efr = pd.DataFrame({"epoch": 0, "split": "val", "perturbation": ["blur", "blur", "blur", "all"],
+    ...                     "severity": [2, 4, 0, 0], "metric": "dice", "threshold": 0.25,
+    ...                     "errors": [1, 3, 4, 4], "cases": [10, 10, 20, 20]})
+    >>> family_rates(efr)
+    {'blur': 0.2}
+    """
+    if efr is None or not len(efr):
+        return {}
+    f = efr[(efr["metric"] == metric) & (efr["perturbation"] != "all")]
+    f = f[(f["threshold"].astype(float) - threshold).abs() < 1e-9]
+    if split == "auto":
+        split = "train" if (f["split"] == "train").any() else "val"
+    f = f[f["split"] == split]
+    if not len(f):
+        return {}
+    f = f[f["epoch"] == (f["epoch"].max() if epoch is None else epoch)]
+    counted = "errors" in f.columns and "cases" in f.columns
+    out: dict[str, float] = {}
+    for name, rows in f.groupby("perturbation", sort=False):
+        pooled = rows[rows["severity"] == 0]
+        part = pooled if len(pooled) else rows
+        if counted:
+            n = float(part["cases"].sum())
+            out[str(name)] = float(part["errors"].sum()) / n if n else 0.0
+        elif len(pooled) and pooled["efr"].iloc[0] == pooled["efr"].iloc[0]:  # not NaN
+            out[str(name)] = float(pooled["efr"].iloc[0])
+    return out
 
 
 def family_rows(table: pd.DataFrame) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from robusttrain.metamorphic.efr import VIOLATION_THRESHOLD, family_rates
 from robusttrain.metamorphic.records import FailureRecord
 from robusttrain.validate import check_fraction
 
@@ -61,23 +62,16 @@ class FailureDrivenWeights:
 
 
 def rates_from_efr(
-    efr: Any, split: str = "train", metric: str = "dice", threshold: float = 0.25, epoch: int | None = None
+    efr: Any,
+    split: str = "train",
+    metric: str = "dice",
+    threshold: float = VIOLATION_THRESHOLD,
+    epoch: int | None = None,
 ) -> dict[str, float]:
-    """Per-perturbation failure rate (errors / cases over severities) of one epoch of ``efr``.
-
-    ``efr``: the MetamorphicCallback's table (``epoch,split,perturbation,severity,metric,
-    threshold,errors,cases,efr``); ``epoch=None`` takes the latest epoch of ``split``.
-    """
-    if efr is None or not len(efr):
-        return {}
-    f = efr[(efr["split"] == split) & (efr["metric"] == metric)]
-    f = f[(f["threshold"].astype(float) - threshold).abs() < 1e-9]
-    if not len(f):
-        return {}
-    f = f[f["epoch"] == (f["epoch"].max() if epoch is None else epoch)]
-    f = f[f["perturbation"] != "all"]  # the table's pooled row is a summary, not a family to replay
-    g = f.groupby("perturbation")[["errors", "cases"]].sum()
-    return {str(p): float(r.errors) / float(r.cases) if r.cases else 0.0 for p, r in g.iterrows()}
+    """Per-perturbation failure rate (errors / cases over severities) of one epoch of ``split`` of the
+    MetamorphicCallback's ``efr`` table: :func:`robusttrain.metamorphic.efr.family_rates` (the one
+    computation), the training probe's by default."""
+    return family_rates(efr, split, metric, threshold, epoch)
 
 
 def rates_from_records(records: Iterable[FailureRecord], epoch: int) -> dict[str, float]:

@@ -9,8 +9,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from monai.losses import DiceCELoss
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
 from robusttrain.models.networks import build_network
@@ -137,19 +138,19 @@ class SegmentationModule(L.LightningModule):
         images = batch["image"] if isinstance(batch, dict) else batch[0]
         return self(images).softmax(1)
 
-    def configure_optimizers(self) -> dict:
+    def configure_optimizers(self) -> OptimizerLRScheduler:
         """AdamW; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up; with
         ``lr_tail > 0`` the LR stays constant over the last ``lr_tail`` of the epochs (the value the cosine
         has where the tail starts: SWA/SWAD average under a constant LR, see
         :mod:`robusttrain.training.schedules`)."""
-        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        warmup = int(self.hparams.warmup_epochs or 0)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
+        warmup = int(self.hparams["warmup_epochs"] or 0)
         total = max(1, int(self.trainer.max_epochs or 1))
         lr_tail = float(self.hparams.get("lr_tail", 0.0) or 0.0)
         if lr_tail > 0:
             tail = warmup_cosine_tail(opt, total, warmup, lr_tail)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": tail, "interval": "epoch"}}
-        sched = CosineAnnealingLR(opt, T_max=max(1, total - warmup))
+        sched: LRScheduler = CosineAnnealingLR(opt, T_max=max(1, total - warmup))
         if warmup > 0:
             ramp = LinearLR(opt, start_factor=1.0 / (warmup + 1), total_iters=warmup)
             sched = SequentialLR(opt, [ramp, sched], milestones=[warmup])
@@ -164,7 +165,7 @@ class SegmentationModule(L.LightningModule):
         if max_epochs < 1:
             return
         for config in self.trainer.lr_scheduler_configs:
-            stretch_cosine(config.scheduler, max_epochs - int(self.hparams.warmup_epochs or 0))
+            stretch_cosine(config.scheduler, max_epochs - int(self.hparams["warmup_epochs"] or 0))
             stretch_tail(config.scheduler, max_epochs)
 
 

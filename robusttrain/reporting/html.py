@@ -293,11 +293,11 @@ def _source_tiles(run_dir: Path, records: list[dict[str, Any]], n: int) -> list:
     import matplotlib.image
     import numpy as np
 
-    out = []
+    out: list[np.ndarray] = []
     for rec in sorted(records, key=lambda r: -_drop(r)):
         thumb = _thumb(run_dir, rec)
         if thumb is not None and len(out) < n:
-            strip = matplotlib.image.imread(io.BytesIO(load.read_bytes(run_dir, thumb)), format="png")
+            strip = matplotlib.image.imread(io.BytesIO(load.read_bytes(run_dir, thumb) or b""), format="png")
             w = strip.shape[1] // 5
             if w > 8 and strip.shape[1] % 5 == 0:
                 tile = strip[:, :w, :3]
@@ -320,8 +320,8 @@ def _gallery(run_dir, history, efr, ctx) -> str:
     from robusttrain.perturbations import available
 
     known = set(available())
-    names = [p for p in dict.fromkeys(efr["perturbation"]) if p in known] if efr is not None else []
-    names = names or None  # None: the gallery's default families
+    listed = [p for p in dict.fromkeys(efr["perturbation"]) if p in known] if efr is not None else []
+    names = listed or None  # None: the gallery's default families
     sev = sorted(int(s) for s in efr["severity"].unique() if s > 0) if efr is not None else (1, 3, 5)
     with tempfile.TemporaryDirectory() as tmp:  # never written into the run directory
         out = render_gallery(images, Path(tmp) / "gallery.png", names=names, severities=sev, tile=128)

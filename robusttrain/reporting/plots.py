@@ -18,6 +18,7 @@ import io
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -26,13 +27,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from robusttrain.io import atomic_write_bytes
-from robusttrain.metamorphic.efr import wilson_interval
+from robusttrain.metamorphic.efr import THRESHOLDS, wilson_interval
 from robusttrain.reporting import load
 from robusttrain.rundir import efr as efr_file
 from robusttrain.rundir.corner_cases import Corners
 from robusttrain.rundir.history import dice_columns
 
-THRESHOLDS = (0.25, 0.5)
 LEAST_LOSS_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.5)
 BALANCED_STYLE = dict(color="tab:green", linestyle="-", linewidth=2.0, alpha=0.7)
 
@@ -205,7 +205,7 @@ def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Fi
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.subplots()
     for col in dice.columns:
-        style = dict(color="black", linewidth=2.5) if col == "mean" else dict(marker="o", ms=3)
+        style: dict[str, Any] = dict(color="black", linewidth=2.5) if col == "mean" else dict(marker="o", ms=3)
         ax.plot(dice.index, dice[col], label=col if col != "mean" else "mean over classes", **style)
     if corners is not None:
         _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)

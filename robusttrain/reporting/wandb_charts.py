@@ -122,7 +122,7 @@ def _mask_image(
     return wandb.Image(np.asarray(image), masks=masks or None, caption=caption)
 
 
-def class_labels_for(names: list[str] | None, masks: list[np.ndarray]) -> dict[int, str]:
+def class_labels_for(names: list[str] | None, masks: list[np.ndarray | None]) -> dict[int, str]:
     """``{0: "background", 1: name, …}`` covering every label value present in ``masks``."""
     top = max([int(np.max(m)) for m in masks if m is not None and np.size(m)] + [1])
     names = list(names or [])

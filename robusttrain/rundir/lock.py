@@ -48,6 +48,7 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self.command = command
         self.interrupted: dict | None = None  # the owner record of a killed previous holder
+        self.announced = False  # the CLI said it took the lock over (once)
         self.holders: set = set()
         self._lock = FileLock(self.run_dir / LOCK_NAME, timeout=0, thread_local=False)
 

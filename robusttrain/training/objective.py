@@ -32,18 +32,20 @@ trainer (duck-typed, so models import this module, never the callbacks) and do n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from robusttrain.errors import RobustnessConfigError
 from robusttrain.metamorphic.outputs import main_output
 
 OBJECTIVES = ("replace", "consistency", "paired")
 
 
-class MissingCallbackError(RuntimeError):
-    """A ``training_step`` asked for the MR term but no MetamorphicTraining callback is on the trainer."""
+class MissingCallbackError(RobustnessConfigError, RuntimeError):
+    """A ``training_step`` asked for the MR term but no MetamorphicTraining callback is on the trainer
+    (a :class:`~robusttrain.errors.RobustnessConfigError`; a ``RuntimeError`` as it always was)."""
 
 
 def _provider(module: Any) -> Any:
@@ -91,3 +93,18 @@ def metamorphic_loss(
             )
         return zero_like_outputs(outputs)
     return cb.paired_loss(module, batch, outputs, seg_loss)
+
+
+def select_rows(outputs: Any, idx: torch.Tensor | slice) -> Any:
+    """Rows ``idx`` of a tensor, or of every tensor in a dict / tuple of outputs.
+
+    >>> select_rows({"out": torch.arange(4), "n": 1}, slice(1, 3))
+    {'out': tensor([1, 2]), 'n': 1}
+    """
+    if torch.is_tensor(outputs):
+        return outputs[idx]
+    if isinstance(outputs, Mapping):
+        return {k: select_rows(v, idx) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return type(outputs)(select_rows(v, idx) for v in outputs)
+    return outputs

@@ -1,4 +1,4 @@
-"""MetamorphicCallback's clean pass without a second forward: the validation loop has just forwarded
+"""The MR check's clean pass (MetamorphicCallback) without a second forward: the validation loop has just forwarded
 every validation image with the very weights the check scores; its outputs, keyed by the exact bytes
 of each input, stand in for the check's clean forward. The check's own follow-up forwards are recorded
 too, so the image strips of its worst violations (source and follow-up predictions) need no forward.
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from robusttrain.metamorphic.scoring import probabilities_to_labels
+from .scoring import probabilities_to_labels
 
 
 def _digest(x: torch.Tensor) -> bytes:

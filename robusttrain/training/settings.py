@@ -1,0 +1,327 @@
+"""MetamorphicTraining's settings: every argument validated when the callback is built (one line naming
+the argument), and what follows from them alone -- the follow-up samplers for the run's families and
+the line describing them. No trainer here; the Lightning glue is
+:class:`robusttrain.callbacks.MetamorphicTraining`.
+
+**What is drawn.** Per selected image, ``k`` candidates: a family from ``(1 - epsilon) * w + epsilon *
+uniform`` (``w`` the latest check's per-family violation rates, the training probe's when failure mining
+checks one; uniform without a MetamorphicCallback), a severity in ``1..cap``, the family's params — or,
+with ``chain_depth > 1`` / ``mix="augmix"``, an AugMix-style chain mix (:mod:`robusttrain.training.chains`).
+With ``k > 1`` the model scores the candidates (no grad, eval mode, at ``score_scale`` of the size;
+full size by default) and ``selection`` keeps the worst, a loss quantile, or AugMax's mix of the worst
+and a random one; ``warmup`` draws at random (nothing scored) for the first fraction of the steps.
+Every draw comes from a generator seeded by ``(seed, global step, global rank)``: identical under any
+load, after a resume, and each DDP rank draws for its own shard. ``k=1`` is random augmentation with
+the same families and dose.
+
+>>> s = MTSettings(k=1, q=0.25)
+>>> s.objective, s.pair, s.describe_draw()
+('replace', False, 'one random perturbation (k=1)')
+>>> MTSettings(consistency=1.0).objective   # a consistency weight picks the consistency objective
+'consistency'
+>>> MTSettings(score_scale=0)
+Traceback (most recent call last):
+...
+ValueError: score_scale must be in (0, 1] (1 = score at full size), got 0
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from robusttrain.errors import RobustnessConfigError
+from robusttrain.perturbations import available, trainable
+from robusttrain.perturbations.suites import resolve
+from robusttrain.validate import check_choice, check_fraction, check_int
+
+from .chains import MIXES
+from .consistency import DIVERGENCES
+from .objective import OBJECTIVES
+from .selection import SELECTIONS
+from .worst_of_k import WorstOfK
+
+DEFAULT_CAP = 4  # without a MetamorphicCallback: the recipes' highest tested severity
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+class MTSettings:
+    """The validated settings of metamorphic training (module doc), the arguments of
+    :class:`~robusttrain.callbacks.MetamorphicTraining` but its ``hooks``, ``dirpath`` and ``context``.
+
+    Args:
+        perturbations: families or a suite name (default: the MetamorphicCallback's suite, else the
+            endoscopy suite); families that cannot run on the data's channel count, are not trainable
+            (adversarial, melt) or are held out by the MetamorphicCallback are dropped.
+        k: candidates per image (1 = random augmentation).
+        q: fraction of each batch that gets a follow-up (with ``"consistency"``: of the whole batch,
+            drawn among the rows ``replace_q`` left clean).
+        epsilon: uniform share of the family choice, in [0, 1] (the rest follows the check's rates).
+        temperature: 0 keeps the selected candidate; > 0 samples the worst by ``softmax(loss / T)``.
+        severity_caps: highest severity drawn, an int 1..5 or a mapping family -> 1..5 (families a
+            mapping leaves out, and ``None``: the MR suite's highest severity, 4 without one).
+        max_cover: occluding candidates changing more of the lesion than this are never kept.
+        objective: ``"replace"``, ``"consistency"`` or ``"paired"`` (module doc); default
+            ``"consistency"`` when ``consistency > 0``, else ``"replace"``.
+        consistency: ``lambda``, the weight of ``D(p(x), p(x*))`` (> 0 for the two consistency objectives).
+        divergence: ``"js"`` (default), ``"kl"`` or ``"mse"``.
+        detach_source: stop the consistency gradient at the clean (source) prediction, so only the
+            follow-up moves to agree (the MR's direction; AdvChain / FixMatch do the same). ``False``
+            (default) is AugMix's symmetric JS.
+        ramp: fraction of the training steps over which ``lambda`` grows from 0.
+        replace_q: with ``"consistency"``, the fraction of each batch replaced in place by a random
+            (k=1) follow-up that the supervised loss sees (the same draws as ``"replace"`` with
+            ``k=1, q=replace_q``); 0 keeps the supervised batch clean (AugMix).
+        selection: ``"worst"``, ``"quantile"`` or ``"augmax"`` (:mod:`robusttrain.training.selection`).
+        quantile: the loss quantile ``selection="quantile"`` keeps (1.0 = the worst).
+        warmup: fraction of the training steps before selection starts (random draws until then).
+        score_scale: size of the scoring forward relative to the image (1.0, the default, scores at the
+            training resolution; a smaller scale is kept when the scaled size is a multiple of 16).
+        chain_depth, mix, width, alpha: AugMix-style chains (:mod:`robusttrain.training.chains`).
+        seed: seeds every draw with the step and rank.
+        record_every, record_per_step: every N-th step, the first M kept follow-ups' recipes are written.
+
+    Raises:
+        ValueError: a bad value, named in the message.
+    """
+
+    def __init__(
+        self,
+        perturbations: str | Sequence[str] | None = None,
+        k: int = 4,
+        q: float = 0.5,
+        epsilon: float = 0.3,
+        temperature: float = 0.0,
+        severity_caps: int | Mapping[str, int] | None = None,
+        max_cover: float = 0.1,
+        consistency: float = 0.0,
+        divergence: str = "js",
+        detach_source: bool = False,
+        ramp: float = 0.2,
+        score_scale: float = 1.0,
+        seed: int = 0,
+        record_every: int = 50,
+        record_per_step: int = 2,
+        objective: str | None = None,
+        replace_q: float = 0.0,
+        selection: str = "worst",
+        quantile: float = 0.75,
+        warmup: float = 0.0,
+        chain_depth: int = 1,
+        mix: str = "none",
+        width: int = 3,
+        alpha: float = 1.0,
+    ) -> None:
+        self.perturbations = None if perturbations is None else resolve(perturbations)
+        self.k = check_int("k", k, 1)
+        self.q = check_fraction("q", q)
+        self.epsilon = check_fraction("epsilon", epsilon)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0 (0 = keep the worst), got {temperature!r}")
+        self.temperature = float(temperature)
+        self.severity_caps = checked_caps(severity_caps, self.perturbations)
+        self.max_cover = check_fraction("max_cover", max_cover)
+        if not _number(consistency) or consistency < 0:
+            raise ValueError(
+                f"consistency must be a weight >= 0 (0 = no consistency term), got {consistency!r}"
+            )
+        self.consistency = float(consistency)
+        if objective is None:
+            objective = "consistency" if self.consistency > 0 else "replace"
+        self.objective = check_choice("objective", objective, OBJECTIVES)
+        if self.objective != "replace" and self.consistency <= 0:
+            raise ValueError(
+                f"objective={self.objective!r} trains through the consistency term: give consistency > 0 "
+                f"(lambda, e.g. 1.0), got consistency={consistency!r}"
+            )
+        if self.objective == "replace" and self.consistency > 0:
+            raise ValueError(
+                f"objective='replace' has no consistency term, but consistency={consistency!r}; use "
+                "objective='consistency' (hard copies only through the consistency term) or consistency=0"
+            )
+        self.divergence = check_choice("divergence", divergence, DIVERGENCES)
+        if not isinstance(detach_source, bool):
+            raise ValueError(f"detach_source must be true or false, got {detach_source!r}")
+        self.detach_source = detach_source
+        self.ramp = check_fraction("ramp", ramp)
+        if isinstance(score_scale, bool) or not isinstance(score_scale, (int, float)) or not 0 < score_scale <= 1:
+            raise ValueError(f"score_scale must be in (0, 1] (1 = score at full size), got {score_scale!r}")
+        self.score_scale = float(score_scale)
+        self.replace_q = check_fraction("replace_q", replace_q)
+        if self.replace_q > 0 and self.objective != "consistency":
+            raise ValueError(
+                f"replace_q={replace_q!r} is for objective='consistency' (random in-place draws the supervised "
+                f"loss sees); with objective={self.objective!r} use q"
+            )
+        self.selection = check_choice("selection", selection, SELECTIONS)
+        self.quantile = check_fraction("quantile", quantile)
+        self.warmup = check_fraction("warmup", warmup)
+        if self.warmup >= 1:
+            raise ValueError(f"warmup must be a fraction of the training steps in [0, 1), got {warmup!r}")
+        self.chain_depth = check_int("chain_depth", chain_depth, 1)
+        if self.chain_depth > 5:
+            raise ValueError(f"chain_depth must be 1..5 (AugMix uses up to 3), got {chain_depth!r}")
+        self.mix = check_choice("mix", mix, MIXES)
+        self.width = check_int("width", width, 1)
+        if self.mix == "none" and self.width != 1 and self.chain_depth > 1:
+            raise ValueError(f"width={width} chains are mixed only with mix='augmix'; with mix='none' use width=1")
+        if not _number(alpha) or alpha <= 0:
+            raise ValueError(f"alpha must be a number > 0 (AugMix: 1.0), got {alpha!r}")
+        self.alpha = float(alpha)
+        self.seed = check_int("seed", seed, None)
+        self.record_every = check_int("record_every", record_every, 1)
+        self.record_per_step = check_int("record_per_step", record_per_step, 0)
+
+    @property
+    def pair(self) -> bool:
+        """Whether follow-ups wait beside the batch (the two consistency objectives) instead of
+        replacing its images."""
+        return self.objective != "replace"
+
+    def families_for(self, suite_names: Sequence[str] | None, channels: int, heldout: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+        """(the families trained on, those asked for but not trained on here): the settings' (else the
+        MR suite's, else the endoscopy suite's) that run on ``channels``-channel images and may be trained
+        on (not adversarial / melt), minus the check's test-only ``heldout`` families.
+
+        >>> MTSettings(perturbations=["blur", "adversarial"]).families_for(None, 3)
+        (['blur'], ['adversarial'])
+        """
+        names = self.perturbations or (list(suite_names) if suite_names is not None else resolve("endoscopy"))
+        usable = set(trainable(int(channels)))
+        families = [n for n in names if n in usable and n not in set(heldout)]
+        if not families:
+            raise RobustnessConfigError(
+                f"MetamorphicTraining: none of the perturbations {names} runs on {channels}-channel "
+                f"images or is trainable; choose families from {sorted(usable - set(heldout))} "
+                "(e.g. perturbations='mri' or 'xray')"
+            )
+        return families, [n for n in names if n not in families]
+
+    def caps_for(self, families: Sequence[str], default_cap: int) -> int | dict[str, int]:
+        """The highest severity of each family drawn (``default_cap`` where the settings name none);
+        a family in ``severity_caps`` that the run does not train on is refused."""
+        caps = self.severity_caps
+        if isinstance(caps, Mapping):
+            unknown = sorted(set(caps) - set(families))
+            if unknown:
+                raise RobustnessConfigError(
+                    f"MetamorphicTraining: severity_caps names {unknown}, not families this run trains on "
+                    f"({list(families)})"
+                )
+            return {f: caps.get(f, default_cap) for f in families}  # the documented default for the rest
+        return default_cap if caps is None else caps
+
+    def samplers(
+        self, families: Sequence[str], caps: int | Mapping[str, int], slice_axis: int = -1
+    ) -> tuple[WorstOfK, WorstOfK | None]:
+        """The follow-up sampler and, for ``replace_q``, the in-place random one, over ``families``
+        (``caps``: :meth:`caps_for`).
+
+        >>> wok, replacer = MTSettings(k=2).samplers(["blur", "contrast"], DEFAULT_CAP)
+        >>> wok.k, replacer is None
+        (2, True)
+        """
+        common: dict[str, Any] = dict(
+            epsilon=self.epsilon,
+            severity_caps=caps,
+            max_cover=self.max_cover,
+            seed=self.seed,
+            slice_axis=slice_axis,
+        )
+        wok = WorstOfK(
+            families,
+            k=self.k,
+            q=self.q,
+            temperature=self.temperature,
+            selection=self.selection,
+            quantile=self.quantile,
+            chain_depth=self.chain_depth,
+            mix=self.mix,
+            width=self.width,
+            alpha=self.alpha,
+            # the consistency follow-ups draw on a stream of their own, so the in-place part of the
+            # batch is exactly what objective="replace", k=1, q=replace_q draws for the same seed
+            stream="consistency" if self.objective == "consistency" else "worst_of_k",
+            **common,
+        )
+        replacer = None
+        if self.replace_q > 0:
+            replacer = WorstOfK(families, k=1, q=self.replace_q, stream="worst_of_k", **common)
+        return wok, replacer
+
+    def describe_draw(self) -> str:
+        """What is drawn per selected image, in words (k=1 scores nothing: one random draw)."""
+        what = "an AugMix chain mix" if self.mix == "augmix" or self.chain_depth > 1 else "perturbation"
+        if self.k == 1:
+            return f"one random {what} (k=1)"
+        return f"{self.selection} of k={self.k} ({what})" + (
+            f", random for the first {self.warmup:g} of steps" if self.warmup else ""
+        )
+
+    def describe(self, families: Sequence[str], dropped: Sequence[str], replacing: bool) -> str:
+        """The line the callback prints when training starts."""
+        weights = (
+            "drawn uniformly" if self.epsilon >= 1.0 else f"weighted by the MR check, {self.epsilon:g} uniform"
+        )
+        return (
+            f"[robusttrain] metamorphic training ({self.objective}): {self.describe_draw()} on q={self.q:g} of "
+            f"each batch, families {list(families)} ({weights})"
+            + (f", random in place on replace_q={self.replace_q:g}" if replacing else "")
+            + (f" (not trained on here: {list(dropped)})" if dropped else "")
+            + (f", consistency lambda={self.consistency:g} ({self.divergence})" if self.pair else "")
+        )
+
+
+def check_training_images(images: Any, step: int = 0) -> None:
+    """Training images the perturbations can take: float (B,C,H,W[,D]) in [0, 1] (checked every batch:
+    a loader can produce an out-of-range batch at any step)."""
+    if not torch.is_tensor(images) or not images.is_floating_point() or images.ndim not in (4, 5):
+        raise RobustnessConfigError(
+            f"MetamorphicTraining needs float (B,C,H,W) or (B,C,H,W,D) training images, got "
+            f"{getattr(images, 'dtype', type(images).__name__)} {tuple(getattr(images, 'shape', ()))}"
+        )
+    lo, hi = (float(v) for v in torch.aminmax(images.detach()))
+    if not (lo >= 0.0 and hi <= 1.0):  # also false for NaN
+        raise RobustnessConfigError(
+            f"MetamorphicTraining perturbs images in [0, 1], but the training images at step {step} span "
+            f"[{lo:.3g}, {hi:.3g}] (normalise after the perturbation, e.g. in the model's forward, or pass "
+            "hooks=BatchHooks(get_images=...))"
+        )
+
+
+# the arguments MTSettings takes (MetamorphicTraining passes its own of these names through)
+SETTINGS = frozenset(inspect.signature(MTSettings).parameters)
+
+
+def checked_caps(caps: Any, families: Sequence[str] | None) -> int | dict[str, int] | None:
+    """``severity_caps`` validated at construction: None, an int 1..5, or family -> 1..5 for families of
+    the run (all registered ones when the run's families are not known yet)."""
+
+    def ok(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 1 <= int(v) <= 5
+
+    what = "an int 1..5 or a mapping family -> 1..5 (default: the MR suite's highest severity)"
+    if caps is None:
+        return None
+    if ok(caps):
+        return int(caps)
+    if not isinstance(caps, Mapping):
+        raise ValueError(f"severity_caps must be {what}, got {caps!r}")
+    known = list(families) if families is not None else available()
+    unknown = [str(f) for f in caps if f not in known]
+    if unknown:
+        raise ValueError(
+            f"severity_caps names {unknown}, not families of this run; expected keys among {sorted(known)}"
+        )
+    bad = {str(f): v for f, v in caps.items() if not ok(v)}
+    if bad:
+        raise ValueError(f"severity_caps must be {what}; bad values {bad}")
+    return {str(f): int(v) for f, v in caps.items()}
