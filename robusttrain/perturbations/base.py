@@ -83,7 +83,8 @@ FamilyParams = list[tuple[torch.Tensor, Params]]  # (batch rows as a CPU long te
 
 def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torch.Tensor:
     """Per-sample severities (a sequence or tensor of B ints 1..5) as a CPU long tensor, checked once."""
-    sev = torch.as_tensor(severities).reshape(-1)
+    sev = torch.as_tensor(severities)
+    sev = sev if sev.ndim == 1 else sev.reshape(-1)
     if sev.numel() != b:
         raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
     if sev.is_floating_point() or sev.dtype == torch.bool:
@@ -93,7 +94,7 @@ def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torc
         raise ValueError(
             f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
         )
-    return sev.cpu().long()
+    return sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()
 
 
 def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
@@ -232,7 +233,7 @@ def check_masks(masks: Any, images: torch.Tensor, name: str) -> torch.Tensor | N
         raise ValueError(
             f"{name}: masks must have shape (B,H,W)={(b, h, w)} to match images, got {tuple(masks.shape)}"
         )
-    return masks.to(images.device)
+    return masks if masks.device == images.device else masks.to(images.device)
 
 
 def check_image(image: Any, name: str, rgb: bool) -> np.ndarray:
@@ -711,10 +712,12 @@ class Perturbation:
         severities: Any,
         generator: torch.Generator | None = None,
         params: FamilyParams | None = None,
+        check_range: bool = True,
     ) -> tuple[torch.Tensor, FamilyParams]:
         """Apply to a (B,C,H,W) batch whose row i has severity ``severities[i]``: one call per family for the
         families that implement ``_draw_at``, one per severity for the others; replays exactly with the
-        ``params`` groups that :meth:`sample_family` (or a previous call) returned.
+        ``params`` groups that :meth:`sample_family` (or a previous call) returned. ``check_range=False``:
+        the caller checked that the images are finite and in [0, 1] (one check for several families).
 
         >>> import torch
         >>> from robusttrain.perturbations import get
@@ -724,7 +727,7 @@ class Perturbation:
         >>> bool(torch.equal(out, again)), out.shape
         (True, torch.Size([4, 3, 16, 16]))
         """
-        images = check_batch(images, self.name, self.rgb)
+        images = check_batch(images, self.name, self.rgb, check_range=check_range)
         masks = check_masks(masks, images, self.name)
         sev = severity_tensor(severities, images.shape[0], self.name)
         if params is None:
