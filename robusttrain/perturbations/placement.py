@@ -186,15 +186,33 @@ def maps_np(image: np.ndarray, mask: np.ndarray | None) -> tuple[torch.Tensor, t
 
 def erode_cells(free: torch.Tensor, r: int) -> torch.Tensor:
     """Cells whose whole (2r+1)^2 neighbourhood is free (outside the grid counts as not free)."""
-    blocked = ~free
-    for _ in range(r):
-        blocked = dilate3(blocked)
-    if r > 0:
-        # Cells near the grid edge: their neighbourhood leaves the image.
-        edge = torch.ones_like(free)
-        edge[..., r:-r, r:-r] = False
-        blocked = blocked | edge
-    return ~blocked
+    return erode_cells_rows(free, [r] * free.shape[0])
+
+
+def erode_cells_rows(free: torch.Tensor, radii: list[int]) -> torch.Tensor:
+    """:func:`erode_cells` of (B,Hc,Wc) ``free`` with row i eroded by its own radius ``radii[i]`` (host ints).
+
+    One max-pool per distinct radius over the blocked cells padded with blocked (outside the grid is not
+    free): exactly ``r`` 3x3 dilations, in a few ops instead of ~10 per dilation and radius.
+
+    >>> free = torch.ones(2, 8, 8, dtype=torch.bool); free[:, 4, 4] = False
+    >>> out = erode_cells_rows(free, [0, 1])
+    >>> int(out[0].sum()), int(out[1].sum()), bool(torch.equal(out[1], erode_cells(free, 1)[1]))
+    (63, 27, True)
+    """
+    distinct = sorted(set(radii))
+    if distinct == [0]:
+        return free
+    blocked = (~free).unsqueeze(1).float()  # (B,1,Hc,Wc)
+    pooled = [
+        blocked if r == 0 else F.max_pool2d(F.pad(blocked, (r, r, r, r), value=1.0), 2 * r + 1, stride=1)
+        for r in distinct
+    ]
+    if len(pooled) == 1:
+        return pooled[0][:, 0] == 0
+    which = np.searchsorted(distinct, radii)  # each row's pool
+    rows = torch.from_numpy(np.stack([np.arange(len(radii)), which]))
+    return torch.cat(pooled, 1)[tuple(rows.to(free.device))] == 0
 
 
 def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
@@ -205,7 +223,8 @@ def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
     """
     b = score.shape[0]
     flat = score.reshape(b, -1)
-    u = r.uniform(1e-6, 1.0, tuple(flat.shape)).to(flat.device)
+    u = r.uniform(1e-6, 1.0, tuple(flat.shape))
+    u = u if u.device == flat.device else u.to(flat.device)
     gumbel = -torch.log(-torch.log(u))
     keys = torch.log(flat.clamp_min(1e-12)) + gumbel
     return keys.topk(n, dim=1).indices
@@ -213,10 +232,16 @@ def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
 
 def gather_cells(grid: torch.Tensor, y: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:
     """Value of ``grid`` (B,Hc,Wc) at pixel positions (y, x) (B,N) (clamped to the grid)."""
-    b, hc, wc = grid.shape
+    return grid.reshape(grid.shape[0], -1).gather(1, cell_index(y, x, k, grid.shape[1:]))
+
+
+def cell_index(y: torch.Tensor, x: torch.Tensor, k: int, cells: tuple[int, int]) -> torch.Tensor:
+    """Flat indices into an (Hc, Wc) = ``cells`` grid of pixel positions (y, x) (B,N), clamped to the grid:
+    compute them once to gather several grids at the same positions."""
+    hc, wc = cells
     cy = (y / k).long().clamp(0, hc - 1)
     cx = (x / k).long().clamp(0, wc - 1)
-    return grid.reshape(b, -1).gather(1, cy * wc + cx)
+    return cy * wc + cx
 
 
 __all__ = [
@@ -224,6 +249,8 @@ __all__ = [
     "maps_torch",
     "maps_np",
     "erode_cells",
+    "erode_cells_rows",
+    "cell_index",
     "pick_cells",
     "gather_cells",
     "torch_generator_from",
