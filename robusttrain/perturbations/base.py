@@ -291,7 +291,10 @@ class TorchRandom:
         self.device = generator.device if generator is not None else torch.device("cpu")
 
     def uniform(self, lo: float, hi: float, shape: tuple[int, ...]) -> torch.Tensor:
-        return lo + (hi - lo) * torch.rand(shape, generator=self.g, device=self.device)
+        u = torch.rand(shape, generator=self.g, device=self.device)
+        # skipping an exact no-op (a scale of 1, a shift of 0) gives the same values with fewer ops
+        u = u if hi - lo == 1 else (hi - lo) * u
+        return u if lo == 0 else lo + u
 
     def normal(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape, generator=self.g, device=self.device)
@@ -307,9 +310,15 @@ class TorchRandom:
         from the same stream when every row has that severity (``lo`` and ``hi - lo`` are rounded to float32
         as the scalar draw rounds them)."""
         lo, span = _range_table(ranges)
-        view = (-1,) + (1,) * (len(shape) - 1)
         u = torch.rand(shape, generator=self.g, device=self.device)
-        return lo.to(self.device)[sev - 1].view(view) + span.to(self.device)[sev - 1].view(view) * u
+        at = sev - 1
+        if self.device != at.device:
+            lo, span, at = lo.to(self.device), span.to(self.device), at.to(self.device)
+        lo, span = lo[at], span[at]
+        if len(shape) > 1:
+            view = (-1,) + (1,) * (len(shape) - 1)
+            lo, span = lo.view(view), span.view(view)
+        return lo + span * u
 
     def integers_upto(self, sev: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """Integers in [0, sev[i]] per row: ``integers(0, s + 1, shape)`` (the same stream) when every row has

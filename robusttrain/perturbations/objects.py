@@ -31,7 +31,9 @@ from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
 from .placement import (
     PlacedSampling,
+    cell_index,
     erode_cells,
+    erode_cells_rows,
     erode_cells_np,
     fov_mask_shared,
     gather_cells,
@@ -113,7 +115,8 @@ class PastedObject(PlacedSampling, Perturbation):
     def _place(self, luma, free, k, h, w, r, device=None, sev=None):
         th = isinstance(luma, torch.Tensor)
         xp = torch if th else np
-        dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
+        # a no-op .to still costs an op (a launch on an accelerator): move only what is elsewhere
+        dev = (lambda t: t if t.device == luma.device else t.to(device)) if th else (lambda t: t)  # noqa: E731
         b, side = luma.shape[0], short_side(h, w)
         size = self._size(r, b, side, dev, sev)
         # The centre keeps ~0.35*size from the lesion and the border: objects may run into the border
@@ -122,11 +125,8 @@ class PastedObject(PlacedSampling, Perturbation):
         if sev is None:
             rc = math.ceil(0.35 * self.SIZE_FRAC[self.severity][1] * side / k)
             ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
-        else:
-            ok = free
-            for s in sorted(set(sev.tolist())):  # each row eroded by its own severity's margin
-                rc = math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k)
-                ok = torch.where((sev == s).to(free.device)[:, None, None], erode_cells(free, rc), ok)
+        else:  # each row eroded by its own severity's margin, the whole batch at once
+            ok = erode_cells_rows(free, [math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k) for s in sev.tolist()])
         # Cells with room for the whole object first; when a large object finds none (a big lesion, a
         # small field of view), any free cell (it is then partly cut at the border / lesion).
         score = ok * 1.0 + free * 1e-6
@@ -135,16 +135,12 @@ class PastedObject(PlacedSampling, Perturbation):
         jit = dev(r.uniform(0, 1, (b, 2)))
         y = ((cells[:, 0] // wc) + jit[:, 0]) * k  # continuous coordinates in [0, h)
         x = ((cells[:, 0] % wc) + jit[:, 1]) * k
-        vis = (
-            gather_cells(free, y[:, None], x[:, None], k)
-            if th
-            else gather_cells_np(free, y[:, None], x[:, None], k)
-        )[:, 0]
-        near = (
-            gather_cells(luma, y[:, None], x[:, None], k)
-            if th
-            else gather_cells_np(luma, y[:, None], x[:, None], k)
-        )[:, 0]
+        if th:  # both maps at the same cells: one index
+            at = cell_index(y[:, None], x[:, None], k, luma.shape[1:])
+            vis, near = free.reshape(b, -1).gather(1, at)[:, 0], luma.reshape(b, -1).gather(1, at)[:, 0]
+        else:
+            vis = gather_cells_np(free, y[:, None], x[:, None], k)[:, 0]
+            near = gather_cells_np(luma, y[:, None], x[:, None], k)[:, 0]
         idx = dev(r.integers(0, len(self.bank), (b,)))
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
         return {
@@ -298,7 +294,7 @@ class Instrument(PastedObject):
     def _place(self, luma, free, k, h, w, r, device=None, fov=None, sev=None):
         th = isinstance(luma, torch.Tensor)
         xp = torch if th else np
-        dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
+        dev = (lambda t: t if t.device == luma.device else t.to(device)) if th else (lambda t: t)  # noqa: E731
         gather = gather_cells if th else gather_cells_np
         b, side, nc = luma.shape[0], short_side(h, w), self.CANDIDATES
         size = self._size(r, b, side, dev, sev)
