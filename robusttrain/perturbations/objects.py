@@ -41,6 +41,7 @@ from .placement import (
     maps_torch,
     pick_cells,
     pick_cells_np,
+    window_offsets,
 )
 
 # Sub-pixel grid cap: 2 x 2 samples per pixel keep a 128-px image within 0.05 of the downsized 512-px
@@ -176,8 +177,7 @@ class PastedObject(PlacedSampling, Perturbation):
         cy = rel_to_px(params["center_rel"][:, 0].float(), h)
         cx = rel_to_px(params["center_rel"][:, 1].float(), w)
         ry, rx = torch.round(cy), torch.round(cx)
-        sub = (torch.arange(n, device=dev, dtype=torch.float32) + 0.5) / n - 0.5
-        off = (torch.arange(-half, half + 1, device=dev, dtype=torch.float32)[:, None] + sub).reshape(-1)
+        off, win = window_offsets(half, n, dev)
         e = lambda t: t.float()[:, None, None]  # noqa: E731
         u, v = self._source_coords(
             ry[:, None, None] + off[None, :, None],
@@ -199,7 +199,6 @@ class PastedObject(PlacedSampling, Perturbation):
         if n > 1:  # area-average the sub-pixel samples (colour premultiplied by alpha)
             alpha, prem = F.avg_pool2d(alpha, n), F.avg_pool2d(prem, n)
         colour = prem / alpha.clamp_min(1e-6)
-        win = torch.arange(-half, half + 1, device=dev, dtype=torch.float32)
         py, px = (
             ry[:, None, None] + win[None, :, None],
             rx[:, None, None] + win[None, None, :],

@@ -230,6 +230,21 @@ def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
     return keys.topk(n, dim=1).indices
 
 
+_OFFSETS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def window_offsets(half: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A drawn shape's window offsets on the n x n sub-pixel grid ((2 half + 1) n,) and in pixels
+    (2 half + 1,), made once per window, grid and device (constants: building them costs ops every call).
+    Pixel j's samples sit at j + (i + 0.5)/n - 0.5. Callers must not modify them."""
+    key = (half, n, device)
+    if key not in _OFFSETS:
+        sub = (torch.arange(n, device=device, dtype=torch.float32) + 0.5) / n - 0.5
+        win = torch.arange(-half, half + 1, device=device, dtype=torch.float32)
+        _OFFSETS[key] = ((win[:, None] + sub).reshape(-1), win)
+    return _OFFSETS[key]
+
+
 def gather_cells(grid: torch.Tensor, y: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:
     """Value of ``grid`` (B,Hc,Wc) at pixel positions (y, x) (B,N) (clamped to the grid)."""
     return grid.reshape(grid.shape[0], -1).gather(1, cell_index(y, x, k, grid.shape[1:]))
@@ -251,6 +266,7 @@ __all__ = [
     "erode_cells",
     "erode_cells_rows",
     "cell_index",
+    "window_offsets",
     "pick_cells",
     "gather_cells",
     "torch_generator_from",

@@ -31,6 +31,7 @@ from .placement import (
     maps_torch,
     pick_cells,
     pick_cells_np,
+    window_offsets,
 )
 
 CORE, EDGE, REACH = 0.55, 0.30, 1.45
@@ -197,11 +198,7 @@ class Specularity(PlacedSampling, Perturbation):
         b, c, h, w = images.shape
         half, n, side = self._window(h, w), supersampling(h, w, cap=SUPERSAMPLE), short_side(h, w)
         p = 2 * half + 1
-        # window offsets on the n x n sub-pixel grid: pixel j's samples sit at j + (i + 0.5)/n - 0.5
-        sub = (torch.arange(n, device=images.device, dtype=torch.float32) + 0.5) / n - 0.5
-        off = (
-            torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)[:, None] + sub
-        ).reshape(-1)
+        off, win = window_offsets(half, n, images.device)
         cy = rel_to_px(params["center_rel"][..., 0].float(), h)
         cx = rel_to_px(params["center_rel"][..., 1].float(), w)
         ry, rx = torch.round(cy), torch.round(cx)
@@ -222,7 +219,6 @@ class Specularity(PlacedSampling, Perturbation):
         )
         if n > 1:
             alpha = alpha.reshape(b, -1, p, n, p, n).mean((3, 5))
-        win = torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)
         py, px = ry[..., None, None] + win[:, None], rx[..., None, None] + win[None, :]
         inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
         alpha = alpha * inside
