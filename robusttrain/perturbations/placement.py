@@ -19,12 +19,11 @@ from .border import (
     cell_means,
     cell_means_np,
     cell_size,
-    dilate3,
     fov_cells_to_mask,
     fov_from_cells,
     fov_from_cells_np,
 )
-from .colour import LUMA
+from .colour import LUMA, const_on
 
 
 def _tensor_key(t: torch.Tensor | None) -> tuple | None:
@@ -160,7 +159,7 @@ def _maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch
     k = cell_size(h, w)
     low = cell_means(images)
     free = fov_from_cells(low)[:, 0]
-    luma = (low * torch.as_tensor(LUMA, device=low.device, dtype=low.dtype)[None, :, None, None]).sum(1)
+    luma = (low * const_on("luma", low.device, low.dtype)[:, None, None]).sum(1)
     if masks is not None:
         free = free & ~_lesion_cells(masks, free.shape[-2:], k)
     return luma, free, k

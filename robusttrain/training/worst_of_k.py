@@ -68,6 +68,49 @@ _COVER_DELTA = 2.0 / 255.0
 Score = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
+class LazyParams(Sequence[list[dict[str, torch.Tensor]]]):
+    """The n x k per-candidate params of a draw, split from each family call's batched params on first
+    access. Splitting is one op per key and family (and a device->host copy): done in the draw, it cost
+    ~50 launches a step for params that are read only on the steps that record follow-ups."""
+
+    def __init__(self, n: int, k: int, parts: list[tuple[list[int], FamilyParams]]):
+        self._n, self._k, self._parts = n, k, parts
+        self._rows: list[list[dict[str, torch.Tensor]]] | None = None
+
+    def _materialised(self) -> list[list[dict[str, torch.Tensor]]]:
+        if self._rows is None:
+            rows: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self._k)] for _ in range(self._n)]
+            for flat, groups in self._parts:
+                _split_params(rows, flat, groups, self._k)
+            self._rows, self._parts = rows, []
+        return self._rows
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._materialised()[i]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._materialised())
+
+
+def _split_params(
+    params: list[list[dict[str, torch.Tensor]]], flat: list[int], groups: FamilyParams, k: int
+) -> None:
+    """One family's batched params into per-candidate host views (``flat``: its candidates, row-major over
+    (image, candidate)): one device->host copy and one split per key and group, not per candidate."""
+    cpu = torch.device("cpu")
+    for grows, p in groups:
+        per_key = (_on(v.detach() if v.requires_grad else v, cpu).split(1) for v in p.values())
+        for at, per in zip(grows.tolist(), zip(*per_key)):
+            f = flat[at]
+            params[f // k][f % k] = dict(zip(p, per))
+
+
 @dataclass
 class Followups:
     """The follow-ups of one batch: which positions, their images, and how to re-create them.
@@ -75,7 +118,8 @@ class Followups:
     ``index`` (n,) batch positions; ``images`` (n, C, ...) the kept follow-ups (a rejected image is its
     clean self); ``families`` / ``severities`` (n, k) every candidate drawn (a chain candidate is counted
     as family ``"augmix"``, severity 0); ``params`` n x k dicts of CPU tensors (leading dim 1),
-    replayable with ``get(family, severity).apply_batch(x, m, params=p)``; ``chosen`` (n,) the kept
+    replayable with ``get(family, severity).apply_batch(x, m, params=p)`` (split per candidate on first
+    access, when a follow-up is recorded, not in the step); ``chosen`` (n,) the kept
     candidate (on the images' device; -1 = none, the clean image); ``scores`` (n, k) the candidates'
     losses (None when nothing was scored; -inf = rejected); ``partner`` / ``weight`` (n,) with
     ``selection="augmax"``: the candidate mixed in and the kept one's share; ``chains`` n x k recipes of
@@ -86,7 +130,7 @@ class Followups:
     images: torch.Tensor
     families: list[list[str]]
     severities: list[list[int]]
-    params: list[list[dict[str, torch.Tensor]]]
+    params: Sequence[Sequence[dict[str, torch.Tensor]]]
     chosen: torch.Tensor
     scores: torch.Tensor | None = None
     step: int = 0
@@ -327,7 +371,7 @@ class WorstOfK:
 
     def _draw_single(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
-    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], list[list[dict[str, torch.Tensor]]], list[list[int]]]:
+    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], Sequence[Sequence[dict[str, torch.Tensor]]], list[list[int]]]:
         """k single-family candidates per image: (n, k, C, ...) images, families, severities, params and
         the severity each family call was applied at (a family that batches severities applies a call at
         its largest severity present; replaying one image exactly needs it)."""
@@ -354,14 +398,14 @@ class WorstOfK:
         families: list[list[str]],
         severities: list[list[int]],
         g: torch.Generator,
-    ) -> tuple[torch.Tensor, list[list[dict[str, torch.Tensor]]], list[list[int]]]:
+    ) -> tuple[torch.Tensor, LazyParams, list[list[int]]]:
         """The (n, k, C, ...) candidates, their n x k params and applied-at severities: ONE batched call per
         family drawn, with the candidates' severities (n x k ints) as a per-row tensor, families in order of
         first appearance (row-major over (image, candidate)); per-row params come back to the host once per
         family and key. The index arithmetic is on host lists (an op per row would be a launch per row)."""
         n = len(severities)
         k = len(severities[0]) if n else self.k
-        params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(k)] for _ in range(n)]
+        parts: list[tuple[list[int], FamilyParams]] = []
         applied = [[0] * k for _ in range(n)]
         members: dict[str, list[int]] = {}
         for f, fam in enumerate(fam for row in families for fam in row):
@@ -387,10 +431,11 @@ class WorstOfK:
                 )
                 outs.append(out)
                 order.extend(flat)
-                self._record(params, flat, groups, k)
+                parts.append((flat, groups))
                 top = max(fam_sev) if op.batched_severities() else None
                 for f, s in zip(flat, fam_sev):
                     applied[f // k][f % k] = top if top is not None else int(s)
+        params = LazyParams(n, k, parts)
         if not outs:
             return src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1))), params, applied
         cand = outs[0] if len(outs) == 1 else torch.cat(outs)  # rows in family order
@@ -399,18 +444,6 @@ class WorstOfK:
             inv[np.asarray(order, dtype=np.int64)] = np.arange(n * k)
             cand = cand[_on(torch.from_numpy(inv), cand.device)]
         return cand.view(n, k, *cand.shape[1:]), params, applied
-
-    @staticmethod
-    def _record(
-        params: list[list[dict[str, torch.Tensor]]], flat: list[int], groups: FamilyParams, k: int
-    ) -> None:
-        """One family's params into ``params`` (host views): one device->host copy and one split per key and
-        group, not per candidate."""
-        for grows, p in groups:
-            per_key = (_on((v.detach() if v.requires_grad else v), torch.device("cpu")).split(1) for v in p.values())
-            for at, per in zip(grows.tolist(), zip(*per_key)):
-                f = flat[at]
-                params[f // k][f % k] = dict(zip(p, per))
 
     def _draw_chains(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
