@@ -93,6 +93,7 @@ class SharedMaps:
         self.views: dict = {}
         self.computed = 0  # times the batch maps were computed (0 or 1)
         self._maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
+        self._fov_px: torch.Tensor | None = None
 
     def __enter__(self) -> SharedMaps:
         _SHARED.append(self)
@@ -129,6 +130,15 @@ class SharedMaps:
         rows = view[2]
         return luma[rows], (fov if masks is None else free)[rows], k
 
+    def fov_pixels(self, images: torch.Tensor) -> torch.Tensor | None:
+        """(rows, 1, H, W) bool field-of-view pixels of a view this context gave out (None for another)."""
+        view = self.views.get(_tensor_key(images))
+        if view is None:
+            return None
+        if self._fov_px is None:
+            self._fov_px = fov_cells_to_mask(self._batch_maps()[1][:, None], *self.images.shape[-2:])
+        return self._fov_px[view[2]]
+
     def _batch_maps(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         if self._maps is None:
             luma, fov, k = _maps_torch(self.images, None)
@@ -139,7 +149,13 @@ class SharedMaps:
 
 def fov_mask_shared(images: torch.Tensor) -> torch.Tensor:
     """:func:`~robusttrain.perturbations.border.fov_mask` from the maps of :func:`maps_torch` (memoised, or
-    shared by an open :class:`SharedMaps`): the same mask without a second field-of-view step."""
+    shared by an open :class:`SharedMaps`): the same mask without a second field-of-view step. Rows of an
+    open :class:`SharedMaps` get rows of the batch's pixel mask, made once per scope (one gather per
+    family that asks, not an upsampling each)."""
+    for shared in reversed(_SHARED):
+        hit = shared.fov_pixels(images)
+        if hit is not None:
+            return hit
     return fov_cells_to_mask(maps_torch(images, None)[1][:, None], *images.shape[-2:])
 
 
