@@ -756,14 +756,17 @@ class Perturbation:
                 raise ValueError(f"{self.name}: one params group for rows of different severities")
             return self.at_severity(int(sev[0]))._apply_checked(images, masks, params[0][1]), params
         out = images.clone()
+        sev_list = sev.tolist()
         for rows, p in params:
             x, m = _take_rows(images, masks, rows)
             if self.batched_severities():
                 self._check_params(p, x.shape[0])
                 y = op._apply_torch(x, m, params_to(p, images.device))
             else:
-                y = self.at_severity(int(sev[rows[0]]))._apply_checked(x, m, p)
-            out[rows.to(images.device)] = y.to(images.dtype)
+                y = self.at_severity(sev_list[int(rows[0])])._apply_checked(x, m, p)
+            # a no-op .to still costs an op per group: move / cast only what differs
+            at = rows if rows.device == images.device else rows.to(images.device)
+            out[at] = y if y.dtype == images.dtype else y.to(images.dtype)
         return out, params
 
     def _apply_checked(
