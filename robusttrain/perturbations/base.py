@@ -739,6 +739,7 @@ class Perturbation:
         images = check_batch(images, self.name, self.rgb, check_range=check_range)
         masks = check_masks(masks, images, self.name)
         sev = severity_tensor(severities, images.shape[0], self.name)
+        sev_list = sev.tolist()  # read on the host once (each read is ops)
         if params is None:
             params = self._sample_family(images, masks, sev, generator)
         b = images.shape[0]
@@ -747,7 +748,7 @@ class Perturbation:
         if self.batched_severities():
             # params fully describe the perturbation; the severity only bounds buffer sizes (kernel widths on
             # an accelerator), so the batch is applied by the family at its largest severity present
-            op = self.at_severity(max(sev.tolist()))
+            op = self.at_severity(max(sev_list))
             if len(params) == 1 and params[0][0].numel() == b and _is_arange(params[0][0]):
                 self._check_params(params[0][1], b)
                 return op._apply_torch(images, masks, params_to(params[0][1], images.device)), params
@@ -756,7 +757,6 @@ class Perturbation:
                 raise ValueError(f"{self.name}: one params group for rows of different severities")
             return self.at_severity(int(sev[0]))._apply_checked(images, masks, params[0][1]), params
         out = images.clone()
-        sev_list = sev.tolist()
         for rows, p in params:
             x, m = _take_rows(images, masks, rows)
             if self.batched_severities():
