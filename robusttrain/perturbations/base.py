@@ -83,6 +83,11 @@ FamilyParams = list[tuple[torch.Tensor, Params]]  # (batch rows as a CPU long te
 
 def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torch.Tensor:
     """Per-sample severities (a sequence or tensor of B ints 1..5) as a CPU long tensor, checked once."""
+    return _severities(severities, b, name)[0]
+
+
+def _severities(severities: Any, b: int, name: str) -> tuple[torch.Tensor, list[int]]:
+    """:func:`severity_tensor` and its values as host ints (read once: every read of a tensor is ops)."""
     sev = torch.as_tensor(severities)
     sev = sev if sev.ndim == 1 else sev.reshape(-1)
     if sev.numel() != b:
@@ -94,7 +99,7 @@ def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torc
         raise ValueError(
             f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
         )
-    return sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()
+    return (sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()), values
 
 
 def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
@@ -738,8 +743,7 @@ class Perturbation:
         """
         images = check_batch(images, self.name, self.rgb, check_range=check_range)
         masks = check_masks(masks, images, self.name)
-        sev = severity_tensor(severities, images.shape[0], self.name)
-        sev_list = sev.tolist()  # read on the host once (each read is ops)
+        sev, sev_list = _severities(severities, images.shape[0], self.name)
         if params is None:
             params = self._sample_family(images, masks, sev, generator)
         b = images.shape[0]

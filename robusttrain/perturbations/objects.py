@@ -88,6 +88,13 @@ class PastedObject(PlacedSampling, Perturbation):
             f"{type(self).__name__}(severity={self.severity}, cutouts={self.cutouts!r}, n={len(self.bank)})"
         )
 
+    def _luma_on(self, device) -> torch.Tensor:
+        """The cut-outs' mean luma as a tensor on ``device``, made once (not 2 ops every call)."""
+        cache = self.__dict__.setdefault("_luma_dev", {})
+        if device not in cache:
+            cache[device] = torch.as_tensor(self._luma, device=device)
+        return cache[device]
+
     def _bank(self, device):
         if device not in self._bank_on:
             self._bank_on[device] = torch.from_numpy(self.bank).permute(0, 3, 1, 2).contiguous().to(device)
@@ -95,7 +102,7 @@ class PastedObject(PlacedSampling, Perturbation):
 
     # -- sampling -----------------------------------------------------------------------------
     def _gain(self, near, idx, xp, device):
-        cl = torch.as_tensor(self._luma, device=device)[idx] if xp is torch else self._luma[idx]
+        cl = self._luma_on(device)[idx] if xp is torch else self._luma[idx]
         return xp.clip((near / xp.clip(cl, 0.05, None)) ** 0.6, 0.4, 1.5) * xp.clip(near / 0.45, 0.5, 1.0)
 
     def _size(self, r, b: int, side: int, dev, sev):

@@ -80,17 +80,17 @@ class Specularity(PlacedSampling, Perturbation):
     def _sample_at(self, images, masks, sev, generator):
         # Mixed severities in one call: spot arrays padded to the largest count present (unused spots have
         # strength 0), per-row size scale and margin. One severity: exactly the per-severity sampler.
-        values = sorted(set(sev.tolist()))
-        if len(values) == 1:
-            return self.at_severity(values[0])._sample_torch(images, masks, generator)
+        rows = sev.tolist()
+        if len(set(rows)) == 1:
+            return self.at_severity(rows[0])._sample_torch(images, masks, generator)
         luma, free, k = maps_torch(images, masks)
         return self._place(
-            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, sev=sev
+            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, sev=rows
         )
 
     def _place(self, luma, free, k, h, w, r, device=None, sev=None) -> dict:
         """Spot params from the low-res maps; ``r`` is a TorchRandom (torch maps) or NumpyRandom (numpy);
-        ``sev`` (torch only): per-row severities (CPU long) instead of this family's severity.
+        ``sev`` (torch only): per-row severities (host ints) instead of this family's severity.
 
         The torch path is one set of batched ops for the whole batch, whatever its severities (per-row
         tables instead of a loop per severity, the five probe points of every spot in one gather); it draws
@@ -99,7 +99,7 @@ class Specularity(PlacedSampling, Perturbation):
             return self._place_np(luma, free, k, h, w, r)
         dev = (lambda t: t if t.device == luma.device else t.to(luma.device))  # noqa: E731
         b, side = luma.shape[0], short_side(h, w)
-        rows = [self.severity] * b if sev is None else sev.tolist()
+        rows = [self.severity] * b if sev is None else list(sev)
         hi = max(self.SPOTS[s][1] for s in rows)
         # Cluster centres keep half the largest spot's reach from non-free cells; each spot is then
         # checked with its own reach (below), so large severities do not lose most spots to the margin.
