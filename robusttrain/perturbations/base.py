@@ -83,7 +83,13 @@ FamilyParams = list[tuple[torch.Tensor, Params]]  # (batch rows as a CPU long te
 
 def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torch.Tensor:
     """Per-sample severities (a sequence or tensor of B ints 1..5) as a CPU long tensor, checked once."""
-    sev = torch.as_tensor(severities).reshape(-1)
+    return _severities(severities, b, name)[0]
+
+
+def _severities(severities: Any, b: int, name: str) -> tuple[torch.Tensor, list[int]]:
+    """:func:`severity_tensor` and its values as host ints (read once: every read of a tensor is ops)."""
+    sev = torch.as_tensor(severities)
+    sev = sev if sev.ndim == 1 else sev.reshape(-1)
     if sev.numel() != b:
         raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
     if sev.is_floating_point() or sev.dtype == torch.bool:
@@ -93,7 +99,7 @@ def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torc
         raise ValueError(
             f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
         )
-    return sev.cpu().long()
+    return (sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()), values
 
 
 def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
@@ -232,7 +238,7 @@ def check_masks(masks: Any, images: torch.Tensor, name: str) -> torch.Tensor | N
         raise ValueError(
             f"{name}: masks must have shape (B,H,W)={(b, h, w)} to match images, got {tuple(masks.shape)}"
         )
-    return masks.to(images.device)
+    return masks if masks.device == images.device else masks.to(images.device)
 
 
 def check_image(image: Any, name: str, rgb: bool) -> np.ndarray:
@@ -290,7 +296,10 @@ class TorchRandom:
         self.device = generator.device if generator is not None else torch.device("cpu")
 
     def uniform(self, lo: float, hi: float, shape: tuple[int, ...]) -> torch.Tensor:
-        return lo + (hi - lo) * torch.rand(shape, generator=self.g, device=self.device)
+        u = torch.rand(shape, generator=self.g, device=self.device)
+        # skipping an exact no-op (a scale of 1, a shift of 0) gives the same values with fewer ops
+        u = u if hi - lo == 1 else (hi - lo) * u
+        return u if lo == 0 else lo + u
 
     def normal(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape, generator=self.g, device=self.device)
@@ -306,9 +315,15 @@ class TorchRandom:
         from the same stream when every row has that severity (``lo`` and ``hi - lo`` are rounded to float32
         as the scalar draw rounds them)."""
         lo, span = _range_table(ranges)
-        view = (-1,) + (1,) * (len(shape) - 1)
         u = torch.rand(shape, generator=self.g, device=self.device)
-        return lo.to(self.device)[sev - 1].view(view) + span.to(self.device)[sev - 1].view(view) * u
+        at = sev - 1
+        if self.device != at.device:
+            lo, span, at = lo.to(self.device), span.to(self.device), at.to(self.device)
+        lo, span = lo[at], span[at]
+        if len(shape) > 1:
+            view = (-1,) + (1,) * (len(shape) - 1)
+            lo, span = lo.view(view), span.view(view)
+        return lo + span * u
 
     def integers_upto(self, sev: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """Integers in [0, sev[i]] per row: ``integers(0, s + 1, shape)`` (the same stream) when every row has
@@ -711,10 +726,12 @@ class Perturbation:
         severities: Any,
         generator: torch.Generator | None = None,
         params: FamilyParams | None = None,
+        check_range: bool = True,
     ) -> tuple[torch.Tensor, FamilyParams]:
         """Apply to a (B,C,H,W) batch whose row i has severity ``severities[i]``: one call per family for the
         families that implement ``_draw_at``, one per severity for the others; replays exactly with the
-        ``params`` groups that :meth:`sample_family` (or a previous call) returned.
+        ``params`` groups that :meth:`sample_family` (or a previous call) returned. ``check_range=False``:
+        the caller checked that the images are finite and in [0, 1] (one check for several families).
 
         >>> import torch
         >>> from robusttrain.perturbations import get
@@ -724,9 +741,9 @@ class Perturbation:
         >>> bool(torch.equal(out, again)), out.shape
         (True, torch.Size([4, 3, 16, 16]))
         """
-        images = check_batch(images, self.name, self.rgb)
+        images = check_batch(images, self.name, self.rgb, check_range=check_range)
         masks = check_masks(masks, images, self.name)
-        sev = severity_tensor(severities, images.shape[0], self.name)
+        sev, sev_list = _severities(severities, images.shape[0], self.name)
         if params is None:
             params = self._sample_family(images, masks, sev, generator)
         b = images.shape[0]
@@ -735,7 +752,7 @@ class Perturbation:
         if self.batched_severities():
             # params fully describe the perturbation; the severity only bounds buffer sizes (kernel widths on
             # an accelerator), so the batch is applied by the family at its largest severity present
-            op = self.at_severity(max(sev.tolist()))
+            op = self.at_severity(max(sev_list))
             if len(params) == 1 and params[0][0].numel() == b and _is_arange(params[0][0]):
                 self._check_params(params[0][1], b)
                 return op._apply_torch(images, masks, params_to(params[0][1], images.device)), params
@@ -750,8 +767,10 @@ class Perturbation:
                 self._check_params(p, x.shape[0])
                 y = op._apply_torch(x, m, params_to(p, images.device))
             else:
-                y = self.at_severity(int(sev[rows[0]]))._apply_checked(x, m, p)
-            out[rows.to(images.device)] = y.to(images.dtype)
+                y = self.at_severity(sev_list[int(rows[0])])._apply_checked(x, m, p)
+            # a no-op .to still costs an op per group: move / cast only what differs
+            at = rows if rows.device == images.device else rows.to(images.device)
+            out[at] = y if y.dtype == images.dtype else y.to(images.dtype)
         return out, params
 
     def _apply_checked(

@@ -222,6 +222,22 @@ def gaussian_ksize(sigma_px):
     return 2 * int(math.ceil(3 * math.sqrt(float(sigma_px) ** 2 + PIXEL_VAR))) + 1
 
 
+_BASIS: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _kernel_basis(kmax: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sigma-independent parts of :func:`gaussian_kernel_1d` (torch) for ``kmax``: ``cos(th) - 1``
+    (1,M), the cosine basis (M,K) and ``|n|`` (1,K), made once per size and device by the same ops as
+    before (the same values), instead of ~10 ops every call."""
+    key = (kmax, device)
+    if key not in _BASIS:
+        r, m = kmax // 2, max(64, 4 * kmax)
+        th = torch.arange(m, device=device, dtype=torch.float64) * (2 * math.pi / m)
+        n = torch.arange(-r, r + 1, device=device, dtype=torch.float64)
+        _BASIS[key] = (torch.cos(th)[None] - 1, torch.cos(n[:, None] * th[None]).T, n[None].abs())
+    return _BASIS[key]
+
+
 def gaussian_kernel_1d(sigma, ksize, kmax: int, xp=torch):
     """(B,kmax) discrete Gaussian weights of variance ``sigma**2 + 1/12`` px^2, truncated to each sample's
     odd ``ksize`` and normalised.
@@ -236,12 +252,11 @@ def gaussian_kernel_1d(sigma, ksize, kmax: int, xp=torch):
     r = kmax // 2
     m = max(64, 4 * kmax)
     if xp is torch:
-        th = torch.arange(m, device=sigma.device, dtype=torch.float64) * (2 * math.pi / m)
-        n = torch.arange(-r, r + 1, device=sigma.device, dtype=torch.float64)
+        cos_th1, basis, n_abs = _kernel_basis(kmax, sigma.device)
         t = sigma.double()[:, None] ** 2 + PIXEL_VAR
-        spec = torch.exp(t * (torch.cos(th)[None] - 1))  # (B,M)
-        g = spec @ torch.cos(n[:, None] * th[None]).T / m  # (B,K)
-        g = g.clamp_min(0) * (n[None].abs() <= (ksize[:, None] // 2)).double()
+        spec = torch.exp(t * cos_th1)  # (B,M)
+        g = spec @ basis / m  # (B,K)
+        g = g.clamp_min(0) * (n_abs <= (ksize[:, None] // 2)).double()
         g = 0.5 * (g + g.flip(1))  # exactly symmetric (OpenCV's fast path for symmetric kernels needs it)
         return (g / g.sum(1, keepdim=True)).float()
     th = np.arange(m, dtype=np.float64) * (2 * math.pi / m)

@@ -78,7 +78,8 @@ def fov_from_cells(low: torch.Tensor, stop_at_fixed_point: bool = True) -> torch
     reach[..., :, -1] = dark[..., :, -1]
     for it in range(_iterations(hc, wc)):
         grown = dilate3(reach) & dark
-        if stop_at_fixed_point and it % 4 == 3 and torch.equal(grown, reach):
+        # checked on the first step too: a frame without a dark rim (cropped) stops after one dilation
+        if stop_at_fixed_point and it % 4 == 0 and torch.equal(grown, reach):
             break  # fixed point: the remaining dilations would change nothing
         reach = grown
     # One more cell of margin so nothing is drawn on the blurry rim of the opening.

@@ -26,6 +26,19 @@ def _uniform(rng: np.random.Generator, lo: float, hi: float) -> np.float32:
     return _F32(lo + (hi - lo) * rng.random())
 
 
+_CONST_ON: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def const_on(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``"luma"`` (3,) weights or the ``"eye"`` (3, 3) identity on ``device``, made once (a constant built per
+    call costs ops every call). Callers must not modify it."""
+    key = (name, device, dtype)
+    if key not in _CONST_ON:
+        value = LUMA if name == "luma" else np.eye(3, dtype=np.float32)
+        _CONST_ON[key] = torch.as_tensor(value, device=device, dtype=dtype)
+    return _CONST_ON[key]
+
+
 def _xp(v: Any):
     return torch if isinstance(v, torch.Tensor) else np
 
@@ -49,8 +62,8 @@ def _scaled_saturation_rows(s: np.float32, k: np.float32, off: float = 0.0) -> l
 
 def _saturation_matrix(s: Any, xp) -> Any:
     """(B,3,3) matrices blending each pixel with its grey value: S = s*I + (1-s) * 1 w^T."""
-    w = xp.asarray(LUMA) if xp is np else torch.as_tensor(LUMA, device=s.device)
-    eye = xp.eye(3, dtype=xp.float32) if xp is np else torch.eye(3, device=s.device)
+    w = xp.asarray(LUMA) if xp is np else const_on("luma", s.device)
+    eye = xp.eye(3, dtype=xp.float32) if xp is np else const_on("eye", s.device)
     return s[:, None, None] * eye + (1 - s)[:, None, None] * w[None, None, :]
 
 
@@ -218,7 +231,7 @@ class Contrast(_AffineColour):
         means = images.mean(dim=(2, 3))
         if images.shape[1] == 1:
             return {"mean": means[:, 0]}
-        return {"mean": means @ torch.as_tensor(LUMA, device=images.device, dtype=images.dtype)}
+        return {"mean": means @ const_on("luma", images.device, images.dtype)}
 
     def _content_numpy(self, image, mask, draws):
         c = image.shape[2] if image.ndim == 3 else 1

@@ -31,14 +31,17 @@ from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
 from .placement import (
     PlacedSampling,
+    cell_index,
     erode_cells,
     erode_cells_np,
+    erode_cells_rows,
     fov_mask_shared,
     gather_cells,
     gather_cells_np,
     maps_torch,
     pick_cells,
     pick_cells_np,
+    window_offsets,
 )
 
 # Sub-pixel grid cap: 2 x 2 samples per pixel keep a 128-px image within 0.05 of the downsized 512-px
@@ -85,6 +88,13 @@ class PastedObject(PlacedSampling, Perturbation):
             f"{type(self).__name__}(severity={self.severity}, cutouts={self.cutouts!r}, n={len(self.bank)})"
         )
 
+    def _luma_on(self, device) -> torch.Tensor:
+        """The cut-outs' mean luma as a tensor on ``device``, made once (not 2 ops every call)."""
+        cache = self.__dict__.setdefault("_luma_dev", {})
+        if device not in cache:
+            cache[device] = torch.as_tensor(self._luma, device=device)
+        return cache[device]
+
     def _bank(self, device):
         if device not in self._bank_on:
             self._bank_on[device] = torch.from_numpy(self.bank).permute(0, 3, 1, 2).contiguous().to(device)
@@ -92,7 +102,7 @@ class PastedObject(PlacedSampling, Perturbation):
 
     # -- sampling -----------------------------------------------------------------------------
     def _gain(self, near, idx, xp, device):
-        cl = torch.as_tensor(self._luma, device=device)[idx] if xp is torch else self._luma[idx]
+        cl = self._luma_on(device)[idx] if xp is torch else self._luma[idx]
         return xp.clip((near / xp.clip(cl, 0.05, None)) ** 0.6, 0.4, 1.5) * xp.clip(near / 0.45, 0.5, 1.0)
 
     def _size(self, r, b: int, side: int, dev, sev):
@@ -113,7 +123,8 @@ class PastedObject(PlacedSampling, Perturbation):
     def _place(self, luma, free, k, h, w, r, device=None, sev=None):
         th = isinstance(luma, torch.Tensor)
         xp = torch if th else np
-        dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
+        # a no-op .to still costs an op (a launch on an accelerator): move only what is elsewhere
+        dev = (lambda t: t if t.device == luma.device else t.to(device)) if th else (lambda t: t)  # noqa: E731
         b, side = luma.shape[0], short_side(h, w)
         size = self._size(r, b, side, dev, sev)
         # The centre keeps ~0.35*size from the lesion and the border: objects may run into the border
@@ -122,11 +133,8 @@ class PastedObject(PlacedSampling, Perturbation):
         if sev is None:
             rc = math.ceil(0.35 * self.SIZE_FRAC[self.severity][1] * side / k)
             ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
-        else:
-            ok = free
-            for s in sorted(set(sev.tolist())):  # each row eroded by its own severity's margin
-                rc = math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k)
-                ok = torch.where((sev == s).to(free.device)[:, None, None], erode_cells(free, rc), ok)
+        else:  # each row eroded by its own severity's margin, the whole batch at once
+            ok = erode_cells_rows(free, [math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k) for s in sev.tolist()])
         # Cells with room for the whole object first; when a large object finds none (a big lesion, a
         # small field of view), any free cell (it is then partly cut at the border / lesion).
         score = ok * 1.0 + free * 1e-6
@@ -135,16 +143,12 @@ class PastedObject(PlacedSampling, Perturbation):
         jit = dev(r.uniform(0, 1, (b, 2)))
         y = ((cells[:, 0] // wc) + jit[:, 0]) * k  # continuous coordinates in [0, h)
         x = ((cells[:, 0] % wc) + jit[:, 1]) * k
-        vis = (
-            gather_cells(free, y[:, None], x[:, None], k)
-            if th
-            else gather_cells_np(free, y[:, None], x[:, None], k)
-        )[:, 0]
-        near = (
-            gather_cells(luma, y[:, None], x[:, None], k)
-            if th
-            else gather_cells_np(luma, y[:, None], x[:, None], k)
-        )[:, 0]
+        if th:  # both maps at the same cells: one index
+            at = cell_index(y[:, None], x[:, None], k, luma.shape[1:])
+            vis, near = free.reshape(b, -1).gather(1, at)[:, 0], luma.reshape(b, -1).gather(1, at)[:, 0]
+        else:
+            vis = gather_cells_np(free, y[:, None], x[:, None], k)[:, 0]
+            near = gather_cells_np(luma, y[:, None], x[:, None], k)[:, 0]
         idx = dev(r.integers(0, len(self.bank), (b,)))
         f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
         return {
@@ -180,8 +184,7 @@ class PastedObject(PlacedSampling, Perturbation):
         cy = rel_to_px(params["center_rel"][:, 0].float(), h)
         cx = rel_to_px(params["center_rel"][:, 1].float(), w)
         ry, rx = torch.round(cy), torch.round(cx)
-        sub = (torch.arange(n, device=dev, dtype=torch.float32) + 0.5) / n - 0.5
-        off = (torch.arange(-half, half + 1, device=dev, dtype=torch.float32)[:, None] + sub).reshape(-1)
+        off, win = window_offsets(half, n, dev)
         e = lambda t: t.float()[:, None, None]  # noqa: E731
         u, v = self._source_coords(
             ry[:, None, None] + off[None, :, None],
@@ -203,7 +206,6 @@ class PastedObject(PlacedSampling, Perturbation):
         if n > 1:  # area-average the sub-pixel samples (colour premultiplied by alpha)
             alpha, prem = F.avg_pool2d(alpha, n), F.avg_pool2d(prem, n)
         colour = prem / alpha.clamp_min(1e-6)
-        win = torch.arange(-half, half + 1, device=dev, dtype=torch.float32)
         py, px = (
             ry[:, None, None] + win[None, :, None],
             rx[:, None, None] + win[None, None, :],
@@ -298,7 +300,7 @@ class Instrument(PastedObject):
     def _place(self, luma, free, k, h, w, r, device=None, fov=None, sev=None):
         th = isinstance(luma, torch.Tensor)
         xp = torch if th else np
-        dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
+        dev = (lambda t: t if t.device == luma.device else t.to(device)) if th else (lambda t: t)  # noqa: E731
         gather = gather_cells if th else gather_cells_np
         b, side, nc = luma.shape[0], short_side(h, w), self.CANDIDATES
         size = self._size(r, b, side, dev, sev)

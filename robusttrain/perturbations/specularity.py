@@ -24,17 +24,21 @@ import torch
 from .base import Perturbation, TorchRandom, rel_to_px, short_side, supersampling
 from .placement import (
     PlacedSampling,
-    erode_cells,
+    cell_index,
     erode_cells_np,
-    gather_cells,
+    erode_cells_rows,
     gather_cells_np,
     maps_torch,
     pick_cells,
     pick_cells_np,
+    window_offsets,
 )
 
 CORE, EDGE, REACH = 0.55, 0.30, 1.45
 _G_REACH = math.exp(-0.5 * ((REACH - CORE) / EDGE) ** 2)
+# A spot's probe points: its centre and the four corners of its bounding box, (y, x) steps of one reach
+_PROBE_Y = torch.tensor([0.0, -1.0, -1.0, 1.0, 1.0])[None, :, None]
+_PROBE_X = torch.tensor([0.0, -1.0, 1.0, -1.0, 1.0])[None, :, None]
 
 # Sub-pixel grid cap: 2 x 2 samples per pixel keep a 128-px image within 0.05 of the downsized 512-px
 # rendering (tests/test_perturbations_calibration.py) at a quarter of the cost of 4 x 4.
@@ -76,80 +80,113 @@ class Specularity(PlacedSampling, Perturbation):
     def _sample_at(self, images, masks, sev, generator):
         # Mixed severities in one call: spot arrays padded to the largest count present (unused spots have
         # strength 0), per-row size scale and margin. One severity: exactly the per-severity sampler.
-        values = sorted(set(sev.tolist()))
-        if len(values) == 1:
-            return self.at_severity(values[0])._sample_torch(images, masks, generator)
+        rows = sev.tolist()
+        if len(set(rows)) == 1:
+            return self.at_severity(rows[0])._sample_torch(images, masks, generator)
         luma, free, k = maps_torch(images, masks)
         return self._place(
-            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, sev=sev
+            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, sev=rows
         )
 
     def _place(self, luma, free, k, h, w, r, device=None, sev=None) -> dict:
         """Spot params from the low-res maps; ``r`` is a TorchRandom (torch maps) or NumpyRandom (numpy);
-        ``sev`` (torch only): per-row severities (CPU long) instead of this family's severity."""
-        th = isinstance(luma, torch.Tensor)
-        dev = (lambda t: t.to(device)) if th else (lambda t: t)  # noqa: E731
-        take = (lambda a, i: a.gather(1, i)) if th else (lambda a, i: np.take_along_axis(a, i, 1))  # noqa: E731
-        xp = torch if th else np
-        b = luma.shape[0]
-        side = short_side(h, w)
+        ``sev`` (torch only): per-row severities (host ints) instead of this family's severity.
+
+        The torch path is one set of batched ops for the whole batch, whatever its severities (per-row
+        tables instead of a loop per severity, the five probe points of every spot in one gather); it draws
+        the same values from the same stream as the loop it replaced, so a seed gives the same spots."""
+        if not isinstance(luma, torch.Tensor):
+            return self._place_np(luma, free, k, h, w, r)
+        dev = (lambda t: t if t.device == luma.device else t.to(luma.device))  # noqa: E731
+        b, side = luma.shape[0], short_side(h, w)
+        rows = [self.severity] * b if sev is None else list(sev)
+        hi = max(self.SPOTS[s][1] for s in rows)
+        # Cluster centres keep half the largest spot's reach from non-free cells; each spot is then
+        # checked with its own reach (below), so large severities do not lose most spots to the margin.
         if sev is None:
-            lo, hi = self.SPOTS[self.severity]
-            lam = self.LAMBDA[self.severity] * side
-            # Cluster centres keep half the largest spot's reach from non-free cells; each spot is then
-            # checked with its own reach (below), so large severities do not lose most spots to the margin.
-            rc = math.ceil(0.5 * REACH * lam / k)
-            ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
-        else:
-            rows = sev.tolist()
-            hi = max(self.SPOTS[s][1] for s in rows)
-            lam = torch.tensor([self.LAMBDA[s] * side for s in rows], device=device)[:, None]
-            ok = free
-            for s in sorted(set(rows)):  # each row eroded by its own severity's margin
-                rc = math.ceil(0.5 * REACH * self.LAMBDA[s] * side / k)
-                ok = torch.where((sev == s).to(device)[:, None, None], erode_cells(free, rc), ok)
+            radii = [math.ceil(0.5 * REACH * (self.LAMBDA[self.severity] * side) / k)] * b
+        else:  # each row eroded by its own severity's margin
+            radii = [math.ceil(0.5 * REACH * self.LAMBDA[s] * side / k) for s in rows]
+        ok = erode_cells_rows(free, radii)
         score = ok * (0.15 + luma)
-        cells = pick_cells(score, 3, r) if th else pick_cells_np(score, 3, r)
+        cells = pick_cells(score, 3, r)
         wc = luma.shape[-1]
         cy, cx = (cells // wc + 0.5) * k, (cells % wc + 0.5) * k
         n_cl = dev(r.integers(1, 4, (b,)))
-        which = xp.clip(dev(r.uniform(0, 1, (b, hi))) * n_cl[:, None], 0, 2)
-        which = which.long() if th else which.astype(np.int64)
+        which = (dev(r.uniform(0, 1, (b, hi))) * n_cl[:, None]).clamp(0, 2).long()
         spread = 0.06 * side
-        y = take(cy, which) + dev(r.normal((b, hi))) * spread
-        x = take(cx, which) + dev(r.normal((b, hi))) * spread
+        y = cy.gather(1, which) + dev(r.normal((b, hi))) * spread
+        x = cx.gather(1, which) + dev(r.normal((b, hi))) * spread
         # Mostly small spots with a few larger ones, as in real frames.
+        if sev is None:
+            lam: float | torch.Tensor = self.LAMBDA[self.severity] * side
+        else:
+            lam = dev(torch.from_numpy(np.asarray([[self.LAMBDA[s] * side] for s in rows], np.float32)))
         a = (0.15 + 0.85 * dev(r.uniform(0, 1, (b, hi))) ** 2) * lam
         bb = a * dev(r.uniform(0.4, 1.0, (b, hi)))
         ang = dev(r.uniform(0, math.pi, (b, hi)))
         if sev is None:
+            lo = self.SPOTS[self.severity][0]
             n = dev(r.integers(lo, hi + 1, (b,)))
         else:  # spot count in the row's own range (torch has no per-row randint bound)
-            lo_r = torch.tensor([self.SPOTS[s][0] for s in rows])
-            hi_r = torch.tensor([self.SPOTS[s][1] for s in rows])
-            n = dev(lo_r + (r.uniform(0, 1, (b,)) * (hi_r - lo_r + 1)).long())
-        inside = (y >= 0) & (y <= h - 1) & (x >= 0) & (x <= w - 1)
-        gather = gather_cells if th else gather_cells_np
-        reach = REACH * a + k  # the spot's bounding box (plus a cell): its corners and centre must be free
-        on_free = gather(free, y, x, k) > 0
-        for sy, sx in ((-1, -1), (-1, 1), (1, -1), (1, 1)):
-            on_free = on_free & (gather(free, y + sy * reach, x + sx * reach, k) > 0)
-            on_free = on_free & (y + sy * reach >= 0) & (y + sy * reach <= h - 1)
-            on_free = on_free & (x + sx * reach >= 0) & (x + sx * reach <= w - 1)
-        valid = (
-            (xp.arange(hi)[None] < n[:, None])
-            if not th
-            else (torch.arange(hi, device=device)[None] < n[:, None])
-        )
-        valid = valid & inside & on_free
-        near = gather_cells(luma, y, x, k) if th else gather_cells_np(luma, y, x, k)
-        gray = xp.clip(near / 0.45, 0.35, 1.0)
+            lo_span = torch.from_numpy(np.asarray([[self.SPOTS[s][0] for s in rows], [self.SPOTS[s][1] - self.SPOTS[s][0] + 1 for s in rows]]))
+            n = dev(lo_span[0] + (r.uniform(0, 1, (b,)) * lo_span[1]).long())
+        # the centre and the corners of the spot's bounding box (plus a cell) must be inside and free
+        reach = (REACH * a + k)[:, None]
+        py = y[:, None] + dev(_PROBE_Y) * reach  # (B,5,S)
+        px = x[:, None] + dev(_PROBE_X) * reach
+        at = cell_index(py.view(b, -1), px.view(b, -1), k, luma.shape[1:])
+        on_free = free.reshape(b, -1).gather(1, at).view(b, 5, hi)
+        on_free = on_free & (py >= 0) & (py <= h - 1) & (px >= 0) & (px <= w - 1)
+        valid = (torch.arange(hi, device=luma.device)[None] < n[:, None]) & on_free.all(1)
+        near = luma.reshape(b, -1).gather(1, at[:, :hi])
+        gray = (near / 0.45).clamp(0.35, 1.0)
         strength = gray * dev(r.uniform(0.85, 1.0, (b, hi))) * valid
-        f32 = (lambda t: t.float()) if th else (lambda t: t.astype(np.float32))  # noqa: E731
         # y, x are continuous coordinates (cells span [i*k, (i+1)*k)), so y / h is already relative
         return {
-            "center_rel": f32(xp.stack([y / h, x / w], -1)),
-            "axes_rel": f32(xp.stack([a, bb], -1) / side),
+            "center_rel": torch.stack([y / h, x / w], -1).float(),
+            "axes_rel": (torch.stack([a, bb], -1) / side).float(),
+            "angle": ang.float(),
+            "strength": strength.float(),
+        }
+
+    def _place_np(self, luma, free, k, h, w, r) -> dict:
+        """:meth:`_place` on numpy maps for one severity (``r`` a NumpyRandom): the same draws, one spot
+        probe at a time (tiny arrays: numpy is faster than batching them)."""
+        take = lambda a, i: np.take_along_axis(a, i, 1)  # noqa: E731
+        b = luma.shape[0]
+        side = short_side(h, w)
+        lo, hi = self.SPOTS[self.severity]
+        lam = self.LAMBDA[self.severity] * side
+        rc = math.ceil(0.5 * REACH * lam / k)
+        ok = erode_cells_np(free, rc)
+        score = ok * (0.15 + luma)
+        cells = pick_cells_np(score, 3, r)
+        wc = luma.shape[-1]
+        cy, cx = (cells // wc + 0.5) * k, (cells % wc + 0.5) * k
+        n_cl = r.integers(1, 4, (b,))
+        which = np.clip(r.uniform(0, 1, (b, hi)) * n_cl[:, None], 0, 2).astype(np.int64)
+        spread = 0.06 * side
+        y = take(cy, which) + r.normal((b, hi)) * spread
+        x = take(cx, which) + r.normal((b, hi)) * spread
+        a = (0.15 + 0.85 * r.uniform(0, 1, (b, hi)) ** 2) * lam
+        bb = a * r.uniform(0.4, 1.0, (b, hi))
+        ang = r.uniform(0, math.pi, (b, hi))
+        n = r.integers(lo, hi + 1, (b,))
+        inside = (y >= 0) & (y <= h - 1) & (x >= 0) & (x <= w - 1)
+        reach = REACH * a + k  # the spot's bounding box (plus a cell): its corners and centre must be free
+        on_free = gather_cells_np(free, y, x, k) > 0
+        for sy, sx in ((-1, -1), (-1, 1), (1, -1), (1, 1)):
+            on_free = on_free & (gather_cells_np(free, y + sy * reach, x + sx * reach, k) > 0)
+            on_free = on_free & (y + sy * reach >= 0) & (y + sy * reach <= h - 1)
+            on_free = on_free & (x + sx * reach >= 0) & (x + sx * reach <= w - 1)
+        valid = (np.arange(hi)[None] < n[:, None]) & inside & on_free
+        gray = np.clip(gather_cells_np(luma, y, x, k) / 0.45, 0.35, 1.0)
+        strength = gray * r.uniform(0.85, 1.0, (b, hi)) * valid
+        f32 = lambda t: t.astype(np.float32)  # noqa: E731
+        return {
+            "center_rel": f32(np.stack([y / h, x / w], -1)),
+            "axes_rel": f32(np.stack([a, bb], -1) / side),
             "angle": f32(ang),
             "strength": f32(strength),
         }
@@ -161,11 +198,7 @@ class Specularity(PlacedSampling, Perturbation):
         b, c, h, w = images.shape
         half, n, side = self._window(h, w), supersampling(h, w, cap=SUPERSAMPLE), short_side(h, w)
         p = 2 * half + 1
-        # window offsets on the n x n sub-pixel grid: pixel j's samples sit at j + (i + 0.5)/n - 0.5
-        sub = (torch.arange(n, device=images.device, dtype=torch.float32) + 0.5) / n - 0.5
-        off = (
-            torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)[:, None] + sub
-        ).reshape(-1)
+        off, win = window_offsets(half, n, images.device)
         cy = rel_to_px(params["center_rel"][..., 0].float(), h)
         cx = rel_to_px(params["center_rel"][..., 1].float(), w)
         ry, rx = torch.round(cy), torch.round(cx)
@@ -186,7 +219,6 @@ class Specularity(PlacedSampling, Perturbation):
         )
         if n > 1:
             alpha = alpha.reshape(b, -1, p, n, p, n).mean((3, 5))
-        win = torch.arange(-half, half + 1, device=images.device, dtype=torch.float32)
         py, px = ry[..., None, None] + win[:, None], rx[..., None, None] + win[None, :]
         inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
         alpha = alpha * inside

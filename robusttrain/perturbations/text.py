@@ -81,6 +81,25 @@ def spaced_atlas(font_px: int) -> np.ndarray:
 
 
 _ATLAS_ON: dict[tuple[int, torch.device], torch.Tensor] = {}
+_CONST_ON: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _const_on(name: str, device: torch.device) -> torch.Tensor:
+    """The draw's template constants as tensors on ``device``, made once (not 2 ops each per call)."""
+    key = (name, device)
+    if key not in _CONST_ON:
+        if name == "fixed":
+            value = _FIXED
+        elif name == "is_fixed":
+            value = _FIXED >= 0
+        elif name == "lo1":
+            value = _LO + 1  # '0' is index 1
+        elif name == "span":
+            value = _SPAN
+        else:  # "shown<severity>"
+            value = _SHOWN[int(name[5:])]
+        _CONST_ON[key] = torch.as_tensor(value, device=device)
+    return _CONST_ON[key]
 
 
 def _atlas_on(font_px: int, device: torch.device) -> torch.Tensor:
@@ -172,17 +191,17 @@ class Text(Perturbation):
         return self._layouts[key]
 
     def _draw(self, r, b):
-        th = isinstance(r, TorchRandom)
-        xp = torch if th else np
-        # constants go to the draw's device: a CUDA generator draws on the GPU
-        asx = (lambda a: torch.as_tensor(a, device=r.device)) if th else (lambda a: a)  # noqa: E731
         u = r.uniform(0, 1, (b, 2, 5, L))
-        digit = (u * asx(_SPAN)).long() if th else (u * _SPAN).astype(np.int64)
-        codes = xp.where(asx(_FIXED) >= 0, asx(_FIXED), digit + asx(_LO) + 1)  # '0' is index 1
-        codes = codes * asx(_SHOWN[self.severity])
+        if isinstance(r, TorchRandom):  # constants on the draw's device: a CUDA generator draws on the GPU
+            c = lambda name: _const_on(name, r.device)  # noqa: E731
+            digit = (u * c("span")).long()
+            codes = torch.where(c("is_fixed"), c("fixed"), digit + c("lo1")) * c(f"shown{self.severity}")
+        else:
+            digit = (u * _SPAN).astype(np.int64)
+            codes = np.where(_FIXED >= 0, _FIXED, digit + _LO + 1) * _SHOWN[self.severity]  # '0' is index 1
         # Two distinct corners: a random permutation's first two entries.
         keys = r.uniform(0, 1, (b, 4))
-        order = keys.argsort(1) if th else np.argsort(keys, 1)
+        order = keys.argsort(1) if isinstance(r, TorchRandom) else np.argsort(keys, 1)
         return {"codes": codes, "order": order, "level": r.uniform(0.75, 1.0, (b,))}
 
     def _corners(self, order, free):
@@ -207,10 +226,10 @@ class Text(Perturbation):
 
     def _sample_torch(self, images, masks, generator):
         b, _, h, w = images.shape
-        p = {k: v.to(images.device) for k, v in self._draw(TorchRandom(generator), b).items()}
+        p = {k: (v if v.device == images.device else v.to(images.device)) for k, v in self._draw(TorchRandom(generator), b).items()}
         if masks is not None:
             lay, les = self.layout(h, w), masks != 0
-            free = torch.stack([~self._free_corner(les, lay, c).flatten(1).any(1) for c in range(4)], 1)
+            free = ~torch.stack([self._free_corner(les, lay, c).any((1, 2)) for c in range(4)], 1)
         else:
             free = torch.ones(b, 4, dtype=torch.bool, device=images.device)
         p["corner"], p["visible"] = self._corners(p.pop("order"), free)
@@ -262,13 +281,10 @@ class Text(Perturbation):
             glyphs = atlas[params["codes"][:, k, :nl]]  # (B,nl,L,pitch,gw)
             block = glyphs.permute(0, 1, 3, 2, 4).reshape(b, nl * lay.pitch, L * lay.gw)[:, :rows, : lay.bw]
             block = block * params["visible"][:, k, None, None].to(block.dtype)
-            y0, x0 = lay.origin_ss(params["corner"][:, k], k)  # (B,)
-            # blocks are clipped inside the margins (see layout), so every index lies in the image
-            idx = (
-                (y0[:, None, None] + torch.arange(rows, device=dev)[:, None]) * ws
-                + x0[:, None, None]
-                + torch.arange(lay.bw, device=dev)[None, :]
-            ).reshape(b, -1)
+            # blocks are clipped inside the margins (see layout), so every index lies in the image: the
+            # block's flat offsets on the fine grid plus its corner's origin (tables made once per layout)
+            start, offsets = self._block_index(lay, k, dev)
+            idx = (start[params["corner"][:, k]][:, None] + offsets).reshape(b, -1)
             canvas.scatter_reduce_(1, idx, block.reshape(b, -1).to(images.dtype), reduce="amax")
         canvas = canvas.view(b, 1, hs, ws)
         if n > 1:
@@ -277,6 +293,21 @@ class Text(Perturbation):
             canvas = canvas * (masks[:, None] == 0)
         level = params["level"].to(images.dtype)[:, None, None, None]
         return torch.lerp(images, level.expand_as(images), canvas)
+
+    def _block_index(self, lay: Layout, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(4,) flat fine-grid index of block ``k``'s origin per corner and its (rows * bw,) flat offsets,
+        cached per layout and device: integers, so the same indices as the per-call arithmetic."""
+        key = (lay.h, lay.w, k, device)
+        cache = self.__dict__.setdefault("_index_on", {})
+        if key not in cache:
+            ws = lay.n * lay.w
+            start = [int(y) * ws + int(x) for y, x in (lay.origin_ss(c, k) for c in range(4))]
+            rows, cols = np.meshgrid(np.arange(lay.rows[k]), np.arange(lay.bw), indexing="ij")
+            cache[key] = (
+                torch.tensor(start, dtype=torch.long, device=device),
+                torch.from_numpy((rows * ws + cols).reshape(-1).astype(np.int64)).to(device),
+            )
+        return cache[key]
 
     def _apply_np(self, image, mask, params):
         h, w = image.shape[:2]

@@ -42,6 +42,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,49 @@ _COVER_DELTA = 2.0 / 255.0
 Score = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
+class LazyParams(Sequence[list[dict[str, torch.Tensor]]]):
+    """The n x k per-candidate params of a draw, split from each family call's batched params on first
+    access. Splitting is one op per key and family (and a device->host copy): done in the draw, it cost
+    ~50 launches a step for params that are read only on the steps that record follow-ups."""
+
+    def __init__(self, n: int, k: int, parts: list[tuple[list[int], FamilyParams]]):
+        self._n, self._k, self._parts = n, k, parts
+        self._rows: list[list[dict[str, torch.Tensor]]] | None = None
+
+    def _materialised(self) -> list[list[dict[str, torch.Tensor]]]:
+        if self._rows is None:
+            rows: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self._k)] for _ in range(self._n)]
+            for flat, groups in self._parts:
+                _split_params(rows, flat, groups, self._k)
+            self._rows, self._parts = rows, []
+        return self._rows
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._materialised()[i]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._materialised())
+
+
+def _split_params(
+    params: list[list[dict[str, torch.Tensor]]], flat: list[int], groups: FamilyParams, k: int
+) -> None:
+    """One family's batched params into per-candidate host views (``flat``: its candidates, row-major over
+    (image, candidate)): one device->host copy and one split per key and group, not per candidate."""
+    cpu = torch.device("cpu")
+    for grows, p in groups:
+        per_key = (_on(v.detach() if v.requires_grad else v, cpu).split(1) for v in p.values())
+        for at, per in zip(grows.tolist(), zip(*per_key)):
+            f = flat[at]
+            params[f // k][f % k] = dict(zip(p, per))
+
+
 @dataclass
 class Followups:
     """The follow-ups of one batch: which positions, their images, and how to re-create them.
@@ -74,7 +118,8 @@ class Followups:
     ``index`` (n,) batch positions; ``images`` (n, C, ...) the kept follow-ups (a rejected image is its
     clean self); ``families`` / ``severities`` (n, k) every candidate drawn (a chain candidate is counted
     as family ``"augmix"``, severity 0); ``params`` n x k dicts of CPU tensors (leading dim 1),
-    replayable with ``get(family, severity).apply_batch(x, m, params=p)``; ``chosen`` (n,) the kept
+    replayable with ``get(family, severity).apply_batch(x, m, params=p)`` (split per candidate on first
+    access, when a follow-up is recorded, not in the step); ``chosen`` (n,) the kept
     candidate (on the images' device; -1 = none, the clean image); ``scores`` (n, k) the candidates'
     losses (None when nothing was scored; -inf = rejected); ``partner`` / ``weight`` (n,) with
     ``selection="augmax"``: the candidate mixed in and the kept one's share; ``chains`` n x k recipes of
@@ -85,7 +130,7 @@ class Followups:
     images: torch.Tensor
     families: list[list[str]]
     severities: list[list[int]]
-    params: list[list[dict[str, torch.Tensor]]]
+    params: Sequence[Sequence[dict[str, torch.Tensor]]]
     chosen: torch.Tensor
     scores: torch.Tensor | None = None
     step: int = 0
@@ -204,6 +249,7 @@ class WorstOfK:
         self.seed, self.slice_axis = int(seed), int(slice_axis)
         self.selection, self.quantile, self.stream = selection, float(quantile), str(stream)
         self.caps = _caps(self.families, severity_caps)
+        self._caps_np = np.asarray([self.caps[f] for f in self.families], dtype=np.int64)
         self.chains = None
         if chain_depth > 1 or mix != "none":
             # chains mix appearance changes; an occluder inside a chain would (nearly always) be rejected
@@ -262,12 +308,17 @@ class WorstOfK:
         """
         g = self.generator(step, rank)
         b = images.shape[0]
-        pool = torch.arange(b) if eligible is None else torch.as_tensor(eligible, dtype=torch.long).cpu()
-        n = min(self.n_selected(b), len(pool))
-        index = pool[torch.randperm(len(pool), generator=g)[:n]].sort().values
+        dev = images.device
+        if eligible is None:  # the pool is arange(b): the permutation is its own pick (one op fewer)
+            n = self.n_selected(b)
+            index = torch.randperm(b, generator=g)[:n].sort().values
+        else:
+            pool = torch.as_tensor(eligible, dtype=torch.long).cpu()
+            n = min(self.n_selected(b), len(pool))
+            index = pool[torch.randperm(len(pool), generator=g)[:n]].sort().values
         k = self.k if select else 1
         probs_np = self.family_probs(rates)
-        dev_index = index.to(images.device)
+        dev_index = _on(index, dev)
         src = images[dev_index]
         src_m = None if masks is None else masks[dev_index]
         chains, applied = None, None
@@ -279,9 +330,8 @@ class WorstOfK:
             occl = None
         rejected = self._rejected(src, src_m, cand, families, occl)
         scores = None
-        dev = images.device
         if k == 1:
-            sel = Selection(torch.where(rejected[:, 0], -1, 0).to(dev) if n else torch.zeros(0, dtype=torch.long, device=dev))
+            sel = Selection(-rejected[:, 0].long())  # 0: the one candidate, -1: rejected (the clean image)
         else:
             flat = cand.reshape(n * k, *cand.shape[2:])
             fm = None if src_m is None else src_m.repeat_interleave(k, 0)
@@ -294,13 +344,15 @@ class WorstOfK:
             )
             scores = scores.masked_fill(rejected, float("-inf"))
         chosen = sel.chosen
-        ok = chosen >= 0
-        rows = torch.arange(n, device=dev)
-        kept = cand[rows, chosen.clamp_min(0)]
         shape = (-1,) + (1,) * (src.ndim - 1)
+        if k == 1:
+            kept = cand[:, 0]
+        else:
+            rows = torch.arange(n, device=dev)
+            kept = cand[rows, chosen.clamp_min(0)]
         if sel.partner is not None and sel.weight is not None:  # AugMax: worst mixed with a random other
             kept = mix_pair(kept, cand[rows, sel.partner.clamp_min(0)], sel.weight)
-        kept = torch.where(ok.view(shape), kept, src)
+        kept = torch.where((chosen >= 0).view(shape), kept, src)
         return Followups(
             index=dev_index,
             images=kept,
@@ -319,82 +371,79 @@ class WorstOfK:
 
     def _draw_single(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
-    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], list[list[dict[str, torch.Tensor]]], list[list[int]]]:
+    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], Sequence[Sequence[dict[str, torch.Tensor]]], list[list[int]]]:
         """k single-family candidates per image: (n, k, C, ...) images, families, severities, params and
         the severity each family call was applied at (a family that batches severities applies a call at
         its largest severity present; replaying one image exactly needs it)."""
         n = src.shape[0]
-        probs = torch.as_tensor(probs_np, dtype=torch.float64)
+        probs = torch.from_numpy(np.asarray(probs_np, dtype=np.float64))
         fam_idx = (
-            torch.multinomial(probs, n * k, replacement=True, generator=g).view(n, k)
+            torch.multinomial(probs, n * k, replacement=True, generator=g)
             if n
-            else torch.zeros(0, k, dtype=torch.long)
+            else torch.zeros(0, dtype=torch.long)
         )
-        caps = torch.tensor([self.caps[f] for f in self.families])
-        sev = (torch.rand(n, k, generator=g) * caps[fam_idx]).long() + 1
-        families = [[self.families[int(j)] for j in row] for row in fam_idx]
-        cand, params, applied = self._draw_candidates(src, src_m, families, sev, g)
-        return cand, families, sev.tolist(), params, applied
+        caps = torch.from_numpy(self._caps_np)
+        # the severities as (n, k) and on the host: family indices and severities are read once, as lists
+        sev = (torch.rand(n * k, generator=g) * caps[fam_idx]).long() + 1
+        fam_list, sev_list = fam_idx.tolist(), sev.tolist()
+        families = [[self.families[j] for j in fam_list[i * k : (i + 1) * k]] for i in range(n)]
+        severities = [sev_list[i * k : (i + 1) * k] for i in range(n)]
+        cand, params, applied = self._draw_candidates(src, src_m, families, severities, g)
+        return cand, families, severities, params, applied
 
     def _draw_candidates(
         self,
         src: torch.Tensor,
         src_m: torch.Tensor | None,
         families: list[list[str]],
-        sev: torch.Tensor,
+        severities: list[list[int]],
         g: torch.Generator,
-    ) -> tuple[torch.Tensor, list[list[dict[str, torch.Tensor]]], list[list[int]]]:
+    ) -> tuple[torch.Tensor, LazyParams, list[list[int]]]:
         """The (n, k, C, ...) candidates, their n x k params and applied-at severities: ONE batched call per
-        family drawn, with the candidates' severities (``sev``, (n, k) on the CPU) as a per-row tensor,
-        families in order of first appearance (row-major over (image, candidate)); per-row params come back
-        to the host once per family."""
-        n, k = sev.shape
-        cand = src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1)))  # (n, k, C, ...)
-        params: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(k)] for _ in range(n)]
+        family drawn, with the candidates' severities (n x k ints) as a per-row tensor, families in order of
+        first appearance (row-major over (image, candidate)); per-row params come back to the host once per
+        family and key. The index arithmetic is on host lists (an op per row would be a launch per row)."""
+        n = len(severities)
+        k = len(severities[0]) if n else self.k
+        parts: list[tuple[list[int], FamilyParams]] = []
         applied = [[0] * k for _ in range(n)]
         members: dict[str, list[int]] = {}
-        for i in range(n):
-            for j in range(k):
-                members.setdefault(families[i][j], []).append(i * k + j)
-        flat_sev = sev.reshape(-1)
+        for f, fam in enumerate(fam for row in families for fam in row):
+            members.setdefault(fam, []).append(f)
+        flat_sev = [s for row in severities for s in row]
+        if n and src.device.type == "cpu":  # the value range checked once per draw, not once per family
+            _check_range(src)
+        outs, order = [], []
         shared = SharedMaps(src, src_m) if src.ndim == 4 else None  # one field-of-view step per call
         with shared if shared is not None else contextlib.nullcontext():
             for fam, flat in members.items():
-                rows = torch.tensor([f // k for f in flat])
-                if shared is not None:
-                    x, m = shared.take(rows)
+                rows_list = [f // k for f in flat]
+                if rows_list == list(range(n)):  # every image, in order (k = 1, one family): no gather
+                    x, m = src, src_m
                 else:
-                    x, m = src[rows.to(src.device)], None if src_m is None else src_m[rows.to(src.device)]
+                    rows = torch.from_numpy(np.asarray(rows_list, dtype=np.int64))
+                    x, m = shared.take(rows) if shared is not None else _take(src, src_m, rows)
                 op = self._op(fam, self.caps[fam])
-                fam_sev = flat_sev[flat]
-                out, groups = _apply_family(op, x, m, fam_sev, None, self.slice_axis, g)
-                self._record(cand, params, flat, out, groups, k)
-                top = int(fam_sev.max()) if op.batched_severities() else None
-                for f, s in zip(flat, fam_sev.tolist()):
+                fam_sev = [flat_sev[f] for f in flat]
+                out, groups = _apply_family(
+                    op, x, m, torch.from_numpy(np.asarray(fam_sev, dtype=np.int64)), None, self.slice_axis, g,
+                    checked=True,
+                )
+                outs.append(out)
+                order.extend(flat)
+                parts.append((flat, groups))
+                top = max(fam_sev) if op.batched_severities() else None
+                for f, s in zip(flat, fam_sev):
                     applied[f // k][f % k] = top if top is not None else int(s)
-        return cand, params, applied
-
-    def _record(
-        self,
-        cand: torch.Tensor,
-        params: list[list[dict[str, torch.Tensor]]],
-        flat: list[int],
-        out: torch.Tensor,
-        groups: FamilyParams,
-        k: int,
-    ) -> None:
-        """Scatter one family's candidates into ``cand`` and their params into ``params`` (host views)."""
-        n = cand.shape[0]
-        idx = torch.tensor(flat, device=cand.device)
-        cand.view(n * k, *cand.shape[2:])[idx] = out  # one scatter per family
-        for grows, p in groups:  # one device->host copy and one split per key and group, not per candidate
-            rows = [
-                dict(zip(p, per))
-                for per in zip(*((v.detach() if v.requires_grad else v).cpu().split(1) for v in p.values()))
-            ]
-            for at, row in zip(grows.tolist(), rows):
-                f = flat[at]
-                params[f // k][f % k] = row
+        params = LazyParams(n, k, parts)
+        if not outs:
+            return src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1))), params, applied
+        cand = outs[0] if len(outs) == 1 else torch.cat(outs)  # rows in family order
+        if order != list(range(n * k)):  # back to row-major (image, candidate) order: one gather
+            inv = np.empty(n * k, dtype=np.int64)
+            inv[np.asarray(order, dtype=np.int64)] = np.arange(n * k)
+            cand = cand[_on(torch.from_numpy(inv), cand.device)]
+        return cand.view(n, k, *cand.shape[1:]), params, applied
 
     def _draw_chains(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
@@ -438,16 +487,33 @@ class WorstOfK:
         candidate: a chain occludes when any of its operations does) that change more than
         ``max_cover`` of the lesion."""
         n, k = cand.shape[:2]
-        out = torch.zeros(n, k, dtype=torch.bool, device=src.device)
         flags = occluding if occluding is not None else [[f in OCCLUDERS for f in row] for row in families]
-        occl = torch.tensor(flags, dtype=torch.bool).view(n, k)
-        if masks is None or not bool(occl.any()):
-            return out
+        if masks is None or not any(map(any, flags)):  # decided on the host: no op when nothing occludes
+            return torch.zeros(n, k, dtype=torch.bool, device=src.device)
+        occl = _on(torch.from_numpy(np.asarray(flags, dtype=bool).reshape(n, k)), src.device)
+        dims = tuple(range(2, cand.ndim - 1))  # the pixel dims of (n, k, ...) after the channel max
         lesion = (masks > 0).unsqueeze(1)  # (n, 1, ...)
         moved = (cand - src.unsqueeze(1)).abs().amax(2) > _COVER_DELTA  # (n, k, ...)
-        covered = (moved & lesion).flatten(2).sum(2).float()
-        area = lesion.flatten(2).sum(2).float().clamp_min(1)
-        return (covered / area > self.max_cover) & occl.to(src.device)
+        covered = (moved & lesion).sum(dims)
+        area = lesion.sum(dims).clamp_min(1)
+        return (covered / area > self.max_cover) & occl
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``: itself when it is there already (a no-op ``.to`` still costs an op)."""
+    return t if t.device == device else t.to(device)
+
+
+def _take(x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    rows = _on(rows, x.device)
+    return x[rows], None if m is None else m[rows]
+
+
+def _check_range(x: torch.Tensor) -> None:
+    """Raise a ValueError unless ``x`` is finite and in [0, 1] (what every family checks on CPU input)."""
+    lo, hi = (float(v) for v in torch.aminmax(x))
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo < -1e-4 or hi > 1 + 1e-4:
+        raise ValueError(f"WorstOfK: images must be finite and in [0,1], got values in [{lo:.3g}, {hi:.3g}]")
 
 
 def _apply(
@@ -508,13 +574,14 @@ def _apply_family(
     groups: FamilyParams | None,
     slice_axis: int = -1,
     g: torch.Generator | None = None,
+    checked: bool = False,
 ) -> tuple[torch.Tensor, FamilyParams]:
     """``op``'s family on rows with their own severities ``sev`` (CPU), sampling (``groups`` None, from ``g``)
     or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each volume's middle slice, every slice
-    perturbed with its volume's params."""
+    perturbed with its volume's params. ``checked``: the caller checked the value range of ``x`` already."""
     if x.ndim != 5:
-        out, groups = op.apply_family(x, m, sev, generator=g, params=groups)
-        return out.to(x.dtype), groups
+        out, groups = op.apply_family(x, m, sev, generator=g, params=groups, check_range=not checked)
+        return (out if out.dtype == x.dtype else out.to(x.dtype)), groups
     n_sl = x.shape[2 + slice_axis % 3]
     flat = volume_to_slices(x, slice_axis)
     fm = None if m is None else volume_to_slices(m, slice_axis, channels=False)
@@ -526,7 +593,7 @@ def _apply_family(
         ((rows[:, None] * n_sl + steps).reshape(-1), {k: v.repeat_interleave(n_sl, 0) for k, v in p.items()})
         for rows, p in groups
     ]
-    out, _ = op.apply_family(flat, fm, sev.repeat_interleave(n_sl), params=per_slice)
+    out, _ = op.apply_family(flat, fm, sev.repeat_interleave(n_sl), params=per_slice, check_range=not checked)
     return slices_to_volume(out.to(x.dtype), x.shape[0], slice_axis), groups
 
 
