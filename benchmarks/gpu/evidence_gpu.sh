@@ -1,6 +1,6 @@
 #!/bin/sh
 # Evidence v3, GPU protocol (issue 22; PraNet-style): ONE command, run from the repository root on the
-# device machine with the data and wheels carried (built here first: python benchmarks/gpu/pack.py, and
+# device machine with the data and wheels carried (built here first: python -m benchmarks.gpu.pack, and
 # the wheels in .whl/, see setup.sh):
 #
 #   run(command="sh benchmarks/gpu/evidence_gpu.sh", carry=[".gpudata", ".whl"], timeout_s=600)
@@ -24,7 +24,7 @@ BUDGET_S="${BUDGET_S:-540}"
 OUTDIR=runs/evidence_gpu
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 rc=0
-timeout -s INT -k 30 "$BUDGET_S" python3 benchmarks/evidence.py --dataset pranet256 --data-root .gpudata \
+timeout -s INT -k 30 "$BUDGET_S" python3 -m benchmarks.evidence.run --dataset pranet256 --data-root .gpudata \
   --accelerator gpu --precision bf16-mixed --jobs 3 --threads 4 \
   --conditions plain,mt_random,metamorphic,mined,consistency_only,worst_of_k_only --seeds 0,1,2 \
   --size 256 --epochs 30 --features 32,32,64,128,256,32 --batch-size 16 --lr 3e-3 \
@@ -32,7 +32,7 @@ timeout -s INT -k 30 "$BUDGET_S" python3 benchmarks/evidence.py --dataset pranet
   --efr-policies least_loss,last --resume --out "$OUTDIR" > "$OUTDIR.log" 2>&1 || rc=$?
 mkdir -p "${OUT:-/tmp/out}"
 cp "$OUTDIR.log" "${OUT:-/tmp/out}/" 2>/dev/null || true
-python3 benchmarks/evidence.py --dataset pranet256 --data-root .gpudata --report-only --out "$OUTDIR" \
+python3 -m benchmarks.evidence.run --dataset pranet256 --data-root .gpudata --report-only --out "$OUTDIR" \
   --epochs 30 --size 256 --features 32,32,64,128,256,32 --batch-size 16 > /dev/null 2>&1 || true
 cp "$OUTDIR"/pranet256/results.md "$OUTDIR"/pranet256/summary.json "${OUT:-/tmp/out}/" 2>/dev/null || true
 grep -h '"condition"' "$OUTDIR.log" | tail -20 || true

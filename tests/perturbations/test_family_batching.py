@@ -5,9 +5,6 @@ one k=1 draw (top-level aten ops on CPU, a proxy for GPU kernel launches; counte
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -111,8 +108,7 @@ TARGET = 300
 
 
 def _k1_count() -> float:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from launch_count import ops_per_call
+    from benchmarks.perf.launch_count import ops_per_call
 
     return ops_per_call(1, 256, 16, calls=2)
 

@@ -5,7 +5,7 @@ Protocol (one command per dataset):
   case into train / validation / test. Polyps: Kvasir-SEG; the test part plus CVC-ClinicDB,
   CVC-ColonDB, ETIS and the PolypGen centres (C1–C6) are *held out*. ACDC: split by patient
   (both phases of a patient on one side); only the in-domain test patients are held out.
-- **Conditions** (same optimiser steps; ``benchmarks/conditions.py``): ``plain``, ``random``
+- **Conditions** (same optimiser steps; ``benchmarks/evidence/conditions.py``): ``plain``, ``random``
   (standard random augmentation with the same perturbation families), ``mined`` (failure replay
   with the recipe's family settings).
 - **Choices on validation only**: after every epoch the recorder scores the validation cases
@@ -26,11 +26,11 @@ Writes ``<out>/<dataset>/results.json`` (per-run, per-case numbers and the summa
 Evidence v4 (issue 34, ``docs/evidence_v4/PROTOCOL.md``): ``--protocol v4`` (its conditions from
 ``conditions.V4_*``, the test suite ``--test-perturbations`` with the held-out families, runs under
 ``<out>/<dataset>_v4/``, every follow-up's Dice in ``followups.csv.gz``, fp16 ``least_loss`` / ``last``
-weights, tables by ``evidence_report_v4.py``); run it through ``evidence_grid_v4.sh``.
+weights, tables by ``report_v4.py``); run it through ``grid_v4.sh``.
 ``--dataset synthetic`` is a procedural stand-in shaped like ``polyp256`` for dry runs and tests.
 
-    python benchmarks/evidence.py --dataset polyp --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
-    python benchmarks/evidence.py --dataset acdc --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
+    python -m benchmarks.evidence.run --dataset polyp --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
+    python -m benchmarks.evidence.run --dataset acdc --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -46,10 +45,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # shared benchmark modules
+from benchmarks.paths import DATA_ROOT
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # --data-root overrides
+DATA = DATA_ROOT  # $DATA_ROOT, else <repo>/../shared/data; --data-root overrides
 KEY_COLS = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5"]
 THRESHOLDS = (0.25, 0.5)
 
@@ -320,7 +318,7 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
             if weights_dir is None:
                 self.weights[epoch] = state
             else:
-                from evidence_artifacts import save_weights
+                from benchmarks.evidence.artifacts import save_weights
 
                 save_weights(weights_dir / f"epoch={epoch:03d}.pt", state, epoch=epoch)
             if self._t is not None:
@@ -340,7 +338,7 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
         def epoch_weights(self, epoch: int) -> dict:
             if weights_dir is None:
                 return self.weights[epoch]
-            from evidence_artifacts import load_weights
+            from benchmarks.evidence.artifacts import load_weights
 
             return load_weights(weights_dir / f"epoch={epoch:03d}.pt")
 
@@ -367,7 +365,7 @@ KEPT_FP16 = ("least_loss", "last")  # the checkpoints kept as fp16 state dicts (
 
 def v4_condition_kwargs(cond: str) -> dict:
     """What the v4 condition trains with (recorded in config.yaml and result.json)."""
-    from conditions import V4_MINED, V4_MT, v4_dose
+    from benchmarks.evidence.conditions import V4_MINED, V4_MT, v4_dose
 
     if cond == "mined_dose":
         return {"failure_mining": dict(V4_MINED), "dose": v4_dose(cond)}
@@ -379,8 +377,7 @@ def v4_condition_kwargs(cond: str) -> dict:
 def v4_family_sets(args, cond: str, perts: list[str], test_fams: list[str]) -> dict:
     """The families a v4 run trains on and is tested on: held-out = test families no v4 condition
     ever draws (``--perturbations`` + every condition's extra suites); in-family = the rest."""
-    from conditions import V4_CONDITIONS, v4_training_families
-
+    from benchmarks.evidence.conditions import V4_CONDITIONS, v4_training_families
     from robusttrain.perturbations.suites import resolve
 
     trained_anywhere: set[str] = set()
@@ -428,8 +425,8 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     With ``--resume``: a finished run (``result.json``) is read back; an interrupted one (v3: its
     ``fit/last.ckpt``, written after every epoch) continues from its last epoch."""
     import lightning.pytorch as L
-    from conditions import MT_CONDITIONS, MT_DEFAULTS, training_callbacks, usable_families
 
+    from benchmarks.evidence.conditions import MT_CONDITIONS, MT_DEFAULTS, training_callbacks, usable_families
     from robusttrain.cornercases.tradeoff import policy_tradeoff
     from robusttrain.metamorphic.audit import audit
     from robusttrain.metamorphic.suite import MRSuite
@@ -476,7 +473,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         train_seed=seed,
     )
     if v4:  # the pre-registered conditions (conditions.V4_*): no per-invocation overrides
-        from conditions import v4_callbacks
+        from benchmarks.evidence.conditions import v4_callbacks
 
         cbs, _ = v4_callbacks(cond, dm, perts, sevs, **common)
         test_fams = usable_families(args.test_perturbations.split(","), dm.in_channels)
@@ -488,20 +485,21 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     rec = make_recorder(names, run_dir / "epochs" if v3 else None)
     extra = []
     if v3:
-        from evidence_artifacts import write_config
         from lightning.pytorch.callbacks import ModelCheckpoint
+
+        from benchmarks.evidence.artifacts import write_config
 
         # top_k=1 (the latest epoch): Lightning writes last.ckpt only in a step that saved a checkpoint
         extra = [ModelCheckpoint(dirpath=run_dir / "fit", save_last=True, save_top_k=1, every_n_epochs=1)]
-        from evidence_averages import EMATracker
+        from benchmarks.evidence.averages import EMATracker
 
         decay = args.ema_decay
         if v4:  # sized to the run: a half-life of --ema-half-life of the run's optimiser steps
-            from evidence_averages import ema_decay_for
+            from benchmarks.evidence.averages import ema_decay_for
 
             steps = args.epochs * len(dm.train_dataloader())
             decay = ema_decay_for(steps, args.ema_half_life)
-        ema = EMATracker(decay=decay)  # watches the run, never swaps into it (evidence_averages.py)
+        ema = EMATracker(decay=decay)  # watches the run, never swaps into it (averages.py)
         extra.append(ema)
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]} if cond in MT_CONDITIONS else None
         if v4:
@@ -517,7 +515,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         **tail,
     )
     if v3:
-        from evidence_averages import has_batchnorm
+        from benchmarks.evidence.averages import has_batchnorm
 
         # refused before training: its averages' BatchNorm statistics would need re-estimating
         if has_batchnorm(model):
@@ -576,7 +574,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     extra_weights: dict[str, dict] = {}
     averages: dict[str, dict] = {}
     if v3:
-        from evidence_averages import balanced_average
+        from benchmarks.evidence.averages import balanced_average
 
         flags = trade.selections["last_inlier"].outlier_epochs
         validated = sorted(rec.val_loss)  # the product's window: over every validated epoch
@@ -687,10 +685,10 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         "selection_reasons": {p: s.reason for p, s in trade.selections.items()},
     }
     if v4:
-        from evidence_artifacts import save_fp16, write_followups
+        from benchmarks.evidence.artifacts import save_fp16, write_followups
 
         write_followups(run_dir / "followups.csv.gz", followups, FOLLOWUP_COLUMNS)
-        for pol in KEPT_FP16:  # ~1 MB each: committed for seed 0 (evidence_archive.py save --weights-seeds)
+        for pol in KEPT_FP16:  # ~1 MB each: committed for seed 0 (archive.py save --weights-seeds)
             save_fp16(
                 run_dir / "fp16" / f"{pol}.ckpt",
                 rec.epoch_weights(choices[pol]),
@@ -701,7 +699,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         out.update(protocol="v4", condition_kwargs=v4_condition_kwargs(cond), **v4_sets)
         out["ema_decay"] = ema.decay
     if v3:
-        from evidence_artifacts import save_weights, write_rescore
+        from benchmarks.evidence.artifacts import save_weights, write_rescore
 
         for pol, e in choices.items():  # the checkpoints of the tables, loadable by the product's CLI
             save_weights(
@@ -803,7 +801,7 @@ AVERAGE_POLICIES = ("balanced_average", "ema")
 
 def check_args(ap: argparse.ArgumentParser, args) -> None:
     """Every value the runs will need, checked before any folder is created (one line, exit 2)."""
-    from conditions import CONDITIONS, V4_CONDITIONS
+    from benchmarks.evidence.conditions import CONDITIONS, V4_CONDITIONS
 
     known = V4_CONDITIONS if args.protocol == "v4" else CONDITIONS
     conds = args.conditions.split(",")
@@ -878,8 +876,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
 def check_v4_conditions(ap, args, conds) -> None:
     """Every v4 condition constructs with today's library (the MetamorphicTraining API of issue 30, the
     shift families), and no held-out test family is drawn in training."""
-    from conditions import V4_MT, v4_training_families
-
+    from benchmarks.evidence.conditions import V4_MT, v4_training_families
     from robusttrain.callbacks import MetamorphicTraining
     from robusttrain.perturbations.suites import resolve
 
@@ -1040,7 +1037,7 @@ def main(argv=None) -> dict:
     args.val_fraction = defaults[1] if args.val_fraction is None else args.val_fraction
     args.perturbations = args.perturbations or ("mri" if args.dataset == "acdc" else "endoscopy")
     if args.test_perturbations is None:
-        from conditions import V4_TEST_SUITE
+        from benchmarks.evidence.conditions import V4_TEST_SUITE
 
         args.test_perturbations = ",".join(V4_TEST_SUITE) if args.protocol == "v4" else args.perturbations
     check_args(ap, args)
@@ -1095,17 +1092,17 @@ def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
     from robusttrain.io import atomic_write_text
 
     if getattr(args, "protocol", "v3") == "v4":
-        from evidence_report_v4 import summarise_v4, write_tables_v4
+        from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
 
         summary = summarise_v4(results, args)
         md = write_tables_v4(summary, args)
     elif args.dataset in ("polyp256", "pranet256", "synthetic"):
-        from evidence_report_v3 import summarise_v3, write_tables_v3
+        from benchmarks.evidence.report_v3 import summarise_v3, write_tables_v3
 
         summary = summarise_v3(results, args, out)
         md = write_tables_v3(summary, args)
     else:
-        from evidence_report import summarise, write_tables
+        from benchmarks.evidence.report_v2 import summarise, write_tables
 
         summary = summarise(results, args)
         md = write_tables(summary, args)

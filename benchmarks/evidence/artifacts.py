@@ -14,7 +14,7 @@ Per run directory (``<out>/<dataset>/<condition>_s<seed>/``):
 Evidence v4 adds ``followups.csv.gz`` (every follow-up's Dice: per case, test and scored checkpoint)
 and ``fp16/{least_loss,last}.ckpt`` + ``fp16/config.yaml`` (the weights in half precision, ~1 MB each,
 with the run's config beside them so ``robusttrain check`` finds the test suite; seed 0's are
-committed by ``evidence_archive.py save --weights-seeds 0``; ``evidence_rescore.py`` re-scores them).
+committed by ``archive.py save --weights-seeds 0``; ``rescore.py`` re-scores them).
 """
 
 from __future__ import annotations

@@ -15,8 +15,14 @@ import json
 from pathlib import Path
 
 import numpy as np
-from conditions import mean_std
-from paired_stats import mean_difference, paired_bootstrap, relative_change, worst_fraction_difference
+
+from benchmarks.evidence.conditions import mean_std
+from benchmarks.evidence.paired_stats import (
+    mean_difference,
+    paired_bootstrap,
+    relative_change,
+    worst_fraction_difference,
+)
 
 GROUPS = {
     "kvasir_test": lambda s: s == "kvasir_test",
