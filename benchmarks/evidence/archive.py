@@ -1,13 +1,13 @@
 """Keep finished Evidence v3 runs across machines: their ``result.json`` in the repository, gzipped.
 
-The grid takes more CPU hours than one session has, and the machine (with ``/work/evidence_runs``)
+The grid takes more CPU hours than one session has, and the machine (with ``../evidence_runs``)
 is not kept between sessions. A finished run's ``result.json`` holds every per-case number the tables
 need (picks, MR scores, clusters), so archiving it lets the next session resume the grid with
 ``--resume`` without re-training it. Checkpoints are not archived (about 2 MB each, nine per run):
 re-create one by running its (condition, seed) again (``--conditions C --seeds S``).
 
-    python -m benchmarks.evidence.archive save /work/evidence_runs/polyp256 docs/evidence_v3/runs
-    python -m benchmarks.evidence.archive restore docs/evidence_v3/runs /work/evidence_runs/polyp256
+    python -m benchmarks.evidence.archive save ../evidence_runs/polyp256 docs/evidence_v3/runs
+    python -m benchmarks.evidence.archive restore docs/evidence_v3/runs ../evidence_runs/polyp256
 
 ``save`` writes ``<condition>_s<seed>.json.gz`` (gzip without a timestamp: the same result gives the
 same bytes) and, beside it, the run's own monitoring tables that explain its numbers (:data:`TABLES`:

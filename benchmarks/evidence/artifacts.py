@@ -4,7 +4,7 @@ Per run directory (``<out>/<dataset>/<condition>_s<seed>/``):
 
 - ``epochs/epoch=NNN.pt`` — the weights after every epoch (written atomically by the recorder; they
   let a killed run resume, and a post-hoc weight average be built from them: the balanced-average
-  hook, see ``evidence.py``);
+  hook, see ``run.py``);
 - ``checkpoints/<policy>.ckpt`` — one Lightning-compatible file (``{"state_dict", "epoch"}``) per
   checkpoint policy of the tables, loadable by ``python -m robusttrain test|check ckpt=...``;
 - ``config.yaml`` — the run's settings plus ``callbacks.metamorphic.suite``, the exact MR suite the

@@ -9,7 +9,7 @@ and off it, and predicted / true lesion area. Nothing is trained; weights are lo
 
 usage::
 
-    OMP_NUM_THREADS=1 python -m benchmarks.evidence.confidence --out /work/evidence_runs \\
+    OMP_NUM_THREADS=1 python -m benchmarks.evidence.confidence --out ../evidence_runs \\
         mt_random_s2 consistency_only_s2 [--epochs 9,19,29] [--set val|kvasir_test|cvc_clinicdb]
 """
 

@@ -6,7 +6,7 @@ planted Patient057-like cases (``--root`` omitted) or real HDF5 volumes (``--roo
 planted cases, the corner-case and cohort Dice at both epochs, and the ``corners`` report.
 
     python -m benchmarks.evidence.corner_cases --epochs 10 --out runs/evidence_synth
-    python -m benchmarks.evidence.corner_cases --root /work/shared/data/acdc/volumes --epochs 15 \
+    python -m benchmarks.evidence.corner_cases --root ../shared/data/acdc/volumes --epochs 15 \
         --image-size 96 --val-fraction 0.3 --out runs/evidence_acdc
 """
 

@@ -16,7 +16,7 @@ set -eu
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${1:-$(cd "$REPO/.." && pwd)/evidence_runs}
 PY=${PYTHON:-$REPO/.venv/bin/python}
-# the data beside the checkout that runs this script: evidence.py's own default (../shared/data of the
+# the data beside the checkout that runs this script: benchmarks.evidence.run's own default (../shared/data of the
 # code) would point beside the frozen worktree in OUT, where there is none
 DATA_ROOT=${DATA_ROOT:-$(cd "$REPO/.." && pwd)/shared/data}
 if [ ! -d "$DATA_ROOT/polyp_256" ]; then

@@ -1,4 +1,4 @@
-"""Summary statistics and markdown tables of ``evidence.py`` (per-run results → results.json / .md).
+"""Summary statistics and markdown tables of ``run.py`` (per-run results → results.json / .md).
 
 Groups of held-out cases: ``in-domain`` (the test part of the training dataset), ``out-of-domain``
 (every other held-out set pooled; polyps only) and each set on its own. All percentages.

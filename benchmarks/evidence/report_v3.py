@@ -1,4 +1,4 @@
-"""Evidence v3 (issue 22) summary and tables: ``evidence.py --dataset polyp256`` results → numbers.
+"""Evidence v3 (issue 22) summary and tables: ``run.py --dataset polyp256`` results → numbers.
 
 Groups of held-out cases: ``kvasir_test`` (in-domain), ``cvc_clinicdb`` (all 609 frames, the main
 out-of-domain set; bootstrap clusters = its 29 video sequences) and ``other_ood`` (ColonDB, ETIS and

@@ -1,4 +1,4 @@
-"""Evidence v4 (issue 34) tables: ``evidence.py --protocol v4`` results -> the pre-registered endpoints.
+"""Evidence v4 (issue 34) tables: ``run.py --protocol v4`` results -> the pre-registered endpoints.
 
 ``docs/evidence_v4/PROTOCOL.md`` defines everything here. Per run and checkpoint, from ``result.json``:
 

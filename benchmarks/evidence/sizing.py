@@ -1,7 +1,7 @@
 """Size Evidence v3 for the machine: seconds per training step of each condition, per size and net.
 
 Trains ``--steps`` real optimiser steps (Lightning, the conditions of ``conditions.py``, the Kvasir
-training split of ``evidence.py --dataset polyp256``) after ``--warmup`` untimed ones, and
+training split of ``run.py --dataset polyp256``) after ``--warmup`` untimed ones, and
 extrapolates one epoch (the training split; the slots replace samples) and one run (``--epochs``). Ratios
 within one invocation are what to compare: the machine is shared.
 

@@ -6,7 +6,7 @@
 #   run(command="sh benchmarks/gpu/evidence_gpu.sh", carry=[".gpudata", ".whl"], timeout_s=600)
 #
 # The device tool stops a command at 10 minutes, so this script stops itself at BUDGET_S (default 540 s)
-# and resumes on the next call (evidence.py --resume: finished runs are read back, an interrupted run
+# and resumes on the next call (benchmarks.evidence.run --resume: finished runs are read back, an interrupted run
 # continues from its last epoch; runs/ is ignored, so it stays on the warm machine between calls).
 # Written for three calls (<= 25 min on one H100); the rates measured on an H200 on 2026-11-26
 # (docs/results.md "GPU": ~27 s per epoch for k=1 and ~55 s for the method, six runs sharing the GPU)
