@@ -99,7 +99,7 @@ def test_worst_of_k_computes_the_field_of_view_once_per_call(monkeypatch):
     assert len(calls) == 1
 
 
-# Launch count of one k=1 draw at 256 px, batch 16, q=0.5, the nine endoscopy families (benchmarks/
+# Launch count of one k=1 draw at 256 px, batch 16, q=0.5, the nine endoscopy families (benchmarks/perf/
 # launch_count.py). Before issue 31: ~2,300. CEILING is what this branch reaches plus a margin, so a change
 # that adds per-image or per-severity work fails here; TARGET is issue 31's goal, not reached yet (strict
 # xfail: it fails the day the target is met, so the ceiling gets lowered to it).
