@@ -1,8 +1,6 @@
-"""benchmarks/evidence_averages.py: the EMA the evidence keeps beside a run, and the balanced average
+"""benchmarks/evidence/averages.py: the EMA the evidence keeps beside a run, and the balanced average
 it builds from the per-epoch weights (real Lightning trainers; no data folder needed)."""
 
-import sys
-from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
@@ -10,8 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from evidence_averages import EMATracker, balanced_average  # noqa: E402
+from benchmarks.evidence.averages import EMATracker, balanced_average
 
 
 class Net(L.LightningModule):

@@ -1,13 +1,10 @@
-"""benchmarks/evidence_progress.py: a run's per-epoch validation loss beside Evidence v3's seed-2 runs."""
+"""benchmarks/evidence/progress.py: a run's per-epoch validation loss beside Evidence v3's seed-2 runs."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import evidence_progress  # noqa: E402
+from benchmarks.evidence import progress as evidence_progress
 
 
 def test_a_finished_run_is_read_from_result_json_and_printed_beside_v3(tmp_path, capsys):

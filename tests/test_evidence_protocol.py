@@ -1,4 +1,4 @@
-"""benchmarks/evidence.py's data protocol on the real sets: disjoint splits, patients kept together,
+"""benchmarks/evidence/run.py's data protocol on the real sets: disjoint splits, patients kept together,
 every PolypGen frame in exactly one centre. Skips when ../shared/data is absent (lists files only)."""
 
 import argparse
@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import evidence  # noqa: E402
+from benchmarks.evidence import run as evidence
 
 pytestmark = pytest.mark.skipif(not (evidence.DATA / "kvasir_seg").is_dir(), reason="no ../shared/data")
 
@@ -101,8 +100,7 @@ def test_pranet256_keeps_every_clinicdb_sequence_on_one_side():
 
 
 def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
-    from conditions import CONDITIONS, MT_CONDITIONS, training_callbacks
-
+    from benchmarks.evidence.conditions import CONDITIONS, MT_CONDITIONS, training_callbacks
     from robusttrain.callbacks import MetamorphicTraining
     from robusttrain.datamodules.polyp import PolypDataModule
 
@@ -147,9 +145,9 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
 
 
 def test_cluster_bootstrap_resamples_whole_sequences():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import numpy as np
-    from paired_stats import mean_difference, paired_bootstrap
+
+    from benchmarks.evidence.paired_stats import mean_difference, paired_bootstrap
 
     rng = np.random.default_rng(0)
     # 6 sequences x 20 frames; the effect is shared within a sequence (frames are not independent)
@@ -184,7 +182,8 @@ def test_v3_run_resumes_after_a_kill_keeps_checkpoints_and_rescores_with_the_cli
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
-        str(repo / "benchmarks" / "evidence.py"),
+        "-m",
+        "benchmarks.evidence.run",
         "--dataset",
         "polyp256",
         "--seeds",
@@ -281,7 +280,7 @@ def _fake_run(cond, seed, errors, dice):
 
 
 def test_v3_summary_checks_the_issue_targets_on_the_numbers():
-    from evidence_report_v3 import summarise_v3, write_tables_v3
+    from benchmarks.evidence.report_v3 import summarise_v3, write_tables_v3
 
     ns = argparse.Namespace(
         worst_fraction=0.1, n_boot=100, epochs=2, size=64, features="8", batch_size=4, lr=1e-3
@@ -327,7 +326,7 @@ def test_archived_results_round_trip_and_never_replace_other_numbers(tmp_path):
     import gzip
     import json
 
-    from evidence_archive import restore, save
+    from benchmarks.evidence.archive import restore, save
 
     out, arc, back = tmp_path / "out", tmp_path / "arc", tmp_path / "back"
     for c, s in (("plain", 0), ("metamorphic", 1)):
@@ -401,7 +400,7 @@ def test_a_warm_up_as_long_as_the_run_is_refused_before_training(tmp_path, capsy
 def test_report_only_tables_hold_exactly_the_named_conditions_and_seeds(tmp_path, capsys):
     import json
 
-    from evidence import main
+    from benchmarks.evidence.run import main
 
     out = tmp_path / "polyp256"
     for c, s in (

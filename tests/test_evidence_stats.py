@@ -1,13 +1,16 @@
-"""benchmarks/paired_stats.py: paired case-bootstrap CIs used by benchmarks/evidence.py."""
+"""benchmarks/evidence/paired_stats.py: paired case-bootstrap CIs used by benchmarks/evidence/run.py."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from paired_stats import mean_difference, paired_bootstrap, relative_change, worst_fraction_difference  # noqa: E402
+from benchmarks.evidence.paired_stats import (
+    mean_difference,
+    paired_bootstrap,
+    relative_change,
+    worst_fraction_difference,
+)
 
 
 def test_a_real_paired_shift_is_detected_and_no_shift_is_not():
@@ -46,7 +49,7 @@ def test_the_committed_evidence_archive_restores_and_git_keeps_it(tmp_path):
     a fresh clone (the ``runs/`` rule once hid the whole folder), and a restore must read every run."""
     import subprocess
 
-    from evidence_archive import restore
+    from benchmarks.evidence.archive import restore
 
     repo = Path(__file__).resolve().parents[1]
     arc = repo / "docs" / "evidence_v3" / "runs"
@@ -66,7 +69,7 @@ def test_the_committed_evidence_archive_restores_and_git_keeps_it(tmp_path):
 
 
 def test_per_family_efr_and_training_mix_count_what_the_runs_hold(tmp_path):
-    from evidence_report_v3 import efr_by_family, family_mix
+    from benchmarks.evidence.report_v3 import efr_by_family, family_mix
 
     def run(seed, sat_errors):
         # two held-out cases, 2 families x 2 severities = 4 tests each
@@ -96,7 +99,8 @@ def test_per_family_efr_and_training_mix_count_what_the_runs_hold(tmp_path):
 
 def test_confidence_stats_tell_an_unsure_model_from_a_sure_one():
     import torch
-    from evidence_confidence import confidence_stats
+
+    from benchmarks.evidence.confidence import confidence_stats
 
     masks = torch.zeros(2, 8, 8, dtype=torch.long)
     masks[:, 2:6, 2:6] = 1
@@ -108,6 +112,6 @@ def test_confidence_stats_tell_an_unsure_model_from_a_sure_one():
     assert b["p_lesion"] == pytest.approx(0.65) and b["p_background"] == pytest.approx(0.35)
     import doctest
 
-    import evidence_confidence
+    from benchmarks.evidence import confidence as evidence_confidence
 
     assert doctest.testmod(evidence_confidence).failed == 0

@@ -13,10 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import evidence  # noqa: E402
-from conditions import (  # noqa: E402
+from benchmarks.evidence import run as evidence
+from benchmarks.evidence.conditions import (
     MINING_DEFAULTS,
     V4_CONDITIONS,
     V4_EXTRA_FAMILIES,
@@ -25,7 +23,9 @@ from conditions import (  # noqa: E402
     V4_TEST_SUITE,
     v4_dose,
 )
-from paired_stats import mean_difference, paired_bootstrap, seed_interval  # noqa: E402
+from benchmarks.evidence.paired_stats import mean_difference, paired_bootstrap, seed_interval
+
+REPO = Path(__file__).resolve().parents[1]
 
 # MetamorphicTraining's keyword arguments in the API contract of issue 30 (the lead's)
 CONTRACT_KWARGS = {
@@ -282,7 +282,7 @@ def _ns(conds="random,hard_consistency", seeds="0,1,2"):
 
 
 def test_report_endpoints_decision_and_partial_label():
-    from evidence_report_v4 import summarise_v4, write_tables_v4
+    from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
 
     runs = [fake_v4_run("random", s) for s in (0, 1, 2)]
     runs += [fake_v4_run("hard_consistency", s, shift=0.02 + 0.01 * s) for s in (0, 1, 2)]
@@ -330,7 +330,7 @@ def test_report_endpoints_decision_and_partial_label():
 
 
 def test_report_on_no_finished_run_says_so():
-    from evidence_report_v4 import summarise_v4, write_tables_v4
+    from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
 
     s = summarise_v4([], _ns())
     assert s["finished"] == 0 and "(no finished runs yet)" in write_tables_v4(s, _ns())
@@ -338,7 +338,7 @@ def test_report_on_no_finished_run_says_so():
 
 # ----------------------------------------------------------------------------------- archive
 def test_archive_keeps_followups_configs_and_seed_0_weights(tmp_path):
-    from evidence_archive import restore, save
+    from benchmarks.evidence.archive import restore, save
 
     out, arc, back = tmp_path / "out", tmp_path / "arc", tmp_path / "back"
     fol = gzip.compress(b"policy,split\nleast_loss,kvasir_test\n", mtime=0)
@@ -367,7 +367,7 @@ def test_archive_keeps_followups_configs_and_seed_0_weights(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- the grid
-GRID = ["sh", str(REPO / "benchmarks" / "evidence_grid_v4.sh")]
+GRID = ["sh", str(REPO / "benchmarks" / "evidence" / "grid_v4.sh")]
 
 
 def _env():
@@ -462,7 +462,8 @@ def test_tiny_grid_runs_resumes_and_its_fp16_weights_rescore_through_the_cli(tmp
     r = subprocess.run(
         [
             sys.executable,
-            str(REPO / "benchmarks" / "evidence_rescore.py"),
+            "-m",
+            "benchmarks.evidence.rescore",
             str(ckpt),
             str(tmp_path / "etis"),
             str(tmp_path / "check"),

@@ -1,20 +1,16 @@
-"""benchmarks/training_step.py measures what it says: the step time includes MetamorphicTraining's
+"""benchmarks/perf/training_step.py measures what it says: the step time includes MetamorphicTraining's
 draws, scoring and perturbing (its timer once started after them, and the published ratios left the
 follow-ups' cost out; found on the H200 on 2026-11-26)."""
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import training_step  # noqa: E402
-
-from robusttrain.callbacks import MetamorphicTraining  # noqa: E402
-from robusttrain.datamodules import PolypDataModule  # noqa: E402
+from benchmarks.perf import training_step
+from robusttrain.callbacks import MetamorphicTraining
+from robusttrain.datamodules import PolypDataModule
 
 
 @pytest.mark.slow

@@ -3,10 +3,10 @@
 # (start + this command <= 540 s + idle). Default stages (issue 31, what a GPU user's step costs):
 #   steps    one training step's time, plain vs random augmentation (k=1, q=.5) vs the recipes'
 #            MetamorphicTraining (callbacks/metamorphic_training.yaml), for recipe=polyp's BasicUNet (fp32)
-#            and recipe=polyp_gpu's FlexibleUNet-b0 (bf16-mixed), 256 px batch 16 (benchmarks/training_step.py)
+#            and recipe=polyp_gpu's FlexibleUNet-b0 (bf16-mixed), 256 px batch 16 (benchmarks/perf/training_step.py)
 #   mrcheck  the MR check at budget=0.25 against the training it follows (FlexibleUNet-b0, bf16-mixed)
 #   kornia   perturbation throughput vs Kornia on the GPU at 512^2 batch 64, colour families as % of the
-#            card's copy bandwidth (benchmarks/perturbations.py --cuda-only)
+#            card's copy bandwidth (benchmarks/perf/perturbations.py --cuda-only)
 #   tests    the CUDA tests (conformance, augment, the GPU users' models)
 # Targets (issue 31): random augmentation <= 1.15x a plain step, (train + check) / train <= 1.2,
 # colour families >= 25 % of the copy bandwidth.
@@ -73,7 +73,7 @@ print('lightning', lightning.__version__, 'kornia', kornia.__version__, 'monai',
 cat "$OUT/env.txt"
 
 echo "# device checks (issue 31): $(sed -n '2p;4p' "$OUT/env.txt" | tr '\n' ' ')" > "$OUT/checks.md"
-TS="$PY benchmarks/training_step.py --device $DEVICE --size $BENCH_SIZE --batch-size $BENCH_BATCH"
+TS="$PY -m benchmarks.perf.training_step --device $DEVICE --size $BENCH_SIZE --batch-size $BENCH_BATCH"
 
 # A. one training step's time: plain vs random augmentation vs the recipes' setting, both recipes' models
 if has steps; then
@@ -86,7 +86,7 @@ for spec in "basic_unet 32-true" "flexible_unet bf16-mixed"; do
         --only "random aug,recipe" >> "$OUT/steps.log" 2>&1
     el "steps: $1 rc=$?" >> "$OUT/steps.log"
 done
-{ echo; echo "## step time (benchmarks/training_step.py)"; grep -E "^(\||torch |\[device)" "$OUT/steps.log"; } >> "$OUT/checks.md"
+{ echo; echo "## step time (benchmarks/perf/training_step.py)"; grep -E "^(\||torch |\[device)" "$OUT/steps.log"; } >> "$OUT/checks.md"
 tail -n 12 "$OUT/steps.log"
 fi
 
@@ -103,10 +103,10 @@ fi
 # C. perturbation throughput vs Kornia on the GPU at 512^2 batch 64
 if has kornia && fits "${KORNIA_S:-70}" kornia; then
 el "kornia: start" > "$OUT/kornia.log"
-timeout -k 10 "${KORNIA_S:-70}" "$PY" benchmarks/perturbations.py --cuda-only --quick --size "${KORNIA_SIZE:-512}" \
+timeout -k 10 "${KORNIA_S:-70}" "$PY" -m benchmarks.perf.perturbations --cuda-only --quick --size "${KORNIA_SIZE:-512}" \
     --batch "${KORNIA_BATCH:-64}" >> "$OUT/kornia.log" 2>&1
 el "kornia: rc=$?" >> "$OUT/kornia.log"
-{ echo; echo "## perturbations vs Kornia (benchmarks/perturbations.py --cuda-only)"; echo '```'; \
+{ echo; echo "## perturbations vs Kornia (benchmarks/perf/perturbations.py --cuda-only)"; echo '```'; \
   grep -v "^\[device" "$OUT/kornia.log"; echo '```'; } >> "$OUT/checks.md"
 tail -n 5 "$OUT/kornia.log"
 fi
@@ -128,7 +128,7 @@ EV="--dataset pranet256 --data-root .gpudata --epochs $EPOCHS --size $SIZE --fea
 EVPID=
 if has evidence; then
 el "evidence: start" > "$OUT/evidence.log"
-timeout -s INT -k 20 "$EVIDENCE_S" "$PY" benchmarks/evidence.py $EV --accelerator "$ACCEL" \
+timeout -s INT -k 20 "$EVIDENCE_S" "$PY" -m benchmarks.evidence.run $EV --accelerator "$ACCEL" \
     --precision 32-true --jobs 6 --threads 2 --conditions mt_random,metamorphic --seeds "$SEEDS" \
     --lr 3e-3 --mr-every 2 --mr-val-cases 48 --efr-cases "$EFR_CASES" --efr-policies least_loss,last \
     --resume --out "$RUNS" >> "$OUT/evidence.log" 2>&1 &
@@ -167,7 +167,7 @@ fi
 # 3b. one training step's time, by Lightning hook (SimpleProfiler), each condition alone on the GPU
 if has profile; then
 el "profile: start" > "$OUT/profile.log"
-timeout 150 "$PY" benchmarks/evidence.py $EV --accelerator "$ACCEL" --precision 32-true --threads 4 \
+timeout 150 "$PY" -m benchmarks.evidence.run $EV --accelerator "$ACCEL" --precision 32-true --threads 4 \
     --conditions plain,mt_random,metamorphic --seeds 0 --lr 3e-3 --profile-steps "${PROFILE_STEPS:-40}" \
     --out "$RUNS" >> "$OUT/profile.log" 2>&1
 el "profile: rc=$?" >> "$OUT/profile.log"
@@ -183,14 +183,14 @@ fi
 # 4. the benchmarks, alone on the GPU
 if has bench; then
 el "bench: perturbations" > "$OUT/bench.log"
-timeout 60 "$PY" benchmarks/perturbations.py --quick >> "$OUT/bench.log" 2>&1
+timeout 60 "$PY" -m benchmarks.perf.perturbations --quick >> "$OUT/bench.log" 2>&1
 el "bench: perturbations rc=$?" >> "$OUT/bench.log"
-timeout 50 "$PY" benchmarks/training_step.py --device cuda --steps 10 --rounds 2 >> "$OUT/bench.log" 2>&1
+timeout 50 "$PY" -m benchmarks.perf.training_step --device cuda --steps 10 --rounds 2 >> "$OUT/bench.log" 2>&1
 el "bench: training_step rc=$?" >> "$OUT/bench.log"
 fi
 
 # 5. the tables of whatever runs finished
-has evidence && "$PY" benchmarks/evidence.py $EV --report-only --out "$RUNS" > /dev/null 2>> "$OUT/evidence.log"
+has evidence && "$PY" -m benchmarks.evidence.run $EV --report-only --out "$RUNS" > /dev/null 2>> "$OUT/evidence.log"
 has evidence && cp "$RUNS"/pranet256/results.md "$RUNS"/pranet256/summary.json "$OUT/" 2>/dev/null
 ls "$RUNS"/pranet256 >> "$OUT/evidence.log" 2>&1
 el "done"

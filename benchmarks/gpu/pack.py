@@ -16,7 +16,7 @@ compact copy in ``.gpudata/`` (git-ignored through ``.git/info/exclude``, never 
 
 Read on the device with ``python -m robusttrain fit recipe=polyp data.root=.gpudata/polyp_256/kvasir_seg``.
 
-Run: ``python benchmarks/gpu/pack.py [--src ../shared/data] [--dst .gpudata] [--budget-mib 60]``
+Run: ``python -m benchmarks.gpu.pack [--src ../shared/data] [--dst .gpudata] [--budget-mib 60]``
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from robusttrain.datamodules.errors import DataError
+from robusttrain.datamodules.masks import decode_mask
+from robusttrain.datamodules.readers import FolderSource, find_pairs, read_mask, read_raw_mask
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
-from robusttrain.datamodules.errors import DataError  # noqa: E402
-from robusttrain.datamodules.masks import decode_mask  # noqa: E402
-from robusttrain.datamodules.readers import FolderSource, find_pairs, read_mask, read_raw_mask  # noqa: E402
 
 REQUIRED = ("polyp_256/kvasir_seg", "polyp_256/cvc_clinicdb")
 OPTIONAL = ("cvc_colondb", "etis_larib", "polypgen")

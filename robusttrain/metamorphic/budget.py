@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 # one training sample = forward + backward: ~3 forwards (backward ~2x forward, per layer FLOPs)
 TRAIN_FACTOR = 3.0
-# a follow-up = its forward plus the perturbation, scoring and bookkeeping (benchmarks/mr_overhead.py:
+# a follow-up = its forward plus the perturbation, scoring and bookkeeping (benchmarks/perf/mr_overhead.py:
 # 5-20 % of the forward at the recipes' sizes; rounded up)
 FOLLOWUP_FACTOR = 1.25
 

@@ -65,7 +65,7 @@ def fov_from_cells(low: torch.Tensor, stop_at_fixed_point: bool = True) -> torch
     if low.device.type != "cpu":
         # Without the early exit below (it reads a flag: a host sync) an accelerator runs all hc + wc
         # dilations, ~7 tiny kernels each: at 256 px that made one metamorphic-training step ~11 000
-        # launches instead of ~2 300 (k=1), 80-99 ms of an H200 step (docs/results.md "GPU"). The grid
+        # launches instead of ~2 300 (k=1), 80-99 ms of an H200 step (docs/results/evidence_v3.md "GPU"). The grid
         # is tiny (64 x 64 cells), so one round trip to the host, where the loop stops at its fixed
         # point, is far cheaper. Same result: the fixed point does not move.
         return fov_from_cells(low.detach().cpu(), stop_at_fixed_point).to(low.device)

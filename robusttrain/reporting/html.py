@@ -223,7 +223,7 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
         _render(
             "<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice "
             "of the worst {{ pct }} % of cases. A policy only helps if it also holds on held-out data "
-            "(<code>benchmarks/evidence.py</code>).</p>",
+            "(<code>benchmarks/evidence/run.py</code>).</p>",
             pct=f"{100 * trade.worst_fraction:g}",
         )
         + _table(pd.DataFrame(rows), "{:.4f}", index=False)

@@ -322,6 +322,7 @@ class WorstOfK:
         src = images[dev_index]
         src_m = None if masks is None else masks[dev_index]
         chains, applied = None, None
+        params: Sequence[Sequence[dict[str, torch.Tensor]]]
         if self.chains is not None:
             cand, families, severities, params, chains = self._draw_chains(src, src_m, k, probs_np, g)
             occl = [[any(f in OCCLUDERS for f in chain_families(r)) for r in row] for row in chains]

@@ -5,9 +5,6 @@ one k=1 draw (top-level aten ops on CPU, a proxy for GPU kernel launches; counte
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -102,7 +99,7 @@ def test_worst_of_k_computes_the_field_of_view_once_per_call(monkeypatch):
     assert len(calls) == 1
 
 
-# Launch count of one k=1 draw at 256 px, batch 16, q=0.5, the nine endoscopy families (benchmarks/
+# Launch count of one k=1 draw at 256 px, batch 16, q=0.5, the nine endoscopy families (benchmarks/perf/
 # launch_count.py). Before issue 31: ~2,300; 1,653 before issue 31 section 1's batching pass. CEILING is what
 # this branch reaches plus ~10 %, so a change that adds per-image or per-severity work fails here; TARGET is
 # issue 31's goal, not reached yet (strict xfail: it fails the day the target is met, so the ceiling gets
@@ -112,8 +109,7 @@ TARGET = 300
 
 
 def _k1_count() -> float:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from launch_count import ops_per_call
+    from benchmarks.perf.launch_count import ops_per_call
 
     return ops_per_call(1, 256, 16, calls=2)
 

@@ -29,10 +29,10 @@ batch (same dose in every MT condition):
   too: the stall comes with the paired loss, not the JS term (docs/results.md).
 
 Evidence v4 (issue 34, ``docs/evidence_v4/PROTOCOL.md``) has its own table, :data:`V4_CONDITIONS`
-(``evidence.py --protocol v4``): the names are the protocol's, and ``random`` there is metamorphic
+(``run.py --protocol v4``): the names are the protocol's, and ``random`` there is metamorphic
 training's in-place random augmentation (``mt_random`` of v3), not the v2 slot augmentation.
 
-Used by ``mining_evidence.py`` and ``evidence.py``.
+Used by ``mining.py`` and ``run.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Evidence v4 (issue 34) tables: ``evidence.py --protocol v4`` results -> the pre-registered endpoints.
+"""Evidence v4 (issue 34) tables: ``run.py --protocol v4`` results -> the pre-registered endpoints.
 
 ``docs/evidence_v4/PROTOCOL.md`` defines everything here. Per run and checkpoint, from ``result.json``:
 
@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from conditions import mean_std
-from paired_stats import paired_bootstrap, seed_interval
+
+from benchmarks.evidence.conditions import mean_std
+from benchmarks.evidence.paired_stats import paired_bootstrap, seed_interval
 
 REFERENCE = "random"
 PRIMARY_AT = "least_loss"  # the pre-registered checkpoint of every comparison

@@ -4,7 +4,7 @@ Per run directory (``<out>/<dataset>/<condition>_s<seed>/``):
 
 - ``epochs/epoch=NNN.pt`` — the weights after every epoch (written atomically by the recorder; they
   let a killed run resume, and a post-hoc weight average be built from them: the balanced-average
-  hook, see ``evidence.py``);
+  hook, see ``run.py``);
 - ``checkpoints/<policy>.ckpt`` — one Lightning-compatible file (``{"state_dict", "epoch"}``) per
   checkpoint policy of the tables, loadable by ``python -m robusttrain test|check ckpt=...``;
 - ``config.yaml`` — the run's settings plus ``callbacks.metamorphic.suite``, the exact MR suite the
@@ -14,7 +14,7 @@ Per run directory (``<out>/<dataset>/<condition>_s<seed>/``):
 Evidence v4 adds ``followups.csv.gz`` (every follow-up's Dice: per case, test and scored checkpoint)
 and ``fp16/{least_loss,last}.ckpt`` + ``fp16/config.yaml`` (the weights in half precision, ~1 MB each,
 with the run's config beside them so ``robusttrain check`` finds the test suite; seed 0's are
-committed by ``evidence_archive.py save --weights-seeds 0``; ``evidence_rescore.py`` re-scores them).
+committed by ``archive.py save --weights-seeds 0``; ``rescore.py`` re-scores them).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Protocol (one command per dataset):
   case into train / validation / test. Polyps: Kvasir-SEG; the test part plus CVC-ClinicDB,
   CVC-ColonDB, ETIS and the PolypGen centres (C1–C6) are *held out*. ACDC: split by patient
   (both phases of a patient on one side); only the in-domain test patients are held out.
-- **Conditions** (same optimiser steps; ``benchmarks/conditions.py``): ``plain``, ``random``
+- **Conditions** (same optimiser steps; ``benchmarks/evidence/conditions.py``): ``plain``, ``random``
   (standard random augmentation with the same perturbation families), ``mined`` (failure replay
   with the recipe's family settings).
 - **Choices on validation only**: after every epoch the recorder scores the validation cases
@@ -26,11 +26,11 @@ Writes ``<out>/<dataset>/results.json`` (per-run, per-case numbers and the summa
 Evidence v4 (issue 34, ``docs/evidence_v4/PROTOCOL.md``): ``--protocol v4`` (its conditions from
 ``conditions.V4_*``, the test suite ``--test-perturbations`` with the held-out families, runs under
 ``<out>/<dataset>_v4/``, every follow-up's Dice in ``followups.csv.gz``, fp16 ``least_loss`` / ``last``
-weights, tables by ``evidence_report_v4.py``); run it through ``evidence_grid_v4.sh``.
+weights, tables by ``report_v4.py``); run it through ``grid_v4.sh``.
 ``--dataset synthetic`` is a procedural stand-in shaped like ``polyp256`` for dry runs and tests.
 
-    python benchmarks/evidence.py --dataset polyp --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
-    python benchmarks/evidence.py --dataset acdc --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
+    python -m benchmarks.evidence.run --dataset polyp --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
+    python -m benchmarks.evidence.run --dataset acdc --seeds 0,1,2 --epochs 30 --size 128 --jobs 2
 """
 
 from __future__ import annotations
@@ -38,18 +38,18 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # shared benchmark modules
+from benchmarks.paths import DATA_ROOT
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # --data-root overrides
+DATA = DATA_ROOT  # $DATA_ROOT, else <repo>/../shared/data; --data-root overrides
 KEY_COLS = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5"]
 THRESHOLDS = (0.25, 0.5)
 
@@ -320,7 +320,7 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
             if weights_dir is None:
                 self.weights[epoch] = state
             else:
-                from evidence_artifacts import save_weights
+                from benchmarks.evidence.artifacts import save_weights
 
                 save_weights(weights_dir / f"epoch={epoch:03d}.pt", state, epoch=epoch)
             if self._t is not None:
@@ -340,7 +340,7 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
         def epoch_weights(self, epoch: int) -> dict:
             if weights_dir is None:
                 return self.weights[epoch]
-            from evidence_artifacts import load_weights
+            from benchmarks.evidence.artifacts import load_weights
 
             return load_weights(weights_dir / f"epoch={epoch:03d}.pt")
 
@@ -367,7 +367,7 @@ KEPT_FP16 = ("least_loss", "last")  # the checkpoints kept as fp16 state dicts (
 
 def v4_condition_kwargs(cond: str) -> dict:
     """What the v4 condition trains with (recorded in config.yaml and result.json)."""
-    from conditions import V4_MINED, V4_MT, v4_dose
+    from benchmarks.evidence.conditions import V4_MINED, V4_MT, v4_dose
 
     if cond == "mined_dose":
         return {"failure_mining": dict(V4_MINED), "dose": v4_dose(cond)}
@@ -379,8 +379,7 @@ def v4_condition_kwargs(cond: str) -> dict:
 def v4_family_sets(args, cond: str, perts: list[str], test_fams: list[str]) -> dict:
     """The families a v4 run trains on and is tested on: held-out = test families no v4 condition
     ever draws (``--perturbations`` + every condition's extra suites); in-family = the rest."""
-    from conditions import V4_CONDITIONS, v4_training_families
-
+    from benchmarks.evidence.conditions import V4_CONDITIONS, v4_training_families
     from robusttrain.perturbations.suites import resolve
 
     trained_anywhere: set[str] = set()
@@ -422,19 +421,70 @@ def per_case_mr(cases: pd.DataFrame) -> dict:
     return mr
 
 
+@dataclass
+class RunState:
+    """One (condition, seed) run as the protocol steps fill it in: :func:`train_run` sets the data,
+    callbacks, model and trainer; :func:`pick_checkpoints` the validation picks and weight averages;
+    :func:`score_heldout` the held-out Dice of every pick; :func:`score_mr` the MR suite's follow-ups;
+    :func:`write_run` turns it into ``result.json`` and the run's artifacts."""
+
+    cond: str
+    seed: int
+    args: argparse.Namespace
+    run_dir: Path
+    v3: bool
+    v4: bool
+    device: str
+    resume_from: str | None = None
+    # train_run
+    dm: Any = None
+    held: dict = field(default_factory=dict)
+    names: list = field(default_factory=list)
+    n_train_cases: int = 0
+    n_val_cases: int = 0
+    sevs: tuple = ()
+    mt: dict | None = None
+    cbs: list = field(default_factory=list)
+    test_fams: list = field(default_factory=list)
+    v4_sets: dict = field(default_factory=dict)
+    feats: tuple = ()
+    rec: Any = None
+    ema: Any = None
+    model: Any = None
+    trainer: Any = None
+    train_s: float = 0.0
+    # pick_checkpoints
+    cols: list = field(default_factory=list)
+    losses: dict = field(default_factory=dict)
+    least: int = -1
+    trade: Any = None
+    choices: dict = field(default_factory=dict)
+    cohort: Any = None
+    extra_weights: dict = field(default_factory=dict)
+    averages: dict = field(default_factory=dict)
+    # score_heldout
+    t1: float = 0.0
+    need: list = field(default_factory=list)
+    held_rows: Any = None
+    picks: dict = field(default_factory=dict)
+    # score_mr
+    suite: Any = None
+    efr_pols: list = field(default_factory=list)
+    mr_by: dict = field(default_factory=dict)
+    mr: dict = field(default_factory=dict)
+    consistency: float = 0.0
+    followups: list = field(default_factory=list)
+
+
 def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     """Train one (condition, seed), pick every checkpoint on validation, report on held-out data.
 
+    The protocol's steps, in order: :func:`train_run` (fit), :func:`pick_checkpoints` (validation
+    only), :func:`score_heldout` (clean per-case Dice of every pick), :func:`score_mr` (the fixed MR
+    suite at the ``--efr-policies`` picks), :func:`write_run` (``result.json`` and artifacts).
+
     With ``--resume``: a finished run (``result.json``) is read back; an interrupted one (v3: its
     ``fit/last.ckpt``, written after every epoch) continues from its last epoch."""
-    import lightning.pytorch as L
-    from conditions import MT_CONDITIONS, MT_DEFAULTS, training_callbacks, usable_families
-
-    from robusttrain.cornercases.tradeoff import policy_tradeoff
-    from robusttrain.metamorphic.audit import audit
-    from robusttrain.metamorphic.suite import MRSuite
-    from robusttrain.models.segmentation import SegmentationModule
-
     args = argparse.Namespace(**args_dict)
     v4 = getattr(args, "protocol", "v3") == "v4"
     # the v3 machinery (resumable fit, per-epoch weights, averages, kept checkpoints) serves v4 too
@@ -445,6 +495,29 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     done = run_dir / "result.json"
     if args.resume and done.is_file():  # finished by an earlier, interrupted invocation
         return json.loads(done.read_text())
+    run = RunState(cond=cond, seed=seed, args=args, run_dir=run_dir, v3=v3, v4=v4, device=device)
+    profiled = train_run(run, profile)
+    if profiled is not None:  # timing only (--profile-steps): nothing is scored or tabled
+        return profiled
+    pick_checkpoints(run)
+    score_heldout(run)
+    score_mr(run)
+    return write_run(run)
+
+
+def train_run(run: RunState, profile: int = 0) -> dict | None:
+    """Step 1, train: a fresh (or resumed) run folder, the seeded data and split, the condition's
+    callbacks, the validation recorder (and, v3/v4, the EMA beside it, the resumable ``fit/`` checkpoint
+    and ``config.yaml``), the model, then ``trainer.fit``.
+
+    Returns the timing record of a ``--profile-steps`` run (nothing else happens to it), else None.
+    Refuses (``SystemExit``) a BatchNorm model under v3/v4 and a run that stopped before its last epoch."""
+    import lightning.pytorch as L
+
+    from benchmarks.evidence.conditions import MT_CONDITIONS, MT_DEFAULTS, training_callbacks, usable_families
+    from robusttrain.models.segmentation import SegmentationModule
+
+    args, cond, seed, run_dir, v3, v4 = run.args, run.cond, run.seed, run.run_dir, run.v3, run.v4
     torch.set_num_threads(args.threads)
     last_ckpt = run_dir / "fit" / "last.ckpt"
     resume_from = str(last_ckpt) if (v3 and args.resume and last_ckpt.is_file()) else None
@@ -476,7 +549,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         train_seed=seed,
     )
     if v4:  # the pre-registered conditions (conditions.V4_*): no per-invocation overrides
-        from conditions import v4_callbacks
+        from benchmarks.evidence.conditions import v4_callbacks
 
         cbs, _ = v4_callbacks(cond, dm, perts, sevs, **common)
         test_fams = usable_families(args.test_perturbations.split(","), dm.in_channels)
@@ -487,21 +560,23 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     feats = tuple(int(f) for f in args.features.split(","))
     rec = make_recorder(names, run_dir / "epochs" if v3 else None)
     extra = []
+    ema = None
     if v3:
-        from evidence_artifacts import write_config
         from lightning.pytorch.callbacks import ModelCheckpoint
+
+        from benchmarks.evidence.artifacts import write_config
 
         # top_k=1 (the latest epoch): Lightning writes last.ckpt only in a step that saved a checkpoint
         extra = [ModelCheckpoint(dirpath=run_dir / "fit", save_last=True, save_top_k=1, every_n_epochs=1)]
-        from evidence_averages import EMATracker
+        from benchmarks.evidence.averages import EMATracker
 
         decay = args.ema_decay
         if v4:  # sized to the run: a half-life of --ema-half-life of the run's optimiser steps
-            from evidence_averages import ema_decay_for
+            from benchmarks.evidence.averages import ema_decay_for
 
             steps = args.epochs * len(dm.train_dataloader())
             decay = ema_decay_for(steps, args.ema_half_life)
-        ema = EMATracker(decay=decay)  # watches the run, never swaps into it (evidence_averages.py)
+        ema = EMATracker(decay=decay)  # watches the run, never swaps into it (averages.py)
         extra.append(ema)
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]} if cond in MT_CONDITIONS else None
         if v4:
@@ -517,7 +592,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         **tail,
     )
     if v3:
-        from evidence_averages import has_batchnorm
+        from benchmarks.evidence.averages import has_batchnorm
 
         # refused before training: its averages' BatchNorm statistics would need re-estimating
         if has_batchnorm(model):
@@ -554,8 +629,21 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
             f"evidence: {cond}_s{seed} stopped at epoch {trainer.current_epoch} of {args.epochs} "
             "(interrupted); run again with --resume to continue it"
         )
-    train_s = rec.train_seconds if v3 else time.time() - t0
+    run.train_s = rec.train_seconds if v3 else time.time() - t0
+    run.resume_from, run.dm, run.held, run.names = resume_from, dm, held, names
+    run.n_train_cases, run.n_val_cases, run.sevs, run.mt, run.cbs = n_train_cases, n_val_cases, sevs, mt, cbs
+    run.test_fams, run.v4_sets, run.feats, run.rec, run.ema = test_fams, v4_sets, feats, rec, ema
+    run.model, run.trainer = model, trainer
+    return None
 
+
+def pick_checkpoints(run: RunState) -> None:
+    """Step 2, choose on validation only: the least-validation-loss epoch, every policy of
+    ``policy_tradeoff`` (last, last_inlier, maximin, pareto, cvar), the best validation Dice, and (v3/v4)
+    the two weight averages (balanced average over the window, the EMA) beside them."""
+    from robusttrain.cornercases.tradeoff import policy_tradeoff
+
+    args, rec, names = run.args, run.rec, run.names
     rows = pd.DataFrame(rec.rows)
     cols = [f"dice_{c}" for c in names]
     rows["dice"] = rows[cols].mean(axis=1)
@@ -575,8 +663,8 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     # the two weight averages (issue 21 §5), evaluated like the picked epochs, reported against "last"
     extra_weights: dict[str, dict] = {}
     averages: dict[str, dict] = {}
-    if v3:
-        from evidence_averages import balanced_average
+    if run.v3:
+        from benchmarks.evidence.averages import balanced_average
 
         flags = trade.selections["last_inlier"].outlier_epochs
         validated = sorted(rec.val_loss)  # the product's window: over every validated epoch
@@ -585,14 +673,20 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         extra_weights["balanced_average"], averages["balanced_average"] = balanced_average(
             rec.epoch_weights, validated, flags, window=window
         )
-        extra_weights["ema"] = ema.weights()
-        averages["ema"] = {"decay": ema.decay, "steps": int(trainer.global_step)}
+        extra_weights["ema"] = run.ema.weights()
+        averages["ema"] = {"decay": run.ema.decay, "steps": int(run.trainer.global_step)}
+    run.cols, run.losses, run.least, run.trade, run.choices, run.cohort = cols, losses, least, trade, choices, cohort
+    run.extra_weights, run.averages = extra_weights, averages
 
-    # held-out per-case Dice at every pick, from the weights kept for that epoch
-    t1 = time.time()
-    need = sorted(rec.val_loss) if args.heldout_curve else sorted(set(choices.values()))
+
+def score_heldout(run: RunState) -> None:
+    """Step 3, report on held-out data: the clean per-case Dice of every pick (``--heldout-curve``:
+    of every validated epoch) and of the weight averages, from the weights kept for that epoch."""
+    args, rec, model, names, cols, held = run.args, run.rec, run.model, run.names, run.cols, run.held
+    run.t1 = time.time()
+    need = sorted(rec.val_loss) if args.heldout_curve else sorted(set(run.choices.values()))
     held_rows = []
-    model.to(device).eval()
+    model.to(run.device).eval()
     for e in need:
         model.load_state_dict(rec.epoch_weights(e))
         for split, ds in held.items():
@@ -600,19 +694,19 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     held_rows = pd.DataFrame(held_rows)
     held_rows["dice"] = held_rows[cols].mean(axis=1)
     picks = {}
-    for pol, e in choices.items():
+    for pol, e in run.choices.items():
         at = held_rows[held_rows["epoch"] == e]
         picks[pol] = {
             "epoch": int(e),
-            "val_cohort": float(cohort[e]),
-            "val_worst_k": float(trade.table["cvar"].get(e, np.nan)) if e in trade.table.index else None,
+            "val_cohort": float(run.cohort[e]),
+            "val_worst_k": float(run.trade.table["cvar"].get(e, np.nan)) if e in run.trade.table.index else None,
             "dice": {s: dict(zip(g["case_id"], g["dice"].round(6))) for s, g in at.groupby("split")},
         }
-    for pol, weights in extra_weights.items():  # the weight averages
+    for pol, weights in run.extra_weights.items():  # the weight averages
         model.load_state_dict(weights)
         picks[pol] = {
             "epoch": None,
-            "average": averages[pol],
+            "average": run.averages[pol],
             "dice": {
                 s: {
                     r["case_id"]: round(float(np.mean([r[c] for c in cols])), 6)
@@ -621,46 +715,67 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
                 for s, ds in held.items()
             },
         }
+    run.need, run.held_rows, run.picks = need, held_rows, picks
 
-    # EFR on the held-out sets (v3: at every --efr-policies pick), one fixed suite for every run
-    suite = MRSuite(test_fams, sevs, seed=args.data_seed)
+
+def score_mr(run: RunState) -> None:
+    """Step 4, EFR on the held-out sets: one fixed MR suite (seeded by ``--data-seed``, the same for
+    every run) audited at every ``--efr-policies`` pick (v2: least_loss only), per case; checks that the
+    audit's clean source scores are the pick's own (``audit_clean_max_abs_diff``); v4 keeps every
+    follow-up's Dice for ``followups.csv.gz``."""
+    from robusttrain.metamorphic.audit import audit
+    from robusttrain.metamorphic.suite import MRSuite
+
+    args, model = run.args, run.model
+    suite = MRSuite(run.test_fams, run.sevs, seed=args.data_seed)
     efr_pols = getattr(args, "efr_policies", "least_loss").split(",")
     mr_by: dict = {}
     consistency = 0.0
     followups = []
     for pol in efr_pols:
-        model.load_state_dict(extra_weights[pol] if pol in extra_weights else rec.epoch_weights(choices[pol]))
+        model.load_state_dict(
+            run.extra_weights[pol] if pol in run.extra_weights else run.rec.epoch_weights(run.choices[pol])
+        )
         res = audit(
             model,
-            held,
+            run.held,
             suite,
             out_dir=None,
-            device=device,
+            device=run.device,
             batch_size=16,
-            path="torch" if device == "cuda" else "numpy",
-            class_names=names,
+            path="torch" if run.device == "cuda" else "numpy",
+            class_names=run.names,
             max_cases=getattr(args, "efr_cases", None),
         )
         cases = res["cases"]
         mr_by[pol] = per_case_mr(cases)
         # the audit's clean source scores must be the pick's own (same weights, same data)
         src = cases.groupby(["split", "case_id"])["src_dice"].first()
-        ref = pd.Series({(sp, c): d for sp, by in picks[pol]["dice"].items() for c, d in by.items()}).reindex(
+        ref = pd.Series({(sp, c): d for sp, by in run.picks[pol]["dice"].items() for c, d in by.items()}).reindex(
             src.index
         )
         consistency = max(consistency, float((src - ref).abs().max()))
-        if v4:
+        if run.v4:
             followups.append(cases[list(FOLLOWUP_COLUMNS[1:])].assign(policy=pol))
-    mr = mr_by[efr_pols[0]]
+    run.suite, run.efr_pols, run.mr_by, run.mr = suite, efr_pols, mr_by, mr_by[efr_pols[0]]
+    run.consistency, run.followups = consistency, followups
 
-    # trade-off plots: the validation picks drawn on validation and on the pooled held-out cases
+
+def write_run(run: RunState) -> dict:
+    """Step 5, write: the trade-off plots and tables (validation and held-out), the per-run record
+    ``result.json`` (atomic: its presence marks the run finished), and, v3/v4, the picked checkpoints,
+    the re-score script and (v4) ``followups.csv.gz`` and the fp16 weights. Returns the record."""
+    from benchmarks.evidence.conditions import MT_CONDITIONS, MT_DEFAULTS
     from robusttrain.cornercases import epoch_table
     from robusttrain.cornercases.tradeoff import Tradeoff
     from robusttrain.reporting.plots import plot_tradeoff, save_png
 
+    args, cond, seed, run_dir, rec, choices = run.args, run.cond, run.seed, run.run_dir, run.rec, run.choices
+    trade, held_rows, mr, dm, model = run.trade, run.held_rows, run.mr, run.dm, run.model
+    # trade-off plots: the validation picks drawn on validation and on the pooled held-out cases
     save_png(plot_tradeoff(trade), run_dir / "tradeoff_val.png")
     hist_h = held_rows.assign(case_id=held_rows["split"] + "/" + held_rows["case_id"])
-    h_tab = epoch_table(hist_h, cols, [], args.worst_fraction)
+    h_tab = epoch_table(hist_h, run.cols, [], args.worst_fraction)
     save_png(
         plot_tradeoff(Tradeoff(h_tab, choices, {}, args.worst_fraction)), run_dir / "tradeoff_heldout.png"
     )
@@ -669,28 +784,28 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     out = {
         "condition": cond,
         "seed": seed,
-        "train_seconds": round(train_s, 1),
-        "heldout_seconds": round(time.time() - t1, 1),
-        "heldout_epochs": need,
-        "optimizer_steps": int(trainer.global_step),
+        "train_seconds": round(run.train_s, 1),
+        "heldout_seconds": round(time.time() - run.t1, 1),
+        "heldout_epochs": run.need,
+        "optimizer_steps": int(run.trainer.global_step),
         "train_samples_per_epoch": len(dm.train_dataset),
-        "n_train_cases": n_train_cases,
-        "n_val_cases": n_val_cases,
+        "n_train_cases": run.n_train_cases,
+        "n_val_cases": run.n_val_cases,
         "n_held_out_cases": {s: len(v) for s, v in mr.items()},
-        "least_loss_epoch": least,
-        "val_loss": losses,
+        "least_loss_epoch": run.least,
+        "val_loss": run.losses,
         "choices": choices,
-        "picks": picks,
+        "picks": run.picks,
         "mr": mr,
-        "tests": [list(t) for t in suite.tests],
-        "audit_clean_max_abs_diff": consistency,
+        "tests": [list(t) for t in run.suite.tests],
+        "audit_clean_max_abs_diff": run.consistency,
         "selection_reasons": {p: s.reason for p, s in trade.selections.items()},
     }
-    if v4:
-        from evidence_artifacts import save_fp16, write_followups
+    if run.v4:
+        from benchmarks.evidence.artifacts import save_fp16, write_followups
 
-        write_followups(run_dir / "followups.csv.gz", followups, FOLLOWUP_COLUMNS)
-        for pol in KEPT_FP16:  # ~1 MB each: committed for seed 0 (evidence_archive.py save --weights-seeds)
+        write_followups(run_dir / "followups.csv.gz", run.followups, FOLLOWUP_COLUMNS)
+        for pol in KEPT_FP16:  # ~1 MB each: committed for seed 0 (archive.py save --weights-seeds)
             save_fp16(
                 run_dir / "fp16" / f"{pol}.ckpt",
                 rec.epoch_weights(choices[pol]),
@@ -698,32 +813,32 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
                 epoch=int(choices[pol]),
                 policy=pol,
             )
-        out.update(protocol="v4", condition_kwargs=v4_condition_kwargs(cond), **v4_sets)
-        out["ema_decay"] = ema.decay
-    if v3:
-        from evidence_artifacts import save_weights, write_rescore
+        out.update(protocol="v4", condition_kwargs=v4_condition_kwargs(cond), **run.v4_sets)
+        out["ema_decay"] = run.ema.decay
+    if run.v3:
+        from benchmarks.evidence.artifacts import save_weights, write_rescore
 
         for pol, e in choices.items():  # the checkpoints of the tables, loadable by the product's CLI
             save_weights(
                 run_dir / "checkpoints" / f"{pol}.ckpt", rec.epoch_weights(e), epoch=int(e), policy=pol
             )
-        for pol, weights in extra_weights.items():
+        for pol, weights in run.extra_weights.items():
             save_weights(run_dir / "checkpoints" / f"{pol}.ckpt", weights, policy=pol)
-        write_rescore(run_dir, args, feats, sorted([*choices, *extra_weights]))
+        write_rescore(run_dir, args, run.feats, sorted([*choices, *run.extra_weights]))
         out.update(
-            mr_by_policy=mr_by,
-            efr_policies=efr_pols,
+            mr_by_policy=run.mr_by,
+            efr_policies=run.efr_pols,
             clusters={f"{s}/{c}": g for (s, c), g in dm.clusters.items()},
-            n_held_out_cases={s: len(ds) for s, ds in held.items()},
+            n_held_out_cases={s: len(ds) for s, ds in run.held.items()},
             n_efr_cases={s: len(v) for s, v in mr.items()},
             params=sum(p.numel() for p in model.parameters()),
-            resumed=resume_from is not None,
+            resumed=run.resume_from is not None,
             run_dir=str(run_dir),
         )
         if cond in MT_CONDITIONS:
-            out["mt_kwargs"] = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
+            out["mt_kwargs"] = {**MT_DEFAULTS, **(run.mt or {}), **MT_CONDITIONS[cond]}
     if cond in ("mined", "mined_dose"):
-        bank = cbs[-1].bank
+        bank = run.cbs[-1].bank
         out.update(
             bank_size=len(bank),
             trainable=len(bank.trainable()),
@@ -731,7 +846,7 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
         )
     from robusttrain.io import atomic_write_text
 
-    atomic_write_text(done, json.dumps(out, default=float))
+    atomic_write_text(run_dir / "result.json", json.dumps(out, default=float))
     print(
         json.dumps(
             {
@@ -803,7 +918,7 @@ AVERAGE_POLICIES = ("balanced_average", "ema")
 
 def check_args(ap: argparse.ArgumentParser, args) -> None:
     """Every value the runs will need, checked before any folder is created (one line, exit 2)."""
-    from conditions import CONDITIONS, V4_CONDITIONS
+    from benchmarks.evidence.conditions import CONDITIONS, V4_CONDITIONS
 
     known = V4_CONDITIONS if args.protocol == "v4" else CONDITIONS
     conds = args.conditions.split(",")
@@ -878,8 +993,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
 def check_v4_conditions(ap, args, conds) -> None:
     """Every v4 condition constructs with today's library (the MetamorphicTraining API of issue 30, the
     shift families), and no held-out test family is drawn in training."""
-    from conditions import V4_MT, v4_training_families
-
+    from benchmarks.evidence.conditions import V4_MT, v4_training_families
     from robusttrain.callbacks import MetamorphicTraining
     from robusttrain.perturbations.suites import resolve
 
@@ -1040,7 +1154,7 @@ def main(argv=None) -> dict:
     args.val_fraction = defaults[1] if args.val_fraction is None else args.val_fraction
     args.perturbations = args.perturbations or ("mri" if args.dataset == "acdc" else "endoscopy")
     if args.test_perturbations is None:
-        from conditions import V4_TEST_SUITE
+        from benchmarks.evidence.conditions import V4_TEST_SUITE
 
         args.test_perturbations = ",".join(V4_TEST_SUITE) if args.protocol == "v4" else args.perturbations
     check_args(ap, args)
@@ -1095,17 +1209,17 @@ def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
     from robusttrain.io import atomic_write_text
 
     if getattr(args, "protocol", "v3") == "v4":
-        from evidence_report_v4 import summarise_v4, write_tables_v4
+        from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
 
         summary = summarise_v4(results, args)
         md = write_tables_v4(summary, args)
     elif args.dataset in ("polyp256", "pranet256", "synthetic"):
-        from evidence_report_v3 import summarise_v3, write_tables_v3
+        from benchmarks.evidence.report_v3 import summarise_v3, write_tables_v3
 
         summary = summarise_v3(results, args, out)
         md = write_tables_v3(summary, args)
     else:
-        from evidence_report import summarise, write_tables
+        from benchmarks.evidence.report_v2 import summarise, write_tables
 
         summary = summarise(results, args)
         md = write_tables(summary, args)

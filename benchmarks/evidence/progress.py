@@ -4,7 +4,7 @@ The v3/v4 evidence runs keep their per-epoch validation loss in the EpochRecorde
 ``fit/last.ckpt`` until the run writes ``result.json``; this prints it beside Evidence v3's seed-2 runs
 (the stalled paired runs and the healthy in-place ones) for the stall reproducer of robust training v2.
 
-    python benchmarks/evidence_progress.py RUN_DIR [--v3 docs/evidence_v3]
+    python -m benchmarks.evidence.progress RUN_DIR [--v3 docs/evidence_v3]
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import gzip
 import json
 import sys
 from pathlib import Path
+
+from benchmarks.paths import REPO
 
 V3_STALLED = ("metamorphic", "consistency_only", "metamorphic_uniform")
 V3_DIAG = ("consistency_detached", "consistency_light", "consistency_paired")
@@ -50,7 +52,7 @@ def v3_val_loss(v3: Path, condition: str) -> dict[int, float]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--v3", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "evidence_v3")
+    ap.add_argument("--v3", type=Path, default=REPO / "docs" / "evidence_v3")
     args = ap.parse_args(argv)
     mine = run_val_loss(args.run_dir)
     epochs = sorted(mine)

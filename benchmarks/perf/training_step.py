@@ -8,7 +8,7 @@ step). Settings run in interleaved rounds (plain, A, B, ..., plain, A, B, ...) s
 same machine load; the table reports the median step time and its ratio to plain (target: the recipe
 default <= 2.0x). Wall-clock ratios, one run: the load and versions are printed with them.
 
-    OMP_NUM_THREADS=1 python benchmarks/training_step.py [--steps 12] [--rounds 3] [--size 128] [--device cpu]
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.training_step [--steps 12] [--rounds 3] [--size 128] [--device cpu]
 
 ``--model flexible_unet`` times recipe=polyp_gpu's network (FlexibleUNet, EfficientNet-b0 encoder; random
 weights: the step's cost does not depend on them) instead of the BasicUNet; ``--precision bf16-mixed``
@@ -26,23 +26,18 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
+import lightning.pytorch as L
 import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-import lightning.pytorch as L  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
-from robusttrain.callbacks import MetamorphicCallback, MetamorphicTraining  # noqa: E402
-from robusttrain.cli.compose import PACKAGE_RECIPES  # noqa: E402
-from robusttrain.datamodules import PolypDataModule  # noqa: E402
-from robusttrain.models import SegmentationModule  # noqa: E402
+from robusttrain.callbacks import MetamorphicCallback, MetamorphicTraining
+from robusttrain.cli.compose import PACKAGE_RECIPES
+from robusttrain.datamodules import PolypDataModule
+from robusttrain.models import SegmentationModule
 
 SETTINGS = {
     "plain": None,

@@ -8,7 +8,7 @@ Side by side in one run (median over ``--repeats`` rounds, variants back to back
 * ``aug p=.5 1-5`` — ``BatchAugmentation(name, severity=(1, 5), p=0.5)``: about half the samples, in up to
   five severity groups gathered from and scattered back into the batch.
 
-On the CPU unless ``--device cuda``. Run: ``python benchmarks/augment_overhead.py [--size 256] [--batch 16]``
+On the CPU unless ``--device cuda``. Run: ``python -m benchmarks.perf.augment_overhead [--size 256] [--batch 16]``
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-import robusttrain.perturbations as P  # noqa: E402
-from robusttrain.perturbations.augment import BatchAugmentation  # noqa: E402
+import robusttrain.perturbations as P
+from robusttrain.perturbations.augment import BatchAugmentation
 
 
 def batch(b: int, s: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:

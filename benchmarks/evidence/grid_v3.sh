@@ -1,22 +1,22 @@
 #!/bin/sh
 # Evidence v3 grid on a fresh machine, resumable across sessions (docs/results.md, Evidence v3).
 #
-#   sh benchmarks/evidence_grid.sh [OUT]            # OUT default /work/evidence_runs
+#   sh benchmarks/evidence/grid_v3.sh [OUT]            # OUT default <repo>/../evidence_runs
 #
 # 1. restores the archived finished runs (docs/evidence_v3/runs/*.json.gz) into OUT/polyp256/, so
 #    they are read back, not re-trained;
 # 2. freezes the code: a detached worktree of HEAD in OUT/code (every run of a grid must train with the
 #    same code while you keep editing the checkout);
 # 3. starts two background queues (one per core, nice 10, one thread each), in the order of what the
-#    claims need first; each run is `evidence.py --resume` (a finished run is skipped, an interrupted
+#    claims need first; each run is `benchmarks.evidence.run --resume` (a finished run is skipped, an interrupted
 #    one continues from its fit/last.ckpt). Logs: OUT/queue_a.log, OUT/queue_b.log.
-# Afterwards: `python benchmarks/evidence_archive.py save OUT/polyp256 docs/evidence_v3/runs` and the
-# tables with `... evidence.py <same args> --report-only` (see docs/results.md).
+# Afterwards: `python -m benchmarks.evidence.archive save OUT/polyp256 docs/evidence_v3/runs` and the
+# tables with `python -m benchmarks.evidence.run <same args> --report-only` (see docs/results.md).
 set -eu
-OUT=${1:-/work/evidence_runs}
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${1:-$(cd "$REPO/.." && pwd)/evidence_runs}
 PY=${PYTHON:-$REPO/.venv/bin/python}
-# the data beside the checkout that runs this script: evidence.py's own default (../shared/data of the
+# the data beside the checkout that runs this script: benchmarks.evidence.run's own default (../shared/data of the
 # code) would point beside the frozen worktree in OUT, where there is none
 DATA_ROOT=${DATA_ROOT:-$(cd "$REPO/.." && pwd)/shared/data}
 if [ ! -d "$DATA_ROOT/polyp_256" ]; then
@@ -24,14 +24,16 @@ if [ ! -d "$DATA_ROOT/polyp_256" ]; then
   exit 2
 fi
 mkdir -p "$OUT/polyp256"
-"$PY" "$REPO/benchmarks/evidence_archive.py" restore "$REPO/docs/evidence_v3/runs" "$OUT/polyp256"
+PYTHONPATH="$REPO" "$PY" -m benchmarks.evidence.archive restore "$REPO/docs/evidence_v3/runs" "$OUT/polyp256"
 if [ ! -d "$OUT/code" ]; then
   git -C "$REPO" worktree add -q --detach "$OUT/code" HEAD
 fi
 cat > "$OUT/run_one.sh" <<EOF
 #!/bin/sh
 cd "$OUT/code"
-PYTHONPATH="$OUT/code" OMP_NUM_THREADS=1 exec nice -n 10 "$PY" benchmarks/evidence.py --dataset polyp256 \\
+# the frozen code's entry point: a module since the benchmarks/evidence/ package, a script before
+if [ -f benchmarks/evidence/run.py ]; then RUN="-m benchmarks.evidence.run"; else RUN=benchmarks/evidence.py; fi
+PYTHONPATH="$OUT/code" OMP_NUM_THREADS=1 exec nice -n 10 "$PY" \$RUN --dataset polyp256 \\
   --conditions "\$1" --seeds "\$2" --size 128 --epochs 30 --features 16,16,32,64,128,16 --batch-size 8 \\
   --lr 3e-3 --mr-every 2 --mr-val-cases 50 --efr-cases 150 --efr-policies least_loss,last --threads 1 \\
   --jobs 1 --resume --data-root "$DATA_ROOT" --out "$OUT"

@@ -13,7 +13,7 @@ back to back, so noise from other processes hits them alike and the ratios stay 
 colour families are also reported as a fraction of the device's copy bandwidth (one read + one write
 of the batch, measured with ``Tensor.copy_``).
 
-Run: ``python benchmarks/perturbations.py [--quick] [--size 512] [--batch 32] [--repeats 5]``
+Run: ``python -m benchmarks.perf.perturbations [--quick] [--size 512] [--batch 32] [--repeats 5]``
 
 ``--modality mri`` / ``xray`` measures the single-channel families instead (real ACDC slices / Shenzhen
 radiographs from ``../shared/data`` when present, else a phantom), against the closest MONAI and TorchIO
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,8 +49,8 @@ import kornia.augmentation as K
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-import robusttrain.perturbations as P  # noqa: E402
+import robusttrain.perturbations as P
+from benchmarks.paths import DATA_ROOT
 
 FONT = next(
     (
@@ -68,7 +67,7 @@ FONT = next(
 
 def frame(size: int) -> tuple[np.ndarray, np.ndarray]:
     """A real Kvasir frame when available (else a synthetic endoscopy-like one) and a lesion mask."""
-    root = Path(__file__).resolve().parents[2] / "shared" / "data" / "kvasir_seg"
+    root = DATA_ROOT / "kvasir_seg"
     imgs = sorted((root / "images").glob("*.jpg")) if root.is_dir() else []
     if imgs:
         img = cv2.resize(cv2.imread(str(imgs[0]))[:, :, ::-1], (size, size), interpolation=cv2.INTER_AREA)
@@ -296,7 +295,7 @@ def main() -> None:
 # --------------------------------------------------------------------------------------
 def grey_frames(modality: str, size: int, b: int) -> tuple[np.ndarray, np.ndarray]:
     """(B,size,size) uint8 slices / radiographs and int64 masks: real shared data when present."""
-    root = Path(__file__).resolve().parents[2] / "shared" / "data"
+    root = DATA_ROOT
     imgs, masks = [], []
     if modality == "mri" and (root / "acdc" / "volumes").is_dir():
         import h5py

@@ -1,32 +1,27 @@
 """Size Evidence v3 for the machine: seconds per training step of each condition, per size and net.
 
 Trains ``--steps`` real optimiser steps (Lightning, the conditions of ``conditions.py``, the Kvasir
-training split of ``evidence.py --dataset polyp256``) after ``--warmup`` untimed ones, and
+training split of ``run.py --dataset polyp256``) after ``--warmup`` untimed ones, and
 extrapolates one epoch (the training split; the slots replace samples) and one run (``--epochs``). Ratios
 within one invocation are what to compare: the machine is shared.
 
-    python benchmarks/evidence_sizing.py --sizes 96,128 --features 16,16,32,64,128,16 --conditions plain,metamorphic
+    python -m benchmarks.evidence.sizing --sizes 96,128 --features 16,16,32,64,128,16 --conditions plain,metamorphic
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def time_steps(cond: str, size: int, features: tuple[int, ...], args) -> dict:
     import lightning.pytorch as L
-    from conditions import training_callbacks, usable_families
-    from evidence import build_data
 
+    from benchmarks.evidence.conditions import training_callbacks, usable_families
+    from benchmarks.evidence.run import build_data
     from robusttrain.models.segmentation import SegmentationModule
 
     ns = argparse.Namespace(

@@ -1,4 +1,4 @@
-"""Summary statistics and markdown tables of ``evidence.py`` (per-run results → results.json / .md).
+"""Summary statistics and markdown tables of ``run.py`` (per-run results → results.json / .md).
 
 Groups of held-out cases: ``in-domain`` (the test part of the training dataset), ``out-of-domain``
 (every other held-out set pooled; polyps only) and each set on its own. All percentages.
@@ -7,8 +7,14 @@ Groups of held-out cases: ``in-domain`` (the test part of the training dataset),
 from __future__ import annotations
 
 import numpy as np
-from conditions import mean_std
-from paired_stats import mean_difference, paired_bootstrap, relative_change, worst_fraction_difference
+
+from benchmarks.evidence.conditions import mean_std
+from benchmarks.evidence.paired_stats import (
+    mean_difference,
+    paired_bootstrap,
+    relative_change,
+    worst_fraction_difference,
+)
 
 EFR_COLS = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5"]
 PAIRS = [("mined", "plain"), ("random", "plain"), ("mined", "random")]

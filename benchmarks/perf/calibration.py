@@ -14,7 +14,7 @@ a few highlights or a text line — or lowers SSIM by >= 0.01). With ``--downsiz
 prints the resolution-independence ratios of issue 11 §1 (mean |down(P(x_512)) - P(down(x_512))|
 over the mean effect, at 128 and 256 px).
 
-Run: ``python benchmarks/calibration.py [--frames 2] [--sizes 128 256 512] [--markdown] [--downsize]``
+Run: ``python -m benchmarks.perf.calibration [--frames 2] [--sizes 128 256 512] [--markdown] [--downsize]``
 (about a minute on 2 cores with the defaults).
 """
 
@@ -23,16 +23,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-import robusttrain.perturbations as P  # noqa: E402
-from robusttrain.perturbations.suites import SUITES  # noqa: E402
+import robusttrain.perturbations as P
+from benchmarks.paths import DATA_ROOT
+from robusttrain.perturbations.suites import SUITES
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = DATA_ROOT  # $DATA_ROOT, else <repo>/../shared/data
 CHANGED = 2  # grey levels: beyond rounding and the two paths' parity tolerance
 # families measured with a modality's suite besides its own: the held-out and shift families are RGB endoscopy
 EXTRA = {"endoscopy": ("motion_blur",) + SUITES["endoscopy_heldout"][1:] + SUITES["shift"]}

@@ -12,32 +12,28 @@ MR suite runs on the held-out validation split (never trained on) and we report 
 (errors / test cases over all perturbations x severities) at t = 0.25 and 0.5 for Dice and IoU,
 and the clean Dice; ``results.json`` holds per-seed rows and mean / std over seeds.
 
-    python benchmarks/mining_evidence.py --data synthetic --epochs 15 --seeds 0,1,2
-    python benchmarks/mining_evidence.py --data kvasir --epochs 15 --seeds 0,1,2
+    python -m benchmarks.evidence.mining --data synthetic --epochs 15 --seeds 0,1,2
+    python -m benchmarks.evidence.mining --data kvasir --epochs 15 --seeds 0,1,2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import lightning.pytorch as L
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmarks/conditions.py
-
-from conditions import mean_std, training_callbacks  # noqa: E402  (benchmarks/conditions.py)
-
-from robusttrain.datamodules.polyp import PolypDataModule  # noqa: E402
-from robusttrain.models.segmentation import SegmentationModule  # noqa: E402
+from benchmarks.evidence.conditions import mean_std, training_callbacks
+from benchmarks.paths import DATA_ROOT
+from robusttrain.datamodules.polyp import PolypDataModule
+from robusttrain.models.segmentation import SegmentationModule
 
 PERTS = ["contrast", "saturation", "white_balance", "blur", "specularity"]
 SEVS = (2, 4)
-KVASIR = "/work/shared/data/kvasir_seg"
+KVASIR = str(DATA_ROOT / "kvasir_seg")  # $DATA_ROOT, else <repo>/../shared/data
 
 
 def datamodule(args) -> PolypDataModule:

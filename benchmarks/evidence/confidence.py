@@ -9,19 +9,16 @@ and off it, and predicted / true lesion area. Nothing is trained; weights are lo
 
 usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/evidence_confidence.py --out /work/evidence_runs \\
+    OMP_NUM_THREADS=1 python -m benchmarks.evidence.confidence --out ../evidence_runs \\
         mt_random_s2 consistency_only_s2 [--epochs 9,19,29] [--set val|kvasir_test|cvc_clinicdb]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def confidence_stats(
@@ -62,9 +59,8 @@ def foreground_probabilities(model, dataset, batch_size: int = 16) -> tuple[torc
 
 
 def main(argv=None) -> list[dict]:
-    from evidence import SPLIT_FRACTIONS, build_data
-    from evidence_artifacts import load_weights
-
+    from benchmarks.evidence.artifacts import load_weights
+    from benchmarks.evidence.run import SPLIT_FRACTIONS, build_data
     from robusttrain.models.segmentation import SegmentationModule
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,17 +1,17 @@
 #!/bin/sh
 # Evidence v4 grid (issue 34, docs/evidence_v4/PROTOCOL.md): breadth-first, N parallel queues, resumable.
 #
-#   sh benchmarks/evidence_grid_v4.sh [--resume] [--jobs N] [--seeds 0,1,2,3,4] [--conditions a,b] \
+#   sh benchmarks/evidence/grid_v4.sh [--resume] [--jobs N] [--seeds 0,1,2,3,4] [--conditions a,b] \
 #       [--lr-tail F] [--tiny] [--dry-run] OUT
 #
 # Run it from a frozen checkout (a worktree nobody edits while the grid runs): every run must train
 # with the same code. Jobs are (condition, seed) in breadth-first order -- seed 0 of every condition,
 # then seed 1, ... -- so a partial table is balanced. N queues (default 2, one per core) each take the
 # next unclaimed job (a claim is `mkdir OUT/claims/<job>`, atomic), run it with one torch thread at
-# nice 10 (`evidence.py --protocol v4 --resume`), then re-write the tables of the whole grid
+# nice 10 (`benchmarks.evidence.run --protocol v4 --resume`), then re-write the tables of the whole grid
 # (OUT/polyp256_v4/results.md, "partial: N of M runs" until all finished).
 # Logs: OUT/grid.log (one line per job start / end / failure), OUT/queue_<i>.log (the runs' output).
-# Every argument and data folder is checked once before any queue starts (evidence.py --check-only).
+# Every argument and data folder is checked once before any queue starts (benchmarks.evidence.run --check-only).
 #
 # Resume: after a kill (or a failed job), the same command with --resume: finished runs (result.json)
 # are skipped, an interrupted run continues from its fit/last.ckpt. Without --resume an OUT that holds
@@ -24,8 +24,8 @@
 # Environment: PYTHON (default: .venv/bin/python of this checkout, else python3), DATA_ROOT (default:
 # the shared data beside the checkout), NICE (default 10).
 set -eu
-usage="usage: sh benchmarks/evidence_grid_v4.sh [--resume] [--jobs N] [--seeds S] [--conditions C] [--lr-tail F] [--tiny] [--dry-run] OUT"
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: sh benchmarks/evidence/grid_v4.sh [--resume] [--jobs N] [--seeds S] [--conditions C] [--lr-tail F] [--tiny] [--dry-run] OUT"
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 RESUME=0 JOBS=2 TINY=0 DRY=0 OUT="" LR_TAIL=""
 SEEDS=0,1,2,3,4
 CONDS=plain,random,hard_consistency,augmix_consistency,random_shift,mined_dose
@@ -65,13 +65,13 @@ RUNS="$OUT/${DATASET}_v4"
 JOBLIST=$(for s in $(echo "$SEEDS" | tr ',' ' '); do for c in $(echo "$CONDS" | tr ',' ' '); do echo "$c:$s"; done; done)
 if [ "$DRY" = 1 ]; then
   echo "$JOBLIST"
-  echo "run: OMP_NUM_THREADS=1 nice -n ${NICE:-10} $PY benchmarks/evidence.py $* --resume --conditions C --seeds S"
+  echo "run: OMP_NUM_THREADS=1 nice -n ${NICE:-10} $PY -m benchmarks.evidence.run $* --resume --conditions C --seeds S"
   exit 0
 fi
 "$PY" -c "import torch, lightning" 2>/dev/null || {
   echo "evidence_grid_v4: $PY cannot import torch and lightning; set PYTHON=<venv>/bin/python" >&2; exit 2; }
 # every argument, data folder and condition checked before anything is created (one line, exit 2)
-PYTHONPATH="$REPO" OMP_NUM_THREADS=1 "$PY" "$REPO/benchmarks/evidence.py" "$@" --conditions "$CONDS" \
+PYTHONPATH="$REPO" OMP_NUM_THREADS=1 "$PY" -m benchmarks.evidence.run "$@" --conditions "$CONDS" \
   --seeds "$SEEDS" --check-only > /dev/null
 if [ -d "$RUNS" ] && [ -n "$(ls -A "$RUNS" 2>/dev/null)" ] && [ "$RESUME" = 0 ]; then
   echo "evidence_grid_v4: $RUNS holds runs; continue them with --resume (or choose another OUT)" >&2
@@ -95,11 +95,11 @@ worker() {
     c=${job%%:*} s=${job##*:}
     if [ -f "$RUNS/${c}_s$s/result.json" ]; then log "skip $job (finished)"; continue; fi
     log "start $job (queue $i)"
-    if (cd "$REPO" && PYTHONPATH="$REPO" OMP_NUM_THREADS=1 nice -n "${NICE:-10}" "$PY" benchmarks/evidence.py \
+    if (cd "$REPO" && PYTHONPATH="$REPO" OMP_NUM_THREADS=1 nice -n "${NICE:-10}" "$PY" -m benchmarks.evidence.run \
         "$@" --resume --conditions "$c" --seeds "$s") >> "$OUT/queue_$i.log" 2>&1; then
       log "done $job"
       # the tables of the whole grid so far (atomic writes: two queues may do this at once)
-      (cd "$REPO" && PYTHONPATH="$REPO" OMP_NUM_THREADS=1 "$PY" benchmarks/evidence.py "$@" --conditions "$CONDS" \
+      (cd "$REPO" && PYTHONPATH="$REPO" OMP_NUM_THREADS=1 "$PY" -m benchmarks.evidence.run "$@" --conditions "$CONDS" \
         --seeds "$SEEDS" --report-only) > /dev/null 2>> "$OUT/queue_$i.log" || log "report failed after $job"
     else
       log "failed $job (exit $?; see queue_$i.log)"; failed=1

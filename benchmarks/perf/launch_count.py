@@ -1,31 +1,27 @@
 """Kernel launches per metamorphic-training draw: a CPU proxy for its cost on a GPU.
 
 On a GPU the follow-up draws of ``MetamorphicTraining`` are bound by launches (many tiny kernels), not by
-arithmetic: the H200 profile of 2026-11-26 (docs/results.md "GPU") measured 80-99 ms per step in the hook
+arithmetic: the H200 profile of 2026-11-26 (docs/results/evidence_v3.md "GPU") measured 80-99 ms per step in the hook
 at k=1 and 235-261 ms at k=4 (256 px, batch 16), ~7 us per aten op. This counts the top-level aten ops of
 one ``WorstOfK`` call on CPU tensors (each is one or a few launches on a GPU) at batch 16 and 64, k = 1
 and 4, and says whether issue 31's targets hold: <= 300 ops per k=1 draw at batch 16 and <= 1.2x that at
 batch 64 (the count should grow with the families drawn, not with the images).
 
-    OMP_NUM_THREADS=1 python benchmarks/launch_count.py [--size 256] [--batches 16 64] [--calls 4]
-    OMP_NUM_THREADS=1 python benchmarks/launch_count.py --old-fov   # also the pre-2026-11-26 FOV loop
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count [--size 256] [--batches 16 64] [--calls 4]
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count --old-fov   # also the pre-2026-11-26 FOV loop
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-import robusttrain.perturbations.border as border  # noqa: E402
-import robusttrain.perturbations.placement as placement  # noqa: E402
-from robusttrain.perturbations.suites import SUITES  # noqa: E402
-from robusttrain.training.worst_of_k import WorstOfK  # noqa: E402
+import robusttrain.perturbations.border as border
+import robusttrain.perturbations.placement as placement
+from robusttrain.perturbations.suites import SUITES
+from robusttrain.training.worst_of_k import WorstOfK
 
 TARGET_K1 = 300  # aten ops per k=1 draw at 256 px, batch 16 (issue 31)
 TARGET_GROWTH = 1.2  # batch 64 may cost at most this times the batch-16 target

@@ -1,4 +1,4 @@
-"""Evidence v3 (issue 22) summary and tables: ``evidence.py --dataset polyp256`` results → numbers.
+"""Evidence v3 (issue 22) summary and tables: ``run.py --dataset polyp256`` results → numbers.
 
 Groups of held-out cases: ``kvasir_test`` (in-domain), ``cvc_clinicdb`` (all 609 frames, the main
 out-of-domain set; bootstrap clusters = its 29 video sequences) and ``other_ood`` (ColonDB, ETIS and
@@ -15,8 +15,14 @@ import json
 from pathlib import Path
 
 import numpy as np
-from conditions import mean_std
-from paired_stats import mean_difference, paired_bootstrap, relative_change, worst_fraction_difference
+
+from benchmarks.evidence.conditions import mean_std
+from benchmarks.evidence.paired_stats import (
+    mean_difference,
+    paired_bootstrap,
+    relative_change,
+    worst_fraction_difference,
+)
 
 GROUPS = {
     "kvasir_test": lambda s: s == "kvasir_test",

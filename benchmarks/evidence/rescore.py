@@ -1,6 +1,6 @@
 """Re-score a kept Evidence v4 checkpoint on any image folder, through the product's own CLI.
 
-    python benchmarks/evidence_rescore.py docs/evidence_v4/runs/random_s0/least_loss.ckpt FOLDER OUT
+    python -m benchmarks.evidence.rescore docs/evidence_v4/runs/random_s0/least_loss.ckpt FOLDER OUT
 
 runs (and prints) exactly::
 

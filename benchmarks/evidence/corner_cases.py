@@ -5,8 +5,8 @@ planted Patient057-like cases (``--root`` omitted) or real HDF5 volumes (``--roo
 — with BalancedCheckpoint computing volume-level per-case Dice itself, then prints recall of the
 planted cases, the corner-case and cohort Dice at both epochs, and the ``corners`` report.
 
-    python benchmarks/corner_cases_evidence.py --epochs 10 --out runs/evidence_synth
-    python benchmarks/corner_cases_evidence.py --root /work/shared/data/acdc/volumes --epochs 15 \
+    python -m benchmarks.evidence.corner_cases --epochs 10 --out runs/evidence_synth
+    python -m benchmarks.evidence.corner_cases --root ../shared/data/acdc/volumes --epochs 15 \
         --image-size 96 --val-fraction 0.3 --out runs/evidence_acdc
 """
 
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import lightning.pytorch as pl
 import torch

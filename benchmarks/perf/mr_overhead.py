@@ -7,7 +7,7 @@ i.e. perturbation + scoring + bookkeeping + failure records. Target: <= 20 %. Th
 time is also measured inside the check itself, which is robust to a busy machine (the
 replayed figure compares two runs that may see different CPU contention).
 
-    python benchmarks/mr_overhead.py [--cases 16] [--size 128] [--repeats 2]
+    python -m benchmarks.perf.mr_overhead [--cases 16] [--size 128] [--repeats 2]
 """
 
 from __future__ import annotations

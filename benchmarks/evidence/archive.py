@@ -1,13 +1,13 @@
 """Keep finished Evidence v3 runs across machines: their ``result.json`` in the repository, gzipped.
 
-The grid takes more CPU hours than one session has, and the machine (with ``/work/evidence_runs``)
+The grid takes more CPU hours than one session has, and the machine (with ``../evidence_runs``)
 is not kept between sessions. A finished run's ``result.json`` holds every per-case number the tables
 need (picks, MR scores, clusters), so archiving it lets the next session resume the grid with
 ``--resume`` without re-training it. Checkpoints are not archived (about 2 MB each, nine per run):
 re-create one by running its (condition, seed) again (``--conditions C --seeds S``).
 
-    python benchmarks/evidence_archive.py save /work/evidence_runs/polyp256 docs/evidence_v3/runs
-    python benchmarks/evidence_archive.py restore docs/evidence_v3/runs /work/evidence_runs/polyp256
+    python -m benchmarks.evidence.archive save ../evidence_runs/polyp256 docs/evidence_v3/runs
+    python -m benchmarks.evidence.archive restore docs/evidence_v3/runs ../evidence_runs/polyp256
 
 ``save`` writes ``<condition>_s<seed>.json.gz`` (gzip without a timestamp: the same result gives the
 same bytes) and, beside it, the run's own monitoring tables that explain its numbers (:data:`TABLES`:
@@ -19,9 +19,9 @@ other content.
 Evidence v4 (``docs/evidence_v4/runs``) also keeps each run's ``followups.csv.gz`` (every follow-up's
 Dice; already gzip, copied as is) and, for the runs of ``--weights-seeds`` (the protocol: seed 0), the
 fp16 weights with their config (``<condition>_s<seed>/{least_loss,last}.ckpt, config.yaml``), which
-``evidence_rescore.py`` re-scores on any folder through the product's CLI:
+``rescore.py`` re-scores on any folder through the product's CLI:
 
-    python benchmarks/evidence_archive.py save OUT/polyp256_v4 docs/evidence_v4/runs --weights-seeds 0
+    python -m benchmarks.evidence.archive save OUT/polyp256_v4 docs/evidence_v4/runs --weights-seeds 0
 """
 
 from __future__ import annotations
@@ -30,12 +30,9 @@ import argparse
 import gzip
 import json
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from robusttrain.io import atomic_write_bytes, atomic_write_text  # noqa: E402
+from robusttrain.io import atomic_write_bytes, atomic_write_text
 
 NAME = re.compile(r"^([a-z_]+)_s(\d+)$")
 TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv", "followups.csv.gz", "config.yaml")

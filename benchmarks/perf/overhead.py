@@ -6,7 +6,7 @@ FailureMiningCallback as the recipe sets it, off by default) and the same comman
 ``callbacks.{metamorphic,balanced,balanced_average,mining,reporting}.enabled=false``, same seed, same
 epochs, alternating off/on ``--repeats`` times so both see the same machine load. The target is about
 the robustness *monitoring*: ``MetamorphicTraining`` (on in the recipe) is switched off in BOTH runs --
-it is a training method, not monitoring, and its cost is measured by ``benchmarks/training_step.py``.
+it is a training method, not monitoring, and its cost is measured by ``benchmarks/perf/training_step.py``.
 
 Reports the wall time of each run (process start to exit), the ratio on/off (target <= 1.3 at the
 defaults; best of the repeats, and per repeat with their median), the load average before and after (the machine may be
@@ -15,7 +15,7 @@ the work done, which other jobs' load does not stretch as it does wall time) and
 seconds, the share of its clean pass reused from validation, how many test cases of the suite it
 scored and what the final table rests on (``basis``, ``from_epoch``).
 
-    OMP_NUM_THREADS=1 python benchmarks/overhead.py [--epochs 8] [--repeats 1] [--budget 0.25]
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.overhead [--epochs 8] [--repeats 1] [--budget 0.25]
                                                     [--only metamorphic] [-- key=value ...]
 
 ``--only metamorphic`` toggles just that callback (the others are off in both runs): the cost
@@ -37,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 ROBUST = ("metamorphic", "balanced", "balanced_average", "mining", "reporting")
-# a training method, not monitoring: off in both runs (benchmarks/training_step.py measures it)
+# a training method, not monitoring: off in both runs (benchmarks/perf/training_step.py measures it)
 ALWAYS_OFF = ("metamorphic_training",)
 
 
