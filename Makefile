@@ -28,14 +28,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check robusttrain tests benchmarks
 	$(PY) -m mypy
 
-# the static gate, the docstring examples of the package, then the test suite
+# the static gate, the docstring examples of the package, then the test suite: two worker processes
+# (one torch thread each, tests/conftest.py) with each test file on one worker (module fixtures train once);
+# the slowest tests are listed at the end so a slow CI can be traced to them
 test: lint
 	$(PY) -m pytest -q --doctest-modules robusttrain
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 fast: lint
 	$(PY) -m pytest -q --doctest-modules robusttrain
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs

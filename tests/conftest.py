@@ -9,6 +9,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on a 2-core machine: one torch thread each (and in what they spawn),
+    # so the workers do not fight over the cores; a plain `pytest` keeps torch's default
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
 _CACHES = {".pytest_cache", "__pycache__", ".mypy_cache", ".ruff_cache", ".coverage", ".hypothesis"}
 
 
