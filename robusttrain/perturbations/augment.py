@@ -29,7 +29,7 @@ generator), so deciding which samples to perturb never waits for the accelerator
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -78,6 +78,11 @@ class BatchAugmentation(torch.nn.Module):
         >>> bool(torch.equal(aug(x, params=aug._params), out))          # exact replay
         True
     """
+
+    family: str
+    severity: tuple[int, int]
+    p: float
+    _base_args: dict[str, Any]
 
     def __init__(
         self,
@@ -140,7 +145,10 @@ class BatchAugmentation(torch.nn.Module):
             params.update({f"s{s}.{k}": v for k, v in sub.items()})
         return params
 
-    def apply(self, images: torch.Tensor, params: Params, mask: torch.Tensor | None = None) -> torch.Tensor:
+    # Kornia's name for the apply step; it shadows nn.Module.apply(fn) on purpose (public API, not renamed)
+    def apply(  # type: ignore[override]
+        self, images: torch.Tensor, params: Params, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Apply ``params`` (from :meth:`generate_parameters`); unselected samples are returned unchanged
         (when none is selected, ``images`` itself is returned: no copy)."""
         images = check_batch(images, f"BatchAugmentation({self.family})", rgb=False, check_range=False)
@@ -201,6 +209,10 @@ class BatchAugmentation(torch.nn.Module):
         return sub
 
 
+@overload
+def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor: ...
+@overload
+def _take(t: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None: ...
 def _take(t: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
     if t is None or len(idx) == t.shape[0]:  # the whole batch (indices are sorted and unique): no copy
         return t

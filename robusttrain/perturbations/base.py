@@ -413,9 +413,16 @@ def _range_table(ranges: Mapping[int, tuple[float, float]]) -> tuple[torch.Tenso
     return _range_table_cached(tuple((s, float(ranges[s][0]), float(ranges[s][1])) for s in SEVERITIES))
 
 
-@functools.cache
-def _init_signature(cls: type) -> inspect.Signature:
-    return inspect.signature(cls.__init__)
+_INIT_SIGNATURES: dict[type, inspect.Signature] = {}
+
+
+def _init_signature(cls: type[Perturbation]) -> inspect.Signature:
+    """``inspect.signature(cls.__init__)``, cached per class (a plain dict: ``functools.cache`` would
+    need the class to type-check as ``Hashable``, which mypy does not grant a class object)."""
+    sig = _INIT_SIGNATURES.get(cls)
+    if sig is None:
+        sig = _INIT_SIGNATURES[cls] = inspect.signature(cls.__init__)
+    return sig
 
 
 class Perturbation:
@@ -454,6 +461,8 @@ class Perturbation:
     # The param keys of this family, when fixed: replaying params with other keys (e.g. pixel-unit
     # params recorded by an older version) is refused with one clear error instead of misread.
     PARAM_KEYS: tuple[str, ...] | None = None
+    # the constructor arguments, set by __new__ (read through init_args())
+    _init_args: dict[str, Any]
 
     def __new__(cls, *args: Any, **kwargs: Any):
         # Record the constructor arguments (defaults filled in) before __init__ runs, so any family can be

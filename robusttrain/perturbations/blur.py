@@ -183,11 +183,19 @@ def filter2d_pieces(src: np.ndarray, k: np.ndarray, dst: np.ndarray | None = Non
         # anchor (0, 0): out[y, x] = sum piece[i, j] * view[y + i, x + j], the top-left h x w is exact
         part = cv2.filter2D(view, cv2.CV_32F, piece, anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)[:h, :w]
         if acc is None:
-            acc = np.ascontiguousarray(part) if dst is None else np.copyto(dst, part) or dst
+            if dst is None:
+                acc = np.ascontiguousarray(part)
+            else:
+                np.copyto(dst, part)
+                acc = dst
         else:
             cv2.add(acc, part, dst=acc)
     if acc is None:  # an all-zero kernel
-        acc = np.zeros(src.shape, np.float32) if dst is None else (dst.fill(0) or dst)
+        if dst is None:
+            acc = np.zeros(src.shape, np.float32)
+        else:
+            dst.fill(0)
+            acc = dst
     return acc
 
 
@@ -501,13 +509,14 @@ def motion_kernel(length, angle, kmax: int, xp=torch):
         wy = (1 - (ax[None, None, :] - (t * s)[:, :, None]).abs()).clamp_min(0)
         k = torch.einsum("bny,bnx->byx", wy, wx)
         return k / k.sum((1, 2), keepdim=True)
-    ax = np.arange(-r, r + 1, dtype=np.float32)
-    f = (np.arange(n, dtype=np.float32) + np.float32(0.5)) / np.float32(n) - np.float32(0.5)
+    # numpy path (ax_np, f_np: the torch branch above binds ax, f to tensors)
+    ax_np = np.arange(-r, r + 1, dtype=np.float32)
+    f_np = (np.arange(n, dtype=np.float32) + np.float32(0.5)) / np.float32(n) - np.float32(0.5)
     length, angle = np.asarray(length, np.float32), np.asarray(angle, np.float32)
-    t = length[:, None] * f[None]
+    t = length[:, None] * f_np[None]
     c, s = np.cos(angle)[:, None], np.sin(angle)[:, None]
-    wx = np.clip(1 - np.abs(ax[None, None, :] - (t * c)[:, :, None]), 0, None)
-    wy = np.clip(1 - np.abs(ax[None, None, :] - (t * s)[:, :, None]), 0, None)
+    wx = np.clip(1 - np.abs(ax_np[None, None, :] - (t * c)[:, :, None]), 0, None)
+    wy = np.clip(1 - np.abs(ax_np[None, None, :] - (t * s)[:, :, None]), 0, None)
     k = np.einsum("bny,bnx->byx", wy, wx)
     return k / k.sum((1, 2), keepdims=True)
 

@@ -110,10 +110,10 @@ def fit_square(rgb: np.ndarray, alpha: np.ndarray, edge_sigma: float = 1.0) -> n
     h, w = rgba.shape[:2]
     s = (SIZE - 4) / max(h, w)
     nh, nw = max(int(round(h * s)), 1), max(int(round(w * s)), 1)
-    rgba = cv2.resize(rgba, (nw, nh), interpolation=cv2.INTER_AREA)
+    resized = cv2.resize(rgba, (nw, nh), interpolation=cv2.INTER_AREA)
     out = np.zeros((SIZE, SIZE, 4), np.float32)
     oy, ox = (SIZE - nh) // 2, (SIZE - nw) // 2
-    out[oy : oy + nh, ox : ox + nw] = rgba.reshape(nh, nw, 4)
+    out[oy : oy + nh, ox : ox + nw] = resized.reshape(nh, nw, 4)
     out[:, :, 3] = np.clip(_soft(out[:, :, 3], edge_sigma), 0, 1)
     return out
 
@@ -127,8 +127,8 @@ def _read_mask(path: Path, channel: int) -> np.ndarray | None:
                 raise ValueError(
                     f"mask {path}: has {len(pages)} channels, mask_channel={channel} is out of range"
                 )
-            m = pages[channel]
-            return (m > 0).astype(np.float32)
+            page = pages[channel]
+            return (page > 0).astype(np.float32)
     m = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if m is None:
         return None
@@ -173,6 +173,7 @@ def load_cutouts(folder: str | Path, mask_channel: int = 0) -> list[np.ndarray]:
         if img is None or img.ndim != 3:
             continue
         scale = 65535.0 if img.dtype == np.uint16 else 255.0
+        alpha: np.ndarray | None
         if img.shape[2] == 4:
             rgba = cv2.cvtColor(img, cv2.COLOR_BGRA2RGBA).astype(np.float32) / scale
             rgb, alpha = rgba[:, :, :3], rgba[:, :, 3]

@@ -179,12 +179,13 @@ def tone_np(
     # (inputs may undershoot 0 by float noise, and log 0 = -inf would turn addWeighted's 0 * -inf into
     # NaN) at a level whose power is e^-80 (a normal float: denormals would slow every later pass by
     # orders of magnitude on black backgrounds), or 1e-30 for small gamma; both are 0 in any image.
-    out = cv2.max(x, max(math.exp(-80.0 / float(gamma)), 1e-30), dst=out)
+    # (the cv2 stubs type src2 as an array only; OpenCV takes a Python scalar there, as a Scalar)
+    out = cv2.max(x, max(math.exp(-80.0 / float(gamma)), 1e-30), dst=out)  # type: ignore[call-overload]
     cv2.log(out, dst=out)
     cv2.addWeighted(out, float(gamma), out, 0.0, math.log(float(gain)), dst=out)
     cv2.exp(out, dst=out)
     if offset != 0.0:
-        cv2.add(out, float(offset), dst=out)
+        cv2.add(out, float(offset), dst=out)  # type: ignore[call-overload]  # scalar src2: as cv2.max above
         if offset < 0:
             np.maximum(out, 0.0, out=out)
     if gain + offset > 0.999:  # x <= 1 (+1e-4), so the curve stays below gain + offset: else nothing to cut

@@ -9,6 +9,8 @@ torch picker on those tiny maps with a generator seeded from its ``rng``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import cv2
 import numpy as np
 import torch
@@ -39,7 +41,7 @@ class _MapsMemo:
     """
 
     def __init__(self) -> None:
-        self.storage = None
+        self.storage: torch.UntypedStorage | None = None
         self.entries: dict = {}
 
     def get(self, images: torch.Tensor, masks: torch.Tensor | None, compute):
@@ -159,7 +161,7 @@ def fov_mask_shared(images: torch.Tensor) -> torch.Tensor:
     return fov_cells_to_mask(maps_torch(images, None)[1][:, None], *images.shape[-2:])
 
 
-def _lesion_cells(masks: torch.Tensor, cells: tuple[int, int], k: int) -> torch.Tensor:
+def _lesion_cells(masks: torch.Tensor, cells: Sequence[int], k: int) -> torch.Tensor:
     """(B,Hc,Wc) bool: cells holding any lesion pixel."""
     hc, wc = cells
     les = (
@@ -265,7 +267,7 @@ def gather_cells(grid: torch.Tensor, y: torch.Tensor, x: torch.Tensor, k: int) -
     return grid.reshape(grid.shape[0], -1).gather(1, cell_index(y, x, k, grid.shape[1:]))
 
 
-def cell_index(y: torch.Tensor, x: torch.Tensor, k: int, cells: tuple[int, int]) -> torch.Tensor:
+def cell_index(y: torch.Tensor, x: torch.Tensor, k: int, cells: Sequence[int]) -> torch.Tensor:
     """Flat indices into an (Hc, Wc) = ``cells`` grid of pixel positions (y, x) (B,N), clamped to the grid:
     compute them once to gather several grids at the same positions."""
     hc, wc = cells

@@ -108,6 +108,10 @@ def collimation_alpha(depth, angle, soft, h: int, w: int, xp=torch, device=None)
     """(B,H,W) collimator coverage in [0,1]: a rotated rectangle whose edges lie ``depth`` (B,4) in from
     each side (units of the shorter side; 0 = no collimator on that side), with a ramp ``soft`` wide."""
     s = min(h, w)
+    # pixel-centre grids and the blades' tangent: tensors or numpy arrays, as ``xp`` says
+    v: torch.Tensor | np.ndarray
+    u: torch.Tensor | np.ndarray
+    t: torch.Tensor | np.ndarray
     if xp is torch:
         v = ((torch.arange(h, device=device, dtype=torch.float32) + 0.5) / s)[None, :, None]
         u = ((torch.arange(w, device=device, dtype=torch.float32) + 0.5) / s)[None, None, :]
