@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -51,6 +52,23 @@ def read_wandb_records(path: Path) -> list:
             records.append(rec)
             buf = b""
     return records
+
+
+def finished_records(path: Path, timeout: float = 120.0) -> list:
+    """The run's records once its ``exit`` record is on disk: wandb-core (a separate process) may still
+    be writing the last records when ``wandb.finish()`` returns (seen on a loaded machine: the last
+    epoch's table increment and the final summary were missing from a read made right after it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = read_wandb_records(path)
+        except Exception:  # a record cut mid-write: read again
+            if time.monotonic() > deadline:
+                raise
+            records = []
+        if (records and records[-1].WhichOneof("record_type") == "exit") or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
 
 
 def _items_to_dict(items) -> dict:
@@ -207,7 +225,7 @@ def fitted(tmp_path_factory):
     assert len(files) == 1, files
     return {
         "run_dir": run_dir,
-        "records": read_wandb_records(files[0]),
+        "records": finished_records(files[0]),
         "wandb_dir": files[0].parent,
         "mr": mr,
         "sink": sink,
