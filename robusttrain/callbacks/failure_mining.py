@@ -312,7 +312,7 @@ class FailureMiningCallback(UsesContext, Callback):
         bank = self.bank
         assert bank is not None  # every caller returns early without a bank
         if is_global_zero(trainer):
-            pending = bool(bank._new or bank._seen)
+            pending = bank.pending
             if pending:
                 self._new_this_epoch += bank.flush(epoch)
             self._update_weights(epoch, force_write=pending)

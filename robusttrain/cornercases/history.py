@@ -15,7 +15,7 @@ from typing import TypeAlias
 import pandas as pd
 
 from robusttrain.rundir import history as history_file
-from robusttrain.rundir._csv import read_csv
+from robusttrain.rundir.csv_table import read_csv
 from robusttrain.rundir.paths import locate
 
 HistoryLike: TypeAlias = "pd.DataFrame | str | os.PathLike"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from robusttrain.rundir import corner_cases as corners_file
-from robusttrain.rundir._csv import read_csv
+from robusttrain.rundir.csv_table import read_csv
 
 from .balanced import select_balanced_epoch
 from .history import load_history, metric_columns, resolve_history_path

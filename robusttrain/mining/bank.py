@@ -151,6 +151,11 @@ class FailureBank:
 
     # ---- persistence ------------------------------------------------------------------------
     @property
+    def pending(self) -> bool:
+        """Whether anything was added or seen again since the last :meth:`flush` (a flush would write)."""
+        return bool(self._new or self._seen)
+
+    @property
     def log_path(self) -> Path | None:
         return self.dir / failures_file.LOG_NAME if self.dir is not None else None
 

@@ -8,7 +8,8 @@
 through :mod:`~robusttrain.rundir.paths` (no symlinks, nothing outside the run directory, torn rows
 and garbage bytes refused with :class:`~robusttrain.rundir.paths.RunDirFileError`). Readers return
 ``None`` when the file is missing (so a report degrades section by section). ``lock`` is the
-run-directory lock. ``layout`` is the one list of every name a run directory holds (files, folders,
+run-directory lock. ``csv_table`` is the one CSV reader (torn rows refused) of every table here and of
+``robusttrain corners``. ``layout`` is the one list of every name a run directory holds (files, folders,
 temp names): ``fit overwrite=true``, the temp clean-up and the API's set-aside derive from it.
 
 >>> import tempfile

@@ -40,7 +40,7 @@ import pandas as pd
 from robusttrain.io import atomic_write_csv
 from robusttrain.metamorphic.efr import EFR_COLUMNS, ENDPOINT_COLUMNS
 
-from ._csv import read_csv
+from .csv_table import read_csv
 
 NAME = "efr.csv"
 TABLE_NAME = "efr_table.csv"

@@ -20,7 +20,7 @@ import pandas as pd
 
 from robusttrain.io import atomic_write_csv
 
-from ._csv import read_csv
+from .csv_table import read_csv
 from .paths import locate
 
 NAME = "history.csv"

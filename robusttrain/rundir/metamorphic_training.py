@@ -32,7 +32,7 @@ import pandas as pd
 
 from robusttrain.io import atomic_write_csv, atomic_write_text
 
-from ._csv import read_csv
+from .csv_table import read_csv
 from .paths import read_text
 
 STATS = "metamorphic_training.csv"
