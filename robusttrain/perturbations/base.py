@@ -87,27 +87,52 @@ def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torc
 
 
 def _severities(severities: Any, b: int, name: str) -> tuple[torch.Tensor, list[int]]:
-    """:func:`severity_tensor` and its values as host ints (read once: every read of a tensor is ops)."""
-    sev = torch.as_tensor(severities)
-    sev = sev if sev.ndim == 1 else sev.reshape(-1)
-    if sev.numel() != b:
-        raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
-    if sev.is_floating_point() or sev.dtype == torch.bool:
-        raise ValueError(f"{name}: severities must be integers 1..5, got dtype {sev.dtype}")
-    values = sev.tolist()  # host data (drawn on the CPU): no device sync on this path
+    """:func:`severity_tensor` and its values as host ints (read once: every read of a tensor is ops). A numpy
+    integer array (what :class:`~robusttrain.training.worst_of_k.WorstOfK` passes) is read without a tensor
+    op and wrapped without a copy (one op instead of four)."""
+    if isinstance(severities, np.ndarray) and severities.dtype.kind in "iu":
+        arr = severities.reshape(-1)
+        if arr.size != b:
+            raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {arr.size}")
+        values = arr.tolist()
+        sev = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64))
+    else:
+        sev = torch.as_tensor(severities)
+        sev = sev if sev.ndim == 1 else sev.reshape(-1)
+        if sev.numel() != b:
+            raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
+        if sev.is_floating_point() or sev.dtype == torch.bool:
+            raise ValueError(f"{name}: severities must be integers 1..5, got dtype {sev.dtype}")
+        values = sev.tolist()  # host data (drawn on the CPU): no device sync on this path
+        sev = sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()
     if min(values) < 1 or max(values) > 5:
         raise ValueError(
             f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
         )
-    return (sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()), values
+    return sev, values
 
 
-def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-    """``(severity, rows)`` per distinct severity of a CPU long tensor, in order of first appearance."""
+def severity_groups(sev: torch.Tensor | list[int]) -> list[tuple[int, torch.Tensor]]:
+    """``(severity, rows)`` per distinct severity of a CPU long tensor (or its values as host ints), in order
+    of first appearance."""
     groups: dict[int, list[int]] = {}
-    for i, s in enumerate(sev.tolist()):
+    for i, s in enumerate(sev if isinstance(sev, list) else sev.tolist()):
         groups.setdefault(int(s), []).append(i)
-    return [(s, torch.tensor(rows, dtype=torch.long)) for s, rows in groups.items()]
+    if len(groups) == 1:
+        return [(s, all_rows(len(rows))) for s, rows in groups.items()]
+    return [(s, torch.from_numpy(np.asarray(rows, dtype=np.int64))) for s, rows in groups.items()]
+
+
+_ALL_ROWS: dict[int, torch.Tensor] = {}
+
+
+def all_rows(b: int) -> torch.Tensor:
+    """``torch.arange(b)`` (CPU long), made once per ``b``: the rows of a one-group family call. Shared, so
+    :func:`_is_arange` knows it without reading it; callers must not modify it."""
+    rows = _ALL_ROWS.get(b)
+    if rows is None:
+        rows = _ALL_ROWS[b] = torch.arange(b)
+    return rows
 
 
 def merge_groups(groups: FamilyParams, b: int) -> FamilyParams:
@@ -135,10 +160,12 @@ def merge_groups(groups: FamilyParams, b: int) -> FamilyParams:
         vals = [p[k] for _, p in groups]
         dev = vals[0].device
         merged[k] = torch.cat([v.to(dev) for v in vals])[inv.to(dev)]
-    return [(torch.arange(b), merged)]
+    return [(all_rows(b), merged)]
 
 
 def _is_arange(rows: torch.Tensor) -> bool:
+    if rows is _ALL_ROWS.get(rows.numel()):
+        return True  # the shared arange: known without reading it (a read is two ops)
     return rows.tolist() == list(range(rows.numel()))
 
 
@@ -702,11 +729,12 @@ class Perturbation:
         masks: torch.Tensor | None,
         sev: torch.Tensor,
         generator: torch.Generator | None,
+        sev_list: list[int] | None = None,
     ) -> FamilyParams:
         if self.batched_severities():
-            return [(torch.arange(images.shape[0]), self._sample_at(images, masks, sev, generator))]
+            return [(all_rows(images.shape[0]), self._sample_at(images, masks, sev, generator))]
         out = []
-        for s, rows in severity_groups(sev):
+        for s, rows in severity_groups(sev if sev_list is None else sev_list):
             x, m = _take_rows(images, masks, rows)
             op = self.at_severity(s)
             # the input was checked once; a family that overrides the public contract still gets called by it
@@ -744,9 +772,14 @@ class Perturbation:
         images = check_batch(images, self.name, self.rgb, check_range=check_range)
         masks = check_masks(masks, images, self.name)
         sev, sev_list = _severities(severities, images.shape[0], self.name)
-        if params is None:
-            params = self._sample_family(images, masks, sev, generator)
         b = images.shape[0]
+        # the severity of each group, on the host, when the groups are this call's own (one per severity, in
+        # order of first appearance): reading it from a group's rows would be two ops per group
+        group_sev: list[int] | None = None
+        if params is None:
+            params = self._sample_family(images, masks, sev, generator, sev_list)
+            if not self.batched_severities():
+                group_sev = list(dict.fromkeys(sev_list))
         if self.batched_severities() and len(params) > 1:
             params = merge_groups(params, b)
         if self.batched_severities():
@@ -757,20 +790,31 @@ class Perturbation:
                 self._check_params(params[0][1], b)
                 return op._apply_torch(images, masks, params_to(params[0][1], images.device)), params
         elif len(params) == 1 and params[0][0].numel() == b and _is_arange(params[0][0]):
-            if len(severity_groups(sev)) > 1:
+            if len(set(sev_list)) > 1:
                 raise ValueError(f"{self.name}: one params group for rows of different severities")
-            return self.at_severity(int(sev[0]))._apply_checked(images, masks, params[0][1]), params
-        out = images.clone()
-        for rows, p in params:
+            return self.at_severity(sev_list[0])._apply_checked(images, masks, params[0][1]), params
+        ys = []
+        for i, (rows, p) in enumerate(params):
             x, m = _take_rows(images, masks, rows)
             if self.batched_severities():
                 self._check_params(p, x.shape[0])
                 y = op._apply_torch(x, m, params_to(p, images.device))
             else:
-                y = self.at_severity(sev_list[int(rows[0])])._apply_checked(x, m, p)
+                s = group_sev[i] if group_sev is not None else sev_list[int(rows[0])]
+                y = self.at_severity(s)._apply_checked(x, m, p)
+            ys.append(y if y.dtype == images.dtype else y.to(images.dtype))
+        if group_sev is not None:
+            # this call's groups partition the rows: the output is their results in row order (one
+            # concatenation and one gather, not a copy of the batch and a scatter per group)
+            order = np.fromiter((i for s in group_sev for i, v in enumerate(sev_list) if v == s), np.int64, b)
+            inv = np.empty(b, dtype=np.int64)
+            inv[order] = np.arange(b)
+            at = torch.from_numpy(inv)
+            return torch.cat(ys)[at if at.device == images.device else at.to(images.device)], params
+        out = images.clone()
+        for (rows, _), y in zip(params, ys):
             # a no-op .to still costs an op per group: move / cast only what differs
-            at = rows if rows.device == images.device else rows.to(images.device)
-            out[at] = y if y.dtype == images.dtype else y.to(images.dtype)
+            out[rows if rows.device == images.device else rows.to(images.device)] = y
         return out, params
 
     def _apply_checked(

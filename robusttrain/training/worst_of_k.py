@@ -427,8 +427,7 @@ class WorstOfK:
                 op = self._op(fam, self.caps[fam])
                 fam_sev = [flat_sev[f] for f in flat]
                 out, groups = _apply_family(
-                    op, x, m, torch.from_numpy(np.asarray(fam_sev, dtype=np.int64)), None, self.slice_axis, g,
-                    checked=True,
+                    op, x, m, np.asarray(fam_sev, dtype=np.int64), None, self.slice_axis, g, checked=True
                 )
                 outs.append(out)
                 order.extend(flat)
@@ -571,13 +570,13 @@ def _apply_family(
     op: Any,
     x: torch.Tensor,
     m: torch.Tensor | None,
-    sev: torch.Tensor,
+    sev: torch.Tensor | np.ndarray,
     groups: FamilyParams | None,
     slice_axis: int = -1,
     g: torch.Generator | None = None,
     checked: bool = False,
 ) -> tuple[torch.Tensor, FamilyParams]:
-    """``op``'s family on rows with their own severities ``sev`` (CPU), sampling (``groups`` None, from ``g``)
+    """``op``'s family on rows with their own severities ``sev`` (CPU, or a numpy array: read without ops), sampling (``groups`` None, from ``g``)
     or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each volume's middle slice, every slice
     perturbed with its volume's params. ``checked``: the caller checked the value range of ``x`` already."""
     if x.ndim != 5:
@@ -586,6 +585,7 @@ def _apply_family(
     n_sl = x.shape[2 + slice_axis % 3]
     flat = volume_to_slices(x, slice_axis)
     fm = None if m is None else volume_to_slices(m, slice_axis, channels=False)
+    sev = torch.as_tensor(sev)
     if groups is None:
         j = n_sl // 2
         groups = op.sample_family(flat[j::n_sl], None if fm is None else fm[j::n_sl], sev, g)
