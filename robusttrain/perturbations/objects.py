@@ -168,7 +168,11 @@ class PastedObject(PlacedSampling, Perturbation):
     @staticmethod
     def _source_coords(py, px, cy, cx, size, angle, flip, xp):
         """Cut-out pixel coordinates (u, v) of image pixels (py, px): inverse rotation + scale (+ mirror)."""
-        dy, dx = py - cy, px - cx
+        return PastedObject._rotated(py - cy, px - cx, size, angle, flip, xp)
+
+    @staticmethod
+    def _rotated(dy, dx, size, angle, flip, xp):
+        """:meth:`_source_coords` of pixels at offsets (dy, dx) from the object's centre."""
         c, s = xp.cos(angle), xp.sin(angle)
         rx, ry = dx * c + dy * s, dy * c - dx * s
         scale = (SIZE - 1) / size
@@ -178,50 +182,51 @@ class PastedObject(PlacedSampling, Perturbation):
         return u, v
 
     def _apply_torch(self, images, masks, params):
+        # The same float32 operations, element for element, as the per-axis formula of ``_apply_np``; the y and
+        # x axes go through each step together ((B,2,...) tensors) and every reshape is one view: on an
+        # accelerator each op is a launch.
         b, c, h, w = images.shape
         half, n = self._half(h, w), supersampling(h, w, cap=SUPERSAMPLE)
         dev = images.device
-        cy = rel_to_px(params["center_rel"][:, 0].float(), h)
-        cx = rel_to_px(params["center_rel"][:, 1].float(), w)
-        ry, rx = torch.round(cy), torch.round(cx)
         off, win = window_offsets(half, n, dev)
-        e = lambda t: t.float()[:, None, None]  # noqa: E731
-        u, v = self._source_coords(
-            ry[:, None, None] + off[None, :, None],
-            rx[:, None, None] + off[None, None, :],
-            e(cy),
-            e(cx),
-            e(params["size_rel"]) * short_side(h, w),
-            e(params["angle"]),
-            e(params["flip"]),
+        hw = _hw_on(h, w, dev)  # (1,2,1,1) float32 [h, w]
+        cyx = (_f32(params["center_rel"]).reshape(b, 2, 1, 1) * hw) - 0.5  # rel_to_px per axis, (B,2,1,1)
+        r = torch.round(cyx)
+        d = (r + off.view(-1, 1)) - cyx  # (B,2,P*n,1): sample offsets from the centre, y then x
+        u, v = self._rotated(
+            d[:, 0],
+            d[:, 1].transpose(1, 2),
+            _f32(params["size_rel"]).reshape(b, 1, 1) * short_side(h, w),
+            _f32(params["angle"]).reshape(b, 1, 1),
+            params["flip"].reshape(b, 1, 1),
             torch,
         )
-        grid = torch.stack([u / (SIZE - 1) * 2 - 1, v / (SIZE - 1) * 2 - 1], -1)  # (B,P*n,P*n,2)
+        grid = torch.stack([u, v], -1) / (SIZE - 1) * 2 - 1  # (B,P*n,P*n,2)
         src = self._bank(dev)[params["index"]]
         rgba = F.grid_sample(
-            src, grid.to(src.dtype), mode="bilinear", padding_mode="zeros", align_corners=True
+            src, grid if grid.dtype == src.dtype else grid.to(src.dtype), mode="bilinear", padding_mode="zeros",
+            align_corners=True,
         )
         alpha = rgba[:, 3:]
-        prem = (rgba[:, :3] * params["gain"].float()[:, None, None, None]).clamp(0, 1) * alpha
+        prem = (rgba[:, :3] * _f32(params["gain"]).reshape(b, 1, 1, 1)).clamp(0, 1) * alpha
         if n > 1:  # area-average the sub-pixel samples (colour premultiplied by alpha)
             alpha, prem = F.avg_pool2d(alpha, n), F.avg_pool2d(prem, n)
         colour = prem / alpha.clamp_min(1e-6)
-        py, px = (
-            ry[:, None, None] + win[None, :, None],
-            rx[:, None, None] + win[None, None, :],
-        )  # (B,P,1), (B,1,P)
-        inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
-        alpha = alpha[:, 0] * inside * params["visible"].float()[:, None, None]
+        q = r + win.view(-1, 1)  # (B,2,P,1): window pixels, y then x
+        ok = (q >= 0) & (q < hw)
+        py, px = q[:, 0], q[:, 1].transpose(1, 2)  # (B,P,1), (B,1,P)
+        inside = ok[:, 0] & ok[:, 1].transpose(1, 2)
+        alpha = alpha[:, 0] * inside * _f32(params["visible"]).reshape(b, 1, 1)
         # Scatter the window into full-size canvases; out-of-image pixels go to a spare slot at index H*W.
-        idx = torch.where(inside, py * w + px, torch.full_like(py * px, h * w)).long().reshape(b, -1)
-        acan = images.new_zeros(b, h * w + 1).scatter_(1, idx, alpha.reshape(b, -1).to(images.dtype))
+        idx = torch.where(inside, py * w + px, h * w).long().view(b, 1, -1)
+        acan = images.new_zeros(b, 1, h * w + 1).scatter_(2, idx, _as(alpha.view(b, 1, -1), images.dtype))
         ccan = images.new_zeros(b, c, h * w + 1).scatter_(
-            2, idx[:, None].expand(b, c, -1), colour.reshape(b, c, -1).to(images.dtype)
+            2, idx.expand(b, c, -1), _as(colour.view(b, c, -1), images.dtype)
         )
-        a = acan[:, : h * w].view(b, 1, h, w) * fov_mask_shared(images)
+        a = acan[..., : h * w].view(b, 1, h, w) * fov_mask_shared(images)
         if masks is not None:
             a = a * (masks[:, None] == 0)
-        return torch.lerp(images, ccan[:, :, : h * w].view(b, c, h, w), a)
+        return torch.lerp(images, ccan[..., : h * w].view(b, c, h, w), a)
 
     def _apply_np(self, image, mask, params):
         h, w = image.shape[:2]
@@ -259,6 +264,27 @@ class PastedObject(PlacedSampling, Perturbation):
         reg += alpha[:, :, None] * (colour - reg)
         out[y0:y1, x0:x1] = np.clip(np.rint(reg), 0, 255) if image.dtype == np.uint8 else np.clip(reg, 0, 1)
         return out
+
+
+_HW: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _hw_on(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """(1,2,1,1) float32 ``[h, w]`` on ``device``, made once (a constant built per call costs ops)."""
+    key = (h, w, device)
+    if key not in _HW:
+        _HW[key] = torch.tensor([h, w], dtype=torch.float32, device=device).view(1, 2, 1, 1)
+    return _HW[key]
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """``t.float()`` without the op when it is float32 already."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the op when it has that dtype already."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _bilinear_zero(img: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
