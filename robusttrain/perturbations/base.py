@@ -423,6 +423,17 @@ def image_to_batch(image: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(to_float01(image))).permute(2, 0, 1)[None].contiguous()
 
 
+def f32(t: torch.Tensor) -> torch.Tensor:
+    """``t.float()`` without the op when ``t`` is float32 already (a no-op cast still costs an op: a launch on
+    an accelerator)."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the op when ``t`` has that dtype already."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def params_to(params: Params, device: torch.device) -> Params:
     """Move params to ``device`` (non-blocking; a no-op when already there)."""
     return {k: (v if v.device == device else v.to(device, non_blocking=True)) for k, v in params.items()}

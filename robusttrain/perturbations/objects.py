@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Perturbation, TorchRandom, rel_to_px, short_side, supersampling
+from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, short_side, supersampling
 from .border import fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
@@ -190,14 +190,14 @@ class PastedObject(PlacedSampling, Perturbation):
         dev = images.device
         off, win = window_offsets(half, n, dev)
         hw = _hw_on(h, w, dev)  # (1,2,1,1) float32 [h, w]
-        cyx = (_f32(params["center_rel"]).reshape(b, 2, 1, 1) * hw) - 0.5  # rel_to_px per axis, (B,2,1,1)
+        cyx = (f32(params["center_rel"]).reshape(b, 2, 1, 1) * hw) - 0.5  # rel_to_px per axis, (B,2,1,1)
         r = torch.round(cyx)
         d = (r + off.view(-1, 1)) - cyx  # (B,2,P*n,1): sample offsets from the centre, y then x
         u, v = self._rotated(
             d[:, 0],
             d[:, 1].transpose(1, 2),
-            _f32(params["size_rel"]).reshape(b, 1, 1) * short_side(h, w),
-            _f32(params["angle"]).reshape(b, 1, 1),
+            f32(params["size_rel"]).reshape(b, 1, 1) * short_side(h, w),
+            f32(params["angle"]).reshape(b, 1, 1),
             params["flip"].reshape(b, 1, 1),
             torch,
         )
@@ -208,7 +208,7 @@ class PastedObject(PlacedSampling, Perturbation):
             align_corners=True,
         )
         alpha = rgba[:, 3:]
-        prem = (rgba[:, :3] * _f32(params["gain"]).reshape(b, 1, 1, 1)).clamp(0, 1) * alpha
+        prem = (rgba[:, :3] * f32(params["gain"]).reshape(b, 1, 1, 1)).clamp(0, 1) * alpha
         if n > 1:  # area-average the sub-pixel samples (colour premultiplied by alpha)
             alpha, prem = F.avg_pool2d(alpha, n), F.avg_pool2d(prem, n)
         colour = prem / alpha.clamp_min(1e-6)
@@ -216,12 +216,12 @@ class PastedObject(PlacedSampling, Perturbation):
         ok = (q >= 0) & (q < hw)
         py, px = q[:, 0], q[:, 1].transpose(1, 2)  # (B,P,1), (B,1,P)
         inside = ok[:, 0] & ok[:, 1].transpose(1, 2)
-        alpha = alpha[:, 0] * inside * _f32(params["visible"]).reshape(b, 1, 1)
+        alpha = alpha[:, 0] * inside * f32(params["visible"]).reshape(b, 1, 1)
         # Scatter the window into full-size canvases; out-of-image pixels go to a spare slot at index H*W.
         idx = torch.where(inside, py * w + px, h * w).long().view(b, 1, -1)
-        acan = images.new_zeros(b, 1, h * w + 1).scatter_(2, idx, _as(alpha.view(b, 1, -1), images.dtype))
+        acan = images.new_zeros(b, 1, h * w + 1).scatter_(2, idx, cast(alpha.view(b, 1, -1), images.dtype))
         ccan = images.new_zeros(b, c, h * w + 1).scatter_(
-            2, idx.expand(b, c, -1), _as(colour.view(b, c, -1), images.dtype)
+            2, idx.expand(b, c, -1), cast(colour.view(b, c, -1), images.dtype)
         )
         a = acan[..., : h * w].view(b, 1, h, w) * fov_mask_shared(images)
         if masks is not None:
@@ -275,16 +275,6 @@ def _hw_on(h: int, w: int, device: torch.device) -> torch.Tensor:
     if key not in _HW:
         _HW[key] = torch.tensor([h, w], dtype=torch.float32, device=device).view(1, 2, 1, 1)
     return _HW[key]
-
-
-def _f32(t: torch.Tensor) -> torch.Tensor:
-    """``t.float()`` without the op when it is float32 already."""
-    return t if t.dtype == torch.float32 else t.float()
-
-
-def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t.to(dtype)`` without the op when it has that dtype already."""
-    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _bilinear_zero(img: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 import torch
 
-from .base import Perturbation, TorchRandom, rel_to_px, short_side, supersampling
+from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, short_side, supersampling
 from .placement import (
     PlacedSampling,
     cell_index,
@@ -47,14 +47,30 @@ SUPERSAMPLE = 2
 
 def _alpha(py, px, cy, cx, a, b, ang, strength, xp):
     """Opacity of one spot at pixel coordinates (py, px); same float32 formula on both paths."""
-    u, v = px - cx, py - cy
+    return _alpha_at(px - cx, py - cy, a + 1e-3, b + 1e-3, ang, strength, xp)
+
+
+def _alpha_at(u, v, a_eps, b_eps, ang, strength, xp):
+    """:func:`_alpha` at offsets (u, v) = (x, y) from the spot's centre, semi-axes plus 1e-3 given."""
     c, s = xp.cos(ang), xp.sin(ang)
     xr, yr = u * c + v * s, v * c - u * s
-    d = xp.sqrt((xr / (a + 1e-3)) ** 2 + (yr / (b + 1e-3)) ** 2)
+    d = xp.sqrt((xr / a_eps) ** 2 + (yr / b_eps) ** 2)
     e = (d - CORE) / EDGE
     e = e * (e > 0)
     g = (xp.exp(-0.5 * e * e) - _G_REACH) / (1 - _G_REACH)
     return strength * g * (g > 0)
+
+
+_AXES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _axis_consts(h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 ``[h, w]`` (2,), ``[h - 1, w - 1]`` (2,1) and ``[w, 1]`` (2,1) on ``device``, made once."""
+    key = (h, w, device)
+    if key not in _AXES:
+        t = torch.tensor([[h, w], [h - 1, w - 1], [w, 1]], dtype=torch.float32, device=device)
+        _AXES[key] = (t[0], t[1, :, None], t[2, :, None])
+    return _AXES[key]
 
 
 class Specularity(PlacedSampling, Perturbation):
@@ -195,36 +211,37 @@ class Specularity(PlacedSampling, Perturbation):
         return math.ceil(REACH * self.LAMBDA[self.severity] * short_side(h, w)) + 1
 
     def _apply_torch(self, images, masks, params):
+        # The float32 operations of ``_alpha``, element for element; the y and x axes go through each step
+        # together ((B,S,2,...) tensors) and each reshape is one view: on an accelerator each op is a launch.
         b, c, h, w = images.shape
         half, n, side = self._window(h, w), supersampling(h, w, cap=SUPERSAMPLE), short_side(h, w)
         p = 2 * half + 1
-        off, win = window_offsets(half, n, images.device)
-        cy = rel_to_px(params["center_rel"][..., 0].float(), h)
-        cx = rel_to_px(params["center_rel"][..., 1].float(), w)
-        ry, rx = torch.round(cy), torch.round(cx)
-        py = ry[..., None, None] + off[:, None]  # (B,S,P*n,1)
-        px = rx[..., None, None] + off[None, :]  # (B,S,1,P*n)
-        e = lambda t: t.float()[..., None, None]  # noqa: E731
-        ax = params["axes_rel"].float() * side
-        alpha = _alpha(
-            py,
-            px,
-            e(cy),
-            e(cx),
-            e(ax[..., 0]),
-            e(ax[..., 1]),
-            e(params["angle"]),
-            e(params["strength"]),
+        dev = images.device
+        off, win = window_offsets(half, n, dev)
+        hw, top, scale = _axis_consts(h, w, dev)  # (2,) [h, w]; (2,1) [h-1, w-1]; (2,1) [w, 1]
+        ns = params["strength"].shape[1]
+        cyx = f32(params["center_rel"]) * hw - 0.5  # rel_to_px per axis, (B,S,2)
+        r = torch.round(cyx)[..., None]  # (B,S,2,1)
+        d = (r + off) - cyx[..., None]  # (B,S,2,P*n): sample offsets from the centre, y then x
+        ax = (f32(params["axes_rel"]) * side + 1e-3)[..., None, None]  # (B,S,2,1,1)
+        alpha = _alpha_at(
+            d[..., 1, None, :],  # (B,S,1,P*n)
+            d[..., 0, :, None],  # (B,S,P*n,1)
+            ax[..., 0, :, :],
+            ax[..., 1, :, :],
+            f32(params["angle"]).reshape(b, ns, 1, 1),
+            f32(params["strength"]).reshape(b, ns, 1, 1),
             torch,
         )
         if n > 1:
             alpha = alpha.reshape(b, -1, p, n, p, n).mean((3, 5))
-        py, px = ry[..., None, None] + win[:, None], rx[..., None, None] + win[None, :]
-        inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
-        alpha = alpha * inside
-        idx = (py.clamp(0, h - 1) * w + px.clamp(0, w - 1)).long().expand_as(alpha)
+        q = r + win  # (B,S,2,P): window pixels, y then x
+        ok = (q >= 0) & (q < hw[:, None])
+        alpha = alpha * (ok[..., 0, :, None] & ok[..., 1, None, :])
+        lin = torch.minimum(q.clamp_min(0), top) * scale  # clamped row offsets (y * w) and columns (x)
+        idx = (lin[..., 0, :, None] + lin[..., 1, None, :]).long().expand_as(alpha)
         canvas = images.new_zeros(b, h * w)
-        canvas.scatter_reduce_(1, idx.reshape(b, -1), alpha.reshape(b, -1).to(images.dtype), reduce="amax")
+        canvas.scatter_reduce_(1, idx.reshape(b, -1), cast(alpha.reshape(b, -1), images.dtype), reduce="amax")
         canvas = canvas.view(b, 1, h, w)
         if masks is not None:
             canvas = canvas * (masks[:, None] == 0)
