@@ -321,6 +321,8 @@ class TorchRandom:
     def __init__(self, generator: torch.Generator | None):
         self.g = generator
         self.device = generator.device if generator is not None else torch.device("cpu")
+        # (id of a range table, id of a severity tensor) -> (the tensor, its rows' lo, span): see _rows_of
+        self._rows_memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def uniform(self, lo: float, hi: float, shape: tuple[int, ...]) -> torch.Tensor:
         u = torch.rand(shape, generator=self.g, device=self.device)
@@ -341,16 +343,32 @@ class TorchRandom:
         """:meth:`uniform` with row i drawn in ``ranges[sev[i]]``: the same values as ``uniform(lo, hi, shape)``
         from the same stream when every row has that severity (``lo`` and ``hi - lo`` are rounded to float32
         as the scalar draw rounds them)."""
-        lo, span = _range_table(ranges)
         u = torch.rand(shape, generator=self.g, device=self.device)
-        at = sev - 1
-        if self.device != at.device:
-            lo, span, at = lo.to(self.device), span.to(self.device), at.to(self.device)
-        lo, span = lo[at], span[at]
+        lo, span = self._rows_of(ranges, sev)
         if len(shape) > 1:
             view = (-1,) + (1,) * (len(shape) - 1)
             lo, span = lo.view(view), span.view(view)
         return lo + span * u
+
+    def _rows_of(
+        self, ranges: Mapping[int, tuple[float, float]], sev: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``lo`` and ``hi - lo`` of ``ranges``, gathered once per table and severity tensor for
+        this random source (a family that draws several params from one table gathers its rows once; the
+        tables are indexed by the severity itself: no ``sev - 1``)."""
+        table = _range_table(ranges)
+        memo = self._rows_memo
+        key = (id(table), id(sev))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is sev:
+            return hit[1], hit[2]
+        lo, span = table
+        at = sev
+        if self.device != at.device:
+            lo, span, at = lo.to(self.device), span.to(self.device), at.to(self.device)
+        rows = lo[at], span[at]
+        memo[key] = (sev, *rows)  # the severities held: their id cannot be reused meanwhile
+        return rows
 
     def integers_upto(self, sev: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """Integers in [0, sev[i]] per row: ``integers(0, s + 1, shape)`` (the same stream) when every row has
@@ -441,13 +459,14 @@ def params_to(params: Params, device: torch.device) -> Params:
 
 @functools.cache
 def _range_table_cached(items: tuple[tuple[int, float, float], ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    lo = torch.tensor([a for _, a, _ in items], dtype=torch.float32)
-    span = torch.tensor([b - a for _, a, b in items], dtype=torch.float32)  # hi - lo in double, then float32
+    # entry 0 is unused: the tables are indexed by the severity itself
+    lo = torch.tensor([0.0] + [a for _, a, _ in items], dtype=torch.float32)
+    span = torch.tensor([0.0] + [b - a for _, a, b in items], dtype=torch.float32)  # hi - lo in double, then float32
     return lo, span
 
 
 def _range_table(ranges: Mapping[int, tuple[float, float]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(5,) float32 ``lo`` and ``hi - lo`` per severity 1..5 (cached per table)."""
+    """(6,) float32 ``lo`` and ``hi - lo`` at index 1..5 = the severity (cached per table)."""
     return _range_table_cached(tuple((s, float(ranges[s][0]), float(ranges[s][1])) for s in SEVERITIES))
 
 

@@ -106,7 +106,7 @@ class SharedMaps:
     def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(images[rows], masks[rows])``, remembered as those rows (the tensors are held, so their address
         cannot be reused while the context is open)."""
-        rows = rows.to(self.images.device)
+        rows = rows if rows.device == self.images.device else rows.to(self.images.device)
         x = self.images[rows]
         m = None if self.masks is None else self.masks[rows]
         self.views[_tensor_key(x)] = (x, m, rows)
@@ -119,7 +119,7 @@ class SharedMaps:
         view = self.views.get(_tensor_key(images))
         if view is None:
             return None
-        x, m = self.take(view[2][rows.to(view[2].device)])
+        x, m = self.take(view[2][rows if rows.device == view[2].device else rows.to(view[2].device)])
         return x, (None if masks is None else m)
 
     def lookup(self, images: torch.Tensor, masks: torch.Tensor | None):
