@@ -109,7 +109,21 @@ def _severities(severities: Any, b: int, name: str) -> tuple[torch.Tensor, list[
         raise ValueError(
             f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
         )
+    _LAST_SEVERITIES[:] = [(sev, values)]
     return sev, values
+
+
+# The last severity tensor read by _severities and its host values (the tensor held, so its identity is
+# its own while it is here): a family's sampler that needs the values on the host gets them without ops.
+_LAST_SEVERITIES: list[tuple[torch.Tensor, list[int]]] = []
+
+
+def severity_values(sev: torch.Tensor) -> list[int]:
+    """``sev.tolist()`` for a CPU severity tensor, without the read (two ops) when it is the one the current
+    family call checked."""
+    if _LAST_SEVERITIES and _LAST_SEVERITIES[0][0] is sev:
+        return list(_LAST_SEVERITIES[0][1])
+    return sev.tolist()
 
 
 def severity_groups(sev: torch.Tensor | list[int]) -> list[tuple[int, torch.Tensor]]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, short_side, supersampling
+from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, severity_values, short_side, supersampling
 from .border import fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
@@ -134,7 +134,7 @@ class PastedObject(PlacedSampling, Perturbation):
             rc = math.ceil(0.35 * self.SIZE_FRAC[self.severity][1] * side / k)
             ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
         else:  # each row eroded by its own severity's margin, the whole batch at once
-            ok = erode_cells_rows(free, [math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k) for s in sev.tolist()])
+            ok = erode_cells_rows(free, [math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k) for s in severity_values(sev)])
         # Cells with room for the whole object first; when a large object finds none (a big lesion, a
         # small field of view), any free cell (it is then partly cut at the border / lesion).
         score = ok * 1.0 + free * 1e-6
@@ -150,15 +150,15 @@ class PastedObject(PlacedSampling, Perturbation):
             vis = gather_cells_np(free, y[:, None], x[:, None], k)[:, 0]
             near = gather_cells_np(luma, y[:, None], x[:, None], k)[:, 0]
         idx = dev(r.integers(0, len(self.bank), (b,)))
-        f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
+        tf = f32 if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
         return {
             "index": idx,
-            "center_rel": f32(xp.stack([y / h, x / w], 1)),
-            "size_rel": f32(size / side),
-            "angle": f32(dev(r.uniform(0, 2 * math.pi, (b,)))),
+            "center_rel": tf(xp.stack([y / h, x / w], 1)),
+            "size_rel": tf(size / side),
+            "angle": tf(dev(r.uniform(0, 2 * math.pi, (b,)))),
             "flip": dev(r.integers(0, 2, (b,))),
-            "gain": f32(self._gain(near, idx, xp, device)),
-            "visible": f32(vis),
+            "gain": tf(self._gain(near, idx, xp, device)),
+            "visible": tf(vis),
         }
 
     # -- rendering ----------------------------------------------------------------------------
@@ -320,7 +320,10 @@ class Instrument(PastedObject):
         gather = gather_cells if th else gather_cells_np
         b, side, nc = luma.shape[0], short_side(h, w), self.CANDIDATES
         size = self._size(r, b, side, dev, sev)
-        j = torch.arange(nc, device=device, dtype=torch.float32) if th else np.arange(nc, dtype=np.float32)
+        if th:  # the candidates, ray steps and shaft fractions: constants made once per device
+            j, steps, fr = self._ray_consts(h, w, luma.device)
+        else:
+            j = np.arange(nc, dtype=np.float32)
         theta = dev(r.uniform(0, 2 * math.pi, (b, 1))) + j[None] * (
             2 * math.pi / nc
         )  # (B,C) entry directions
@@ -329,11 +332,8 @@ class Instrument(PastedObject):
         flip = dev(r.integers(0, 2, (b,)))
         # March each ray from the centre; the entry point is the farthest ray point inside the view.
         cy0, cx0 = h / 2, w / 2
-        steps = (
-            torch.arange(1, self.STEPS + 1, device=device).float()
-            if th
-            else np.arange(1, self.STEPS + 1, dtype=np.float32)
-        ) * (0.5 * math.hypot(h, w) / self.STEPS)
+        if not th:
+            steps = np.arange(1, self.STEPS + 1, dtype=np.float32) * (0.5 * math.hypot(h, w) / self.STEPS)
         sy, sx = xp.sin(theta)[..., None], xp.cos(theta)[..., None]
         py, px = cy0 + steps * sy, cx0 + steps * sx  # (B,C,T)
         inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
@@ -342,37 +342,48 @@ class Instrument(PastedObject):
         ey, ex = cy0 + t_edge * sy[..., 0], cx0 + t_edge * sx[..., 0]
         dy, dx = xp.sin(inward), xp.cos(inward)
         # The shaft (entry point to ~60 % of the cut-out inwards) must stay off the lesion.
-        fr = (
-            torch.linspace(0.05, 0.6, 8, device=device)
-            if th
-            else np.linspace(0.05, 0.6, 8).astype(np.float32)
-        )
+        if not th:
+            fr = np.linspace(0.05, 0.6, 8).astype(np.float32)
         along = size[:, None, None] * fr  # (B,1,8)
         qy, qx = ey[..., None] + dy[..., None] * along, ex[..., None] + dx[..., None] * along
         okf = gather(free, qy.reshape(b, -1), qx.reshape(b, -1), k).reshape(qy.shape)
         okf = okf.float().mean(-1) if th else okf.astype(np.float32).mean(-1)  # (B,C)
         score = (okf >= 1) * (2.0 * nc) + okf * nc - j[None]  # first fully free candidate, else the freest
         pick = score.argmax(1)
-        take = (
-            (lambda a: a.gather(1, pick[:, None])[:, 0])
-            if th
-            else (lambda a: np.take_along_axis(a, pick[:, None], 1)[:, 0])
-        )  # noqa: E731
-        ey, ex, dy, dx, ang, ok = take(ey), take(ex), take(dy), take(dx), take(inward), take(okf)
+        if th:  # the picked candidate's six values in one gather
+            both = torch.stack([ey, ex, dy, dx, inward, okf], 1)  # (B,6,C)
+            ey, ex, dy, dx, ang, ok = both.gather(2, pick.view(b, 1, 1).expand(b, 6, 1)).view(b, 6).unbind(1)
+        else:
+            take = lambda a: np.take_along_axis(a, pick[:, None], 1)[:, 0]  # noqa: E731
+            ey, ex, dy, dx, ang, ok = take(ey), take(ex), take(dy), take(dx), take(inward), take(okf)
         base = self.OVERHANG * size
         cy, cx = ey - dy * base + dy * size / 2, ex - dx * base + dx * size / 2
         my, mx = ey + dy * 0.35 * size, ex + dx * 0.35 * size  # mid-shaft: brightness reference
         near = gather(luma, my[:, None], mx[:, None], k)[:, 0]
-        f32 = (lambda t: t.float()) if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
+        tf = f32 if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
         return {
             "index": idx,
-            "center_rel": f32(xp.stack([cy / h, cx / w], 1)),
-            "size_rel": f32(size / side),
-            "angle": f32(ang),
+            "center_rel": tf(xp.stack([cy / h, cx / w], 1)),
+            "size_rel": tf(size / side),
+            "angle": tf(ang),
             "flip": flip,
-            "gain": f32(self._gain(near, idx, xp, device)),
-            "visible": f32(ok >= 0.5),
+            "gain": tf(self._gain(near, idx, xp, device)),
+            "visible": tf(ok >= 0.5),
         }
+
+    def _ray_consts(self, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(C,) candidate numbers, (T,) ray steps in px and (8,) shaft fractions as float32 on ``device``, made
+        once per image size and device (the same values the per-call arange / linspace gave)."""
+        key = (h, w, device)
+        cache = self.__dict__.setdefault("_rays_on", {})
+        if key not in cache:
+            steps = torch.arange(1, self.STEPS + 1, device=device).float() * (0.5 * math.hypot(h, w) / self.STEPS)
+            cache[key] = (
+                torch.arange(self.CANDIDATES, device=device, dtype=torch.float32),
+                steps,
+                torch.linspace(0.05, 0.6, 8, device=device),
+            )
+        return cache[key]
 
 
 class Feces(PastedObject):

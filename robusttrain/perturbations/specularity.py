@@ -21,7 +21,7 @@ import math
 import numpy as np
 import torch
 
-from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, short_side, supersampling
+from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, severity_values, short_side, supersampling
 from .placement import (
     PlacedSampling,
     cell_index,
@@ -96,7 +96,7 @@ class Specularity(PlacedSampling, Perturbation):
     def _sample_at(self, images, masks, sev, generator):
         # Mixed severities in one call: spot arrays padded to the largest count present (unused spots have
         # strength 0), per-row size scale and margin. One severity: exactly the per-severity sampler.
-        rows = sev.tolist()
+        rows = severity_values(sev)
         if len(set(rows)) == 1:
             return self.at_severity(rows[0])._sample_torch(images, masks, generator)
         luma, free, k = maps_torch(images, masks)
@@ -160,10 +160,10 @@ class Specularity(PlacedSampling, Perturbation):
         strength = gray * dev(r.uniform(0.85, 1.0, (b, hi))) * valid
         # y, x are continuous coordinates (cells span [i*k, (i+1)*k)), so y / h is already relative
         return {
-            "center_rel": torch.stack([y / h, x / w], -1).float(),
-            "axes_rel": (torch.stack([a, bb], -1) / side).float(),
-            "angle": ang.float(),
-            "strength": strength.float(),
+            "center_rel": f32(torch.stack([y / h, x / w], -1)),
+            "axes_rel": f32(torch.stack([a, bb], -1) / side),
+            "angle": f32(ang),
+            "strength": f32(strength),
         }
 
     def _place_np(self, luma, free, k, h, w, r) -> dict:
