@@ -525,6 +525,10 @@ class Perturbation:
     # The param keys of this family, when fixed: replaying params with other keys (e.g. pixel-unit
     # params recorded by an older version) is refused with one clear error instead of misread.
     PARAM_KEYS: tuple[str, ...] | None = None
+    # Families whose ``_apply_torch`` is one shared renderer over per-row params name it here (the pasted
+    # objects): a caller applying several of them to one batch may render them in one call with
+    # :meth:`render_together` (the same pixels as one call per family: fewer launches on an accelerator).
+    render_group: str | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any):
         # Record the constructor arguments (defaults filled in) before __init__ runs, so any family can be
@@ -695,6 +699,15 @@ class Perturbation:
         self, image: np.ndarray, mask: np.ndarray | None, params: dict[str, np.ndarray]
     ) -> np.ndarray:
         raise NotImplementedError
+
+    @classmethod
+    def render_together(
+        cls, images: torch.Tensor, masks: torch.Tensor | None, parts: list[tuple[Perturbation, Params, int]]
+    ) -> torch.Tensor:
+        """Apply several families of one :attr:`render_group` to consecutive rows of ``images`` in one call:
+        ``parts`` are (family at the severity its call applies at, its params, its number of rows), in row
+        order; the result equals each part's ``_apply_torch`` on its rows."""
+        raise NotImplementedError(f"{cls.__name__}: no shared renderer (render_group is None)")
 
     # -- one call per family: rows with their own severities --------------------------------
     def at_severity(self, severity: int) -> Perturbation:

@@ -25,7 +25,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, severity_values, short_side, supersampling
+from .base import (
+    Params,
+    Perturbation,
+    TorchRandom,
+    cast,
+    f32,
+    params_to,
+    rel_to_px,
+    severity_values,
+    short_side,
+    supersampling,
+)
 from .border import fov_mask_np
 from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
@@ -61,6 +72,7 @@ class PastedObject(PlacedSampling, Perturbation):
 
     kind = "instrument"
     occludes = True  # an opaque object over the tissue
+    render_group = "pasted_object"  # instrument, feces and blood: one renderer (see render_together)
     SIZE_FRAC = {1: (0.12, 0.18), 2: (0.18, 0.25), 3: (0.25, 0.32), 4: (0.32, 0.40), 5: (0.40, 0.50)}
     PARAM_KEYS = ("index", "center_rel", "size_rel", "angle", "flip", "gain", "visible")
 
@@ -182,11 +194,51 @@ class PastedObject(PlacedSampling, Perturbation):
         return u, v
 
     def _apply_torch(self, images, masks, params):
+        h, w = images.shape[-2:]
+        return self._render(images, masks, params, self._bank(images.device), self._half(h, w), None)
+
+    @classmethod
+    def render_together(
+        cls, images: torch.Tensor, masks: torch.Tensor | None, parts: list[tuple[Perturbation, Params, int]]
+    ) -> torch.Tensor:
+        """Several pasted-object families applied to consecutive rows of ``images`` in one render: ``parts``
+        are (family at the severity its call applies at, its params, its row count), in row order. The same
+        pixels as one ``_apply_torch`` per part: the window is the largest part's, and each row's alpha is
+        cut to its own family's window (outside it the own window's render leaves the image as it is).
+        """
+        ops = [op for op, _, _ in parts]
+        if not all(isinstance(op, PastedObject) for op in ops):
+            raise TypeError(f"render_together: pasted-object families only, got {[type(op).__name__ for op in ops]}")
+        if len(parts) == 1:
+            return ops[0]._apply_torch(images, masks, params_to(parts[0][1], images.device))
+        h, w = images.shape[-2:]
+        dev = images.device
+        halves = [op._half(h, w) for op in ops]  # type: ignore[attr-defined]
+        counts = [cnt for _, _, cnt in parts]
+        bank, starts = _joined_banks(ops, dev)  # type: ignore[arg-type]
+        params = {k: torch.cat([params_to(p, dev)[k] for _, p, _ in parts]) for k in parts[0][1]}
+        per_row = np.repeat(np.asarray([starts, halves], np.int64), counts, axis=1)  # (2, B): bank offset, half
+        rows = torch.from_numpy(per_row).to(dev) if dev.type != "cpu" else torch.from_numpy(per_row)
+        params["index"] = params["index"] + rows[0]
+        own = None if len(set(halves)) == 1 else rows[1].view(-1, 1, 1, 1)
+        return ops[0]._render(images, masks, params, bank, max(halves), own)  # type: ignore[attr-defined]
+
+    def _render(
+        self,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        params: Params,
+        bank: torch.Tensor,
+        half: int,
+        own_half: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The render of :meth:`_apply_torch` with cut-outs ``bank`` and window ``half``; ``own_half`` (B,1,1,1)
+        long: each row's own window half (pixels beyond it are left as they are), None: all ``half``."""
         # The same float32 operations, element for element, as the per-axis formula of ``_apply_np``; the y and
         # x axes go through each step together ((B,2,...) tensors) and every reshape is one view: on an
         # accelerator each op is a launch.
         b, c, h, w = images.shape
-        half, n = self._half(h, w), supersampling(h, w, cap=SUPERSAMPLE)
+        n = supersampling(h, w, cap=SUPERSAMPLE)
         dev = images.device
         off, win = window_offsets(half, n, dev)
         hw = _hw_on(h, w, dev)  # (1,2,1,1) float32 [h, w]
@@ -202,7 +254,7 @@ class PastedObject(PlacedSampling, Perturbation):
             torch,
         )
         grid = torch.stack([u, v], -1) / (SIZE - 1) * 2 - 1  # (B,P*n,P*n,2)
-        src = self._bank(dev)[params["index"]]
+        src = bank[params["index"]]
         rgba = F.grid_sample(
             src, grid if grid.dtype == src.dtype else grid.to(src.dtype), mode="bilinear", padding_mode="zeros",
             align_corners=True,
@@ -214,6 +266,8 @@ class PastedObject(PlacedSampling, Perturbation):
         colour = prem / alpha.clamp_min(1e-6)
         q = r + win.view(-1, 1)  # (B,2,P,1): window pixels, y then x
         ok = (q >= 0) & (q < hw)
+        if own_half is not None:  # each row's own window: |offset| <= its half, on both axes
+            ok = ok & (win.abs().view(-1, 1) <= own_half)
         py, px = q[:, 0], q[:, 1].transpose(1, 2)  # (B,P,1), (B,1,P)
         inside = ok[:, 0] & ok[:, 1].transpose(1, 2)
         alpha = alpha[:, 0] * inside * f32(params["visible"]).reshape(b, 1, 1)
@@ -264,6 +318,21 @@ class PastedObject(PlacedSampling, Perturbation):
         reg += alpha[:, :, None] * (colour - reg)
         out[y0:y1, x0:x1] = np.clip(np.rint(reg), 0, 255) if image.dtype == np.uint8 else np.clip(reg, 0, 1)
         return out
+
+
+_JOINED: dict[tuple[int, ...], tuple[list[np.ndarray], torch.Tensor, list[int]]] = {}
+
+
+def _joined_banks(ops: list[PastedObject], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """The cut-out banks of ``ops`` as one (N,4,S,S) tensor on ``device`` and each op's first index in it,
+    made once per combination (the banks are held, so their ids stay theirs)."""
+    key = tuple(id(op.bank) for op in ops) + (hash(device),)
+    hit = _JOINED.get(key)
+    if hit is None or any(a is not op.bank for a, op in zip(hit[0], ops)):
+        starts = np.cumsum([0] + [len(op.bank) for op in ops[:-1]]).tolist()
+        joined = torch.cat([op._bank(device) for op in ops])
+        hit = _JOINED[key] = ([op.bank for op in ops], joined, starts)
+    return hit[1], hit[2]
 
 
 _HW: dict[tuple[int, int, torch.device], torch.Tensor] = {}

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import get, occluding
-from robusttrain.perturbations.base import FamilyParams
+from robusttrain.perturbations.base import FamilyParams, all_rows
 from robusttrain.perturbations.placement import SharedMaps
 
 from .chains import LABEL as CHAIN_LABEL
@@ -416,6 +416,15 @@ class WorstOfK:
             _check_range(src)
         outs, order = [], []
         shared = SharedMaps(src, src_m) if src.ndim == 4 else None  # one field-of-view step per call
+        ops = {fam: self._op(fam, self.caps[fam]) for fam in members}
+        # families that share a renderer (the pasted objects) and are drawn together: sampled in turn (the
+        # generator's order is unchanged: rendering draws nothing), rendered in one call after the others
+        by_group: dict[str, list[str]] = {}
+        for fam, op in ops.items():
+            if shared is not None and op.render_group is not None and op.batched_severities():
+                by_group.setdefault(op.render_group, []).append(fam)
+        together = {fam for fams in by_group.values() if len(fams) > 1 for fam in fams}
+        deferred: dict[str, list[tuple[Any, list[int], Any]]] = {}
         with shared if shared is not None else contextlib.nullcontext():
             for fam, flat in members.items():
                 rows_list = [f // k for f in flat]
@@ -424,17 +433,31 @@ class WorstOfK:
                 else:
                     rows = torch.from_numpy(np.asarray(rows_list, dtype=np.int64))
                     x, m = shared.take(rows) if shared is not None else _take(src, src_m, rows)
-                op = self._op(fam, self.caps[fam])
+                op = ops[fam]
                 fam_sev = [flat_sev[f] for f in flat]
+                top = max(fam_sev) if op.batched_severities() else None
+                for f, s in zip(flat, fam_sev):
+                    applied[f // k][f % k] = top if top is not None else int(s)
+                if fam in together:
+                    groups = op.sample_family(x, m, np.asarray(fam_sev, dtype=np.int64), g)
+                    deferred.setdefault(op.render_group, []).append((op.at_severity(top), flat, groups))
+                    parts.append((flat, groups))
+                    continue
                 out, groups = _apply_family(
                     op, x, m, np.asarray(fam_sev, dtype=np.int64), None, self.slice_axis, g, checked=True
                 )
                 outs.append(out)
                 order.extend(flat)
                 parts.append((flat, groups))
-                top = max(fam_sev) if op.batched_severities() else None
-                for f, s in zip(flat, fam_sev):
-                    applied[f // k][f % k] = top if top is not None else int(s)
+            for items in deferred.values():
+                flat_all = [f for _, flat, _ in items for f in flat]
+                assert shared is not None
+                x, m = shared.take(torch.from_numpy(np.asarray([f // k for f in flat_all], dtype=np.int64)))
+                out = type(items[0][0]).render_together(
+                    x, m, [(op, _row_ordered(groups, len(flat)), len(flat)) for op, flat, groups in items]
+                )
+                outs.append(out if out.dtype == src.dtype else out.to(src.dtype))
+                order.extend(flat_all)
         params = LazyParams(n, k, parts)
         if not outs:
             return src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1))), params, applied
@@ -600,7 +623,9 @@ def _apply_family(
 
 def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
     """The params of ``n`` rows as one dict in row order (from ``apply_family``'s groups)."""
-    if len(groups) == 1 and groups[0][0].numel() == n and bool((groups[0][0] == torch.arange(n)).all()):
+    if len(groups) == 1 and groups[0][0].numel() == n and (
+        groups[0][0] is all_rows(n) or bool((groups[0][0] == torch.arange(n)).all())
+    ):
         return dict(groups[0][1])
     order = torch.cat([rows for rows, _ in groups]).argsort()
     return {k: torch.cat([p[k] for _, p in groups])[order] for k in groups[0][1]}
