@@ -37,8 +37,26 @@ from .placement import (
 CORE, EDGE, REACH = 0.55, 0.30, 1.45
 _G_REACH = math.exp(-0.5 * ((REACH - CORE) / EDGE) ** 2)
 # A spot's probe points: its centre and the four corners of its bounding box, (y, x) steps of one reach
-_PROBE_Y = torch.tensor([0.0, -1.0, -1.0, 1.0, 1.0])[None, :, None]
-_PROBE_X = torch.tensor([0.0, -1.0, 1.0, -1.0, 1.0])[None, :, None]
+_PROBE_YX = [[0.0, 0.0], [-1.0, -1.0], [-1.0, 1.0], [1.0, -1.0], [1.0, 1.0]]
+_PROBES: dict[tuple[int, int, int, int, int, torch.device], dict[str, torch.Tensor]] = {}
+
+
+def _probe_consts(h: int, w: int, hc: int, wc: int, s: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The probe placement's constants on ``device`` (made once per image size, grid, spot count, device):
+    probe steps (1,5,1,2), last pixel and cell per axis, cell strides (y * wc + x), (1,S) spot numbers and
+    the image size (y, x)."""
+    key = (h, w, hc, wc, s, device)
+    if key not in _PROBES:
+        _PROBES[key] = {
+            "probe": torch.tensor(_PROBE_YX, device=device).view(1, 5, 1, 2),
+            "last_px": torch.tensor([h - 1, w - 1], dtype=torch.float32, device=device),
+            "zero": torch.zeros(2, dtype=torch.long, device=device),
+            "last_cell": torch.tensor([hc - 1, wc - 1], device=device),
+            "stride": torch.tensor([wc, 1], device=device),
+            "arange": torch.arange(s, device=device)[None],
+            "hw": torch.tensor([h, w], dtype=torch.float32, device=device),
+        }
+    return _PROBES[key]
 
 # Sub-pixel grid cap: 2 x 2 samples per pixel keep a 128-px image within 0.05 of the downsized 512-px
 # rendering (tests/test_perturbations_calibration.py) at a quarter of the cost of 4 x 4.
@@ -126,13 +144,14 @@ class Specularity(PlacedSampling, Perturbation):
         ok = erode_cells_rows(free, radii)
         score = ok * (0.15 + luma)
         cells = pick_cells(score, 3, r)
-        wc = luma.shape[-1]
-        cy, cx = (cells // wc + 0.5) * k, (cells % wc + 0.5) * k
+        hc, wc = luma.shape[-2:]
+        # y and x go through each step together: (..., 2) tensors, the same operations element for element
+        centres = (torch.stack([cells // wc, cells % wc], -1) + 0.5) * k  # (B,3,2) cluster centres
         n_cl = dev(r.integers(1, 4, (b,)))
         which = (dev(r.uniform(0, 1, (b, hi))) * n_cl[:, None]).clamp(0, 2).long()
         spread = 0.06 * side
-        y = cy.gather(1, which) + dev(r.normal((b, hi))) * spread
-        x = cx.gather(1, which) + dev(r.normal((b, hi))) * spread
+        noise = torch.stack([dev(r.normal((b, hi))), dev(r.normal((b, hi)))], -1)  # y's draw, then x's
+        yx = centres.gather(1, which[..., None].expand(b, hi, 2)) + noise * spread  # (B,S,2)
         # Mostly small spots with a few larger ones, as in real frames.
         if sev is None:
             lam: float | torch.Tensor = self.LAMBDA[self.severity] * side
@@ -148,19 +167,20 @@ class Specularity(PlacedSampling, Perturbation):
             lo_span = torch.from_numpy(np.asarray([[self.SPOTS[s][0] for s in rows], [self.SPOTS[s][1] - self.SPOTS[s][0] + 1 for s in rows]]))
             n = dev(lo_span[0] + (r.uniform(0, 1, (b,)) * lo_span[1]).long())
         # the centre and the corners of the spot's bounding box (plus a cell) must be inside and free
-        reach = (REACH * a + k)[:, None]
-        py = y[:, None] + dev(_PROBE_Y) * reach  # (B,5,S)
-        px = x[:, None] + dev(_PROBE_X) * reach
-        at = cell_index(py.view(b, -1), px.view(b, -1), k, luma.shape[1:])
-        on_free = free.reshape(b, -1).gather(1, at).view(b, 5, hi)
-        on_free = on_free & (py >= 0) & (py <= h - 1) & (px >= 0) & (px <= w - 1)
-        valid = (torch.arange(hi, device=luma.device)[None] < n[:, None]) & on_free.all(1)
+        c = _probe_consts(h, w, hc, wc, hi, luma.device)
+        reach = (REACH * a + k).view(b, 1, hi, 1)
+        pts = yx[:, None] + c["probe"] * reach  # (B,5,S,2)
+        inb = ((pts >= 0) & (pts <= c["last_px"])).all(-1)
+        # cell_index of every probe: (y / k, x / k) clamped to the grid, y * wc + x
+        at = (torch.clamp((pts / k).long(), c["zero"], c["last_cell"]) * c["stride"]).sum(-1).view(b, -1)
+        on_free = free.reshape(b, -1).gather(1, at).view(b, 5, hi) & inb
+        valid = (c["arange"] < n[:, None]) & on_free.all(1)
         near = luma.reshape(b, -1).gather(1, at[:, :hi])
         gray = (near / 0.45).clamp(0.35, 1.0)
         strength = gray * dev(r.uniform(0.85, 1.0, (b, hi))) * valid
         # y, x are continuous coordinates (cells span [i*k, (i+1)*k)), so y / h is already relative
         return {
-            "center_rel": f32(torch.stack([y / h, x / w], -1)),
+            "center_rel": f32(yx / c["hw"]),
             "axes_rel": f32(torch.stack([a, bb], -1) / side),
             "angle": f32(ang),
             "strength": f32(strength),
