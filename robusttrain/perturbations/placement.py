@@ -240,8 +240,8 @@ def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
     flat = score.reshape(b, -1)
     u = r.uniform(1e-6, 1.0, tuple(flat.shape))
     u = u if u.device == flat.device else u.to(flat.device)
-    gumbel = -torch.log(-torch.log(u))
-    keys = torch.log(flat.clamp_min(1e-12)) + gumbel
+    # log(score) + Gumbel noise, the noise -log(-log u) added as a subtraction (the same float: negation is exact)
+    keys = torch.log(flat.clamp_min(1e-12)) - torch.log(-torch.log(u))
     return keys.topk(n, dim=1).indices
 
 

@@ -383,10 +383,12 @@ class WorstOfK:
             if n
             else torch.zeros(0, dtype=torch.long)
         )
-        caps = torch.from_numpy(self._caps_np)
-        # the severities as (n, k) and on the host: family indices and severities are read once, as lists
-        sev = (torch.rand(n * k, generator=g) * caps[fam_idx]).long() + 1
-        fam_list, sev_list = fam_idx.tolist(), sev.tolist()
+        # the severities as (n, k) and on the host: family indices and uniforms are read once, as lists, and
+        # ``floor(u * cap) + 1`` is taken in float32 on the host (the same product as on a float32 tensor)
+        u = torch.rand(n * k, generator=g)
+        fam_list = fam_idx.tolist()
+        caps = self._caps_np[np.asarray(fam_list, dtype=np.int64)].astype(np.float32)
+        sev_list = ((np.asarray(u.tolist(), dtype=np.float32) * caps).astype(np.int64) + 1).tolist()
         families = [[self.families[j] for j in fam_list[i * k : (i + 1) * k]] for i in range(n)]
         severities = [sev_list[i * k : (i + 1) * k] for i in range(n)]
         cand, params, applied = self._draw_candidates(src, src_m, families, severities, g)
