@@ -42,7 +42,7 @@ from .colour import LUMA
 from .cutouts import SIZE, load_cutouts, procedural_cutouts
 from .placement import (
     PlacedSampling,
-    cell_index,
+    cell_index_yx,
     erode_cells,
     erode_cells_np,
     erode_cells_rows,
@@ -153,19 +153,23 @@ class PastedObject(PlacedSampling, Perturbation):
         cells = pick_cells(score, 1, r) if th else pick_cells_np(score, 1, r)
         wc = luma.shape[-1]
         jit = dev(r.uniform(0, 1, (b, 2)))
-        y = ((cells[:, 0] // wc) + jit[:, 0]) * k  # continuous coordinates in [0, h)
-        x = ((cells[:, 0] % wc) + jit[:, 1]) * k
-        if th:  # both maps at the same cells: one index
-            at = cell_index(y[:, None], x[:, None], k, luma.shape[1:])
-            vis, near = free.reshape(b, -1).gather(1, at)[:, 0], luma.reshape(b, -1).gather(1, at)[:, 0]
+        if th:  # (y, x) pairs through each op (the same operations element for element); both maps at one index
+            c0 = cells[:, 0]
+            yx = (torch.stack([c0 // wc, c0 % wc], 1) + jit) * k  # continuous coordinates in [0, h) x [0, w)
+            at = cell_index_yx(yx, k, luma.shape[1:]).view(b, 1)
+            vis, near = free.reshape(b, -1).gather(1, at).view(b), luma.reshape(b, -1).gather(1, at).view(b)
+            centre = yx / _hw_on(h, w, yx.device, (2,))
         else:
+            y = ((cells[:, 0] // wc) + jit[:, 0]) * k  # continuous coordinates in [0, h)
+            x = ((cells[:, 0] % wc) + jit[:, 1]) * k
             vis = gather_cells_np(free, y[:, None], x[:, None], k)[:, 0]
             near = gather_cells_np(luma, y[:, None], x[:, None], k)[:, 0]
+            centre = np.stack([y / h, x / w], 1)
         idx = dev(r.integers(0, len(self.bank), (b,)))
         tf = f32 if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
         return {
             "index": idx,
-            "center_rel": tf(xp.stack([y / h, x / w], 1)),
+            "center_rel": tf(centre),
             "size_rel": tf(size / side),
             "angle": tf(dev(r.uniform(0, 2 * math.pi, (b,)))),
             "flip": dev(r.integers(0, 2, (b,))),
@@ -335,14 +339,14 @@ def _joined_banks(ops: list[PastedObject], device: torch.device) -> tuple[torch.
     return hit[1], hit[2]
 
 
-_HW: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+_HW: dict[tuple[int, int, torch.device, tuple[int, ...]], torch.Tensor] = {}
 
 
-def _hw_on(h: int, w: int, device: torch.device) -> torch.Tensor:
-    """(1,2,1,1) float32 ``[h, w]`` on ``device``, made once (a constant built per call costs ops)."""
-    key = (h, w, device)
+def _hw_on(h: int, w: int, device: torch.device, shape: tuple[int, ...] = (1, 2, 1, 1)) -> torch.Tensor:
+    """float32 ``[h, w]`` shaped ``shape`` on ``device``, made once (a constant built per call costs ops)."""
+    key = (h, w, device, shape)
     if key not in _HW:
-        _HW[key] = torch.tensor([h, w], dtype=torch.float32, device=device).view(1, 2, 1, 1)
+        _HW[key] = torch.tensor([h, w], dtype=torch.float32, device=device).view(shape)
     return _HW[key]
 
 

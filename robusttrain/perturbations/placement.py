@@ -274,6 +274,24 @@ def cell_index(y: torch.Tensor, x: torch.Tensor, k: int, cells: tuple[int, int])
     return cy * wc + cx
 
 
+_YX_CONSTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def cell_index_yx(yx: torch.Tensor, k: int, cells: tuple[int, int]) -> torch.Tensor:
+    """:func:`cell_index` of pixel positions given as (..., 2) (y, x) pairs -> (...) flat indices: the same
+    integers, both axes in each op (the constants made once per grid and device)."""
+    hc, wc = cells
+    key = (hc, wc, yx.device)
+    if key not in _YX_CONSTS:
+        _YX_CONSTS[key] = (
+            torch.zeros(2, dtype=torch.long, device=yx.device),
+            torch.tensor([hc - 1, wc - 1], device=yx.device),
+            torch.tensor([wc, 1], device=yx.device),
+        )
+    zero, last, stride = _YX_CONSTS[key]
+    return (torch.clamp((yx / k).long(), zero, last) * stride).sum(-1)
+
+
 __all__ = [
     "SharedMaps",
     "maps_torch",
@@ -281,6 +299,7 @@ __all__ = [
     "erode_cells",
     "erode_cells_rows",
     "cell_index",
+    "cell_index_yx",
     "window_offsets",
     "pick_cells",
     "gather_cells",

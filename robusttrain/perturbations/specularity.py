@@ -24,7 +24,7 @@ import torch
 from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, severity_values, short_side, supersampling
 from .placement import (
     PlacedSampling,
-    cell_index,
+    cell_index_yx,
     erode_cells_np,
     erode_cells_rows,
     gather_cells_np,
@@ -43,16 +43,12 @@ _PROBES: dict[tuple[int, int, int, int, int, torch.device], dict[str, torch.Tens
 
 def _probe_consts(h: int, w: int, hc: int, wc: int, s: int, device: torch.device) -> dict[str, torch.Tensor]:
     """The probe placement's constants on ``device`` (made once per image size, grid, spot count, device):
-    probe steps (1,5,1,2), last pixel and cell per axis, cell strides (y * wc + x), (1,S) spot numbers and
-    the image size (y, x)."""
+    probe steps (1,5,1,2), the last pixel per axis, (1,S) spot numbers and the image size (y, x)."""
     key = (h, w, hc, wc, s, device)
     if key not in _PROBES:
         _PROBES[key] = {
             "probe": torch.tensor(_PROBE_YX, device=device).view(1, 5, 1, 2),
             "last_px": torch.tensor([h - 1, w - 1], dtype=torch.float32, device=device),
-            "zero": torch.zeros(2, dtype=torch.long, device=device),
-            "last_cell": torch.tensor([hc - 1, wc - 1], device=device),
-            "stride": torch.tensor([wc, 1], device=device),
             "arange": torch.arange(s, device=device)[None],
             "hw": torch.tensor([h, w], dtype=torch.float32, device=device),
         }
@@ -171,8 +167,7 @@ class Specularity(PlacedSampling, Perturbation):
         reach = (REACH * a + k).view(b, 1, hi, 1)
         pts = yx[:, None] + c["probe"] * reach  # (B,5,S,2)
         inb = ((pts >= 0) & (pts <= c["last_px"])).all(-1)
-        # cell_index of every probe: (y / k, x / k) clamped to the grid, y * wc + x
-        at = (torch.clamp((pts / k).long(), c["zero"], c["last_cell"]) * c["stride"]).sum(-1).view(b, -1)
+        at = cell_index_yx(pts, k, (hc, wc)).view(b, -1)
         on_free = free.reshape(b, -1).gather(1, at).view(b, 5, hi) & inb
         valid = (c["arange"] < n[:, None]) & on_free.all(1)
         near = luma.reshape(b, -1).gather(1, at[:, :hi])
