@@ -387,75 +387,115 @@ class Instrument(PastedObject):
     CANDIDATES, STEPS, OVERHANG, JITTER = 8, 48, 0.15, 0.3
 
     def _place(self, luma, free, k, h, w, r, device=None, fov=None, sev=None):
-        th = isinstance(luma, torch.Tensor)
-        xp = torch if th else np
-        dev = (lambda t: t if t.device == luma.device else t.to(device)) if th else (lambda t: t)  # noqa: E731
-        gather = gather_cells if th else gather_cells_np
+        if isinstance(luma, torch.Tensor):
+            return self._place_torch(luma, free, k, h, w, r, device, fov, sev)
+        b, side, nc = luma.shape[0], short_side(h, w), self.CANDIDATES
+        size = self._size(r, b, side, lambda t: t, sev)
+        j = np.arange(nc, dtype=np.float32)
+        theta = r.uniform(0, 2 * math.pi, (b, 1)) + j[None] * (2 * math.pi / nc)  # (B,C) entry directions
+        inward = theta + math.pi + r.uniform(-self.JITTER, self.JITTER, (b, nc))
+        idx = r.integers(0, len(self.bank), (b,))
+        flip = r.integers(0, 2, (b,))
+        # March each ray from the centre; the entry point is the farthest ray point inside the view.
+        cy0, cx0 = h / 2, w / 2
+        steps = np.arange(1, self.STEPS + 1, dtype=np.float32) * (0.5 * math.hypot(h, w) / self.STEPS)
+        sy, sx = np.sin(theta)[..., None], np.cos(theta)[..., None]
+        py, px = cy0 + steps * sy, cx0 + steps * sx  # (B,C,T)
+        inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
+        in_view = gather_cells_np(fov, py.reshape(b, -1), px.reshape(b, -1), k).reshape(py.shape) & inside
+        t_edge = (steps * in_view).max(-1)  # (B,C)
+        ey, ex = cy0 + t_edge * sy[..., 0], cx0 + t_edge * sx[..., 0]
+        dy, dx = np.sin(inward), np.cos(inward)
+        # The shaft (entry point to ~60 % of the cut-out inwards) must stay off the lesion.
+        fr = np.linspace(0.05, 0.6, 8).astype(np.float32)
+        along = size[:, None, None] * fr  # (B,1,8)
+        qy, qx = ey[..., None] + dy[..., None] * along, ex[..., None] + dx[..., None] * along
+        okf = gather_cells_np(free, qy.reshape(b, -1), qx.reshape(b, -1), k).reshape(qy.shape)
+        okf = okf.astype(np.float32).mean(-1)  # (B,C)
+        score = (okf >= 1) * (2.0 * nc) + okf * nc - j[None]  # first fully free candidate, else the freest
+        pick = score.argmax(1)
+        take = lambda a: np.take_along_axis(a, pick[:, None], 1)[:, 0]  # noqa: E731
+        ey, ex, dy, dx, ang, ok = take(ey), take(ex), take(dy), take(dx), take(inward), take(okf)
+        base = self.OVERHANG * size
+        cy, cx = ey - dy * base + dy * size / 2, ex - dx * base + dx * size / 2
+        my, mx = ey + dy * 0.35 * size, ex + dx * 0.35 * size  # mid-shaft: brightness reference
+        near = gather_cells_np(luma, my[:, None], mx[:, None], k)[:, 0]
+        tf = lambda t: np.asarray(t, np.float32)  # noqa: E731
+        return {
+            "index": idx,
+            "center_rel": tf(np.stack([cy / h, cx / w], 1)),
+            "size_rel": tf(size / side),
+            "angle": tf(ang),
+            "flip": flip,
+            "gain": tf(self._gain(near, idx, np, device)),
+            "visible": tf(ok >= 0.5),
+        }
+
+    def _place_torch(self, luma, free, k, h, w, r, device, fov, sev):
+        """:meth:`_place` on torch maps: the same operations element for element, with (y, x) pairs in
+        (..., 2) tensors through each step (one op per step for both axes, one cell index per map)."""
+        dev = lambda t: t if t.device == luma.device else t.to(device)  # noqa: E731
         b, side, nc = luma.shape[0], short_side(h, w), self.CANDIDATES
         size = self._size(r, b, side, dev, sev)
-        if th:  # the candidates, ray steps and shaft fractions: constants made once per device
-            j, steps, fr = self._ray_consts(h, w, luma.device)
-        else:
-            j = np.arange(nc, dtype=np.float32)
-        theta = dev(r.uniform(0, 2 * math.pi, (b, 1))) + j[None] * (
-            2 * math.pi / nc
-        )  # (B,C) entry directions
+        c = self._ray_consts(h, w, luma.device)
+        theta = dev(r.uniform(0, 2 * math.pi, (b, 1))) + c["turn"]  # (B,C) entry directions
         inward = theta + math.pi + dev(r.uniform(-self.JITTER, self.JITTER, (b, nc)))
         idx = dev(r.integers(0, len(self.bank), (b,)))
         flip = dev(r.integers(0, 2, (b,)))
         # March each ray from the centre; the entry point is the farthest ray point inside the view.
-        cy0, cx0 = h / 2, w / 2
-        if not th:
-            steps = np.arange(1, self.STEPS + 1, dtype=np.float32) * (0.5 * math.hypot(h, w) / self.STEPS)
-        sy, sx = xp.sin(theta)[..., None], xp.cos(theta)[..., None]
-        py, px = cy0 + steps * sy, cx0 + steps * sx  # (B,C,T)
-        inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
-        in_view = gather(fov, py.reshape(b, -1), px.reshape(b, -1), k).reshape(py.shape) & inside
-        t_edge = (steps * in_view).amax(-1) if th else (steps * in_view).max(-1)  # (B,C)
-        ey, ex = cy0 + t_edge * sy[..., 0], cx0 + t_edge * sx[..., 0]
-        dy, dx = xp.sin(inward), xp.cos(inward)
+        ray = torch.stack([torch.sin(theta), torch.cos(theta)], -1)  # (B,C,2)
+        pts = c["steps_col"] * ray.unsqueeze(2) + c["centre"]  # (B,C,T,2)
+        inside = ((pts >= 0) & (pts < c["hw"])).all(-1)
+        at = cell_index_yx(pts, k, fov.shape[1:]).view(b, -1)
+        in_view = fov.reshape(b, -1).gather(1, at).view(inside.shape) & inside
+        t_edge = (c["steps"] * in_view).amax(-1)  # (B,C)
+        edge = c["centre"] + t_edge.unsqueeze(-1) * ray  # (B,C,2)
+        d = torch.stack([torch.sin(inward), torch.cos(inward)], -1)  # (B,C,2)
         # The shaft (entry point to ~60 % of the cut-out inwards) must stay off the lesion.
-        if not th:
-            fr = np.linspace(0.05, 0.6, 8).astype(np.float32)
-        along = size[:, None, None] * fr  # (B,1,8)
-        qy, qx = ey[..., None] + dy[..., None] * along, ex[..., None] + dx[..., None] * along
-        okf = gather(free, qy.reshape(b, -1), qx.reshape(b, -1), k).reshape(qy.shape)
-        okf = okf.float().mean(-1) if th else okf.astype(np.float32).mean(-1)  # (B,C)
-        score = (okf >= 1) * (2.0 * nc) + okf * nc - j[None]  # first fully free candidate, else the freest
+        along = (size.view(b, 1, 1) * c["fr"]).unsqueeze(-1)  # (B,1,8,1)
+        q = edge.unsqueeze(2) + d.unsqueeze(2) * along  # (B,C,8,2)
+        okf = free.reshape(b, -1).gather(1, cell_index_yx(q, k, free.shape[1:]).view(b, -1))
+        okf = okf.view(b, nc, -1).float().mean(-1)  # (B,C)
+        score = (okf >= 1) * (2.0 * nc) + okf * nc - c["j"]  # first fully free candidate, else the freest
         pick = score.argmax(1)
-        if th:  # the picked candidate's six values in one gather
-            both = torch.stack([ey, ex, dy, dx, inward, okf], 1)  # (B,6,C)
-            ey, ex, dy, dx, ang, ok = both.gather(2, pick.view(b, 1, 1).expand(b, 6, 1)).view(b, 6).unbind(1)
-        else:
-            take = lambda a: np.take_along_axis(a, pick[:, None], 1)[:, 0]  # noqa: E731
-            ey, ex, dy, dx, ang, ok = take(ey), take(ex), take(dy), take(dx), take(inward), take(okf)
-        base = self.OVERHANG * size
-        cy, cx = ey - dy * base + dy * size / 2, ex - dx * base + dx * size / 2
-        my, mx = ey + dy * 0.35 * size, ex + dx * 0.35 * size  # mid-shaft: brightness reference
-        near = gather(luma, my[:, None], mx[:, None], k)[:, 0]
-        tf = f32 if th else (lambda t: np.asarray(t, np.float32))  # noqa: E731
+        # the picked candidate's entry point, direction, angle and free fraction: one gather
+        both = torch.cat([edge, d, torch.stack([inward, okf], -1)], -1)  # (B,C,6)
+        got = both.gather(1, pick.view(b, 1, 1).expand(b, 1, 6)).view(b, 6)
+        edge, d = got[:, 0:2], got[:, 2:4]
+        s1 = size.view(b, 1)
+        centre = edge - d * (self.OVERHANG * s1) + d * s1 / 2
+        mid = edge + d * 0.35 * s1  # mid-shaft: brightness reference
+        near = luma.reshape(b, -1).gather(1, cell_index_yx(mid, k, luma.shape[1:]).view(b, 1)).view(b)
         return {
             "index": idx,
-            "center_rel": tf(xp.stack([cy / h, cx / w], 1)),
-            "size_rel": tf(size / side),
-            "angle": tf(ang),
+            "center_rel": f32(centre / c["hw"]),
+            "size_rel": f32(size / side),
+            "angle": got[:, 4].contiguous(),
             "flip": flip,
-            "gain": tf(self._gain(near, idx, xp, device)),
-            "visible": tf(ok >= 0.5),
+            "gain": f32(self._gain(near, idx, torch, device)),
+            "visible": f32(got[:, 5] >= 0.5),
         }
 
-    def _ray_consts(self, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(C,) candidate numbers, (T,) ray steps in px and (8,) shaft fractions as float32 on ``device``, made
-        once per image size and device (the same values the per-call arange / linspace gave)."""
+    def _ray_consts(self, h: int, w: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """The ray march's constants on ``device``, made once per image size and device (the same values the
+        per-call arange / linspace gave): candidate numbers ``j`` (C,) and their turns ``j * 2 pi / C``
+        (1,C); ray ``steps`` in px (T,) and as a column (T,1); shaft fractions ``fr`` (8,); the image
+        ``centre`` and size ``hw`` as (y, x) pairs."""
         key = (h, w, device)
         cache = self.__dict__.setdefault("_rays_on", {})
         if key not in cache:
+            nc = self.CANDIDATES
+            j = torch.arange(nc, device=device, dtype=torch.float32)
             steps = torch.arange(1, self.STEPS + 1, device=device).float() * (0.5 * math.hypot(h, w) / self.STEPS)
-            cache[key] = (
-                torch.arange(self.CANDIDATES, device=device, dtype=torch.float32),
-                steps,
-                torch.linspace(0.05, 0.6, 8, device=device),
-            )
+            cache[key] = {
+                "j": j,
+                "turn": j[None] * (2 * math.pi / nc),
+                "steps": steps,
+                "steps_col": steps[:, None],
+                "fr": torch.linspace(0.05, 0.6, 8, device=device),
+                "centre": torch.tensor([h / 2, w / 2], dtype=torch.float32, device=device),
+                "hw": torch.tensor([h, w], dtype=torch.float32, device=device),
+            }
         return cache[key]
 
 
