@@ -44,15 +44,17 @@ _PROBES: dict[tuple[int, int, int, int, int, torch.device], dict[str, torch.Tens
 def _probe_consts(h: int, w: int, hc: int, wc: int, s: int, device: torch.device) -> dict[str, torch.Tensor]:
     """The probe placement's constants on ``device`` (made once per image size, grid, spot count, device):
     probe steps (1,5,1,2), the last pixel per axis, (1,S) spot numbers and the image size (y, x)."""
-    key = (h, w, hc, wc, s, device)
+    key = (h, w, hc, wc, 0, device)
     if key not in _PROBES:
         _PROBES[key] = {
             "probe": torch.tensor(_PROBE_YX, device=device).view(1, 5, 1, 2),
             "last_px": torch.tensor([h - 1, w - 1], dtype=torch.float32, device=device),
-            "arange": torch.arange(s, device=device)[None],
             "hw": torch.tensor([h, w], dtype=torch.float32, device=device),
         }
-    return _PROBES[key]
+    spots = (0, 0, 0, 0, s, device)
+    if spots not in _PROBES:
+        _PROBES[spots] = {"arange": torch.arange(s, device=device)[None]}
+    return {**_PROBES[key], **_PROBES[spots]}
 
 # Sub-pixel grid cap: 2 x 2 samples per pixel keep a 128-px image within 0.05 of the downsized 512-px
 # rendering (tests/test_perturbations_calibration.py) at a quarter of the cost of 4 x 4.
