@@ -72,20 +72,24 @@ def _alpha_at(u, v, a_eps, b_eps, ang, strength, xp):
     xr, yr = u * c + v * s, v * c - u * s
     d = xp.sqrt((xr / a_eps) ** 2 + (yr / b_eps) ** 2)
     e = (d - CORE) / EDGE
-    e = e * (e > 0)
+    # max(e, 0); only e * e is used, so clamping (one op) gives exactly what masking gives (a zero's sign aside)
+    e = e.clamp_min(0) if xp is torch else e * (e > 0)
     g = (xp.exp(-0.5 * e * e) - _G_REACH) / (1 - _G_REACH)
     return strength * g * (g > 0)
 
 
-_AXES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_AXES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
-def _axis_consts(h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 ``[h, w]`` (2,), ``[h - 1, w - 1]`` (2,1) and ``[w, 1]`` (2,1) on ``device``, made once."""
+def _axis_consts(
+    h: int, w: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 ``[h, w]`` as (2,) and as (2,1,1), ``[h - 1, w - 1]`` and ``[w, 1]`` as (2,1,1) on ``device``,
+    made once."""
     key = (h, w, device)
     if key not in _AXES:
         t = torch.tensor([[h, w], [h - 1, w - 1], [w, 1]], dtype=torch.float32, device=device)
-        _AXES[key] = (t[0], t[1, :, None], t[2, :, None])
+        _AXES[key] = (t[0], t[0].view(2, 1, 1), t[1].view(2, 1, 1), t[2].view(2, 1, 1))
     return _AXES[key]
 
 
@@ -235,28 +239,30 @@ class Specularity(PlacedSampling, Perturbation):
         p = 2 * half + 1
         dev = images.device
         off, win = window_offsets(half, n, dev)
-        hw, top, scale = _axis_consts(h, w, dev)  # (2,) [h, w]; (2,1) [h-1, w-1]; (2,1) [w, 1]
+        hw, hw3, top, scale = _axis_consts(h, w, dev)  # [h, w] (2,) and (2,1,1); [h-1, w-1], [w, 1] (2,1,1)
         ns = params["strength"].shape[1]
         cyx = f32(params["center_rel"]) * hw - 0.5  # rel_to_px per axis, (B,S,2)
         r = torch.round(cyx)[..., None]  # (B,S,2,1)
         d = (r + off) - cyx[..., None]  # (B,S,2,P*n): sample offsets from the centre, y then x
-        ax = (f32(params["axes_rel"]) * side + 1e-3)[..., None, None]  # (B,S,2,1,1)
+        dy, dx = d.view(b, ns, 2, 1, -1).unbind(2)  # (B,S,1,P*n) each
+        a_eps, b_eps = (f32(params["axes_rel"]) * side + 1e-3).view(b, ns, 2, 1, 1).unbind(2)
         alpha = _alpha_at(
-            d[..., 1, None, :],  # (B,S,1,P*n)
-            d[..., 0, :, None],  # (B,S,P*n,1)
-            ax[..., 0, :, :],
-            ax[..., 1, :, :],
+            dx,
+            dy.transpose(-1, -2),  # (B,S,P*n,1)
+            a_eps,
+            b_eps,
             f32(params["angle"]).reshape(b, ns, 1, 1),
             f32(params["strength"]).reshape(b, ns, 1, 1),
             torch,
         )
         if n > 1:
             alpha = alpha.reshape(b, -1, p, n, p, n).mean((3, 5))
-        q = r + win  # (B,S,2,P): window pixels, y then x
-        ok = (q >= 0) & (q < hw[:, None])
-        alpha = alpha * (ok[..., 0, :, None] & ok[..., 1, None, :])
-        lin = torch.minimum(q.clamp_min(0), top) * scale  # clamped row offsets (y * w) and columns (x)
-        idx = (lin[..., 0, :, None] + lin[..., 1, None, :]).long().expand_as(alpha)
+        q = (r + win).view(b, ns, 2, 1, -1)  # window pixels, y then x
+        ok_y, ok_x = ((q >= 0) & (q < hw3)).unbind(2)
+        alpha = alpha * (ok_y.transpose(-1, -2) & ok_x)
+        # clamped row offsets (y * w) and columns (x)
+        lin_y, lin_x = (torch.minimum(q.clamp_min(0), top) * scale).unbind(2)
+        idx = (lin_y.transpose(-1, -2) + lin_x).long().expand_as(alpha)
         canvas = images.new_zeros(b, h * w)
         canvas.scatter_reduce_(1, idx.reshape(b, -1), cast(alpha.reshape(b, -1), images.dtype), reduce="amax")
         canvas = canvas.view(b, 1, h, w)
