@@ -244,14 +244,14 @@ class PastedObject(PlacedSampling, Perturbation):
         b, c, h, w = images.shape
         n = supersampling(h, w, cap=SUPERSAMPLE)
         dev = images.device
-        off, win = window_offsets(half, n, dev)
+        off, win, win_abs = _window_columns(half, n, dev)  # (P*n,1), (P,1), (P,1)
         hw = _hw_on(h, w, dev)  # (1,2,1,1) float32 [h, w]
         cyx = (f32(params["center_rel"]).reshape(b, 2, 1, 1) * hw) - 0.5  # rel_to_px per axis, (B,2,1,1)
         r = torch.round(cyx)
-        d = (r + off.view(-1, 1)) - cyx  # (B,2,P*n,1): sample offsets from the centre, y then x
+        dy, dx = ((r + off) - cyx).unbind(1)  # (B,P*n,1): sample offsets from the centre
         u, v = self._rotated(
-            d[:, 0],
-            d[:, 1].transpose(1, 2),
+            dy,
+            dx.transpose(1, 2),
             f32(params["size_rel"]).reshape(b, 1, 1) * short_side(h, w),
             f32(params["angle"]).reshape(b, 1, 1),
             params["flip"].reshape(b, 1, 1),
@@ -268,12 +268,14 @@ class PastedObject(PlacedSampling, Perturbation):
         if n > 1:  # area-average the sub-pixel samples (colour premultiplied by alpha)
             alpha, prem = F.avg_pool2d(alpha, n), F.avg_pool2d(prem, n)
         colour = prem / alpha.clamp_min(1e-6)
-        q = r + win.view(-1, 1)  # (B,2,P,1): window pixels, y then x
+        q = r + win  # (B,2,P,1): window pixels, y then x
         ok = (q >= 0) & (q < hw)
         if own_half is not None:  # each row's own window: |offset| <= its half, on both axes
-            ok = ok & (win.abs().view(-1, 1) <= own_half)
-        py, px = q[:, 0], q[:, 1].transpose(1, 2)  # (B,P,1), (B,1,P)
-        inside = ok[:, 0] & ok[:, 1].transpose(1, 2)
+            ok = ok & (win_abs <= own_half)
+        py, px = q.unbind(1)
+        px = px.transpose(1, 2)  # (B,P,1), (B,1,P)
+        ok_y, ok_x = ok.unbind(1)
+        inside = ok_y & ok_x.transpose(1, 2)
         alpha = alpha[:, 0] * inside * f32(params["visible"]).reshape(b, 1, 1)
         # Scatter the window into full-size canvases; out-of-image pixels go to a spare slot at index H*W.
         idx = torch.where(inside, py * w + px, h * w).long().view(b, 1, -1)
@@ -337,6 +339,19 @@ def _joined_banks(ops: list[PastedObject], device: torch.device) -> tuple[torch.
         joined = torch.cat([op._bank(device) for op in ops])
         hit = _JOINED[key] = ([op.bank for op in ops], joined, starts)
     return hit[1], hit[2]
+
+
+_COLUMNS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _window_columns(half: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`~robusttrain.perturbations.placement.window_offsets` as columns ((P*n,1) sub-pixel offsets, (P,1)
+    pixel offsets) and the pixel offsets' magnitudes (P,1), made once per window, grid and device."""
+    key = (half, n, device)
+    if key not in _COLUMNS:
+        off, win = window_offsets(half, n, device)
+        _COLUMNS[key] = (off.view(-1, 1), win.view(-1, 1), win.abs().view(-1, 1))
+    return _COLUMNS[key]
 
 
 _HW: dict[tuple[int, int, torch.device, tuple[int, ...]], torch.Tensor] = {}
