@@ -455,6 +455,11 @@ def image_to_batch(image: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(to_float01(image))).permute(2, 0, 1)[None].contiguous()
 
 
+def _tensor(v: Any) -> torch.Tensor:
+    """``torch.as_tensor(v)`` without the op when ``v`` is a tensor already (as_tensor of a tensor costs one)."""
+    return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+
+
 def f32(t: torch.Tensor) -> torch.Tensor:
     """``t.float()`` without the op when ``t`` is float32 already (a no-op cast still costs an op: a launch on
     an accelerator)."""
@@ -597,7 +602,7 @@ class Perturbation:
         self, images: torch.Tensor, masks: torch.Tensor | None, generator: torch.Generator | None
     ) -> Params:
         draws = {
-            k: torch.as_tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()
+            k: _tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()
         }
         params = params_to(draws, images.device)
         params.update(self._content_torch(images, masks, params))
@@ -741,7 +746,7 @@ class Perturbation:
     ) -> Params:
         """Params of a batch whose row i has severity ``sev[i]`` (CPU long), in one call: ``_draw_at`` and
         ``_content_torch``; families whose sampler is not ``_draw`` (placed families) override this instead."""
-        draws = {k: torch.as_tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
+        draws = {k: _tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
         params = params_to(draws, images.device)
         params.update(self._content_torch(images, masks, params))
         return params
