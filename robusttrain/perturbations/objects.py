@@ -47,7 +47,6 @@ from .placement import (
     erode_cells_np,
     erode_cells_rows,
     fov_mask_shared,
-    gather_cells,
     gather_cells_np,
     maps_torch,
     pick_cells,

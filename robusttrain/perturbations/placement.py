@@ -112,6 +112,31 @@ class SharedMaps:
         self.views[_tensor_key(x)] = (x, m, rows)
         return x, m
 
+    def take_split(self, rows: list[int], sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """:meth:`take` of consecutive pieces of ``rows`` (host ints; piece i has ``sizes[i]`` rows) in one gather
+        and one split (not three ops per piece); each piece is remembered as its rows, whose tensor is made
+        only if that piece's maps are looked up."""
+        at = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        at = at if at.device == self.images.device else at.to(self.images.device)
+        xs = self.images[at].split(sizes)
+        ms: list[torch.Tensor | None] = [None] * len(sizes) if self.masks is None else list(self.masks[at].split(sizes))
+        out, start = [], 0
+        for x, m, size in zip(xs, ms, sizes):
+            self.views[_tensor_key(x)] = (x, m, rows[start : start + size])
+            out.append((x, m))
+            start += size
+        return out
+
+    def _rows(self, view: tuple) -> torch.Tensor:
+        """A remembered view's rows as a tensor on the images' device (made from host ints on first use)."""
+        rows = view[2]
+        if isinstance(rows, torch.Tensor):
+            return rows
+        t = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        t = t if t.device == self.images.device else t.to(self.images.device)
+        self.views[_tensor_key(view[0])] = (view[0], view[1], t)
+        return t
+
     def take_from(
         self, images: torch.Tensor, masks: torch.Tensor | None, rows: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -119,7 +144,8 @@ class SharedMaps:
         view = self.views.get(_tensor_key(images))
         if view is None:
             return None
-        x, m = self.take(view[2][rows if rows.device == view[2].device else rows.to(view[2].device)])
+        own = self._rows(view)
+        x, m = self.take(own[rows if rows.device == own.device else rows.to(own.device)])
         return x, (None if masks is None else m)
 
     def lookup(self, images: torch.Tensor, masks: torch.Tensor | None):
@@ -127,7 +153,7 @@ class SharedMaps:
         if view is None or (masks is not None and _tensor_key(masks) != _tensor_key(view[1])):
             return None
         luma, fov, free, k = self._batch_maps()
-        rows = view[2]
+        rows = self._rows(view)
         return luma[rows], (fov if masks is None else free)[rows], k
 
     def fov_pixels(self, images: torch.Tensor) -> torch.Tensor | None:
@@ -137,7 +163,7 @@ class SharedMaps:
             return None
         if self._fov_px is None:
             self._fov_px = fov_cells_to_mask(self._batch_maps()[1][:, None], *self.images.shape[-2:])
-        return self._fov_px[view[2]]
+        return self._fov_px[self._rows(view)]
 
     def _batch_maps(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         if self._maps is None:

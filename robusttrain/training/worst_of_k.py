@@ -428,10 +428,17 @@ class WorstOfK:
         together = {fam for fams in by_group.values() if len(fams) > 1 for fam in fams}
         deferred: dict[str, list[tuple[Any, list[int], Any]]] = {}
         with shared if shared is not None else contextlib.nullcontext():
+            pieces: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+            if shared is not None and len(members) > 1:  # every family's rows in one gather and one split
+                fams = list(members)
+                rows_all = [f // k for fam in fams for f in members[fam]]
+                pieces = dict(zip(fams, shared.take_split(rows_all, [len(members[fam]) for fam in fams])))
             for fam, flat in members.items():
                 rows_list = [f // k for f in flat]
                 if rows_list == list(range(n)):  # every image, in order (k = 1, one family): no gather
                     x, m = src, src_m
+                elif fam in pieces:
+                    x, m = pieces[fam]
                 else:
                     rows = torch.from_numpy(np.asarray(rows_list, dtype=np.int64))
                     x, m = shared.take(rows) if shared is not None else _take(src, src_m, rows)
