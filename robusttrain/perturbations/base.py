@@ -456,7 +456,8 @@ def image_to_batch(image: np.ndarray) -> torch.Tensor:
 
 
 def _tensor(v: Any) -> torch.Tensor:
-    """``torch.as_tensor(v)`` without the op when ``v`` is a tensor already (as_tensor of a tensor costs one)."""
+    """``torch.as_tensor(v)`` without the op when ``v`` is a tensor already (as_tensor of a tensor costs
+    one)."""
     return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
 
 
@@ -480,7 +481,8 @@ def params_to(params: Params, device: torch.device) -> Params:
 def _range_table_cached(items: tuple[tuple[int, float, float], ...]) -> tuple[torch.Tensor, torch.Tensor]:
     # entry 0 is unused: the tables are indexed by the severity itself
     lo = torch.tensor([0.0] + [a for _, a, _ in items], dtype=torch.float32)
-    span = torch.tensor([0.0] + [b - a for _, a, b in items], dtype=torch.float32)  # hi - lo in double, then float32
+    # hi - lo in double, then float32
+    span = torch.tensor([0.0] + [b - a for _, a, b in items], dtype=torch.float32)
     return lo, span
 
 

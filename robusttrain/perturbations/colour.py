@@ -31,8 +31,8 @@ _CONST_ON: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def const_on(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``"luma"`` (3,) weights (``"luma_row"`` shaped (1,1,3)) or the ``"eye"`` (3, 3) identity on ``device``, made once (a constant built per
-    call costs ops every call). Callers must not modify it."""
+    """``"luma"`` (3,) weights (``"luma_row"`` shaped (1,1,3)) or the ``"eye"`` (3, 3) identity on ``device``,
+    made once (a constant built per call costs ops every call). Callers must not modify it."""
     key = (name, device, dtype)
     if key not in _CONST_ON:
         if name == "luma_row":  # (1,1,3): the weights broadcast over (B,3,3)
@@ -258,7 +258,7 @@ class Contrast(_AffineColour):
     def _affine(self, params, channels=3):
         c, br, s, mean = params["contrast"], params["brightness"], params["saturation"], params["mean"]
         xp = _xp(c)
-        if xp is not np:  # the same products, with one view each and the offset broadcast, not multiplied by 1
+        if xp is not np:  # the same products, one view each, the offset broadcast (not multiplied by 1)
             k3 = (c * br).reshape(-1, 1, 1)
             m = k3 if channels == 1 else k3 * _saturation_matrix(s, xp)
             return m, ((1 - c) * br * mean).unsqueeze(1).expand(-1, channels)

@@ -145,14 +145,15 @@ class PastedObject(PlacedSampling, Perturbation):
             rc = math.ceil(0.35 * self.SIZE_FRAC[self.severity][1] * side / k)
             ok = erode_cells(free, rc) if th else erode_cells_np(free, rc)
         else:  # each row eroded by its own severity's margin, the whole batch at once
-            ok = erode_cells_rows(free, [math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k) for s in severity_values(sev)])
+            radii = [math.ceil(0.35 * self.SIZE_FRAC[s][1] * side / k) for s in severity_values(sev)]
+            ok = erode_cells_rows(free, radii)
         # Cells with room for the whole object first; when a large object finds none (a big lesion, a
         # small field of view), any free cell (it is then partly cut at the border / lesion).
         score = ok * 1.0 + free * 1e-6
         cells = pick_cells(score, 1, r) if th else pick_cells_np(score, 1, r)
         wc = luma.shape[-1]
         jit = dev(r.uniform(0, 1, (b, 2)))
-        if th:  # (y, x) pairs through each op (the same operations element for element); both maps at one index
+        if th:  # (y, x) pairs through each op (the same operations element for element); one index, both maps
             c0 = cells[:, 0]
             yx = (torch.stack([c0 // wc, c0 % wc], 1) + jit) * k  # continuous coordinates in [0, h) x [0, w)
             at = cell_index_yx(yx, k, luma.shape[1:]).view(b, 1)
@@ -211,7 +212,8 @@ class PastedObject(PlacedSampling, Perturbation):
         """
         ops = [op for op, _, _ in parts]
         if not all(isinstance(op, PastedObject) for op in ops):
-            raise TypeError(f"render_together: pasted-object families only, got {[type(op).__name__ for op in ops]}")
+            names = [type(op).__name__ for op in ops]
+            raise TypeError(f"render_together: pasted-object families only, got {names}")
         if len(parts) == 1:
             return ops[0]._apply_torch(images, masks, params_to(parts[0][1], images.device))
         h, w = images.shape[-2:]
@@ -220,7 +222,8 @@ class PastedObject(PlacedSampling, Perturbation):
         counts = [cnt for _, _, cnt in parts]
         bank, starts = _joined_banks(ops, dev)  # type: ignore[arg-type]
         params = {k: torch.cat([params_to(p, dev)[k] for _, p, _ in parts]) for k in parts[0][1]}
-        per_row = np.repeat(np.asarray([starts, halves], np.int64), counts, axis=1)  # (2, B): bank offset, half
+        # (2, B): each row's bank offset and window half
+        per_row = np.repeat(np.asarray([starts, halves], np.int64), counts, axis=1)
         rows = torch.from_numpy(per_row).to(dev) if dev.type != "cpu" else torch.from_numpy(per_row)
         params["index"] = params["index"] + rows[0]
         own = None if len(set(halves)) == 1 else rows[1].view(-1, 1, 1, 1)
@@ -235,10 +238,11 @@ class PastedObject(PlacedSampling, Perturbation):
         half: int,
         own_half: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The render of :meth:`_apply_torch` with cut-outs ``bank`` and window ``half``; ``own_half`` (B,1,1,1)
-        long: each row's own window half (pixels beyond it are left as they are), None: all ``half``."""
-        # The same float32 operations, element for element, as the per-axis formula of ``_apply_np``; the y and
-        # x axes go through each step together ((B,2,...) tensors) and every reshape is one view: on an
+        """The render of :meth:`_apply_torch` with cut-outs ``bank`` and window ``half``; ``own_half``
+        (B,1,1,1) long: each row's own window half (pixels beyond it are left as they are), None: all
+        ``half``."""
+        # The same float32 operations, element for element, as the per-axis formula of ``_apply_np``; the y
+        # and x axes go through each step together ((B,2,...) tensors) and every reshape is one view: on an
         # accelerator each op is a launch.
         b, c, h, w = images.shape
         n = supersampling(h, w, cap=SUPERSAMPLE)
@@ -259,7 +263,10 @@ class PastedObject(PlacedSampling, Perturbation):
         grid = torch.stack([u, v], -1) / (SIZE - 1) * 2 - 1  # (B,P*n,P*n,2)
         src = bank[params["index"]]
         rgba = F.grid_sample(
-            src, grid if grid.dtype == src.dtype else grid.to(src.dtype), mode="bilinear", padding_mode="zeros",
+            src,
+            grid if grid.dtype == src.dtype else grid.to(src.dtype),
+            mode="bilinear",
+            padding_mode="zeros",
             align_corners=True,
         )
         alpha = rgba[:, 3:]
@@ -343,9 +350,11 @@ def _joined_banks(ops: list[PastedObject], device: torch.device) -> tuple[torch.
 _COLUMNS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
-def _window_columns(half: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`~robusttrain.perturbations.placement.window_offsets` as columns ((P*n,1) sub-pixel offsets, (P,1)
-    pixel offsets) and the pixel offsets' magnitudes (P,1), made once per window, grid and device."""
+def _window_columns(
+    half: int, n: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`~robusttrain.perturbations.placement.window_offsets` as columns ((P*n,1) sub-pixel offsets,
+    (P,1) pixel offsets) and the pixel offsets' magnitudes (P,1), made once per window, grid and device."""
     key = (half, n, device)
     if key not in _COLUMNS:
         off, win = window_offsets(half, n, device)
@@ -500,7 +509,8 @@ class Instrument(PastedObject):
         if key not in cache:
             nc = self.CANDIDATES
             j = torch.arange(nc, device=device, dtype=torch.float32)
-            steps = torch.arange(1, self.STEPS + 1, device=device).float() * (0.5 * math.hypot(h, w) / self.STEPS)
+            step = 0.5 * math.hypot(h, w) / self.STEPS
+            steps = torch.arange(1, self.STEPS + 1, device=device).float() * step
             cache[key] = {
                 "j": j,
                 "turn": j[None] * (2 * math.pi / nc),

@@ -113,13 +113,15 @@ class SharedMaps:
         return x, m
 
     def take_split(self, rows: list[int], sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """:meth:`take` of consecutive pieces of ``rows`` (host ints; piece i has ``sizes[i]`` rows) in one gather
-        and one split (not three ops per piece); each piece is remembered as its rows, whose tensor is made
-        only if that piece's maps are looked up."""
+        """:meth:`take` of consecutive pieces of ``rows`` (host ints; piece i has ``sizes[i]`` rows) in one
+        gather and one split (not three ops per piece); each piece is remembered as its rows, whose tensor
+        is made only if that piece's maps are looked up."""
         at = torch.from_numpy(np.asarray(rows, dtype=np.int64))
         at = at if at.device == self.images.device else at.to(self.images.device)
         xs = self.images[at].split(sizes)
-        ms: list[torch.Tensor | None] = [None] * len(sizes) if self.masks is None else list(self.masks[at].split(sizes))
+        ms: list[torch.Tensor | None] = [None] * len(sizes)
+        if self.masks is not None:
+            ms = list(self.masks[at].split(sizes))
         out, start = [], 0
         for x, m, size in zip(xs, ms, sizes):
             self.views[_tensor_key(x)] = (x, m, rows[start : start + size])
@@ -266,7 +268,7 @@ def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
     flat = score.reshape(b, -1)
     u = r.uniform(1e-6, 1.0, tuple(flat.shape))
     u = u if u.device == flat.device else u.to(flat.device)
-    # log(score) + Gumbel noise, the noise -log(-log u) added as a subtraction (the same float: negation is exact)
+    # log(score) + Gumbel noise -log(-log u), added as a subtraction (the same float: negation is exact)
     keys = torch.log(flat.clamp_min(1e-12)) - torch.log(-torch.log(u))
     return keys.topk(n, dim=1).indices
 

@@ -72,7 +72,7 @@ def _alpha_at(u, v, a_eps, b_eps, ang, strength, xp):
     xr, yr = u * c + v * s, v * c - u * s
     d = xp.sqrt((xr / a_eps) ** 2 + (yr / b_eps) ** 2)
     e = (d - CORE) / EDGE
-    # max(e, 0); only e * e is used, so clamping (one op) gives exactly what masking gives (a zero's sign aside)
+    # max(e, 0): only e * e is used, so clamping (one op) gives what masking gives (up to a zero's sign)
     e = e.clamp_min(0) if xp is torch else e * (e > 0)
     g = (xp.exp(-0.5 * e * e) - _G_REACH) / (1 - _G_REACH)
     return strength * g * (g > 0)

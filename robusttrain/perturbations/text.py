@@ -223,12 +223,12 @@ class Text(Perturbation):
 
     def _free_corners(self, masks: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """(B,4) bool: whether corner c's box (the taller block's) holds no lesion pixel: one product of the
-        lesion pixels with the four boxes (counts of 0/1 values: exact) instead of four slices and reductions."""
+        lesion pixels with the four boxes (counts of 0/1 values: exact), not four slices and reductions."""
         les = (masks != 0).reshape(masks.shape[0], -1)
         return (les.to(torch.float32) @ self._corner_boxes(h, w, masks.device)) == 0
 
     def _corner_boxes(self, h: int, w: int, device: torch.device) -> torch.Tensor:
-        """(H*W, 4) float32: 1 inside corner c's box of the taller block (see :meth:`_free_corner`), cached."""
+        """(H*W, 4) float32: 1 inside corner c's box of the taller block (:meth:`_free_corner`), cached."""
         key = (h, w, device)
         cache = self.__dict__.setdefault("_boxes_on", {})
         if key not in cache:
@@ -317,14 +317,15 @@ class Text(Perturbation):
         return torch.lerp(images, level.expand_as(images), canvas)
 
     def _block_index(self, lay: Layout, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """(4,2) flat fine-grid index of block k's origin at corner c (a (B,2) gather of the corners reads both
-        blocks' at once) and per block its (rows * bw,) flat offsets, cached per layout and device: integers,
-        so the same indices as the per-call arithmetic."""
+        """(4,2) flat fine-grid index of block k's origin at corner c (a (B,2) gather of the corners reads
+        both blocks' at once) and per block its (rows * bw,) flat offsets, cached per layout and device:
+        integers, so the same indices as the per-call arithmetic."""
         key = (lay.h, lay.w, device)
         cache = self.__dict__.setdefault("_index_on", {})
         if key not in cache:
             ws = lay.n * lay.w
-            start = [[int(y) * ws + int(x) for y, x in (lay.origin_ss(c, k) for k in range(2))] for c in range(4)]
+            origins = [[lay.origin_ss(c, k) for k in range(2)] for c in range(4)]
+            start = [[int(y) * ws + int(x) for y, x in row] for row in origins]
             offsets = []
             for k in range(2):
                 rows, cols = np.meshgrid(np.arange(lay.rows[k]), np.arange(lay.bw), indexing="ij")

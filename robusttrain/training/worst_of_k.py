@@ -608,9 +608,10 @@ def _apply_family(
     g: torch.Generator | None = None,
     checked: bool = False,
 ) -> tuple[torch.Tensor, FamilyParams]:
-    """``op``'s family on rows with their own severities ``sev`` (CPU, or a numpy array: read without ops), sampling (``groups`` None, from ``g``)
-    or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each volume's middle slice, every slice
-    perturbed with its volume's params. ``checked``: the caller checked the value range of ``x`` already."""
+    """``op``'s family on rows with their own severities ``sev`` (CPU; a numpy array is read without ops),
+    sampling (``groups`` None, from ``g``) or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each
+    volume's middle slice, every slice perturbed with its volume's params. ``checked``: the caller checked
+    the value range of ``x`` already."""
     if x.ndim != 5:
         out, groups = op.apply_family(x, m, sev, generator=g, params=groups, check_range=not checked)
         return (out if out.dtype == x.dtype else out.to(x.dtype)), groups

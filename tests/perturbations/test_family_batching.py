@@ -110,7 +110,10 @@ def test_pasted_objects_render_together_as_each_alone():
     for i, (fam, sev) in enumerate((("instrument", 5), ("feces", 1), ("blood", 3))):
         op = P.get(fam, sev)
         parts.append((op, op.sample_params(x[4 * i : 4 * i + 4], m[4 * i : 4 * i + 4], g), 4))
-    alone = [op.apply_batch(x[4 * i : 4 * i + 4], m[4 * i : 4 * i + 4], params=p)[0] for i, (op, p, _) in enumerate(parts)]
+    alone = [
+        op.apply_batch(x[4 * i : 4 * i + 4], m[4 * i : 4 * i + 4], params=p)[0]
+        for i, (op, p, _) in enumerate(parts)
+    ]
     assert torch.equal(PastedObject.render_together(x, m, parts), torch.cat(alone))
     assert len({op._half(*x.shape[-2:]) for op, _, _ in parts}) > 1
 
