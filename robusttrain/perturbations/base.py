@@ -794,12 +794,17 @@ class Perturbation:
         sev: torch.Tensor,
         generator: torch.Generator | None,
         sev_list: list[int] | None = None,
+        taken: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
     ) -> FamilyParams:
+        """``taken``: a list that gets each group's rows of ``images`` and ``masks`` (a caller that applies the
+        groups next reuses them instead of taking the rows again)."""
         if self.batched_severities():
             return [(all_rows(images.shape[0]), self._sample_at(images, masks, sev, generator))]
         out = []
         for s, rows in severity_groups(sev if sev_list is None else sev_list):
             x, m = _take_rows(images, masks, rows)
+            if taken is not None:
+                taken.append((x, m))
             op = self.at_severity(s)
             # the input was checked once; a family that overrides the public contract still gets called by it
             own = type(op).sample_params is not Perturbation.sample_params
@@ -840,8 +845,9 @@ class Perturbation:
         # the severity of each group, on the host, when the groups are this call's own (one per severity, in
         # order of first appearance): reading it from a group's rows would be two ops per group
         group_sev: list[int] | None = None
+        taken: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         if params is None:
-            params = self._sample_family(images, masks, sev, generator, sev_list)
+            params = self._sample_family(images, masks, sev, generator, sev_list, taken)
             if not self.batched_severities():
                 group_sev = list(dict.fromkeys(sev_list))
         if self.batched_severities() and len(params) > 1:
@@ -859,7 +865,8 @@ class Perturbation:
             return self.at_severity(sev_list[0])._apply_checked(images, masks, params[0][1]), params
         ys = []
         for i, (rows, p) in enumerate(params):
-            x, m = _take_rows(images, masks, rows)
+            # this call's own groups: their rows as sampling took them (not taken twice)
+            x, m = taken[i] if group_sev is not None and taken else _take_rows(images, masks, rows)
             if self.batched_severities():
                 self._check_params(p, x.shape[0])
                 y = op._apply_torch(x, m, params_to(p, images.device))

@@ -100,10 +100,11 @@ class PastedObject(PlacedSampling, Perturbation):
         )
 
     def _luma_on(self, device) -> torch.Tensor:
-        """The cut-outs' mean luma as a tensor on ``device``, made once (not 2 ops every call)."""
+        """The cut-outs' mean luma, floored at 0.05 (as the gain uses it), as a tensor on ``device``, made once
+        (not 3 ops every call)."""
         cache = self.__dict__.setdefault("_luma_dev", {})
         if device not in cache:
-            cache[device] = torch.as_tensor(self._luma, device=device)
+            cache[device] = torch.as_tensor(self._luma, device=device).clip(0.05, None)
         return cache[device]
 
     def _bank(self, device):
@@ -113,8 +114,8 @@ class PastedObject(PlacedSampling, Perturbation):
 
     # -- sampling -----------------------------------------------------------------------------
     def _gain(self, near, idx, xp, device):
-        cl = self._luma_on(device)[idx] if xp is torch else self._luma[idx]
-        return xp.clip((near / xp.clip(cl, 0.05, None)) ** 0.6, 0.4, 1.5) * xp.clip(near / 0.45, 0.5, 1.0)
+        cl = self._luma_on(device)[idx] if xp is torch else np.clip(self._luma[idx], 0.05, None)
+        return xp.clip((near / cl) ** 0.6, 0.4, 1.5) * xp.clip(near / 0.45, 0.5, 1.0)
 
     def _size(self, r, b: int, side: int, dev, sev):
         """Object sizes in px: the severity's range, or (``sev``, torch only) each row's own severity's range
