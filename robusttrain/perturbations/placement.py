@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import SHARED_SCOPES, NumpyRandom, TorchRandom, torch_generator_from
+from .base import SHARED_SCOPES, NumpyRandom, TorchRandom, all_rows, torch_generator_from
 from .border import (
     cell_means,
     cell_means_np,
@@ -253,9 +253,12 @@ def erode_cells_rows(free: torch.Tensor, radii: list[int]) -> torch.Tensor:
     ]
     if len(pooled) == 1:
         return pooled[0][:, 0] == 0
-    which = np.searchsorted(distinct, radii)  # each row's pool
-    rows = torch.from_numpy(np.stack([np.arange(len(radii)), which]))
-    return torch.cat(pooled, 1)[tuple(rows.to(free.device))] == 0
+    # each row's pool: (row, pool) index pairs, the rows the shared arange (no op to make or split them)
+    which = torch.from_numpy(np.searchsorted(distinct, radii).astype(np.int64))
+    rows = all_rows(len(radii))
+    if free.device.type != "cpu":
+        rows, which = rows.to(free.device), which.to(free.device)
+    return torch.cat(pooled, 1)[rows, which] == 0
 
 
 def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
