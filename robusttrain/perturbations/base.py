@@ -87,27 +87,66 @@ def severity_tensor(severities: Any, b: int, name: str = "perturbation") -> torc
 
 
 def _severities(severities: Any, b: int, name: str) -> tuple[torch.Tensor, list[int]]:
-    """:func:`severity_tensor` and its values as host ints (read once: every read of a tensor is ops)."""
-    sev = torch.as_tensor(severities)
-    sev = sev if sev.ndim == 1 else sev.reshape(-1)
-    if sev.numel() != b:
-        raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
-    if sev.is_floating_point() or sev.dtype == torch.bool:
-        raise ValueError(f"{name}: severities must be integers 1..5, got dtype {sev.dtype}")
-    values = sev.tolist()  # host data (drawn on the CPU): no device sync on this path
+    """:func:`severity_tensor` and its values as host ints (read once: every read of a tensor is ops). A numpy
+    integer array (what :class:`~robusttrain.training.worst_of_k.WorstOfK` passes) is read without a tensor
+    op and wrapped without a copy (one op instead of four)."""
+    if isinstance(severities, np.ndarray) and severities.dtype.kind in "iu":
+        arr = severities.reshape(-1)
+        if arr.size != b:
+            raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {arr.size}")
+        values = arr.tolist()
+        sev = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64))
+    else:
+        sev = torch.as_tensor(severities)
+        sev = sev if sev.ndim == 1 else sev.reshape(-1)
+        if sev.numel() != b:
+            raise ValueError(f"{name}: severities must have one entry per image (B={b}), got {sev.numel()}")
+        if sev.is_floating_point() or sev.dtype == torch.bool:
+            raise ValueError(f"{name}: severities must be integers 1..5, got dtype {sev.dtype}")
+        values = sev.tolist()  # host data (drawn on the CPU): no device sync on this path
+        sev = sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()
     if min(values) < 1 or max(values) > 5:
         raise ValueError(
             f"{name}: severities must be integers 1..5, got values in [{min(values)}, {max(values)}]"
         )
-    return (sev if sev.device.type == "cpu" and sev.dtype == torch.long else sev.cpu().long()), values
+    _LAST_SEVERITIES[:] = [(sev, values)]
+    return sev, values
 
 
-def severity_groups(sev: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-    """``(severity, rows)`` per distinct severity of a CPU long tensor, in order of first appearance."""
+# The last severity tensor read by _severities and its host values (the tensor held, so its identity is
+# its own while it is here): a family's sampler that needs the values on the host gets them without ops.
+_LAST_SEVERITIES: list[tuple[torch.Tensor, list[int]]] = []
+
+
+def severity_values(sev: torch.Tensor) -> list[int]:
+    """``sev.tolist()`` for a CPU severity tensor, without the read (two ops) when it is the one the current
+    family call checked."""
+    if _LAST_SEVERITIES and _LAST_SEVERITIES[0][0] is sev:
+        return list(_LAST_SEVERITIES[0][1])
+    return sev.tolist()
+
+
+def severity_groups(sev: torch.Tensor | list[int]) -> list[tuple[int, torch.Tensor]]:
+    """``(severity, rows)`` per distinct severity of a CPU long tensor (or its values as host ints), in order
+    of first appearance."""
     groups: dict[int, list[int]] = {}
-    for i, s in enumerate(sev.tolist()):
+    for i, s in enumerate(sev if isinstance(sev, list) else sev.tolist()):
         groups.setdefault(int(s), []).append(i)
-    return [(s, torch.tensor(rows, dtype=torch.long)) for s, rows in groups.items()]
+    if len(groups) == 1:
+        return [(s, all_rows(len(rows))) for s, rows in groups.items()]
+    return [(s, torch.from_numpy(np.asarray(rows, dtype=np.int64))) for s, rows in groups.items()]
+
+
+_ALL_ROWS: dict[int, torch.Tensor] = {}
+
+
+def all_rows(b: int) -> torch.Tensor:
+    """``torch.arange(b)`` (CPU long), made once per ``b``: the rows of a one-group family call. Shared, so
+    :func:`_is_arange` knows it without reading it; callers must not modify it."""
+    rows = _ALL_ROWS.get(b)
+    if rows is None:
+        rows = _ALL_ROWS[b] = torch.arange(b)
+    return rows
 
 
 def merge_groups(groups: FamilyParams, b: int) -> FamilyParams:
@@ -135,10 +174,12 @@ def merge_groups(groups: FamilyParams, b: int) -> FamilyParams:
         vals = [p[k] for _, p in groups]
         dev = vals[0].device
         merged[k] = torch.cat([v.to(dev) for v in vals])[inv.to(dev)]
-    return [(torch.arange(b), merged)]
+    return [(all_rows(b), merged)]
 
 
 def _is_arange(rows: torch.Tensor) -> bool:
+    if rows is _ALL_ROWS.get(rows.numel()):
+        return True  # the shared arange: known without reading it (a read is two ops)
     return rows.tolist() == list(range(rows.numel()))
 
 
@@ -294,6 +335,8 @@ class TorchRandom:
     def __init__(self, generator: torch.Generator | None):
         self.g = generator
         self.device = generator.device if generator is not None else torch.device("cpu")
+        # (id of a range table, id of a severity tensor) -> (the tensor, its rows' lo, span): see _rows_of
+        self._rows_memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def uniform(self, lo: float, hi: float, shape: tuple[int, ...]) -> torch.Tensor:
         u = torch.rand(shape, generator=self.g, device=self.device)
@@ -314,16 +357,32 @@ class TorchRandom:
         """:meth:`uniform` with row i drawn in ``ranges[sev[i]]``: the same values as ``uniform(lo, hi, shape)``
         from the same stream when every row has that severity (``lo`` and ``hi - lo`` are rounded to float32
         as the scalar draw rounds them)."""
-        lo, span = _range_table(ranges)
         u = torch.rand(shape, generator=self.g, device=self.device)
-        at = sev - 1
-        if self.device != at.device:
-            lo, span, at = lo.to(self.device), span.to(self.device), at.to(self.device)
-        lo, span = lo[at], span[at]
+        lo, span = self._rows_of(ranges, sev)
         if len(shape) > 1:
             view = (-1,) + (1,) * (len(shape) - 1)
             lo, span = lo.view(view), span.view(view)
         return lo + span * u
+
+    def _rows_of(
+        self, ranges: Mapping[int, tuple[float, float]], sev: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``lo`` and ``hi - lo`` of ``ranges``, gathered once per table and severity tensor for
+        this random source (a family that draws several params from one table gathers its rows once; the
+        tables are indexed by the severity itself: no ``sev - 1``)."""
+        table = _range_table(ranges)
+        memo = self._rows_memo
+        key = (id(table), id(sev))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is sev:
+            return hit[1], hit[2]
+        lo, span = table
+        at = sev
+        if self.device != at.device:
+            lo, span, at = lo.to(self.device), span.to(self.device), at.to(self.device)
+        rows = lo[at], span[at]
+        memo[key] = (sev, *rows)  # the severities held: their id cannot be reused meanwhile
+        return rows
 
     def integers_upto(self, sev: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """Integers in [0, sev[i]] per row: ``integers(0, s + 1, shape)`` (the same stream) when every row has
@@ -396,6 +455,23 @@ def image_to_batch(image: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(to_float01(image))).permute(2, 0, 1)[None].contiguous()
 
 
+def _tensor(v: Any) -> torch.Tensor:
+    """``torch.as_tensor(v)`` without the op when ``v`` is a tensor already (as_tensor of a tensor costs
+    one)."""
+    return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+
+
+def f32(t: torch.Tensor) -> torch.Tensor:
+    """``t.float()`` without the op when ``t`` is float32 already (a no-op cast still costs an op: a launch on
+    an accelerator)."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the op when ``t`` has that dtype already."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def params_to(params: Params, device: torch.device) -> Params:
     """Move params to ``device`` (non-blocking; a no-op when already there)."""
     return {k: (v if v.device == device else v.to(device, non_blocking=True)) for k, v in params.items()}
@@ -403,13 +479,15 @@ def params_to(params: Params, device: torch.device) -> Params:
 
 @functools.cache
 def _range_table_cached(items: tuple[tuple[int, float, float], ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    lo = torch.tensor([a for _, a, _ in items], dtype=torch.float32)
-    span = torch.tensor([b - a for _, a, b in items], dtype=torch.float32)  # hi - lo in double, then float32
+    # entry 0 is unused: the tables are indexed by the severity itself
+    lo = torch.tensor([0.0] + [a for _, a, _ in items], dtype=torch.float32)
+    # hi - lo in double, then float32
+    span = torch.tensor([0.0] + [b - a for _, a, b in items], dtype=torch.float32)
     return lo, span
 
 
 def _range_table(ranges: Mapping[int, tuple[float, float]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(5,) float32 ``lo`` and ``hi - lo`` per severity 1..5 (cached per table)."""
+    """(6,) float32 ``lo`` and ``hi - lo`` at index 1..5 = the severity (cached per table)."""
     return _range_table_cached(tuple((s, float(ranges[s][0]), float(ranges[s][1])) for s in SEVERITIES))
 
 
@@ -463,6 +541,10 @@ class Perturbation:
     PARAM_KEYS: tuple[str, ...] | None = None
     # the constructor arguments, set by __new__ (read through init_args())
     _init_args: dict[str, Any]
+    # Families whose ``_apply_torch`` is one shared renderer over per-row params name it here (the pasted
+    # objects): a caller applying several of them to one batch may render them in one call with
+    # :meth:`render_together` (the same pixels as one call per family: fewer launches on an accelerator).
+    render_group: str | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any):
         # Record the constructor arguments (defaults filled in) before __init__ runs, so any family can be
@@ -531,7 +613,7 @@ class Perturbation:
         self, images: torch.Tensor, masks: torch.Tensor | None, generator: torch.Generator | None
     ) -> Params:
         draws = {
-            k: torch.as_tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()
+            k: _tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()
         }
         params = params_to(draws, images.device)
         params.update(self._content_torch(images, masks, params))
@@ -634,6 +716,15 @@ class Perturbation:
     ) -> np.ndarray:
         raise NotImplementedError
 
+    @classmethod
+    def render_together(
+        cls, images: torch.Tensor, masks: torch.Tensor | None, parts: list[tuple[Perturbation, Params, int]]
+    ) -> torch.Tensor:
+        """Apply several families of one :attr:`render_group` to consecutive rows of ``images`` in one call:
+        ``parts`` are (family at the severity its call applies at, its params, its number of rows), in row
+        order; the result equals each part's ``_apply_torch`` on its rows."""
+        raise NotImplementedError(f"{cls.__name__}: no shared renderer (render_group is None)")
+
     # -- one call per family: rows with their own severities --------------------------------
     def at_severity(self, severity: int) -> Perturbation:
         """This family, built with the same constructor arguments, at ``severity`` (cached per instance).
@@ -666,7 +757,7 @@ class Perturbation:
     ) -> Params:
         """Params of a batch whose row i has severity ``sev[i]`` (CPU long), in one call: ``_draw_at`` and
         ``_content_torch``; families whose sampler is not ``_draw`` (placed families) override this instead."""
-        draws = {k: torch.as_tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
+        draws = {k: _tensor(v) for k, v in self._draw_at(TorchRandom(generator), sev).items()}
         params = params_to(draws, images.device)
         params.update(self._content_torch(images, masks, params))
         return params
@@ -711,12 +802,18 @@ class Perturbation:
         masks: torch.Tensor | None,
         sev: torch.Tensor,
         generator: torch.Generator | None,
+        sev_list: list[int] | None = None,
+        taken: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
     ) -> FamilyParams:
+        """``taken``: a list that gets each group's rows of ``images`` and ``masks`` (a caller that applies the
+        groups next reuses them instead of taking the rows again)."""
         if self.batched_severities():
-            return [(torch.arange(images.shape[0]), self._sample_at(images, masks, sev, generator))]
+            return [(all_rows(images.shape[0]), self._sample_at(images, masks, sev, generator))]
         out = []
-        for s, rows in severity_groups(sev):
+        for s, rows in severity_groups(sev if sev_list is None else sev_list):
             x, m = _take_rows(images, masks, rows)
+            if taken is not None:
+                taken.append((x, m))
             op = self.at_severity(s)
             # the input was checked once; a family that overrides the public contract still gets called by it
             own = type(op).sample_params is not Perturbation.sample_params
@@ -753,9 +850,15 @@ class Perturbation:
         images = check_batch(images, self.name, self.rgb, check_range=check_range)
         masks = check_masks(masks, images, self.name)
         sev, sev_list = _severities(severities, images.shape[0], self.name)
-        if params is None:
-            params = self._sample_family(images, masks, sev, generator)
         b = images.shape[0]
+        # the severity of each group, on the host, when the groups are this call's own (one per severity, in
+        # order of first appearance): reading it from a group's rows would be two ops per group
+        group_sev: list[int] | None = None
+        taken: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        if params is None:
+            params = self._sample_family(images, masks, sev, generator, sev_list, taken)
+            if not self.batched_severities():
+                group_sev = list(dict.fromkeys(sev_list))
         if self.batched_severities() and len(params) > 1:
             params = merge_groups(params, b)
         if self.batched_severities():
@@ -766,20 +869,32 @@ class Perturbation:
                 self._check_params(params[0][1], b)
                 return op._apply_torch(images, masks, params_to(params[0][1], images.device)), params
         elif len(params) == 1 and params[0][0].numel() == b and _is_arange(params[0][0]):
-            if len(severity_groups(sev)) > 1:
+            if len(set(sev_list)) > 1:
                 raise ValueError(f"{self.name}: one params group for rows of different severities")
-            return self.at_severity(int(sev[0]))._apply_checked(images, masks, params[0][1]), params
-        out = images.clone()
-        for rows, p in params:
-            x, m = _take_rows(images, masks, rows)
+            return self.at_severity(sev_list[0])._apply_checked(images, masks, params[0][1]), params
+        ys = []
+        for i, (rows, p) in enumerate(params):
+            # this call's own groups: their rows as sampling took them (not taken twice)
+            x, m = taken[i] if group_sev is not None and taken else _take_rows(images, masks, rows)
             if self.batched_severities():
                 self._check_params(p, x.shape[0])
                 y = op._apply_torch(x, m, params_to(p, images.device))
             else:
-                y = self.at_severity(sev_list[int(rows[0])])._apply_checked(x, m, p)
+                s = group_sev[i] if group_sev is not None else sev_list[int(rows[0])]
+                y = self.at_severity(s)._apply_checked(x, m, p)
+            ys.append(y if y.dtype == images.dtype else y.to(images.dtype))
+        if group_sev is not None:
+            # this call's groups partition the rows: the output is their results in row order (one
+            # concatenation and one gather, not a copy of the batch and a scatter per group)
+            order = np.fromiter((i for s in group_sev for i, v in enumerate(sev_list) if v == s), np.int64, b)
+            inv = np.empty(b, dtype=np.int64)
+            inv[order] = np.arange(b)
+            at = torch.from_numpy(inv)
+            return torch.cat(ys)[at if at.device == images.device else at.to(images.device)], params
+        out = images.clone()
+        for (rows, _), y in zip(params, ys):
             # a no-op .to still costs an op per group: move / cast only what differs
-            at = rows if rows.device == images.device else rows.to(images.device)
-            out[at] = y if y.dtype == images.dtype else y.to(images.dtype)
+            out[rows if rows.device == images.device else rows.to(images.device)] = y
         return out, params
 
     def _apply_checked(

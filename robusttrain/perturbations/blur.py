@@ -94,10 +94,13 @@ def _opencv_planes(images: torch.Tensor, kernels: torch.Tensor, prepare, filter_
     reading the tensor without a copy and writing into one preallocated output; ``prepare`` trims
     each sample's kernel once (a small kernel then costs less than the batch maximum)."""
     b, c, h, w = images.shape
-    x = images.detach().contiguous().numpy()
-    out = torch.empty((b, c, h, w), dtype=images.dtype)
-    o = out.numpy()
-    ks = kernels.detach().cpu().to(torch.float32).numpy()
+    # tensor <-> numpy conversions cost ops (reads of the tensor): one per input, the output made in numpy
+    x = (images.detach() if images.requires_grad else images).contiguous().numpy()
+    o = np.empty((b, c, h, w), dtype=np.float32)
+    out = torch.from_numpy(o)
+    if kernels.requires_grad or kernels.device.type != "cpu" or kernels.dtype != torch.float32:
+        kernels = kernels.detach().cpu().to(torch.float32)
+    ks = kernels.numpy()
     for i in range(b):
         k = prepare(ks[i])
         for j in range(c):
@@ -330,6 +333,12 @@ def _texture_on(device: torch.device, p: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=8)
+def _noise_tile_np(level: int, h: int, w: int) -> np.ndarray:
+    """:func:`_noise_tile_torch` as a numpy array (read once per tile, not once per image)."""
+    return _noise_tile_torch(level, h, w).numpy()
+
+
+@lru_cache(maxsize=8)
 def _noise_tile_torch(level: int, h: int, w: int) -> torch.Tensor:
     """``round(level * texture) / 255`` tiled to (3, h+p, w+p) float32 on CPU: a sample's noise is a
     view of it at its offset, the very values the gather below produces."""
@@ -353,7 +362,7 @@ def add_noise_torch(x: torch.Tensor, level: torch.Tensor, offset: torch.Tensor) 
             if lv > 0:
                 oy, ox = _shift(int(oy), p), _shift(int(ox), p)
                 np.add(
-                    xn[i], _noise_tile_torch(int(lv), h, w).numpy()[:c, oy : oy + h, ox : ox + w], out=xn[i]
+                    xn[i], _noise_tile_np(int(lv), h, w)[:c, oy : oy + h, ox : ox + w], out=xn[i]
                 )
             np.clip(xn[i], 0.0, 1.0, out=xn[i])
         return x

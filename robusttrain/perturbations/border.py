@@ -44,6 +44,19 @@ def dilate3(x: torch.Tensor) -> torch.Tensor:
     return r[..., :-2, :] | r[..., 1:-1, :] | r[..., 2:, :]
 
 
+_RIMS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _rim(hc: int, wc: int, device: torch.device) -> torch.Tensor:
+    """(Hc,Wc) bool, True on the grid's outer ring (first / last row and column), made once per grid."""
+    key = (hc, wc, device)
+    if key not in _RIMS:
+        rim = torch.zeros(hc, wc, dtype=torch.bool, device=device)
+        rim[0, :] = rim[-1, :] = rim[:, 0] = rim[:, -1] = True
+        _RIMS[key] = rim
+    return _RIMS[key]
+
+
 def fov_lowres(images: torch.Tensor) -> torch.Tensor:
     """(B,C,H,W) in [0,1] -> (B,1,Hc,Wc) bool, True inside the field of view (cells of :func:`cell_size`)."""
     return fov_from_cells(cell_means(images))
@@ -71,11 +84,11 @@ def fov_from_cells(low: torch.Tensor, stop_at_fixed_point: bool = True) -> torch
         return fov_from_cells(low.detach().cpu(), stop_at_fixed_point).to(low.device)
     hc, wc = low.shape[-2:]
     dark = low.amax(dim=1, keepdim=True) < DARK
-    reach = torch.zeros_like(dark)
-    reach[..., 0, :] = dark[..., 0, :]
-    reach[..., -1, :] = dark[..., -1, :]
-    reach[..., :, 0] = dark[..., :, 0]
-    reach[..., :, -1] = dark[..., :, -1]
+    reach = dark & _rim(hc, wc, dark.device)  # the dark cells on the grid's outer ring
+    if stop_at_fixed_point and not bool(reach.any()):
+        # no dark cell on the rim (no border: a cropped frame): nothing grows, every cell is in view (what the
+        # loop and the margin dilation give, in two ops instead of ~25; this runs on the host)
+        return torch.ones_like(dark)
     for it in range(_iterations(hc, wc)):
         grown = dilate3(reach) & dark
         # checked on the first step too: a frame without a dark rim (cropped) stops after one dilation

@@ -13,7 +13,8 @@ import cv2
 import numpy as np
 import torch
 
-from .base import NumpyRandom, Params, Perturbation, TorchRandom
+from .base import NumpyRandom, Params, Perturbation, TorchRandom, f32
+from .base import cast as as_dtype
 
 # Rec.601 luma weights (what torchvision's rgb_to_grayscale uses) for RGB order.
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
@@ -30,13 +31,27 @@ _CONST_ON: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def const_on(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``"luma"`` (3,) weights or the ``"eye"`` (3, 3) identity on ``device``, made once (a constant built per
-    call costs ops every call). Callers must not modify it."""
+    """``"luma"`` (3,) weights (``"luma_row"`` shaped (1,1,3)) or the ``"eye"`` (3, 3) identity on ``device``,
+    made once (a constant built per call costs ops every call). Callers must not modify it."""
     key = (name, device, dtype)
     if key not in _CONST_ON:
-        value = LUMA if name == "luma" else np.eye(3, dtype=np.float32)
+        if name == "luma_row":  # (1,1,3): the weights broadcast over (B,3,3)
+            value = LUMA.reshape(1, 1, 3)
+        else:
+            value = LUMA if name == "luma" else np.eye(3, dtype=np.float32)
         _CONST_ON[key] = torch.as_tensor(value, device=device, dtype=dtype)
     return _CONST_ON[key]
+
+
+_ZEROS_ON: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _zeros_on(b: int, c: int, device: torch.device) -> torch.Tensor:
+    """A (b, c) float32 zero offset on ``device``, made once per shape (callers must not modify it)."""
+    key = (b, c, device)
+    if key not in _ZEROS_ON:
+        _ZEROS_ON[key] = torch.zeros(b, c, device=device)
+    return _ZEROS_ON[key]
 
 
 def _xp(v: Any):
@@ -62,8 +77,11 @@ def _scaled_saturation_rows(s: np.float32, k: np.float32, off: float = 0.0) -> l
 
 def _saturation_matrix(s: Any, xp) -> Any:
     """(B,3,3) matrices blending each pixel with its grey value: S = s*I + (1-s) * 1 w^T."""
-    w = xp.asarray(LUMA) if xp is np else const_on("luma", s.device)
-    eye = xp.eye(3, dtype=xp.float32) if xp is np else const_on("eye", s.device)
+    if xp is not np:  # the same products and sum, with one view of ``s`` and constant shapes (fewer ops)
+        s3 = s.reshape(-1, 1, 1)
+        return s3 * const_on("eye", s.device) + (1 - s3) * const_on("luma_row", s.device)
+    w = xp.asarray(LUMA)
+    eye = xp.eye(3, dtype=xp.float32)
     return s[:, None, None] * eye + (1 - s)[:, None, None] * w[None, None, :]
 
 
@@ -111,8 +129,8 @@ class _AffineColour(Perturbation):
         out = torch.empty_like(images)
         # One read + one write of the batch: out = offset + M @ x, then an in-place clamp.
         torch.baddbmm(
-            off.to(images.dtype)[:, :, None],
-            m.to(images.dtype),
+            as_dtype(off, images.dtype).unsqueeze(2),
+            as_dtype(m, images.dtype),
             images.reshape(b, c, h * w),
             out=out.view(b, c, h * w),
         )
@@ -174,13 +192,10 @@ class Saturation(_AffineColour):
     def _affine(self, params, channels=3):
         f, br = params["factor"], params["brightness"]
         xp = _xp(f)
+        if xp is not np:
+            return br.reshape(-1, 1, 1) * _saturation_matrix(f, xp), _zeros_on(f.shape[0], 3, f.device)
         m = br[:, None, None] * _saturation_matrix(f, xp)
-        off = (
-            xp.zeros((f.shape[0], 3), dtype=xp.float32)
-            if xp is np
-            else torch.zeros(f.shape[0], 3, device=f.device)
-        )
-        return m, off
+        return m, xp.zeros((f.shape[0], 3), dtype=xp.float32)
 
 
 class Contrast(_AffineColour):
@@ -243,6 +258,10 @@ class Contrast(_AffineColour):
     def _affine(self, params, channels=3):
         c, br, s, mean = params["contrast"], params["brightness"], params["saturation"], params["mean"]
         xp = _xp(c)
+        if xp is not np:  # the same products, one view each, the offset broadcast (not multiplied by 1)
+            k3 = (c * br).reshape(-1, 1, 1)
+            m = k3 if channels == 1 else k3 * _saturation_matrix(s, xp)
+            return m, ((1 - c) * br * mean).unsqueeze(1).expand(-1, channels)
         # saturation is the identity on grey: out = c*b*x + (1-c)*b*mean
         m = (c * br)[:, None, None] if channels == 1 else (c * br)[:, None, None] * _saturation_matrix(s, xp)
         ones = (
@@ -323,7 +342,7 @@ class WhiteBalance(_AffineColour):
         green = xp.stack([s1, one, s2], 1)  # R, G, B for a green cast
         purple = xp.stack([s1, s2, one], 1)  # R, G, B for a purple cast
         gains = xp.where((cast == 0)[:, None], green, purple)
-        return {"cast": cast, "gains": gains.astype(np.float32) if xp is np else gains.float()}
+        return {"cast": cast, "gains": gains.astype(np.float32) if xp is np else f32(gains)}
 
     def _affine(self, params, channels=3):
         g = params["gains"]
@@ -332,10 +351,10 @@ class WhiteBalance(_AffineColour):
             m = np.zeros((g.shape[0], 3, 3), np.float32)
             m[:, [0, 1, 2], [0, 1, 2]] = g
             return m, np.zeros((g.shape[0], 3), np.float32)
-        return torch.diag_embed(g.float()), torch.zeros(g.shape[0], 3, device=g.device)
+        return torch.diag_embed(f32(g)), _zeros_on(g.shape[0], 3, g.device)
 
     def _apply_torch(self, images, masks, params):
         # A diagonal matrix is just a per-channel gain: one broadcasted multiply into a fresh buffer.
-        g = params["gains"].to(images.dtype)
-        out = torch.mul(images, g[:, :, None, None])
+        g = as_dtype(params["gains"], images.dtype)
+        out = torch.mul(images, g.reshape(g.shape[0], -1, 1, 1))
         return out.clamp_(0.0, 1.0)

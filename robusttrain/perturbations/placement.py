@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import SHARED_SCOPES, NumpyRandom, TorchRandom, torch_generator_from
+from .base import SHARED_SCOPES, NumpyRandom, TorchRandom, all_rows, torch_generator_from
 from .border import (
     cell_means,
     cell_means_np,
@@ -108,11 +108,38 @@ class SharedMaps:
     def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(images[rows], masks[rows])``, remembered as those rows (the tensors are held, so their address
         cannot be reused while the context is open)."""
-        rows = rows.to(self.images.device)
+        rows = rows if rows.device == self.images.device else rows.to(self.images.device)
         x = self.images[rows]
         m = None if self.masks is None else self.masks[rows]
         self.views[_tensor_key(x)] = (x, m, rows)
         return x, m
+
+    def take_split(self, rows: list[int], sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """:meth:`take` of consecutive pieces of ``rows`` (host ints; piece i has ``sizes[i]`` rows) in one
+        gather and one split (not three ops per piece); each piece is remembered as its rows, whose tensor
+        is made only if that piece's maps are looked up."""
+        at = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        at = at if at.device == self.images.device else at.to(self.images.device)
+        xs = self.images[at].split(sizes)
+        ms: list[torch.Tensor | None] = [None] * len(sizes)
+        if self.masks is not None:
+            ms = list(self.masks[at].split(sizes))
+        out, start = [], 0
+        for x, m, size in zip(xs, ms, sizes):
+            self.views[_tensor_key(x)] = (x, m, rows[start : start + size])
+            out.append((x, m))
+            start += size
+        return out
+
+    def _rows(self, view: tuple) -> torch.Tensor:
+        """A remembered view's rows as a tensor on the images' device (made from host ints on first use)."""
+        rows = view[2]
+        if isinstance(rows, torch.Tensor):
+            return rows
+        t = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        t = t if t.device == self.images.device else t.to(self.images.device)
+        self.views[_tensor_key(view[0])] = (view[0], view[1], t)
+        return t
 
     def take_from(
         self, images: torch.Tensor, masks: torch.Tensor | None, rows: torch.Tensor
@@ -121,7 +148,8 @@ class SharedMaps:
         view = self.views.get(_tensor_key(images))
         if view is None:
             return None
-        x, m = self.take(view[2][rows.to(view[2].device)])
+        own = self._rows(view)
+        x, m = self.take(own[rows if rows.device == own.device else rows.to(own.device)])
         return x, (None if masks is None else m)
 
     def lookup(self, images: torch.Tensor, masks: torch.Tensor | None):
@@ -129,7 +157,7 @@ class SharedMaps:
         if view is None or (masks is not None and _tensor_key(masks) != _tensor_key(view[1])):
             return None
         luma, fov, free, k = self._batch_maps()
-        rows = view[2]
+        rows = self._rows(view)
         return luma[rows], (fov if masks is None else free)[rows], k
 
     def fov_pixels(self, images: torch.Tensor) -> torch.Tensor | None:
@@ -139,7 +167,7 @@ class SharedMaps:
             return None
         if self._fov_px is None:
             self._fov_px = fov_cells_to_mask(self._batch_maps()[1][:, None], *self.images.shape[-2:])
-        return self._fov_px[view[2]]
+        return self._fov_px[self._rows(view)]
 
     def _batch_maps(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         if self._maps is None:
@@ -227,9 +255,12 @@ def erode_cells_rows(free: torch.Tensor, radii: list[int]) -> torch.Tensor:
     ]
     if len(pooled) == 1:
         return pooled[0][:, 0] == 0
-    which = np.searchsorted(distinct, radii)  # each row's pool
-    rows = torch.from_numpy(np.stack([np.arange(len(radii)), which]))
-    return torch.cat(pooled, 1)[tuple(rows.to(free.device))] == 0
+    # each row's pool: (row, pool) index pairs, the rows the shared arange (no op to make or split them)
+    which = torch.from_numpy(np.searchsorted(distinct, radii).astype(np.int64))
+    rows = all_rows(len(radii))
+    if free.device.type != "cpu":
+        rows, which = rows.to(free.device), which.to(free.device)
+    return torch.cat(pooled, 1)[rows, which] == 0
 
 
 def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
@@ -242,8 +273,8 @@ def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
     flat = score.reshape(b, -1)
     u = r.uniform(1e-6, 1.0, tuple(flat.shape))
     u = u if u.device == flat.device else u.to(flat.device)
-    gumbel = -torch.log(-torch.log(u))
-    keys = torch.log(flat.clamp_min(1e-12)) + gumbel
+    # log(score) + Gumbel noise -log(-log u), added as a subtraction (the same float: negation is exact)
+    keys = torch.log(flat.clamp_min(1e-12)) - torch.log(-torch.log(u))
     return keys.topk(n, dim=1).indices
 
 
@@ -276,6 +307,24 @@ def cell_index(y: torch.Tensor, x: torch.Tensor, k: int, cells: Sequence[int]) -
     return cy * wc + cx
 
 
+_YX_CONSTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def cell_index_yx(yx: torch.Tensor, k: int, cells: tuple[int, int]) -> torch.Tensor:
+    """:func:`cell_index` of pixel positions given as (..., 2) (y, x) pairs -> (...) flat indices: the same
+    integers, both axes in each op (the constants made once per grid and device)."""
+    hc, wc = cells
+    key = (hc, wc, yx.device)
+    if key not in _YX_CONSTS:
+        _YX_CONSTS[key] = (
+            torch.zeros(2, dtype=torch.long, device=yx.device),
+            torch.tensor([hc - 1, wc - 1], device=yx.device),
+            torch.tensor([wc, 1], device=yx.device),
+        )
+    zero, last, stride = _YX_CONSTS[key]
+    return (torch.clamp((yx / k).long(), zero, last) * stride).sum(-1)
+
+
 __all__ = [
     "SharedMaps",
     "maps_torch",
@@ -283,6 +332,7 @@ __all__ = [
     "erode_cells",
     "erode_cells_rows",
     "cell_index",
+    "cell_index_yx",
     "window_offsets",
     "pick_cells",
     "gather_cells",

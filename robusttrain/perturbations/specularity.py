@@ -21,10 +21,10 @@ import math
 import numpy as np
 import torch
 
-from .base import Perturbation, TorchRandom, rel_to_px, short_side, supersampling
+from .base import Perturbation, TorchRandom, cast, f32, rel_to_px, severity_values, short_side, supersampling
 from .placement import (
     PlacedSampling,
-    cell_index,
+    cell_index_yx,
     erode_cells_np,
     erode_cells_rows,
     gather_cells_np,
@@ -37,8 +37,24 @@ from .placement import (
 CORE, EDGE, REACH = 0.55, 0.30, 1.45
 _G_REACH = math.exp(-0.5 * ((REACH - CORE) / EDGE) ** 2)
 # A spot's probe points: its centre and the four corners of its bounding box, (y, x) steps of one reach
-_PROBE_Y = torch.tensor([0.0, -1.0, -1.0, 1.0, 1.0])[None, :, None]
-_PROBE_X = torch.tensor([0.0, -1.0, 1.0, -1.0, 1.0])[None, :, None]
+_PROBE_YX = [[0.0, 0.0], [-1.0, -1.0], [-1.0, 1.0], [1.0, -1.0], [1.0, 1.0]]
+_PROBES: dict[tuple[int, int, int, int, int, torch.device], dict[str, torch.Tensor]] = {}
+
+
+def _probe_consts(h: int, w: int, hc: int, wc: int, s: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The probe placement's constants on ``device`` (made once per image size, grid, spot count, device):
+    probe steps (1,5,1,2), the last pixel per axis, (1,S) spot numbers and the image size (y, x)."""
+    key = (h, w, hc, wc, 0, device)
+    if key not in _PROBES:
+        _PROBES[key] = {
+            "probe": torch.tensor(_PROBE_YX, device=device).view(1, 5, 1, 2),
+            "last_px": torch.tensor([h - 1, w - 1], dtype=torch.float32, device=device),
+            "hw": torch.tensor([h, w], dtype=torch.float32, device=device),
+        }
+    spots = (0, 0, 0, 0, s, device)
+    if spots not in _PROBES:
+        _PROBES[spots] = {"arange": torch.arange(s, device=device)[None]}
+    return {**_PROBES[key], **_PROBES[spots]}
 
 # Sub-pixel grid cap: 2 x 2 samples per pixel keep a 128-px image within 0.05 of the downsized 512-px
 # rendering (tests/test_perturbations_calibration.py) at a quarter of the cost of 4 x 4.
@@ -47,14 +63,34 @@ SUPERSAMPLE = 2
 
 def _alpha(py, px, cy, cx, a, b, ang, strength, xp):
     """Opacity of one spot at pixel coordinates (py, px); same float32 formula on both paths."""
-    u, v = px - cx, py - cy
+    return _alpha_at(px - cx, py - cy, a + 1e-3, b + 1e-3, ang, strength, xp)
+
+
+def _alpha_at(u, v, a_eps, b_eps, ang, strength, xp):
+    """:func:`_alpha` at offsets (u, v) = (x, y) from the spot's centre, semi-axes plus 1e-3 given."""
     c, s = xp.cos(ang), xp.sin(ang)
     xr, yr = u * c + v * s, v * c - u * s
-    d = xp.sqrt((xr / (a + 1e-3)) ** 2 + (yr / (b + 1e-3)) ** 2)
+    d = xp.sqrt((xr / a_eps) ** 2 + (yr / b_eps) ** 2)
     e = (d - CORE) / EDGE
-    e = e * (e > 0)
+    # max(e, 0): only e * e is used, so clamping (one op) gives what masking gives (up to a zero's sign)
+    e = e.clamp_min(0) if xp is torch else e * (e > 0)
     g = (xp.exp(-0.5 * e * e) - _G_REACH) / (1 - _G_REACH)
     return strength * g * (g > 0)
+
+
+_AXES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _axis_consts(
+    h: int, w: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 ``[h, w]`` as (2,) and as (2,1,1), ``[h - 1, w - 1]`` and ``[w, 1]`` as (2,1,1) on ``device``,
+    made once."""
+    key = (h, w, device)
+    if key not in _AXES:
+        t = torch.tensor([[h, w], [h - 1, w - 1], [w, 1]], dtype=torch.float32, device=device)
+        _AXES[key] = (t[0], t[0].view(2, 1, 1), t[1].view(2, 1, 1), t[2].view(2, 1, 1))
+    return _AXES[key]
 
 
 class Specularity(PlacedSampling, Perturbation):
@@ -80,7 +116,7 @@ class Specularity(PlacedSampling, Perturbation):
     def _sample_at(self, images, masks, sev, generator):
         # Mixed severities in one call: spot arrays padded to the largest count present (unused spots have
         # strength 0), per-row size scale and margin. One severity: exactly the per-severity sampler.
-        rows = sev.tolist()
+        rows = severity_values(sev)
         if len(set(rows)) == 1:
             return self.at_severity(rows[0])._sample_torch(images, masks, generator)
         luma, free, k = maps_torch(images, masks)
@@ -110,13 +146,14 @@ class Specularity(PlacedSampling, Perturbation):
         ok = erode_cells_rows(free, radii)
         score = ok * (0.15 + luma)
         cells = pick_cells(score, 3, r)
-        wc = luma.shape[-1]
-        cy, cx = (cells // wc + 0.5) * k, (cells % wc + 0.5) * k
+        hc, wc = luma.shape[-2:]
+        # y and x go through each step together: (..., 2) tensors, the same operations element for element
+        centres = (torch.stack([cells // wc, cells % wc], -1) + 0.5) * k  # (B,3,2) cluster centres
         n_cl = dev(r.integers(1, 4, (b,)))
         which = (dev(r.uniform(0, 1, (b, hi))) * n_cl[:, None]).clamp(0, 2).long()
         spread = 0.06 * side
-        y = cy.gather(1, which) + dev(r.normal((b, hi))) * spread
-        x = cx.gather(1, which) + dev(r.normal((b, hi))) * spread
+        noise = torch.stack([dev(r.normal((b, hi))), dev(r.normal((b, hi)))], -1)  # y's draw, then x's
+        yx = centres.gather(1, which[..., None].expand(b, hi, 2)) + noise * spread  # (B,S,2)
         # Mostly small spots with a few larger ones, as in real frames.
         if sev is None:
             lam: float | torch.Tensor = self.LAMBDA[self.severity] * side
@@ -132,22 +169,22 @@ class Specularity(PlacedSampling, Perturbation):
             lo_span = torch.from_numpy(np.asarray([[self.SPOTS[s][0] for s in rows], [self.SPOTS[s][1] - self.SPOTS[s][0] + 1 for s in rows]]))
             n = dev(lo_span[0] + (r.uniform(0, 1, (b,)) * lo_span[1]).long())
         # the centre and the corners of the spot's bounding box (plus a cell) must be inside and free
-        reach = (REACH * a + k)[:, None]
-        py = y[:, None] + dev(_PROBE_Y) * reach  # (B,5,S)
-        px = x[:, None] + dev(_PROBE_X) * reach
-        at = cell_index(py.view(b, -1), px.view(b, -1), k, luma.shape[1:])
-        on_free = free.reshape(b, -1).gather(1, at).view(b, 5, hi)
-        on_free = on_free & (py >= 0) & (py <= h - 1) & (px >= 0) & (px <= w - 1)
-        valid = (torch.arange(hi, device=luma.device)[None] < n[:, None]) & on_free.all(1)
+        c = _probe_consts(h, w, hc, wc, hi, luma.device)
+        reach = (REACH * a + k).view(b, 1, hi, 1)
+        pts = yx[:, None] + c["probe"] * reach  # (B,5,S,2)
+        inb = ((pts >= 0) & (pts <= c["last_px"])).all(-1)
+        at = cell_index_yx(pts, k, (hc, wc)).view(b, -1)
+        on_free = free.reshape(b, -1).gather(1, at).view(b, 5, hi) & inb
+        valid = (c["arange"] < n[:, None]) & on_free.all(1)
         near = luma.reshape(b, -1).gather(1, at[:, :hi])
         gray = (near / 0.45).clamp(0.35, 1.0)
         strength = gray * dev(r.uniform(0.85, 1.0, (b, hi))) * valid
         # y, x are continuous coordinates (cells span [i*k, (i+1)*k)), so y / h is already relative
         return {
-            "center_rel": torch.stack([y / h, x / w], -1).float(),
-            "axes_rel": (torch.stack([a, bb], -1) / side).float(),
-            "angle": ang.float(),
-            "strength": strength.float(),
+            "center_rel": f32(yx / c["hw"]),
+            "axes_rel": f32(torch.stack([a, bb], -1) / side),
+            "angle": f32(ang),
+            "strength": f32(strength),
         }
 
     def _place_np(self, luma, free, k, h, w, r) -> dict:
@@ -195,36 +232,39 @@ class Specularity(PlacedSampling, Perturbation):
         return math.ceil(REACH * self.LAMBDA[self.severity] * short_side(h, w)) + 1
 
     def _apply_torch(self, images, masks, params):
+        # The float32 operations of ``_alpha``, element for element; the y and x axes go through each step
+        # together ((B,S,2,...) tensors) and each reshape is one view: on an accelerator each op is a launch.
         b, c, h, w = images.shape
         half, n, side = self._window(h, w), supersampling(h, w, cap=SUPERSAMPLE), short_side(h, w)
         p = 2 * half + 1
-        off, win = window_offsets(half, n, images.device)
-        cy = rel_to_px(params["center_rel"][..., 0].float(), h)
-        cx = rel_to_px(params["center_rel"][..., 1].float(), w)
-        ry, rx = torch.round(cy), torch.round(cx)
-        py = ry[..., None, None] + off[:, None]  # (B,S,P*n,1)
-        px = rx[..., None, None] + off[None, :]  # (B,S,1,P*n)
-        e = lambda t: t.float()[..., None, None]  # noqa: E731
-        ax = params["axes_rel"].float() * side
-        alpha = _alpha(
-            py,
-            px,
-            e(cy),
-            e(cx),
-            e(ax[..., 0]),
-            e(ax[..., 1]),
-            e(params["angle"]),
-            e(params["strength"]),
+        dev = images.device
+        off, win = window_offsets(half, n, dev)
+        hw, hw3, top, scale = _axis_consts(h, w, dev)  # [h, w] (2,) and (2,1,1); [h-1, w-1], [w, 1] (2,1,1)
+        ns = params["strength"].shape[1]
+        cyx = f32(params["center_rel"]) * hw - 0.5  # rel_to_px per axis, (B,S,2)
+        r = torch.round(cyx)[..., None]  # (B,S,2,1)
+        d = (r + off) - cyx[..., None]  # (B,S,2,P*n): sample offsets from the centre, y then x
+        dy, dx = d.view(b, ns, 2, 1, -1).unbind(2)  # (B,S,1,P*n) each
+        a_eps, b_eps = (f32(params["axes_rel"]) * side + 1e-3).view(b, ns, 2, 1, 1).unbind(2)
+        alpha = _alpha_at(
+            dx,
+            dy.transpose(-1, -2),  # (B,S,P*n,1)
+            a_eps,
+            b_eps,
+            f32(params["angle"]).reshape(b, ns, 1, 1),
+            f32(params["strength"]).reshape(b, ns, 1, 1),
             torch,
         )
         if n > 1:
             alpha = alpha.reshape(b, -1, p, n, p, n).mean((3, 5))
-        py, px = ry[..., None, None] + win[:, None], rx[..., None, None] + win[None, :]
-        inside = (py >= 0) & (py < h) & (px >= 0) & (px < w)
-        alpha = alpha * inside
-        idx = (py.clamp(0, h - 1) * w + px.clamp(0, w - 1)).long().expand_as(alpha)
+        q = (r + win).view(b, ns, 2, 1, -1)  # window pixels, y then x
+        ok_y, ok_x = ((q >= 0) & (q < hw3)).unbind(2)
+        alpha = alpha * (ok_y.transpose(-1, -2) & ok_x)
+        # clamped row offsets (y * w) and columns (x)
+        lin_y, lin_x = (torch.minimum(q.clamp_min(0), top) * scale).unbind(2)
+        idx = (lin_y.transpose(-1, -2) + lin_x).long().expand_as(alpha)
         canvas = images.new_zeros(b, h * w)
-        canvas.scatter_reduce_(1, idx.reshape(b, -1), alpha.reshape(b, -1).to(images.dtype), reduce="amax")
+        canvas.scatter_reduce_(1, idx.reshape(b, -1), cast(alpha.reshape(b, -1), images.dtype), reduce="amax")
         canvas = canvas.view(b, 1, h, w)
         if masks is not None:
             canvas = canvas * (masks[:, None] == 0)

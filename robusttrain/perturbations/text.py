@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import torch
 
-from .base import REF_SIDE, Perturbation, TorchRandom, short_side
+from .base import REF_SIDE, Perturbation, TorchRandom, cast, short_side
 
 CHARS = " 0123456789/:<>%.-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _IDX = {c: i for i, c in enumerate(CHARS)}
@@ -96,6 +96,12 @@ def _const_on(name: str, device: torch.device) -> torch.Tensor:
             value = _LO + 1  # '0' is index 1
         elif name == "span":
             value = _SPAN
+        elif name == "nth":  # the first and second free corner: ranks below 1 and below 2
+            value = np.array([[1], [2]], np.int64)
+        elif name == "both":  # two blocks: the first needs one free corner, the second two
+            value = np.array([1, 2], np.int64)
+        elif name == "one_block":  # a severity without a second block: it is never visible
+            value = np.array([1.0, 0.0], np.float32)
         else:  # "shown<severity>"
             value = _SHOWN[int(name[5:])]
         _CONST_ON[key] = torch.as_tensor(value, device=device)
@@ -206,17 +212,32 @@ class Text(Perturbation):
 
     def _corners(self, order, free):
         """First two corners of ``order`` that are free of lesion (else invisible)."""
-        fo = free.gather(1, order)
-        rank = fo.long().cumsum(1)
-        # position of the first and second free corner (or 3 when missing)
-        first = ((rank < 1).sum(1)).clamp(max=3)
-        second = ((rank < 2).sum(1)).clamp(max=3)
-        corner = torch.stack(
-            [order.gather(1, first[:, None])[:, 0], order.gather(1, second[:, None])[:, 0]], 1
-        )
-        n1 = LINES[self.severity][1]
-        vis = torch.stack([rank[:, -1] >= 1, (rank[:, -1] >= 2) & (n1 > 0)], 1)
-        return corner, vis.float()
+        c = lambda name: _const_on(name, order.device)  # noqa: E731
+        rank = free.gather(1, order).cumsum(1)  # (B,4) long: free corners so far, in order
+        # position of the first and second free corner (or 3 when missing), (B,2)
+        nth = (rank[:, None, :] < c("nth")).sum(2).clamp(max=3)
+        vis = (rank[:, -1:] >= c("both")).float()
+        if LINES[self.severity][1] == 0:
+            vis = vis * c("one_block")
+        return order.gather(1, nth), vis
+
+    def _free_corners(self, masks: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """(B,4) bool: whether corner c's box (the taller block's) holds no lesion pixel: one product of the
+        lesion pixels with the four boxes (counts of 0/1 values: exact), not four slices and reductions."""
+        les = (masks != 0).reshape(masks.shape[0], -1)
+        return (les.to(torch.float32) @ self._corner_boxes(h, w, masks.device)) == 0
+
+    def _corner_boxes(self, h: int, w: int, device: torch.device) -> torch.Tensor:
+        """(H*W, 4) float32: 1 inside corner c's box of the taller block (:meth:`_free_corner`), cached."""
+        key = (h, w, device)
+        cache = self.__dict__.setdefault("_boxes_on", {})
+        if key not in cache:
+            lay = self.layout(h, w)
+            boxes = np.zeros((4, h, w), np.float32)
+            for corner in range(4):
+                self._free_corner(boxes[corner], lay, corner)[...] = 1.0
+            cache[key] = torch.from_numpy(boxes.reshape(4, -1).T.copy()).to(device)
+        return cache[key]
 
     def _free_corner(self, lesion, lay: Layout, c: int):
         """Whether corner ``c`` is free of lesion for both blocks (the taller block's box)."""
@@ -228,8 +249,7 @@ class Text(Perturbation):
         b, _, h, w = images.shape
         p = {k: (v if v.device == images.device else v.to(images.device)) for k, v in self._draw(TorchRandom(generator), b).items()}
         if masks is not None:
-            lay, les = self.layout(h, w), masks != 0
-            free = ~torch.stack([self._free_corner(les, lay, c).any((1, 2)) for c in range(4)], 1)
+            free = self._free_corners(masks, h, w)
         else:
             free = torch.ones(b, 4, dtype=torch.bool, device=images.device)
         p["corner"], p["visible"] = self._corners(p.pop("order"), free)
@@ -274,39 +294,43 @@ class Text(Perturbation):
         atlas = _atlas_on(lay.font, dev)  # (N, pitch, gw)
         hs, ws = n * h, n * w
         canvas = images.new_zeros(b, hs * ws)
-        for k in range(2):
+        blocks = [k for k in range(2) if LINES[self.severity][k] > 0]
+        vis = cast(params["visible"], atlas.dtype).reshape(b, 2, 1, 1)
+        # every block's fine-grid origin at its corner, (B,2,1): one gather from the (4,2) table
+        start, offsets = self._block_index(lay, dev)
+        origin = start.gather(0, params["corner"].reshape(b, 2)).view(b, 2, 1)
+        for k in blocks:
             nl, rows = LINES[self.severity][k], lay.rows[k]
-            if nl == 0:
-                continue
             glyphs = atlas[params["codes"][:, k, :nl]]  # (B,nl,L,pitch,gw)
             block = glyphs.permute(0, 1, 3, 2, 4).reshape(b, nl * lay.pitch, L * lay.gw)[:, :rows, : lay.bw]
-            block = block * params["visible"][:, k, None, None].to(block.dtype)
+            block = block * vis[:, k]
             # blocks are clipped inside the margins (see layout), so every index lies in the image: the
             # block's flat offsets on the fine grid plus its corner's origin (tables made once per layout)
-            start, offsets = self._block_index(lay, k, dev)
-            idx = (start[params["corner"][:, k]][:, None] + offsets).reshape(b, -1)
-            canvas.scatter_reduce_(1, idx, block.reshape(b, -1).to(images.dtype), reduce="amax")
+            idx = origin[:, k] + offsets[k]
+            canvas.scatter_reduce_(1, idx, cast(block.reshape(b, -1), images.dtype), reduce="amax")
         canvas = canvas.view(b, 1, hs, ws)
         if n > 1:
             canvas = torch.nn.functional.avg_pool2d(canvas, n)
         if masks is not None:
             canvas = canvas * (masks[:, None] == 0)
-        level = params["level"].to(images.dtype)[:, None, None, None]
+        level = cast(params["level"], images.dtype).reshape(b, 1, 1, 1)
         return torch.lerp(images, level.expand_as(images), canvas)
 
-    def _block_index(self, lay: Layout, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(4,) flat fine-grid index of block ``k``'s origin per corner and its (rows * bw,) flat offsets,
-        cached per layout and device: integers, so the same indices as the per-call arithmetic."""
-        key = (lay.h, lay.w, k, device)
+    def _block_index(self, lay: Layout, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(4,2) flat fine-grid index of block k's origin at corner c (a (B,2) gather of the corners reads
+        both blocks' at once) and per block its (rows * bw,) flat offsets, cached per layout and device:
+        integers, so the same indices as the per-call arithmetic."""
+        key = (lay.h, lay.w, device)
         cache = self.__dict__.setdefault("_index_on", {})
         if key not in cache:
             ws = lay.n * lay.w
-            start = [int(y) * ws + int(x) for y, x in (lay.origin_ss(c, k) for c in range(4))]
-            rows, cols = np.meshgrid(np.arange(lay.rows[k]), np.arange(lay.bw), indexing="ij")
-            cache[key] = (
-                torch.tensor(start, dtype=torch.long, device=device),
-                torch.from_numpy((rows * ws + cols).reshape(-1).astype(np.int64)).to(device),
-            )
+            origins = [[lay.origin_ss(c, k) for k in range(2)] for c in range(4)]
+            start = [[int(y) * ws + int(x) for y, x in row] for row in origins]
+            offsets = []
+            for k in range(2):
+                rows, cols = np.meshgrid(np.arange(lay.rows[k]), np.arange(lay.bw), indexing="ij")
+                offsets.append(torch.from_numpy((rows * ws + cols).reshape(-1).astype(np.int64)).to(device))
+            cache[key] = (torch.tensor(start, dtype=torch.long, device=device), offsets)
         return cache[key]
 
     def _apply_np(self, image, mask, params):

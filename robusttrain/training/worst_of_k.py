@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import get, occluding
-from robusttrain.perturbations.base import FamilyParams
+from robusttrain.perturbations.base import FamilyParams, all_rows
 from robusttrain.perturbations.placement import SharedMaps
 
 from .chains import LABEL as CHAIN_LABEL
@@ -383,10 +383,12 @@ class WorstOfK:
             if n
             else torch.zeros(0, dtype=torch.long)
         )
-        caps = torch.from_numpy(self._caps_np)
-        # the severities as (n, k) and on the host: family indices and severities are read once, as lists
-        sev = (torch.rand(n * k, generator=g) * caps[fam_idx]).long() + 1
-        fam_list, sev_list = fam_idx.tolist(), sev.tolist()
+        # the severities as (n, k) and on the host: family indices and uniforms are read once, as lists, and
+        # ``floor(u * cap) + 1`` is taken in float32 on the host (the same product as on a float32 tensor)
+        u = torch.rand(n * k, generator=g)
+        fam_list = fam_idx.tolist()
+        caps = self._caps_np[np.asarray(fam_list, dtype=np.int64)].astype(np.float32)
+        sev_list = ((np.asarray(u.tolist(), dtype=np.float32) * caps).astype(np.int64) + 1).tolist()
         families = [[self.families[j] for j in fam_list[i * k : (i + 1) * k]] for i in range(n)]
         severities = [sev_list[i * k : (i + 1) * k] for i in range(n)]
         cand, params, applied = self._draw_candidates(src, src_m, families, severities, g)
@@ -416,26 +418,55 @@ class WorstOfK:
             _check_range(src)
         outs, order = [], []
         shared = SharedMaps(src, src_m) if src.ndim == 4 else None  # one field-of-view step per call
+        ops = {fam: self._op(fam, self.caps[fam]) for fam in members}
+        # families that share a renderer (the pasted objects) and are drawn together: sampled in turn (the
+        # generator's order is unchanged: rendering draws nothing), rendered in one call after the others
+        by_group: dict[str, list[str]] = {}
+        for fam, op in ops.items():
+            if shared is not None and op.render_group is not None and op.batched_severities():
+                by_group.setdefault(op.render_group, []).append(fam)
+        together = {fam for fams in by_group.values() if len(fams) > 1 for fam in fams}
+        deferred: dict[str, list[tuple[Any, list[int], Any]]] = {}
         with shared if shared is not None else contextlib.nullcontext():
+            pieces: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+            if shared is not None and len(members) > 1:  # every family's rows in one gather and one split
+                fams = list(members)
+                rows_all = [f // k for fam in fams for f in members[fam]]
+                pieces = dict(zip(fams, shared.take_split(rows_all, [len(members[fam]) for fam in fams])))
             for fam, flat in members.items():
                 rows_list = [f // k for f in flat]
                 if rows_list == list(range(n)):  # every image, in order (k = 1, one family): no gather
                     x, m = src, src_m
+                elif fam in pieces:
+                    x, m = pieces[fam]
                 else:
                     rows = torch.from_numpy(np.asarray(rows_list, dtype=np.int64))
                     x, m = shared.take(rows) if shared is not None else _take(src, src_m, rows)
-                op = self._op(fam, self.caps[fam])
+                op = ops[fam]
                 fam_sev = [flat_sev[f] for f in flat]
+                top = max(fam_sev) if op.batched_severities() else None
+                for f, s in zip(flat, fam_sev):
+                    applied[f // k][f % k] = top if top is not None else int(s)
+                if fam in together:
+                    groups = op.sample_family(x, m, np.asarray(fam_sev, dtype=np.int64), g)
+                    deferred.setdefault(op.render_group, []).append((op.at_severity(top), flat, groups))
+                    parts.append((flat, groups))
+                    continue
                 out, groups = _apply_family(
-                    op, x, m, torch.from_numpy(np.asarray(fam_sev, dtype=np.int64)), None, self.slice_axis, g,
-                    checked=True,
+                    op, x, m, np.asarray(fam_sev, dtype=np.int64), None, self.slice_axis, g, checked=True
                 )
                 outs.append(out)
                 order.extend(flat)
                 parts.append((flat, groups))
-                top = max(fam_sev) if op.batched_severities() else None
-                for f, s in zip(flat, fam_sev):
-                    applied[f // k][f % k] = top if top is not None else int(s)
+            for items in deferred.values():
+                flat_all = [f for _, flat, _ in items for f in flat]
+                assert shared is not None
+                x, m = shared.take(torch.from_numpy(np.asarray([f // k for f in flat_all], dtype=np.int64)))
+                out = type(items[0][0]).render_together(
+                    x, m, [(op, _row_ordered(groups, len(flat)), len(flat)) for op, flat, groups in items]
+                )
+                outs.append(out if out.dtype == src.dtype else out.to(src.dtype))
+                order.extend(flat_all)
         params = LazyParams(n, k, parts)
         if not outs:
             return src.unsqueeze(1).repeat(1, k, *([1] * (src.ndim - 1))), params, applied
@@ -571,21 +602,23 @@ def _apply_family(
     op: Any,
     x: torch.Tensor,
     m: torch.Tensor | None,
-    sev: torch.Tensor,
+    sev: torch.Tensor | np.ndarray,
     groups: FamilyParams | None,
     slice_axis: int = -1,
     g: torch.Generator | None = None,
     checked: bool = False,
 ) -> tuple[torch.Tensor, FamilyParams]:
-    """``op``'s family on rows with their own severities ``sev`` (CPU), sampling (``groups`` None, from ``g``)
-    or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each volume's middle slice, every slice
-    perturbed with its volume's params. ``checked``: the caller checked the value range of ``x`` already."""
+    """``op``'s family on rows with their own severities ``sev`` (CPU; a numpy array is read without ops),
+    sampling (``groups`` None, from ``g``) or replaying ``groups``; volumes (B,C,H,W,D): params drawn on each
+    volume's middle slice, every slice perturbed with its volume's params. ``checked``: the caller checked
+    the value range of ``x`` already."""
     if x.ndim != 5:
         out, groups = op.apply_family(x, m, sev, generator=g, params=groups, check_range=not checked)
         return (out if out.dtype == x.dtype else out.to(x.dtype)), groups
     n_sl = x.shape[2 + slice_axis % 3]
     flat = volume_to_slices(x, slice_axis)
     fm = None if m is None else volume_to_slices(m, slice_axis, channels=False)
+    sev = torch.as_tensor(sev)
     if groups is None:
         j = n_sl // 2
         groups = op.sample_family(flat[j::n_sl], None if fm is None else fm[j::n_sl], sev, g)
@@ -600,7 +633,9 @@ def _apply_family(
 
 def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
     """The params of ``n`` rows as one dict in row order (from ``apply_family``'s groups)."""
-    if len(groups) == 1 and groups[0][0].numel() == n and bool((groups[0][0] == torch.arange(n)).all()):
+    if len(groups) == 1 and groups[0][0].numel() == n and (
+        groups[0][0] is all_rows(n) or bool((groups[0][0] == torch.arange(n)).all())
+    ):
         return dict(groups[0][1])
     order = torch.cat([rows for rows, _ in groups]).argsort()
     return {k: torch.cat([p[k] for _, p in groups])[order] for k in groups[0][1]}
