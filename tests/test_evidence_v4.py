@@ -329,6 +329,33 @@ def test_report_endpoints_decision_and_partial_label():
     assert summarise_v4(runs + [fake_v4_run("random", 7)], _ns())["finished"] == 6
 
 
+def test_checkpoint_rules_are_compared_within_the_same_runs():
+    from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
+
+    runs = [fake_v4_run("random", s) for s in (0, 1, 2)]
+    runs += [fake_v4_run("plain", s, shift=-0.05) for s in (0, 1, 2)]
+    for i, r in enumerate(runs):  # the balanced average gains 1, 2, 3 points over least_loss by seed
+        dice = r["picks"]["least_loss"]["dice"]
+        gain = 0.01 * (1 + i % 3)
+        r["picks"]["balanced_average"] = {
+            "epoch": 1,
+            "dice": {st: {c: v + gain for c, v in cs.items()} for st, cs in dice.items()},
+        }
+    s = summarise_v4(runs, _ns("plain,random"))
+    ba = s["rules"]["balanced_average"]
+    assert ba["random"]["clinicdb_dice"]["seed_t"]["per_seed"] == pytest.approx([1.0, 2.0, 3.0])
+    assert ba["all"]["clinicdb_dice"]["seed_t"]["estimate"] == pytest.approx(2.0)
+    assert len(ba["all"]["clinicdb_dice"]["seeds"]) == 6  # pooled: one observation per run
+    assert ba["all"]["clinicdb_dice"]["seed_t"]["lo"] > 0
+    assert "heldout_dice" not in ba["random"]  # no follow-ups were scored at the balanced average
+    # the fake runs' last epoch is their least-loss epoch: no difference, and a rule is never compared
+    # with the other condition's runs (plain's 5-point deficit does not leak in)
+    assert s["rules"]["last"]["all"]["clinicdb_dice"]["seed_t"]["estimate"] == pytest.approx(0.0)
+    assert ba["plain"]["kvasir_dice"]["seed_t"]["estimate"] == pytest.approx(2.0)
+    md = write_tables_v4(s, _ns("plain,random"))
+    assert "(exploratory)" in md and "| all runs | 6 | +2.0 [" in md
+
+
 def test_report_on_no_finished_run_says_so():
     from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
 

@@ -13,6 +13,10 @@
 Every comparison is a condition against ``random`` on the seeds both finished, paired by seed:
 a seed-level t-interval (``paired_stats.seed_interval``) beside the case bootstrap (ClinicDB frames
 resampled by video sequence). Works on any finished subset; tables then say "partial: N of M runs".
+
+Exploratory (not in the protocol, labelled so): each checkpoint rule against ``least_loss`` within the
+same runs (does the balanced average / EMA / last epoch beat the pre-registered checkpoint?), per
+condition over its seeds and pooled over every finished run (one run = one observation).
 """
 
 from __future__ import annotations
@@ -162,10 +166,13 @@ def _pts(d: dict) -> dict:
     return {**d, **{k: 100 * d[k] for k in ("estimate", "lo", "hi")}}
 
 
-def compare(ra, rb, ep: Endpoint, policy: str, n_boot: int) -> dict:
-    """A - B on the endpoint (points): the seed-level interval and the case/sequence bootstrap."""
+def compare(ra, rb, ep: Endpoint, policy: str, n_boot: int, policy_b: str | None = None) -> dict:
+    """A - B on the endpoint (points): the seed-level interval and the case/sequence bootstrap; B's runs
+    at ``policy_b`` when given (a checkpoint rule against another within the same runs)."""
     a, cl = _matrix(ra, ep, policy)
-    b, _ = _matrix(rb, ep, policy)
+    b, cl_b = _matrix(rb, ep, policy_b or policy)
+    if cl != cl_b:  # the same cases in the same order, or the pairing is meaningless
+        raise ValueError(f"{ep.name}: {policy} and {policy_b} were scored on different cases")
     seed = _pts(seed_interval(a, b, ep.stat))
     seed["per_seed"] = [100 * x for x in seed["per_seed"]]
     return {
@@ -235,7 +242,24 @@ def summarise_v4(results: list[dict], args) -> dict:
                     pairs.setdefault(c, {})[ep.name] = compare(ra, rb, ep, policy, args.n_boot)
         s["endpoints"][policy], s["paired"][policy] = per_ep, pairs
     s["decision"] = decide(s["paired"].get(PRIMARY_AT, {}), len(seeds))
+    s["rules"] = rules_vs_least_loss(results, conds, args.n_boot)
     return s
+
+
+def rules_vs_least_loss(results: list[dict], conds: list[str], n_boot: int) -> dict:
+    """Exploratory: ``policy - least_loss`` within the same runs, per condition and pooled over every run
+    (``{policy: {condition | "all": {endpoint: compare()}}}``); an endpoint only where both checkpoints
+    were scored (the follow-up endpoints only at ``last``)."""
+    out: dict = {}
+    for policy in ALSO_AT:
+        for c in (*conds, "all"):
+            rs = results if c == "all" else _runs(results, c)
+            rs = sorted(rs, key=lambda r: (r["condition"], r["seed"]))
+            for ep in ENDPOINTS:
+                if rs and _available(rs, ep, policy) and _available(rs, ep, PRIMARY_AT):
+                    d = compare(rs, rs, ep, policy, n_boot, policy_b=PRIMARY_AT)
+                    out.setdefault(policy, {}).setdefault(c, {})[ep.name] = d
+    return out
 
 
 def decide(pairs: dict, planned_seeds: int) -> dict:
@@ -338,5 +362,32 @@ def write_tables_v4(s: dict, args) -> str:
                     f"{_ci(pr and pr['case_bootstrap'])} | {per} |"
                 )
             L.append("")
+    L += _rules_tables(s.get("rules") or {}, tag)
     L += ["## Runs", "", "```", json.dumps(s["runs"], indent=1), "```", ""]
     return "\n".join(L)
+
+
+RULE_ENDPOINTS = ("clinicdb_dice", "heldout_dice", "kvasir_dice", "worst10_clinicdb", "other_ood_dice")
+
+
+def _rules_tables(rules: dict, tag: str) -> list[str]:
+    if not rules:
+        return []
+    L = [
+        f"## Checkpoint rules against `{PRIMARY_AT}`, within the same runs (exploratory){tag}",
+        "",
+        "Not in the protocol: Δ = rule − `least_loss` in points, [seed-level 95 % t-interval over the runs]; "
+        "'all runs' pools every finished run of every condition (one run, one observation). '–': that "
+        "checkpoint was not scored on that endpoint (follow-ups are scored at `least_loss` and `last` only).",
+        "",
+    ]
+    head = " | ".join(BY_NAME[e].label for e in RULE_ENDPOINTS)
+    for policy, by_cond in rules.items():
+        L += [f"**`{policy}` − `{PRIMARY_AT}`**", "", f"| condition | runs | {head} |"]
+        L.append("|---|---|" + "---|" * len(RULE_ENDPOINTS))
+        for c, eps in by_cond.items():
+            n = len(next(iter(eps.values()))["seeds"])
+            cells = " | ".join(_ci((eps.get(e) or {}).get("seed_t")) for e in RULE_ENDPOINTS)
+            L.append(f"| {'all runs' if c == 'all' else LABEL.get(c, c)} | {n} | {cells} |")
+        L.append("")
+    return L
