@@ -172,7 +172,7 @@ def compare(ra, rb, ep: Endpoint, policy: str, n_boot: int, policy_b: str | None
     a, cl = _matrix(ra, ep, policy)
     b, cl_b = _matrix(rb, ep, policy_b or policy)
     if cl != cl_b:  # the same cases in the same order, or the pairing is meaningless
-        raise ValueError(f"{ep.name}: {policy} and {policy_b} were scored on different cases")
+        raise ValueError(f"{ep.name}: A at {policy} and B at {policy_b or policy} were scored on different cases")
     seed = _pts(seed_interval(a, b, ep.stat))
     seed["per_seed"] = [100 * x for x in seed["per_seed"]]
     return {

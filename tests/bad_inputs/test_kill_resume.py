@@ -18,8 +18,8 @@ recipe's robustness budget stays on: it plans in work units, not seconds, and in
 epoch's work (``UNDER_LOAD``) the killed and resumed runs share the CPU with two busy processes (the
 reference does not), so a plan that depended on the clock would show there. The other kills run
 without the busy processes: the budget plan is the same code whatever the kill point, and two busy
-processes on every kill doubled the wall time of the whole suite on a two-core CI machine. Both runs use the same run_dir path, so the paths written
-into files agree. The recipe's augmentations stay on: their random streams, the shuffle order and the
+processes on every kill doubled the wall time of the whole suite on a two-core CI machine. Both runs
+use the same run_dir path, so the paths written into files agree. The recipe's augmentations stay on: their random streams, the shuffle order and the
 global RNG travel in the checkpoint (the datamodule's state_dict).
 """
 
