@@ -142,3 +142,25 @@ def test_k1_draw_launch_count_does_not_regress():
 @pytest.mark.xfail(strict=True, reason="issue 31 target (<= 300 aten ops per k=1 draw) not reached yet")
 def test_k1_draw_launch_count_meets_issue_31_target():
     assert _k1_count() <= TARGET
+
+
+def test_the_launch_column_leaves_out_views_allocations_and_no_op_casts_only():
+    from benchmarks.perf.launch_count import count_ops
+
+    x = torch.rand(2, 3, 4)
+    # views, a no-op cast, an allocation, a constant: no kernel on a GPU
+    assert count_ops(lambda: (x.view(6, 4), x[0], x.unbind(1), x.to(torch.float32), torch.empty(3))) == (5, 0)
+    # a reshape that has to copy, a real cast, a fill, arithmetic: each a kernel
+    # (the transpose before the copy is one more op, a view)
+    copies = lambda: (x.transpose(1, 2).reshape(2, 12), x.long(), x.new_zeros(3), x * 2, x.sum())  # noqa: E731
+    assert count_ops(copies) == (6, 5)
+
+
+def test_compiled_render_benchmark_fuses_a_colour_family_into_one_graph():
+    # benchmarks/perf/compiled_render.py: what torch.compile does to a render (issue 31's route below 300)
+    from benchmarks.perf.compiled_render import measure
+
+    r = measure("contrast", size=64, batch=2)
+    assert r["graphs"] == 1  # no graph break in a colour family's render
+    assert 0 < r["kernels"] < r["launches"] <= r["ops"]
+    assert r["max_diff"] < 1e-5
