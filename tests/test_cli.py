@@ -126,6 +126,9 @@ def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"run_dir={run_dir}" in proc.stdout
     assert "final validation val/dice=" in proc.stdout
+    # the console carries no cloud-logger advert and no deprecation Lightning raises inside itself
+    assert "litlogger" not in proc.stdout + proc.stderr
+    assert "LeafSpec" not in proc.stdout + proc.stderr
     assert (run_dir / "config.yaml").is_file()
     assert "recipe: smoke" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()

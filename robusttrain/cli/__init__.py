@@ -7,8 +7,10 @@ code 2, refused file operations one line with exit code 3, Ctrl-C 130 and SIGTER
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
 from robusttrain.cli.errors import UsageError
@@ -135,7 +137,33 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # W&B never reaches for the network unless the user asks for it (WANDB_MODE=online).
     os.environ.setdefault("WANDB_MODE", "offline")
+    quiet_third_party()
     return _run_guarded(command, rest)
+
+
+class _DropAdvert(logging.Filter):
+    """Drops Lightning's "install litlogger" tip: an advert for a cloud service, nothing a user can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.msg)
+
+
+def quiet_third_party() -> None:
+    """What the CLI's console leaves out of the libraries' output (the library API leaves a user's own
+    trainer as it is): Lightning's cloud-logger tip, and the deprecation warning Lightning 2.6 raises with
+    torch >= 2.10 at every fit (``LeafSpec``), which only a Lightning release can fix.
+
+    >>> quiet_third_party(); quiet_third_party()  # idempotent
+    >>> sum(isinstance(f, _DropAdvert) for f in logging.getLogger(_RANK_ZERO_LOG).filters)
+    1
+    """
+    log = logging.getLogger(_RANK_ZERO_LOG)
+    if not any(isinstance(f, _DropAdvert) for f in log.filters):
+        log.addFilter(_DropAdvert())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
+_RANK_ZERO_LOG = "lightning.pytorch.utilities.rank_zero"  # where Lightning's rank_zero_info logs
 
 
 def _run_guarded(command: str, rest: list[str]) -> int:
