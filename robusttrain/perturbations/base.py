@@ -328,8 +328,10 @@ def check_mask_np(mask: Any, image: np.ndarray, name: str) -> np.ndarray | None:
 class TorchRandom:
     """Uniform/normal/integer draws from a torch generator, made on the generator's device.
 
-    Parameter tensors are tiny, so drawing them on the CPU and copying them to the images' device
-    costs nothing and never makes the device wait for the host.
+    Parameter tensors are tiny: drawn on a CPU generator they give the same images on any device (what
+    ``WorstOfK`` does). The price on an accelerator is one host-to-device copy per tensor the render
+    uses, and PyTorch's blocking copy then waits for the device's stream (a synchronisation per copy;
+    docs/results.md section 8 counts them per draw).
     """
 
     def __init__(self, generator: torch.Generator | None):
