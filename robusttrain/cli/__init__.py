@@ -150,8 +150,9 @@ class _DropAdvert(logging.Filter):
 
 def quiet_third_party() -> None:
     """What the CLI's console leaves out of the libraries' output (the library API leaves a user's own
-    trainer as it is): Lightning's cloud-logger tip, and the deprecation warning Lightning 2.6 raises with
-    torch >= 2.10 at every fit (``LeafSpec``), which only a Lightning release can fix.
+    trainer as it is): Lightning's cloud-logger tip, and the deprecation warning that Lightning 2.6's own
+    ``_pytree`` helper raises with the torch installed here (2.13) at every fit (``LeafSpec``), which only a
+    Lightning release can fix.
 
     >>> quiet_third_party(); quiet_third_party()  # idempotent
     >>> sum(isinstance(f, _DropAdvert) for f in logging.getLogger(_RANK_ZERO_LOG).filters)
