@@ -124,11 +124,22 @@ def test_weights_file_steers_sampling(train_ds, tmp_path):
 
 def test_random_perturbation_baseline(train_ds):
     ds = RandomPerturbationDataset(train_ds, PERTS, ratio=0.2)
-    assert len(ds) == len(train_ds)
-    s = slot(ds)
-    assert s["image"].shape == (3, 64, 64) and float(s["image"].min()) >= 0
+    assert len(ds) == len(train_ds) and ds.n_slots == round(len(train_ds) * 0.2)
+    index = {train_ds[i]["case_id"]: i for i in range(len(train_ds))}
     plain = RandomPerturbationDataset(train_ds, [], ratio=0.2)
-    assert slot(plain)["image"].shape == (3, 64, 64)
+
+    def views(case_id):  # the case's clean image under the dataset's augmentations (flips, rot90)
+        img = clean(train_ds, index[case_id])[0][0]
+        return [torch.rot90(v, r, (1, 2)) for v in (img, img.flip(2)) for r in range(4)]
+
+    changed = 0
+    for seed in range(6):
+        s, p = slot(ds, seed), slot(plain, seed)
+        assert s["image"].shape == (3, 64, 64) and float(s["image"].min()) >= 0
+        # the empty baseline's slot is a case as the dataset gives it; the baseline's, its case perturbed
+        assert any(torch.allclose(p["image"], v, atol=1e-6) for v in views(p["case_id"]))
+        changed += not any(torch.allclose(s["image"], v, atol=2 / 255) for v in views(s["case_id"]))
+    assert changed >= 5  # colour families at severity 2 or 4 change (almost) every slot
 
 
 def test_clean_mix_and_fresh_image(train_ds, tmp_path):
