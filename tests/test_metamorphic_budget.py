@@ -122,6 +122,8 @@ def test_efr_rows_carry_a_wilson_interval_and_suite_coverage():
     row = t[(t.perturbation == "all")].iloc[0]
     assert (row.errors, row.cases, row.suite_cases) == (2, 4, 20)
     assert (row.efr_low, row.efr_high) == pytest.approx(wilson_interval(2, 4))
+    # and the interval's value itself, worked out by hand (Wilson, 2 of 4, z = 1.96): 0.5 -/+ 0.3499
+    assert (row.efr_low, row.efr_high) == pytest.approx((0.1500, 0.8500), abs=2e-4)
     assert row.efr_low < 0.5 < row.efr_high and row.efr_high - row.efr_low > 0.5  # 4 cases: wide
     assert t[t.severity == 2].suite_cases.tolist() == [10]
 
