@@ -86,10 +86,21 @@ def test_sums_and_dice():
     assert s1[0].tolist() == [4, 4, 4]
 
 
+class ValLoss(pl.Callback):
+    """The epoch-level val/loss Lightning reduced, per fitting validation (independent of the callback)."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.losses.append(float(trainer.callback_metrics["val/loss"]))
+
+
 def test_standalone_writes_files_and_chosen_weights(tmp_path):
-    snap = Snapshots()
+    snap, losses = Snapshots(), ValLoss()
     cb = BalancedCheckpoint(dirpath=tmp_path, retention="all")
-    fit(tmp_path, [cb, snap], max_epochs=6)
+    fit(tmp_path, [cb, snap, losses], max_epochs=6)
     report = json.loads((tmp_path / "corner_cases.json").read_text())
     hist = pd.read_csv(tmp_path / "balanced_history.csv")
     assert sorted(hist["epoch"].unique()) == list(range(6)) and hist["case_id"].nunique() == 6
@@ -98,6 +109,7 @@ def test_standalone_writes_files_and_chosen_weights(tmp_path):
     chosen = report["balanced_epoch"]
     assert report["status"] == "ok" and report["policy"] == "last_inlier" and chosen in range(6)
     assert report["least_loss_epoch"] == cb.best_epoch() and report["checkpoint"] == "balanced.ckpt"
+    assert len(losses.losses) == 6 and cb.best_epoch() == min(range(6), key=losses.losses.__getitem__)
     for key in ("least_loss", "balanced"):
         assert set(report["dice"][key]["per_case"]) == {f"case{i}" for i in range(6)}
         assert "mean" in report["dice"][key]["cohort"]
