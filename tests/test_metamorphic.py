@@ -158,7 +158,8 @@ def test_suite_params_cached_deterministic_and_per_case():
     c = MRSuite(COLOUR, (2, 4), seed=3)
     c.prepare(3)
     c.load_state_dict(a.state_dict())
-    assert c.cached("val", 1, "c0", 0) is not None
+    restored = c.cached("val", 1, "c0", 0)
+    assert restored is not None and all(torch.equal(restored[k], pa[0][k]) for k in pa[0])
     assert MRSuite(COLOUR, (2, 4), seed=4).state_dict()["seed"] == 4
 
 
