@@ -28,7 +28,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.perf.launch_count import count_ops
+from benchmarks.perf.launch_count import count_ops, top_level_aten
 from robusttrain.perturbations.registry import get
 from robusttrain.perturbations.suites import SUITES
 
@@ -39,12 +39,7 @@ def _compiled_counts(fn) -> tuple[int, int]:
         fn()
     events = prof.events()
     graphs = sum(1 for e in events if e.name.startswith("Torch-Compiled Region"))
-
-    def top_aten(e) -> bool:
-        p = e.cpu_parent
-        return e.name.startswith("aten::") and (p is None or not p.name.startswith("aten::"))
-
-    return graphs, sum(1 for e in events if top_aten(e))
+    return graphs, len(top_level_aten(events))
 
 
 def measure(family: str, size: int, batch: int) -> dict:

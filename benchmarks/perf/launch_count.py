@@ -45,6 +45,16 @@ def _launches(event) -> bool:
     return event.name not in NO_KERNEL or any(_launches(c) for c in event.cpu_children)
 
 
+def top_level_aten(events) -> list:
+    """The profiled aten ops not called from another aten op (each is one dispatch from Python)."""
+    return [
+        e
+        for e in events
+        if e.name.startswith("aten::")
+        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    ]
+
+
 def count_ops(fn) -> tuple[int, int]:
     """(top-level aten ops, of which launch a kernel) that ``fn()`` runs: an aten op not called from another
     aten op is top-level; of those, views, allocations and no-op conversions (:data:`NO_KERNEL`) launch none.
@@ -56,18 +66,8 @@ def count_ops(fn) -> tuple[int, int]:
     """
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    top = [
-        e
-        for e in prof.events()
-        if e.name.startswith("aten::")
-        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-    ]
+    top = top_level_aten(prof.events())
     return len(top), sum(1 for e in top if _launches(e))
-
-
-def count_top_level(fn) -> int:
-    """Top-level aten ops (an aten op not called from another aten op) that ``fn()`` runs."""
-    return count_ops(fn)[0]
 
 
 def counts_per_call(
