@@ -902,6 +902,24 @@ class Perturbation:
             out[rows if rows.device == images.device else rows.to(images.device)] = y
         return out, params
 
+    def deferred_draw(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+        """The random values this family's sampler would take for the rows of ``images``, drawn now in one call,
+        for :meth:`sample_together` to place later with other families of its :attr:`render_group` (the
+        generator's stream stays that of sampling each family at its turn); None (the default): the family
+        is sampled at its turn."""
+        return None
+
+    @classmethod
+    def sample_together(
+        cls,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        parts: list[tuple[Perturbation, list[int], torch.Tensor]],
+    ) -> list[Params]:
+        """Each part's params (family, its rows' severities, its :meth:`deferred_draw`), the parts' rows being
+        the consecutive first rows of ``images``: what each family's own sampler gives on its rows."""
+        raise NotImplementedError(f"{cls.__name__}: no joint sampler")
+
     def _apply_groups(
         self, images: torch.Tensor, masks: torch.Tensor | None, groups: FamilyParams, sev_list: list[int]
     ) -> torch.Tensor | None:
