@@ -874,6 +874,11 @@ class Perturbation:
             if len(set(sev_list)) > 1:
                 raise ValueError(f"{self.name}: one params group for rows of different severities")
             return self.at_severity(sev_list[0])._apply_checked(images, masks, params[0][1]), params
+        if not self.batched_severities() and len(params) > 1:
+            # a family that draws rows of several severities in one pass (text): one render, not one per group
+            joint = self._apply_groups(images, masks, params, sev_list)
+            if joint is not None:
+                return (joint if joint.dtype == images.dtype else joint.to(images.dtype)), params
         ys = []
         for i, (rows, p) in enumerate(params):
             # this call's own groups: their rows as sampling took them (not taken twice)
@@ -898,6 +903,31 @@ class Perturbation:
             # a no-op .to still costs an op per group: move / cast only what differs
             out[rows if rows.device == images.device else rows.to(images.device)] = y
         return out, params
+
+    def deferred_draw(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+        """The random values this family's sampler would take for the rows of ``images``, drawn now in one call,
+        for :meth:`sample_together` to place later with other families of its :attr:`render_group` (the
+        generator's stream stays that of sampling each family at its turn); None (the default): the family
+        is sampled at its turn."""
+        return None
+
+    @classmethod
+    def sample_together(
+        cls,
+        images: torch.Tensor,
+        masks: torch.Tensor | None,
+        parts: list[tuple[Perturbation, list[int], torch.Tensor]],
+    ) -> list[Params]:
+        """Each part's params (family, its rows' severities, its :meth:`deferred_draw`), the parts' rows being
+        the consecutive first rows of ``images``: what each family's own sampler gives on its rows."""
+        raise NotImplementedError(f"{cls.__name__}: no joint sampler")
+
+    def _apply_groups(
+        self, images: torch.Tensor, masks: torch.Tensor | None, groups: FamilyParams, sev_list: list[int]
+    ) -> torch.Tensor | None:
+        """Apply several severity groups (``groups`` partition the rows; row i has severity ``sev_list[i]``) in
+        one pass, the output in row order; None (the default): one ``_apply_checked`` per group instead."""
+        return None
 
     def _apply_checked(
         self, images: torch.Tensor, masks: torch.Tensor | None, params: Params

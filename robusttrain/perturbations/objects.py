@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import objects_joint
 from .base import (
     Params,
     Perturbation,
@@ -177,6 +178,17 @@ class PastedObject(PlacedSampling, Perturbation):
             "gain": tf(self._gain(near, idx, xp, device)),
             "visible": tf(vis),
         }
+
+    def deferred_draw(self, images, generator):
+        # feces and blood: placed with the other deferred families' rows in one pass (objects_joint); the
+        # instrument's ray march is sampled at its turn
+        if type(self)._place is not PastedObject._place:
+            return None
+        return objects_joint.draw(self, images, generator)
+
+    @classmethod
+    def sample_together(cls, images, masks, parts):
+        return objects_joint.place(images, masks, parts)
 
     # -- rendering ----------------------------------------------------------------------------
     def _half(self, h: int, w: int) -> int:

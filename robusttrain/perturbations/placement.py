@@ -9,6 +9,7 @@ torch picker on those tiny maps with a generator seeded from its ``rng``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import cv2
@@ -270,8 +271,12 @@ def pick_cells(score: torch.Tensor, n: int, r: TorchRandom) -> torch.Tensor:
     the pick against the free map to mark them invalid.
     """
     b = score.shape[0]
-    flat = score.reshape(b, -1)
-    u = r.uniform(1e-6, 1.0, tuple(flat.shape))
+    return pick_cells_from(score, n, r.uniform(1e-6, 1.0, (b, math.prod(score.shape[1:]))))
+
+
+def pick_cells_from(score: torch.Tensor, n: int, u: torch.Tensor) -> torch.Tensor:
+    """:func:`pick_cells` with its uniforms in [1e-6, 1) given, (B, Hc*Wc) (drawn by the caller)."""
+    flat = score.reshape(score.shape[0], -1)
     u = u if u.device == flat.device else u.to(flat.device)
     # log(score) + Gumbel noise -log(-log u), added as a subtraction (the same float: negation is exact)
     keys = torch.log(flat.clamp_min(1e-12)) - torch.log(-torch.log(u))
@@ -335,6 +340,7 @@ __all__ = [
     "cell_index_yx",
     "window_offsets",
     "pick_cells",
+    "pick_cells_from",
     "gather_cells",
     "torch_generator_from",
 ]

@@ -20,7 +20,18 @@ import cv2
 import numpy as np
 import torch
 
-from .base import REF_SIDE, Perturbation, TorchRandom, cast, short_side
+from .base import (
+    REF_SIDE,
+    SEVERITIES,
+    FamilyParams,
+    Perturbation,
+    TorchRandom,
+    _take_rows,
+    cast,
+    params_to,
+    severity_values,
+    short_side,
+)
 
 CHARS = " 0123456789/:<>%.-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _IDX = {c: i for i, c in enumerate(CHARS)}
@@ -333,6 +344,116 @@ class Text(Perturbation):
             cache[key] = (torch.tensor(start, dtype=torch.long, device=device), offsets)
         return cache[key]
 
+    # -- rows of several severities in one pass (WorstOfK draws text at mixed severities) -------------------
+    def _sample_family(self, images, masks, sev, generator, sev_list=None, taken=None):
+        """One group per severity, as the generic sampler returns them (their params drawn from the stream in
+        the same order), but drawn and later rendered for all rows at once: one uniform draw (the groups'
+        draws are consecutive uniforms: one draw of their total length gives the same values) and per-row
+        tables of each row's severity, instead of ~20 ops per group for sampling and ~20 for rendering."""
+        values = severity_values(sev) if sev_list is None else sev_list
+        by_sev: dict[int, list[int]] = {}
+        for i, s in enumerate(values):
+            by_sev.setdefault(int(s), []).append(i)
+        self.__dict__.pop("_joint", None)
+        if len(by_sev) == 1:
+            return super()._sample_family(images, masks, sev, generator, sev_list, taken)
+        sizes = [len(rows) for rows in by_sev.values()]
+        perm = [i for rows in by_sev.values() for i in rows]
+        at = torch.from_numpy(np.asarray(perm, dtype=np.int64))
+        x, m = _take_rows(images, masks, at)
+        p = self._sample_rows(x, m, [values[i] for i in perm], sizes, generator)
+        pieces = {k: v.split(sizes) for k, v in p.items()}
+        groups = [(rows, {k: pieces[k][g] for k in p}) for g, rows in enumerate(at.split(sizes))]
+        # held for _apply_groups: the rows as taken, the joint params (not split and joined again)
+        self.__dict__["_joint"] = (groups, x, m, p, perm, [values[i] for i in perm])
+        return groups
+
+    def _sample_rows(self, images, masks, sev_rows: list[int], sizes: list[int], generator) -> dict:
+        """The params of ``_sample_torch`` for rows whose groups (consecutive, ``sizes`` rows each) have their
+        own severities ``sev_rows``: group g's draws (characters (b_g,2,5,L), corner keys (b_g,4), level
+        (b_g,)) are consecutive in one uniform draw, read into per-row order with one host-made index."""
+        b, _, h, w = images.shape
+        dev = images.device
+        r = TorchRandom(generator)
+        per = 2 * 5 * L + 5
+        at = np.empty((b, per), np.int64)
+        row = 0
+        for size in sizes:
+            base, i = row * per, np.arange(size)[:, None]
+            at[row : row + size, : per - 5] = base + i * (per - 5) + np.arange(per - 5)
+            at[row : row + size, per - 5 : per - 1] = base + size * (per - 5) + i * 4 + np.arange(4)
+            at[row : row + size, per - 1 :] = base + size * (per - 1) + i
+            row += size
+        drawn = torch.rand(b * per, generator=r.g, device=r.device)[_on(torch.from_numpy(at), r.device)]
+        u, keys, level = _on(drawn, dev).split([per - 5, 4, 1], 1)
+        t = _mixed_tables(h, w, dev)
+        sev_t = _on(torch.from_numpy(np.asarray(sev_rows, dtype=np.int64)), dev)
+        c = lambda name: _const_on(name, dev)  # noqa: E731
+        digit = (u * c("span").view(-1)).long()
+        codes = torch.where(c("is_fixed").view(-1), c("fixed").view(-1), digit + c("lo1").view(-1))
+        p = {
+            "codes": codes.view(b, 2, 5, L) * t["shown"][sev_t],
+            "level": (0.75 + 0.25 * level).view(b),  # uniform(0.75, 1.0): the same float ops
+        }
+        order = keys.argsort(1)
+        if masks is not None:
+            les = (masks != 0).reshape(b, -1).to(torch.float32)
+            # every severity's four boxes in one product (counts of 0/1 values: exact), each row's own picked
+            counts = (les @ _boxes_all(h, w, dev)).view(b, len(t["shown"]), 4)
+            free = counts[_all_rows_on(b, dev), sev_t] == 0
+        else:
+            free = torch.ones(b, 4, dtype=torch.bool, device=dev)
+        rank = free.gather(1, order).cumsum(1)
+        nth = (rank[:, None, :] < c("nth")).sum(2).clamp(max=3)
+        # x 1.0 where a severity shows two blocks (exact), x [1, 0] where it shows one (as _corners does)
+        p["corner"] = order.gather(1, nth)
+        p["visible"] = (rank[:, -1:] >= c("both")).float() * t["one_block"][sev_t]
+        return p
+
+    def _apply_groups(self, images, masks, groups: FamilyParams, sev_list):
+        joint = self.__dict__.pop("_joint", None)
+        b = images.shape[0]
+        if joint is not None and joint[0] is groups:
+            _, x, m, p, perm, sev_rows = joint
+        else:
+            at = torch.cat([rows for rows, _ in groups])
+            perm = at.tolist()
+            if sorted(perm) != list(range(b)):
+                return None
+            x, m = _take_rows(images, masks, at)
+            p = {k: torch.cat([gp[k] for _, gp in groups]) for k in groups[0][1]}
+            sev_rows = [sev_list[i] for i in perm]
+        self._check_params(p, b)
+        y = self._render_rows(x, m, params_to(p, images.device), sev_rows)
+        inv = np.empty(b, dtype=np.int64)
+        inv[np.asarray(perm, dtype=np.int64)] = np.arange(b)
+        return y[_on(torch.from_numpy(inv), y.device)]
+
+    def _render_rows(self, images, masks, params, sev_rows: list[int]):
+        """``_apply_torch`` for rows of their own severities ``sev_rows``: each row's block pixels from its
+        severity's table (source in the joined glyph atlases, destination on the fine grid, block), padded
+        with pixels that read a zero; the same products and maxima as the per-severity render, per pixel."""
+        b, c, h, w = images.shape
+        dev = images.device
+        t = _mixed_tables(h, w, dev)
+        n = t["n"]
+        sev_t = _on(torch.from_numpy(np.asarray(sev_rows, dtype=np.int64)), dev)
+        slot, mult, add, dst, blk = t["pixels"][sev_t].unbind(1)  # (B,P) each
+        code = params["codes"].reshape(b, -1).gather(1, slot)
+        vis = cast(params["visible"], torch.float32)
+        val = t["atlas"][code * mult + add] * vis.gather(1, blk)
+        # each block's fine-grid origin at its corner: row s of the (6,4,2) table, then (corner, block)
+        origin = t["start"][sev_t].gather(1, params["corner"].reshape(b, 1, 2)).view(b, 2)
+        canvas = images.new_zeros(b, n * h * n * w)
+        canvas.scatter_reduce_(1, origin.gather(1, blk) + dst, cast(val, images.dtype), reduce="amax")
+        canvas = canvas.view(b, 1, n * h, n * w)
+        if n > 1:
+            canvas = torch.nn.functional.avg_pool2d(canvas, n)
+        if masks is not None:
+            canvas = canvas * (masks[:, None] == 0)
+        level = cast(params["level"], images.dtype).reshape(b, 1, 1, 1)
+        return torch.lerp(images, level.expand_as(images), canvas)
+
     def _apply_np(self, image, mask, params):
         h, w = image.shape[:2]
         lay = self.layout(h, w)
@@ -372,3 +493,87 @@ _SHOWN = {
     s: np.stack([np.arange(5) < n0, np.arange(5) < n1])[:, :, None].astype(np.int64)
     for s, (n0, n1) in LINES.items()
 }
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` (a no-op ``.to`` still costs an op)."""
+    return t if t.device == device else t.to(device)
+
+
+_MIXED: dict[tuple[int, int, torch.device], dict] = {}
+_ROWS_ON: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _all_rows_on(b: int, device: torch.device) -> torch.Tensor:
+    key = (b, device)
+    if key not in _ROWS_ON:
+        _ROWS_ON[key] = torch.arange(b, device=device)
+    return _ROWS_ON[key]
+
+
+def _mixed_tables(h: int, w: int, device: torch.device) -> dict:
+    """Tables for rows of mixed severities on an HxW image, indexed by the severity (row 0 unused), made once
+    per size and device: ``shown`` (6,2,5,1) lines shown, ``one_block`` (6,2) visibility factor, ``atlas``
+    every severity's glyph atlas flattened and joined plus a trailing 0, ``pixels`` (6,5,P) per block pixel
+    its code slot in (2*5*L), its atlas stride per code, its atlas offset, its fine-grid offset from its
+    block's origin and its block (padding: stride 0, offset at the trailing 0), ``start`` (6,4,2) each
+    block's fine-grid origin index per corner, and ``n`` the supersampling factor."""
+    key = (h, w, device)
+    if key in _MIXED:
+        return _MIXED[key]
+    lays = {s: Text(severity=s).layout(h, w) for s in SEVERITIES}
+    n = lays[1].n
+    ws = n * w
+    atlases, base, per_sev = [], 0, {}
+    start = np.zeros((6, 4, 2), np.int64)
+    for s, lay in lays.items():
+        atlas = spaced_atlas(lay.font)
+        cols = []
+        for k in range(2):
+            if LINES[s][k] == 0:
+                continue
+            grid = np.meshgrid(np.arange(lay.rows[k]), np.arange(lay.bw), indexing="ij")
+            yy, xx = grid[0].reshape(-1), grid[1].reshape(-1)
+            slot = k * 5 * L + (yy // lay.pitch) * L + xx // lay.gw
+            off = base + (yy % lay.pitch) * lay.gw + xx % lay.gw
+            stride = np.full_like(slot, lay.pitch * lay.gw)
+            cols.append(np.stack([slot, stride, off, yy * ws + xx, np.full_like(slot, k)]))
+        per_sev[s] = np.concatenate(cols, 1)
+        origins = [[lay.origin_ss(c, k) for k in range(2)] for c in range(4)]
+        start[s] = [[int(y) * ws + int(x) for y, x in row] for row in origins]
+        atlases.append(atlas.reshape(-1))
+        base += atlas.size
+    zero = base  # the trailing 0 that padding pixels read
+    width = max(v.shape[1] for v in per_sev.values())
+    pixels = np.zeros((6, 5, width), np.int64)
+    pixels[:, 2] = zero
+    for s, v in per_sev.items():
+        pixels[s, :, : v.shape[1]] = v
+    shown = np.zeros((6, 2, 5, 1), np.int64)
+    one_block = np.zeros((6, 2), np.float32)
+    for s in SEVERITIES:
+        shown[s] = _SHOWN[s]
+        one_block[s] = [1.0, 1.0 if LINES[s][1] > 0 else 0.0]
+    _MIXED[key] = {
+        "n": n,
+        "shown": torch.from_numpy(shown).to(device),
+        "one_block": torch.from_numpy(one_block).to(device),
+        "atlas": torch.from_numpy(np.concatenate(atlases + [np.zeros(1, np.float32)])).to(device),
+        "pixels": torch.from_numpy(pixels).to(device),
+        "start": torch.from_numpy(start).to(device),
+    }
+    return _MIXED[key]
+
+
+_BOXES_ALL: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _boxes_all(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """(H*W, 6*4) float32: :meth:`Text._corner_boxes` of every severity side by side (columns 0..3 unused),
+    so one product gives each row the lesion count in its own severity's boxes."""
+    key = (h, w, device)
+    if key not in _BOXES_ALL:
+        cols = [torch.zeros(h * w, 4, device=device)]
+        cols += [Text(severity=s)._corner_boxes(h, w, device) for s in SEVERITIES]
+        _BOXES_ALL[key] = torch.cat(cols, 1)
+    return _BOXES_ALL[key]

@@ -426,7 +426,7 @@ class WorstOfK:
             if shared is not None and op.render_group is not None and op.batched_severities():
                 by_group.setdefault(op.render_group, []).append(fam)
         together = {fam for fams in by_group.values() if len(fams) > 1 for fam in fams}
-        deferred: dict[str, list[tuple[Any, list[int], Any]]] = {}
+        deferred: dict[str, list[tuple[Any, list[int], Any, list[int], Any]]] = {}
         with shared if shared is not None else contextlib.nullcontext():
             pieces: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
             if shared is not None and len(members) > 1:  # every family's rows in one gather and one split
@@ -448,9 +448,15 @@ class WorstOfK:
                 for f, s in zip(flat, fam_sev):
                     applied[f // k][f % k] = top if top is not None else int(s)
                 if fam in together:
-                    groups = op.sample_family(x, m, np.asarray(fam_sev, dtype=np.int64), g)
-                    deferred.setdefault(op.render_group, []).append((op.at_severity(top), flat, groups))
-                    parts.append((flat, groups))
+                    # drawn now (the stream's order), sampled now or placed with its group's other deferred
+                    # families in one pass before their render
+                    drawn = op.deferred_draw(x, g)
+                    groups = None
+                    if drawn is None:
+                        groups = op.sample_family(x, m, np.asarray(fam_sev, dtype=np.int64), g)
+                        parts.append((flat, groups))
+                    item = (op.at_severity(top), flat, groups, fam_sev, drawn)
+                    deferred.setdefault(op.render_group, []).append(item)
                     continue
                 out, groups = _apply_family(
                     op, x, m, np.asarray(fam_sev, dtype=np.int64), None, self.slice_axis, g, checked=True
@@ -459,11 +465,19 @@ class WorstOfK:
                 order.extend(flat)
                 parts.append((flat, groups))
             for items in deferred.values():
-                flat_all = [f for _, flat, _ in items for f in flat]
+                items.sort(key=lambda it: it[4] is None)  # the deferred samples' rows first (stable)
+                flat_all = [f for it in items for f in it[1]]
                 assert shared is not None
                 x, m = shared.take(torch.from_numpy(np.asarray([f // k for f in flat_all], dtype=np.int64)))
+                late = [it for it in items if it[4] is not None]
+                if late:
+                    placed = type(late[0][0]).sample_together(x, m, [(op, sev, d) for op, _, _, sev, d in late])
+                    for i, (it, p) in enumerate(zip(late, placed)):
+                        groups = [(all_rows(len(it[1])), p)]
+                        items[i] = (it[0], it[1], groups, it[3], it[4])
+                        parts.append((it[1], groups))
                 out = type(items[0][0]).render_together(
-                    x, m, [(op, _row_ordered(groups, len(flat)), len(flat)) for op, flat, groups in items]
+                    x, m, [(op, _row_ordered(groups, len(flat)), len(flat)) for op, flat, groups, _, _ in items]
                 )
                 outs.append(out if out.dtype == src.dtype else out.to(src.dtype))
                 order.extend(flat_all)
