@@ -126,6 +126,17 @@ def _atlas_on(font_px: int, device: torch.device) -> torch.Tensor:
     return _ATLAS_ON[key]
 
 
+
+def _blend(images: torch.Tensor, masks: torch.Tensor | None, canvas: torch.Tensor, level, n: int) -> torch.Tensor:
+    """The text's (B,1,nH,nW) fine-grid coverage ``canvas`` averaged to pixels, kept off the lesion, and
+    blended towards each row's ``level``."""
+    if n > 1:
+        canvas = torch.nn.functional.avg_pool2d(canvas, n)
+    if masks is not None:
+        canvas = canvas * (masks[:, None] == 0)
+    level = cast(level, images.dtype).reshape(images.shape[0], 1, 1, 1)
+    return torch.lerp(images, level.expand_as(images), canvas)
+
 class Layout(NamedTuple):
     """Where a severity's blocks go on an HxW image. ``n``: supersampling factor (the block is drawn on an
     n-times finer grid and area-averaged); ``font``, ``gw``, ``pitch``: glyph height, width and line
@@ -319,13 +330,7 @@ class Text(Perturbation):
             # block's flat offsets on the fine grid plus its corner's origin (tables made once per layout)
             idx = origin[:, k] + offsets[k]
             canvas.scatter_reduce_(1, idx, cast(block.reshape(b, -1), images.dtype), reduce="amax")
-        canvas = canvas.view(b, 1, hs, ws)
-        if n > 1:
-            canvas = torch.nn.functional.avg_pool2d(canvas, n)
-        if masks is not None:
-            canvas = canvas * (masks[:, None] == 0)
-        level = cast(params["level"], images.dtype).reshape(b, 1, 1, 1)
-        return torch.lerp(images, level.expand_as(images), canvas)
+        return _blend(images, masks, canvas.view(b, 1, hs, ws), params["level"], n)
 
     def _block_index(self, lay: Layout, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(4,2) flat fine-grid index of block k's origin at corner c (a (B,2) gather of the corners reads
@@ -446,13 +451,7 @@ class Text(Perturbation):
         origin = t["start"][sev_t].gather(1, params["corner"].reshape(b, 1, 2)).view(b, 2)
         canvas = images.new_zeros(b, n * h * n * w)
         canvas.scatter_reduce_(1, origin.gather(1, blk) + dst, cast(val, images.dtype), reduce="amax")
-        canvas = canvas.view(b, 1, n * h, n * w)
-        if n > 1:
-            canvas = torch.nn.functional.avg_pool2d(canvas, n)
-        if masks is not None:
-            canvas = canvas * (masks[:, None] == 0)
-        level = cast(params["level"], images.dtype).reshape(b, 1, 1, 1)
-        return torch.lerp(images, level.expand_as(images), canvas)
+        return _blend(images, masks, canvas.view(b, 1, n * h, n * w), params["level"], n)
 
     def _apply_np(self, image, mask, params):
         h, w = image.shape[:2]
