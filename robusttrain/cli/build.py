@@ -226,3 +226,11 @@ def _check_compatible(datamodule: Any, model: Any) -> None:
                 f"model.{attr}={m} does not match the data ({type(datamodule).__name__} "
                 f"has {attr}={d}); set model.{attr}={d}"
             )
+    # a size the network cannot take: refused before a trainer starts (forward checks every new shape too)
+    size, multiple = getattr(datamodule, "image_size", None), getattr(model, "side_multiple", 1)
+    if isinstance(size, int) and isinstance(multiple, int) and multiple > 1 and size % multiple:
+        up = -(-size // multiple) * multiple
+        raise UsageError(
+            f"data.image_size={size} does not fit model.network={hp.get('network')}: it needs image sides "
+            f"that are multiples of {multiple}; set data.image_size={up}"
+        )

@@ -155,6 +155,40 @@ def build_network(
     raise ValueError(f"unknown model.network '{name}'; valid choices: {', '.join(NETWORKS)}")
 
 
+def side_multiple(name: str, features: Sequence[int] | None = None) -> int:
+    """What every spatial side of ``name``'s input must be a multiple of, so that its skip connections line
+    up after its downsampling steps: 1 for ``basic_unet`` (it pads), 2**(levels - 1) for ``attention_unet``,
+    8 for ``segresnet`` (MONAI's three downsamplings), 32 for ``swin_unetr`` and ``flexible_unet`` (five;
+    some EfficientNets pad some other sizes, which this does not promise).
+
+    >>> side_multiple("swin_unetr"), side_multiple("attention_unet", [16, 32, 64]), side_multiple("basic_unet")
+    (32, 4, 1)
+    """
+    if name == "attention_unet":
+        return 2 ** (len(features or (16, 32, 64, 128)) - 1)
+    return {"segresnet": 8, "swin_unetr": 32, "flexible_unet": 32}.get(name, 1)
+
+
+def check_sides(name: str, multiple: int, sides: Sequence[int]) -> None:
+    """Raise an :class:`~robusttrain.errors.InputError` (one line: the network, the sides it got, what it
+    needs) unless every side is a multiple of ``multiple``: MONAI's own error for such an input is a size
+    mismatch deep in the decoder, or no error and an output smaller than the input (FlexibleUNet, odd sides).
+
+    >>> check_sides("swin_unetr", 32, (100, 96))
+    Traceback (most recent call last):
+    ...
+    robusttrain.errors.InputError: model.network=swin_unetr needs every image side to be a multiple of 32; it got a 100x96 input (set data.image_size to a multiple of 32)
+    """
+    if multiple > 1 and any(int(s) % multiple for s in sides):
+        from robusttrain.errors import InputError
+
+        got = "x".join(str(int(s)) for s in sides)
+        raise InputError(
+            f"model.network={name} needs every image side to be a multiple of {multiple}; it got a {got} "
+            f"input (set data.image_size to a multiple of {multiple})"
+        )
+
+
 def _one_width(name: str, feats: tuple[int, ...] | None, default: int) -> int:
     if feats is None:
         return default

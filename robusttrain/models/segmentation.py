@@ -14,7 +14,7 @@ from monai.losses import DiceCELoss
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
-from robusttrain.models.networks import build_network
+from robusttrain.models.networks import build_network, check_sides, side_multiple
 from robusttrain.training.objective import metamorphic_forward, metamorphic_loss
 from robusttrain.training.schedules import stretch_tail, warmup_cosine_tail
 from robusttrain.validate import check_fraction
@@ -75,6 +75,9 @@ class SegmentationModule(L.LightningModule):
             pretrained=pretrained,
             norm=norm,
         )
+        # checked once per input shape in forward: a size the network cannot take fails with one line
+        self.side_multiple = side_multiple(network, features)  # every input side a multiple of this
+        self._sides_ok: tuple[int, ...] | None = None
         names = list(class_names) if class_names else [f"class{i}" for i in range(1, num_classes)]
         if len(names) != num_classes - 1:
             raise ValueError(
@@ -93,6 +96,10 @@ class SegmentationModule(L.LightningModule):
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        sides = tuple(images.shape[2:])
+        if sides != self._sides_ok:
+            check_sides(self.hparams["network"], self.side_multiple, sides)
+            self._sides_ok = sides
         return self.net(images)
 
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -636,6 +636,12 @@ SCENARIOS = [
         ["fit", *TINY, RUN, "model.num_classes=3", "model.class_names=[a,b]"],
         text="model.num_classes=3 does not match the data",
     ),
+    S(
+        "model-image-size-vs-network",  # MONAI's own failure was a traceback at the first forward
+        ["fit", *TINY, FRESH, "model=swin_unetr", "model.features=[12]", "data.image_size=48"],
+        text="data.image_size=48 does not fit model.network=swin_unetr: it needs image sides that are multiples "
+        "of 32; set data.image_size=64",
+    ),
 ]
 
 
