@@ -81,7 +81,8 @@ def test_an_input_size_the_network_cannot_take_is_refused_in_one_line():
         got = "x".join(map(str, sides))
         assert str(e.value) == (
             f"model.network={model.hparams['network']} needs every image side to be a multiple of {multiple}; "
-            f"it got a {got} input (set data.image_size to a multiple of {multiple})"
+            f"it got a {got} input (data.image_size, and the size metamorphic_training.score_scale scores at, must "
+            f"be multiples of {multiple})"
         )
         ok = tuple(-(-s // multiple) * multiple for s in sides)
         with torch.no_grad():

@@ -177,7 +177,7 @@ def check_sides(name: str, multiple: int, sides: Sequence[int]) -> None:
     >>> check_sides("swin_unetr", 32, (100, 96))
     Traceback (most recent call last):
     ...
-    robusttrain.errors.InputError: model.network=swin_unetr needs every image side to be a multiple of 32; it got a 100x96 input (set data.image_size to a multiple of 32)
+    robusttrain.errors.InputError: model.network=swin_unetr needs every image side to be a multiple of 32; it got a 100x96 input (data.image_size, and the size metamorphic_training.score_scale scores at, must be multiples of 32)
     """
     if multiple > 1 and any(int(s) % multiple for s in sides):
         from robusttrain.errors import InputError
@@ -185,7 +185,7 @@ def check_sides(name: str, multiple: int, sides: Sequence[int]) -> None:
         got = "x".join(str(int(s)) for s in sides)
         raise InputError(
             f"model.network={name} needs every image side to be a multiple of {multiple}; it got a {got} "
-            f"input (set data.image_size to a multiple of {multiple})"
+            f"input (data.image_size, and the size metamorphic_training.score_scale scores at, must be multiples of {multiple})"
         )
 
 
