@@ -9,6 +9,7 @@ batch 64 (the count should grow with the families drawn, not with the images).
 
     OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count [--size 256] [--batches 16 64] [--calls 4]
     OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count --old-fov   # also the pre-2026-11-26 FOV loop
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count --border    # images with a round black border
 """
 
 from __future__ import annotations
@@ -71,12 +72,18 @@ def count_ops(fn) -> tuple[int, int]:
 
 
 def counts_per_call(
-    k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"]
+    k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"], border: bool = False
 ) -> tuple[float, float]:
     """Mean (top-level aten ops, of which launch a kernel) of one ``WorstOfK`` call (q=0.5, uniform
-    families, severities 1..4) over ``calls`` steps, after two warm-up calls (op construction, caches)."""
+    families, severities 1..4) over ``calls`` steps, after two warm-up calls (op construction, caches).
+    ``border``: the images have a round black border, as endoscopy frames do (the field-of-view estimate
+    then runs its dilation loop until the border stops growing)."""
     torch.manual_seed(0)
     x = torch.rand(batch, 3, size, size)
+    if border:
+        yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+        r = ((yy - (size - 1) / 2) ** 2 + (xx - (size - 1) / 2) ** 2).sqrt()
+        x = x * (r <= 0.46 * size)
     m = torch.zeros(batch, size, size, dtype=torch.long)
     m[:, size // 3 : 2 * size // 3, size // 3 : 2 * size // 3] = 1
     w = WorstOfK(families=families, k=k, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
@@ -98,10 +105,16 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--old-fov", action="store_true", help="also count with the old accelerator FOV loop")
+    ap.add_argument("--border", action="store_true", help="images with a round black border (endoscopy)")
     args = ap.parse_args(argv)
-    both = {(b, k): counts_per_call(k, args.size, b, args.calls) for b in args.batches for k in (1, 4)}
+    both = {
+        (b, k): counts_per_call(k, args.size, b, args.calls, border=args.border)
+        for b in args.batches
+        for k in (1, 4)
+    }
     rows = {key: v[0] for key, v in both.items()}
-    print(f"# {args.size} px, q=0.5, endoscopy families, severities 1..4; mean of {args.calls} calls")
+    images = "a round black border" if args.border else "uniform noise, no border"
+    print(f"# {args.size} px, q=0.5, endoscopy families, severities 1..4; {images}; mean of {args.calls} calls")
     print("| batch | k | aten ops per call | of which launch a kernel on a GPU |")
     print("|---|---|---|---|")
     for (b, k), (v, n) in both.items():
