@@ -64,6 +64,8 @@ def _joined_luma(ops: list[Any], device: torch.device) -> torch.Tensor:
     key = tuple(id(op) for op in ops) + (hash(device),)
     hit = _LUMAS.get(key)
     if hit is None or any(a is not op for a, op in zip(hit[0], ops)):
+        if len(_LUMAS) >= 64:  # the entries hold their ops: a process that makes many keeps only recent ones
+            _LUMAS.clear()
         hit = _LUMAS[key] = (list(ops), torch.cat([op._luma_on(device) for op in ops]))
     return hit[1]
 
