@@ -1,0 +1,81 @@
+"""What ``torch.compile`` does to a whole metamorphic-training draw as the code stands (no refactor).
+
+``compiled_render.py`` compiles each family's render alone and finds it fuses; the draw around the
+renders (sampling, placement, row bookkeeping) is the other half of ``launch_count.py``'s ops. This wraps
+one ``WorstOfK`` call (256 px, batch 16, k=1, the endoscopy families, as ``launch_count``) in
+``torch.compile`` and prints, per step: an eager call's seconds, the compiled first call's (a new step brings new row counts and
+severities: does it recompile?), the compiled pieces a second call of the same step runs, and the most
+frequent graph-break reasons over all steps. The backend is ``aot_eager`` (dynamo's tracing and guards
+without Inductor's C++ compile, which takes minutes a graph on this CPU): it says how the draw splits
+into graphs, not what the graphs' kernels would cost.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.compiled_draw [--steps 4] [--batch 16] [--size 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections import Counter
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from robusttrain.perturbations.suites import SUITES
+from robusttrain.training.worst_of_k import WorstOfK
+
+
+def _reason(text: str) -> str:
+    """A graph break's reason, short: its first line, what it called if it names it."""
+    first = text.strip().splitlines()[0]
+    called = re.search(r"call_method \S+\((\w+)\) (\w+)|UserDefinedObjectVariable\((\w+)\)", text)
+    return first + (f" ({' '.join(g for g in called.groups() if g)})" if called else "")
+
+
+def main(argv=None) -> None:
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--size", type=int, default=256)
+    args = ap.parse_args(argv)
+    dynamo.config.cache_size_limit = 64  # let it recompile rather than fall back to eager after 8
+    torch.manual_seed(0)
+    b, s = args.batch, args.size
+    x = torch.rand(b, 3, s, s)
+    m = torch.zeros(b, s, s, dtype=torch.long)
+    m[:, s // 3 : 2 * s // 3, s // 3 : 2 * s // 3] = 1
+    w = WorstOfK(families=SUITES["endoscopy"], k=1, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
+    score = lambda c, mm: c.mean((1, 2, 3))  # noqa: E731 -- as launch_count: the model is not counted
+    for step in range(2):
+        w(x, m, score, step=step)
+    eager = {}
+    for step in range(2, 2 + args.steps):
+        t0 = time.perf_counter()
+        w(x, m, score, step=step)
+        eager[step] = time.perf_counter() - t0
+    fn = torch.compile(w.__call__, backend="aot_eager")
+    print(f"# torch.compile(WorstOfK.__call__, backend='aot_eager'), {s} px, batch {b}, k=1")
+    print("| step | eager call (s) | compiled: first call (s) | compiled pieces a second call runs |")
+    print("|---|---|---|---|")
+    for step in range(2, 2 + args.steps):
+        t0 = time.perf_counter()
+        fn(x, m, score, step=step)
+        first = time.perf_counter() - t0
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn(x, m, score, step=step)
+        pieces = sum(1 for e in prof.events() if e.name.startswith("Torch-Compiled Region"))
+        print(f"| {step} | {eager[step]:.2f} | {first:.1f} | {pieces} |")
+    reasons: Counter = Counter()
+    for text, n in counters["graph_break"].items():
+        reasons[_reason(text)] += n
+    print("\nmost frequent graph breaks (all steps):")
+    for reason, n in reasons.most_common(6):
+        print(f"  {n:4d}  {reason}")
+
+
+if __name__ == "__main__":
+    main()
