@@ -184,3 +184,13 @@ def test_compiled_render_benchmark_fuses_a_colour_family_into_one_graph():
     assert r["graphs"] == 1  # no graph break in a colour family's render
     assert 0 < r["kernels"] < r["launches"] <= r["ops"]
     assert r["max_diff"] < 1e-5
+
+
+def test_draw_digests_repeat_for_a_seed_and_differ_between_seeds():
+    # benchmarks/perf/draw_digests.py is how a batching pass shows it kept every image (diff two checkouts'
+    # outputs): a digest must be a function of the configuration alone, and must see a change in the images
+    from benchmarks.perf.draw_digests import digest
+
+    a = digest(64, 4, 1, 0, steps=2)
+    assert a == digest(64, 4, 1, 0, steps=2)
+    assert len({a, digest(64, 4, 1, 1, steps=2), digest(64, 4, 4, 0, steps=2)}) == 3
