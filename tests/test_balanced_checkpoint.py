@@ -11,6 +11,7 @@ from toys import Classes, ClassNet, Snapshots
 
 from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint
 from robusttrain.callbacks.context import context_for
+from robusttrain.cornercases import select_balanced_epoch
 from robusttrain.metamorphic.scoring import dice_from_sums, logits_sums
 
 pytestmark = pytest.mark.slow
@@ -196,7 +197,13 @@ def test_ddp_two_cpu_processes(tmp_path):
     hist = pd.read_csv(tmp_path / "balanced_history.csv")
     # each rank saw half the slices; the gathered history still has every case, every epoch
     assert hist["case_id"].nunique() == 6 and sorted(hist["epoch"].unique()) == [0, 1]
-    assert report["balanced_epoch"] in (0, 1) and (tmp_path / "balanced.ckpt").is_file()
+    assert len(hist) == 12 and not hist.duplicated(["case_id", "epoch"]).any()  # no case counted twice
+    # rank 0's decision is the pure decision on the gathered history (not on its own half of the cases)
+    least = report["least_loss_epoch"]
+    assert least in (0, 1)
+    expected = select_balanced_epoch(hist, "last_inlier", reference_epoch=least)
+    assert report["balanced_epoch"] == expected.epoch and report["status"] == expected.status
+    assert (tmp_path / "balanced.ckpt").is_file()
 
 
 def test_dict_output_model_is_read_the_same_by_both_callbacks(tmp_path):
