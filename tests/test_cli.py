@@ -223,6 +223,38 @@ def test_gallery_renders_a_png(tmp_path):
         assert im.mode == "P" and im.width == 4 * 96
 
 
+def test_gallery_keeps_placed_objects_off_the_lesion_as_training_does(tmp_path):
+    # the gallery used to draw without masks, so blood or feces could sit on the polyp there while training
+    # and the check keep it clear; now every lesion pixel of every perturbed tile is the original's
+    import cv2
+
+    from robusttrain.cli.build import build
+    from robusttrain.cli.compose import compose_recipe
+
+    fams = ["feces", "blood", "instrument", "specularity"]
+    out = tmp_path / "g.png"
+    suite = f"callbacks.metamorphic.suite.perturbations=[{','.join(fams)}]"
+    assert main(["gallery", "recipe=smoke", suite, f"out={out}", "n=2", "tile=64"]) == 0
+    grid = cv2.imread(str(out))[:, :, ::-1]
+    dm = build("data", compose_recipe("smoke", []).data)
+    dm.setup("fit")
+    masks = [dm.val_dataset[i]["mask"].numpy() for i in range(2)]  # the gallery's images: the first two
+    assert grid.shape == (2 * len(fams) * 64, 4 * 64, 3) and all(m.shape == (64, 64) for m in masks)
+    changed_outside = 0
+    for i, mask in enumerate(masks):
+        lesion = mask > 0
+        lesion[:17] = False  # the label bar is drawn over each tile's top rows
+        assert lesion.sum() > 50
+        for f in range(len(fams)):
+            row = grid[(i * len(fams) + f) * 64 : (i * len(fams) + f + 1) * 64]
+            original = row[:, :64]
+            for t in range(1, 4):
+                tile = row[:, t * 64 : (t + 1) * 64]
+                assert (tile[lesion] == original[lesion]).all(), (i, fams[f], t)
+                changed_outside += int((tile[17:] != original[17:]).any())
+    assert changed_outside >= 12  # most tiles are perturbed (off the lesion): the comparison can fail
+
+
 def test_named_extra_validation_sets_can_be_added_on_the_command_line():
     from robusttrain.cli.compose import compose_recipe
 

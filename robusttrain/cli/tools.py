@@ -22,17 +22,20 @@ def _only(overrides: list[str], allowed: set[str], command: str) -> dict[str, st
     return out
 
 
-def _sample_images(datamodule, n: int) -> list[np.ndarray]:
-    """First ``n`` validation images of a datamodule as HWC uint8 (for the gallery)."""
+def _sample_images(datamodule, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """First ``n`` validation images of a datamodule as HWC uint8, and their (H,W) masks (for the gallery:
+    the families that place objects keep them off the lesion, as in training and in the check)."""
     datamodule.setup("fit")
     ds = datamodule.val_dataset
-    images = []
+    images, masks = [], []
     for i in range(min(n, len(ds))):
-        img = ds[i]["image"].permute(1, 2, 0).numpy()
+        item = ds[i]
+        img = item["image"].permute(1, 2, 0).numpy()
         if img.shape[2] == 1:
             img = np.repeat(img, 3, axis=2)
         images.append((np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8))
-    return images
+        masks.append(np.ascontiguousarray(item["mask"].numpy()))
+    return images, masks
 
 
 def _suite_names(cfg) -> list[str] | None:
@@ -67,9 +70,14 @@ def gallery(recipe: str | None, overrides: list[str], positional: list[str]) -> 
         raise UsageError(f"bad value for 'colors': {colors!r} (expected an integer in 2..256: palette PNG)")
     cfg = compose_recipe(recipe or "polyp", opts)
     out = output_file(extra.get("out", "gallery.png"), "out", ".png")
-    images = _sample_images(build("data", cfg.data), int(n))
+    images, masks = _sample_images(build("data", cfg.data), int(n))
     out = render_gallery(
-        images, out, names=_suite_names(cfg), tile=int(tile), colors=None if colors is None else int(colors)
+        images,
+        out,
+        names=_suite_names(cfg),
+        masks=masks,
+        tile=int(tile),
+        colors=None if colors is None else int(colors),
     )
     print(f"[robusttrain] gallery written to {Path(out).resolve()}")
     return 0
