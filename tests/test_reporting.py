@@ -238,3 +238,26 @@ def test_failure_rows_with_overlays_or_thumbnail(tmp_path):
             2: "myo",
             3: "lv",
         }
+
+
+def test_the_drawn_gallery_reads_each_source_lesion_from_its_strip(tmp_path):
+    # the report draws its gallery from failure strips (source | follow-up | ground truth | predictions); the
+    # ground-truth tile is the lesion mask the placed families keep clear, as in training and in the check
+    import numpy as np
+
+    from robusttrain.mining.bank import _png, thumbnail_strip
+    from robusttrain.reporting.html import _source_tiles
+
+    rng = np.random.default_rng(0)
+    gt = np.zeros((48, 48), np.int64)
+    gt[10:30, 12:40] = 1
+    src = rng.random((48, 48, 3)).astype(np.float32)
+    strip = thumbnail_strip(
+        {"source": src, "followup": src, "gt": gt, "pred_source": gt, "pred_followup": 0 * gt}, height=48
+    )
+    (tmp_path / "thumbs").mkdir()
+    (tmp_path / "thumbs" / "0.png").write_bytes(_png(strip))
+    images, masks = _source_tiles(tmp_path, [{"thumb": "thumbs/0.png", "drop": 0.5}], 2)
+    assert len(images) == len(masks) == 1
+    assert (images[0] == (src * 255).round().astype(np.uint8)).all()
+    assert masks[0].shape == (48, 48) and (masks[0] == (gt > 0)).all()

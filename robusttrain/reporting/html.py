@@ -286,23 +286,27 @@ def _drop(rec: dict[str, Any]) -> float:
         return 0.0
 
 
-def _source_tiles(run_dir: Path, records: list[dict[str, Any]], n: int) -> list:
-    """Source images cut from the worst failures' thumbnail strips (first of five equal tiles)."""
+def _source_tiles(run_dir: Path, records: list[dict[str, Any]], n: int) -> tuple[list, list]:
+    """Source images and their lesion masks cut from the worst failures' thumbnail strips (the first and
+    the third of five equal tiles: source | follow-up | ground truth | two predictions)."""
     import io
 
     import matplotlib.image
     import numpy as np
 
-    out: list[np.ndarray] = []
+    images: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
     for rec in sorted(records, key=lambda r: -_drop(r)):
         thumb = _thumb(run_dir, rec)
-        if thumb is not None and len(out) < n:
+        if thumb is not None and len(images) < n:
             strip = matplotlib.image.imread(io.BytesIO(load.read_bytes(run_dir, thumb) or b""), format="png")
             w = strip.shape[1] // 5
             if w > 8 and strip.shape[1] % 5 == 0:
                 tile = strip[:, :w, :3]
-                out.append((tile * 255).round().astype(np.uint8) if tile.dtype != np.uint8 else tile)
-    return out
+                images.append((tile * 255).round().astype(np.uint8) if tile.dtype != np.uint8 else tile)
+                # the ground-truth tile spreads class indices over the grey range: background is black
+                masks.append((strip[:, 2 * w : 3 * w, :3].max(-1) > 0).astype(np.uint8))
+    return images, masks
 
 
 def _gallery(run_dir, history, efr, ctx) -> str:
@@ -314,7 +318,7 @@ def _gallery(run_dir, history, efr, ctx) -> str:
         from robusttrain.perturbations.gallery import render_gallery
     except ImportError:
         return _na("gallery.png missing and the perturbation gallery is not installed" + hint)
-    images = _source_tiles(run_dir, load.load_failures(run_dir) or [], 2)
+    images, masks = _source_tiles(run_dir, load.load_failures(run_dir) or [], 2)
     if not images:
         return _na("gallery.png missing and no failure thumbnails to draw one from" + hint)
     from robusttrain.perturbations import available
@@ -324,7 +328,9 @@ def _gallery(run_dir, history, efr, ctx) -> str:
     names = listed or None  # None: the gallery's default families
     sev = sorted(int(s) for s in efr["severity"].unique() if s > 0) if efr is not None else (1, 3, 5)
     with tempfile.TemporaryDirectory() as tmp:  # never written into the run directory
-        out = render_gallery(images, Path(tmp) / "gallery.png", names=names, severities=sev, tile=128)
+        out = render_gallery(
+            images, Path(tmp) / "gallery.png", names=names, severities=sev, masks=masks, tile=128
+        )
         data = Path(out).read_bytes()
     return Markup(
         "<p>Drawn from the source images of the worst failures, with this run's perturbations "
