@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -244,3 +245,14 @@ def test_runs_in_on_after_batch_transfer_of_a_real_trainer():
     for clean, mask, out, params in model.seen:
         assert (out != clean).flatten(1).any(1).all()
         assert torch.equal(model.aug(clean, mask=mask, params=params), out)
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_a_batch_with_the_wrong_channels_is_refused_whole_whatever_the_draw_picks(p):
+    # the check ran on each severity's sub-batch: the error named a (1,1,64,64) shape for a (4,1,64,64)
+    # batch, and at p=0 (nothing picked) a grey batch passed a colour family silently
+    with pytest.raises(ValueError, match=re.escape("needs RGB images") + ".*" + re.escape("(4, 1, 64, 64)")):
+        BatchAugmentation("saturation", severity=(1, 5), p=p)(torch.rand(4, 1, 64, 64))
+    with pytest.raises(ValueError, match=re.escape("needs single-channel (grey) images") + ".*" + re.escape("(4, 3, 64, 64)")):
+        BatchAugmentation("gibbs", severity=(1, 5), p=p)(torch.rand(4, 3, 64, 64))
+    assert BatchAugmentation("blur", severity=(1, 5), p=p)(torch.rand(4, 1, 64, 64)).shape == (4, 1, 64, 64)

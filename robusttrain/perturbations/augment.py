@@ -133,8 +133,7 @@ class BatchAugmentation(torch.nn.Module):
         self, images: torch.Tensor, mask: torch.Tensor | None = None, generator: torch.Generator | None = None
     ) -> Params:
         """Draw which samples to perturb, their severities and the family's params for them."""
-        images = check_batch(images, f"BatchAugmentation({self.family})", rgb=False, check_range=False)
-        mask = check_masks(mask, images, self.family)
+        images, mask = self._checked(images, mask)
         b, device = images.shape[0], (generator.device if generator is not None else torch.device("cpu"))
         chosen = torch.rand(b, generator=generator, device=device) < self.p
         lo, hi = self.severity
@@ -151,8 +150,7 @@ class BatchAugmentation(torch.nn.Module):
     ) -> torch.Tensor:
         """Apply ``params`` (from :meth:`generate_parameters`); unselected samples are returned unchanged
         (when none is selected, ``images`` itself is returned: no copy)."""
-        images = check_batch(images, f"BatchAugmentation({self.family})", rgb=False, check_range=False)
-        mask = check_masks(mask, images, self.family)
+        images, mask = self._checked(images, mask)
         groups = self._groups(params, images.shape[0])
         if not groups:
             return images
@@ -181,6 +179,20 @@ class BatchAugmentation(torch.nn.Module):
         out = self.apply(images, params, mask)
         self._params = params
         return out
+
+    def _checked(
+        self, images: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The whole batch checked for this family's channels (RGB or grey) before it is split by severity,
+        so an error names the shape the caller passed, whichever samples the draw picked."""
+        name, op = f"BatchAugmentation({self.family})", self.perturbation(self.severity[0])
+        images = check_batch(images, name, rgb=op.rgb, check_range=False)
+        if op.grey_only and images.shape[1] != 1:
+            raise ValueError(
+                f"{name}: needs single-channel (grey) images, a (B,1,H,W) batch, got shape "
+                f"{tuple(images.shape)}; convert colour images to grey first or use a colour family"
+            )
+        return images, check_masks(mask, images, self.family)
 
     def _groups(self, params: Params, b: int | None = None) -> list[tuple[int, torch.Tensor]]:
         """(severity, CPU indices of the perturbed samples at that severity), in severity order."""
