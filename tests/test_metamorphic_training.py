@@ -122,6 +122,18 @@ def test_bad_arguments_are_refused_with_one_line():
         MetamorphicTraining(divergence="l1")
 
 
+def test_a_family_that_cannot_take_the_batch_is_refused_at_the_first_call_whatever_is_drawn():
+    # checked only on the rows a family was drawn for, a colour family on grey images failed at whichever
+    # later step first drew it (here the first draw gives both follow-ups to blur and passed)
+    score = lambda c, m: c.mean(tuple(range(1, c.ndim)))  # noqa: E731
+    grey, rgb = torch.rand(8, 1, 32, 32), torch.rand(8, 3, 32, 32)
+    with pytest.raises(ValueError, match=r"families \['saturation'\] cannot take 1-channel images .*\['blur'\]"):
+        WorstOfK(["saturation", "blur"], k=1, q=0.25, seed=0)(grey, None, score, step=0)
+    with pytest.raises(ValueError, match=r"families \['gibbs'\] cannot take 3-channel images"):
+        WorstOfK(["gibbs", "blur"], k=1, q=0.25, seed=0)(rgb, None, score, step=0)
+    assert WorstOfK(["blur", "gamma"], k=1, q=0.25, seed=0)(grey, None, score, step=0).images.shape[1] == 1
+
+
 def test_divergence_and_soft_dice():
     p = torch.softmax(torch.randn(2, 3, 8, 8), 1)
     assert float(divergence(p, p)) == pytest.approx(0, abs=1e-6)

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
-from robusttrain.perturbations import get, occluding
+from robusttrain.perturbations import available, get, occluding
 from robusttrain.perturbations.base import FamilyParams, all_rows
 from robusttrain.perturbations.placement import SharedMaps
 
@@ -261,6 +261,7 @@ class WorstOfK:
                 )
             self.chains = ChainSampler(chain_fams, depth=chain_depth, width=width, alpha=alpha, mix=mix)
         self._ops: dict[tuple[str, int], Any] = {}
+        self._channels_ok: set[int] = set()  # channel counts every family has been checked to take
 
     def family_probs(self, rates: Mapping[str, float] | None = None) -> np.ndarray:
         """``(1 - epsilon) * w + epsilon * uniform`` over :attr:`families` (``w``: ``rates`` normalised;
@@ -306,6 +307,7 @@ class WorstOfK:
         ``eligible``: the batch positions follow-ups may be drawn from (default all).
         ``select=False`` draws one random candidate per image, scoring nothing (the warm-up).
         """
+        self._check_channels(images)
         g = self.generator(step, rank)
         b = images.shape[0]
         dev = images.device
@@ -515,6 +517,23 @@ class WorstOfK:
         return cand, families, severities, params, chains
 
     # -- internals ---------------------------------------------------------------------
+    def _check_channels(self, images: torch.Tensor) -> None:
+        """Refuse a batch some family cannot take (a colour family on grey images, an MRI family on RGB)
+        at the first call, whatever the draw picks: checked only on the rows a family is drawn for, a
+        misfit family would fail at whichever later step first draws it."""
+        c = int(images.shape[1]) if images.ndim >= 4 else -1
+        if c in self._channels_ok:
+            return
+        fits = set(available(channels=c)) if c in (1, 3) else set()
+        bad = [f for f in self.families if f not in fits]
+        if bad:
+            raise ValueError(
+                f"WorstOfK: families {bad} cannot take {c}-channel images (batch shape {tuple(images.shape)}); "
+                f"the families that can: {[f for f in self.families if f in fits]} -- drop the others from "
+                "the perturbations or give images with the channels they need"
+            )
+        self._channels_ok.add(c)
+
     def _op(self, family: str, severity: int) -> Any:
         key = (family, severity)
         if key not in self._ops:
