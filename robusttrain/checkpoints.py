@@ -84,16 +84,18 @@ def load_checkpoint(path: str | os.PathLike, model: Any = None) -> dict[str, Any
             p, f"is not a Lightning checkpoint: it holds {kind}, no 'state_dict' (expected {EXPECTED})"
         )
     if model is not None:
-        check_fits(p, ckpt["state_dict"], model)
+        check_fits(p, ckpt["state_dict"], model, ckpt.get("hyper_parameters"))
     return ckpt
 
 
-def check_fits(path: Path, state: dict[str, Any], model: Any) -> None:
-    """Raise :class:`CheckpointError` unless ``state`` has exactly ``model``'s names and shapes."""
+def check_fits(path: Path, state: dict[str, Any], model: Any, file_hparams: Any = None) -> None:
+    """Raise :class:`CheckpointError` unless ``state`` has exactly ``model``'s names and shapes; with the
+    file's ``hyper_parameters`` (Lightning's), the error also names the model settings that differ."""
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     have = {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
     name = type(model).__name__
     missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
+    hint = settings_hint(file_hparams, getattr(model, "hparams", None))
     if missing or extra:
         parts = [
             f"{len(missing)} of the model's weights missing (e.g. '{missing[0]}')" if missing else "",
@@ -102,7 +104,7 @@ def check_fits(path: Path, state: dict[str, Any], model: Any) -> None:
         raise _fail(
             path,
             f"does not fit {name}: {', '.join(filter(None, parts))} -- written for another "
-            "recipe or model? (expected a checkpoint of this recipe's model)",
+            f"recipe or model? (expected a checkpoint of this recipe's model){hint}",
         )
     for k in want:
         if want[k] != have[k]:
@@ -110,8 +112,46 @@ def check_fits(path: Path, state: dict[str, Any], model: Any) -> None:
                 path,
                 f"does not fit {name}: shape of '{k}' is {have[k]} in the file, {want[k]} in "
                 "the model -- written for another recipe or model settings? (expected a "
-                "checkpoint of this recipe's model)",
+                f"checkpoint of this recipe's model){hint}",
             )
+
+
+def _shown(v: Any) -> str | None:
+    """A hyper-parameter value read from a file, as text for one error line, or None when it is not a
+    short plain value (the file is untrusted: nothing else is shown, nothing is ever built from it)."""
+    if v is None or isinstance(v, (bool, int, float)):
+        return repr(v)
+    if isinstance(v, str) and 0 < len(v) <= 40 and all(c.isalnum() or c in "-_." for c in v):
+        return v
+    if isinstance(v, (list, tuple)) and len(v) <= 8 and all(type(x) is int for x in v):
+        return "[" + ",".join(map(str, v)) + "]"
+    return None
+
+
+def settings_hint(file_hparams: Any, model_hparams: Any) -> str:
+    """The model settings that differ between a checkpoint and the model it was loaded into, as command-line
+    overrides (``model=<network>``, ``model.<key>=<value>``) for the end of an error line; '' when either
+    side has none or none differ.
+
+    >>> settings_hint({"network": "swin_unetr", "features": [12], "lr": 0.1}, {"network": "basic_unet",
+    ...     "features": [8, 8, 16, 16, 32, 8], "lr": 0.1})
+    '; the file was written with model=swin_unetr model.features=[12] (this model: basic_unet, [8,8,16,16,32,8])'
+    """
+    if not isinstance(file_hparams, dict) or model_hparams is None or not hasattr(model_hparams, "get"):
+        return ""
+    keys = ("network", "backbone", "features", "in_channels", "num_classes", "spatial_dims", "norm")
+    diff = []
+    for k in keys:
+        if k not in file_hparams:
+            continue
+        mine, theirs = _shown(model_hparams.get(k)), _shown(file_hparams[k])
+        if theirs is not None and mine != theirs:
+            diff.append((k, theirs, mine))
+    if not diff:
+        return ""
+    # the recipes' model groups are named after the networks: model=<network> brings that network's keys
+    given = " ".join(f"model={v}" if k == "network" else f"model.{k}={v}" for k, v, _ in diff)
+    return f"; the file was written with {given} (this model: {', '.join(str(m) for _, _, m in diff)})"
 
 
 def _first_line(e: BaseException) -> str:

@@ -70,6 +70,12 @@ def _bad_ckpt(name: str, data: bytes | Callable[[SimpleNamespace], bytes]):
     return prep
 
 
+def _names_the_file_s_model(c, out: str, err: str) -> None:
+    """The refusal ends with the model settings the checkpoint was written with, as overrides."""
+    line = err.strip().splitlines()[-1]
+    assert "; the file was written with model=basic_unet model.features=[8,8,16,16,32,8]" in line, line
+
+
 def _pickle_payload(c) -> None:
     """A checkpoint whose unpickling would create ``pwned`` (proof that code ran)."""
 
@@ -635,6 +641,12 @@ SCENARIOS = [
         "model-classes-vs-data",
         ["fit", *TINY, RUN, "model.num_classes=3", "model.class_names=[a,b]"],
         text="model.num_classes=3 does not match the data",
+    ),
+    S(
+        "check-ckpt-of-another-network",  # the error names the settings the file was written with
+        ["check", *TINY, RUN, CK, "model=swin_unetr", "model.features=[12]"],
+        text="does not fit SegmentationModule: ",
+        then=_names_the_file_s_model,
     ),
     S(
         "model-image-size-vs-network",  # MONAI's own failure was a traceback at the first forward

@@ -151,3 +151,23 @@ def test_hdf5_volume_of_another_shape_is_refused_naming_the_file(shape, tmp_path
     with pytest.raises(DataError) as err:
         H5Source(tmp_path)
     assert f"patient001_frame01.h5: image shape {shape}; expected a (D, H, W) volume" in str(err.value)
+
+
+def test_a_checkpoint_s_hyper_parameters_are_shown_only_as_short_plain_values():
+    # the refusal of a checkpoint for another model names the settings it was written with; they come from
+    # the file, so only short plain values are shown (no escape codes, spaces, nesting, long lists)
+    from robusttrain.checkpoints import settings_hint
+
+    mine = {"network": "basic_unet", "features": [8, 8, 16, 16, 32, 8], "norm": None, "backbone": None}
+    hostile = {
+        "network": "\x1b[31mswin unetr",
+        "features": [[1, 2]],
+        "norm": {"__class__": "x"},
+        "backbone": "a" * 41,
+        "in_channels": 1,
+    }
+    assert settings_hint(hostile, {**mine, "in_channels": 3}) == (
+        "; the file was written with model.in_channels=1 (this model: 3)"
+    )
+    assert settings_hint(hostile, {**mine, "in_channels": 1}) == ""  # nothing printable differs
+    assert settings_hint(["not", "a", "dict"], mine) == "" and settings_hint(mine, mine) == ""
