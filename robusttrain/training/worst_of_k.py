@@ -521,7 +521,9 @@ class WorstOfK:
         """Refuse a batch some family cannot take (a colour family on grey images, an MRI family on RGB)
         at the first call, whatever the draw picks: checked only on the rows a family is drawn for, a
         misfit family would fail at whichever later step first draws it."""
-        c = int(images.shape[1]) if images.ndim >= 4 else -1
+        if images.ndim < 4:  # not a (B,C,H,W[,D]) batch: the families' own check says what was expected
+            return
+        c = int(images.shape[1])
         if c in self._channels_ok:
             return
         fits = set(available(channels=c)) if c in (1, 3) else set()
