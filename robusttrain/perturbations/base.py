@@ -474,6 +474,11 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``: itself when it is there already (a no-op ``.to`` still costs an op)."""
+    return t if t.device == device else t.to(device)
+
+
 def params_to(params: Params, device: torch.device) -> Params:
     """Move params to ``device`` (non-blocking; a no-op when already there)."""
     return {k: (v if v.device == device else v.to(device, non_blocking=True)) for k, v in params.items()}

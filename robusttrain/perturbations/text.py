@@ -28,6 +28,7 @@ from .base import (
     TorchRandom,
     _take_rows,
     cast,
+    on_device,
     params_to,
     severity_values,
     short_side,
@@ -389,10 +390,10 @@ class Text(Perturbation):
             at[row : row + size, per - 5 : per - 1] = base + size * (per - 5) + i * 4 + np.arange(4)
             at[row : row + size, per - 1 :] = base + size * (per - 1) + i
             row += size
-        drawn = torch.rand(b * per, generator=r.g, device=r.device)[_on(torch.from_numpy(at), r.device)]
-        u, keys, level = _on(drawn, dev).split([per - 5, 4, 1], 1)
+        drawn = torch.rand(b * per, generator=r.g, device=r.device)[on_device(torch.from_numpy(at), r.device)]
+        u, keys, level = on_device(drawn, dev).split([per - 5, 4, 1], 1)
         t = _mixed_tables(h, w, dev)
-        sev_t = _on(torch.from_numpy(np.asarray(sev_rows, dtype=np.int64)), dev)
+        sev_t = on_device(torch.from_numpy(np.asarray(sev_rows, dtype=np.int64)), dev)
         c = lambda name: _const_on(name, dev)  # noqa: E731
         digit = (u * c("span").view(-1)).long()
         codes = torch.where(c("is_fixed").view(-1), c("fixed").view(-1), digit + c("lo1").view(-1))
@@ -432,7 +433,7 @@ class Text(Perturbation):
         y = self._render_rows(x, m, params_to(p, images.device), sev_rows)
         inv = np.empty(b, dtype=np.int64)
         inv[np.asarray(perm, dtype=np.int64)] = np.arange(b)
-        return y[_on(torch.from_numpy(inv), y.device)]
+        return y[on_device(torch.from_numpy(inv), y.device)]
 
     def _render_rows(self, images, masks, params, sev_rows: list[int]):
         """``_apply_torch`` for rows of their own severities ``sev_rows``: each row's block pixels from its
@@ -442,7 +443,7 @@ class Text(Perturbation):
         dev = images.device
         t = _mixed_tables(h, w, dev)
         n = t["n"]
-        sev_t = _on(torch.from_numpy(np.asarray(sev_rows, dtype=np.int64)), dev)
+        sev_t = on_device(torch.from_numpy(np.asarray(sev_rows, dtype=np.int64)), dev)
         slot, mult, add, dst, blk = t["pixels"][sev_t].unbind(1)  # (B,P) each
         code = params["codes"].reshape(b, -1).gather(1, slot)
         vis = cast(params["visible"], torch.float32)
@@ -492,11 +493,6 @@ _SHOWN = {
     s: np.stack([np.arange(5) < n0, np.arange(5) < n1])[:, :, None].astype(np.int64)
     for s, (n0, n1) in LINES.items()
 }
-
-
-def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` (a no-op ``.to`` still costs an op)."""
-    return t if t.device == device else t.to(device)
 
 
 _MIXED: dict[tuple[int, int, torch.device], dict] = {}

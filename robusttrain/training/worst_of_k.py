@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import available, get, occluding
-from robusttrain.perturbations.base import FamilyParams, all_rows
+from robusttrain.perturbations.base import FamilyParams, all_rows, on_device
 from robusttrain.perturbations.placement import SharedMaps
 
 from .chains import LABEL as CHAIN_LABEL
@@ -105,7 +105,7 @@ def _split_params(
     (image, candidate)): one device->host copy and one split per key and group, not per candidate."""
     cpu = torch.device("cpu")
     for grows, p in groups:
-        per_key = (_on(v.detach() if v.requires_grad else v, cpu).split(1) for v in p.values())
+        per_key = (on_device(v.detach() if v.requires_grad else v, cpu).split(1) for v in p.values())
         for at, per in zip(grows.tolist(), zip(*per_key)):
             f = flat[at]
             params[f // k][f % k] = dict(zip(p, per))
@@ -320,7 +320,7 @@ class WorstOfK:
             index = pool[torch.randperm(len(pool), generator=g)[:n]].sort().values
         k = self.k if select else 1
         probs_np = self.family_probs(rates)
-        dev_index = _on(index, dev)
+        dev_index = on_device(index, dev)
         src = images[dev_index]
         src_m = None if masks is None else masks[dev_index]
         chains, applied = None, None
@@ -490,7 +490,7 @@ class WorstOfK:
         if order != list(range(n * k)):  # back to row-major (image, candidate) order: one gather
             inv = np.empty(n * k, dtype=np.int64)
             inv[np.asarray(order, dtype=np.int64)] = np.arange(n * k)
-            cand = cand[_on(torch.from_numpy(inv), cand.device)]
+            cand = cand[on_device(torch.from_numpy(inv), cand.device)]
         return cand.view(n, k, *cand.shape[1:]), params, applied
 
     def _draw_chains(
@@ -557,7 +557,7 @@ class WorstOfK:
         flags = occluding if occluding is not None else [[f in OCCLUDERS for f in row] for row in families]
         if masks is None or not any(map(any, flags)):  # decided on the host: no op when nothing occludes
             return torch.zeros(n, k, dtype=torch.bool, device=src.device)
-        occl = _on(torch.from_numpy(np.asarray(flags, dtype=bool).reshape(n, k)), src.device)
+        occl = on_device(torch.from_numpy(np.asarray(flags, dtype=bool).reshape(n, k)), src.device)
         dims = tuple(range(2, cand.ndim - 1))  # the pixel dims of (n, k, ...) after the channel max
         lesion = (masks > 0).unsqueeze(1)  # (n, 1, ...)
         moved = (cand - src.unsqueeze(1)).abs().amax(2) > _COVER_DELTA  # (n, k, ...)
@@ -566,13 +566,8 @@ class WorstOfK:
         return (covered / area > self.max_cover) & occl
 
 
-def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``: itself when it is there already (a no-op ``.to`` still costs an op)."""
-    return t if t.device == device else t.to(device)
-
-
 def _take(x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    rows = _on(rows, x.device)
+    rows = on_device(rows, x.device)
     return x[rows], None if m is None else m[rows]
 
 
