@@ -34,6 +34,7 @@ from typing import Any, overload
 import torch
 
 from .base import Params, Perturbation, check_batch, check_masks
+from .grey import grey_error
 from .registry import family_class
 
 
@@ -188,10 +189,7 @@ class BatchAugmentation(torch.nn.Module):
         name, op = f"BatchAugmentation({self.family})", self.perturbation(self.severity[0])
         images = check_batch(images, name, rgb=op.rgb, check_range=False)
         if op.grey_only and images.shape[1] != 1:
-            raise ValueError(
-                f"{name}: needs single-channel (grey) images, a (B,1,H,W) batch, got shape "
-                f"{tuple(images.shape)}; convert colour images to grey first or use a colour family"
-            )
+            raise grey_error(name, f"a (B,1,H,W) batch, got shape {tuple(images.shape)}")
         return images, check_masks(mask, images, self.family)
 
     def _groups(self, params: Params, b: int | None = None) -> list[tuple[int, torch.Tensor]]:

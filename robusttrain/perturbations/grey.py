@@ -20,7 +20,8 @@ import torch
 from .base import Params, Perturbation, from_float01, to_float01
 
 
-def _grey_error(name: str, what: str) -> ValueError:
+def grey_error(name: str, what: str) -> ValueError:
+    """The one-line refusal of colour input by a single-channel family (``what``: what was expected, got)."""
     return ValueError(
         f"{name}: needs single-channel (grey) images — MRI / X-ray intensities — "
         f"{what}; convert colour images to grey first or use a colour family"
@@ -45,14 +46,14 @@ class GreyPerturbation(Perturbation):
 
     def _check_channels_torch(self, images: Any) -> None:
         if isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[1] != 1:
-            raise _grey_error(
+            raise grey_error(
                 self.name,
                 f"a (B,1,H,W) batch, got shape {tuple(images.shape)} with {images.shape[1]} channels",
             )
 
     def _check_channels_np(self, image: Any) -> None:
         if isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[2] != 1:
-            raise _grey_error(self.name, f"an (H,W) or (H,W,1) image, got shape {image.shape}")
+            raise grey_error(self.name, f"an (H,W) or (H,W,1) image, got shape {image.shape}")
 
     def sample_params(self, images, masks=None, generator=None):
         self._check_channels_torch(images)
