@@ -95,25 +95,26 @@ def check_fits(path: Path, state: dict[str, Any], model: Any, file_hparams: Any 
     have = {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
     name = type(model).__name__
     missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
-    hint = settings_hint(file_hparams, getattr(model, "hparams", None))
+    problem = None
     if missing or extra:
         parts = [
             f"{len(missing)} of the model's weights missing (e.g. '{missing[0]}')" if missing else "",
             f"{len(extra)} unknown weights (e.g. '{extra[0]}')" if extra else "",
         ]
-        raise _fail(
-            path,
+        problem = (
             f"does not fit {name}: {', '.join(filter(None, parts))} -- written for another "
-            f"recipe or model? (expected a checkpoint of this recipe's model){hint}",
+            "recipe or model? (expected a checkpoint of this recipe's model)"
         )
-    for k in want:
-        if want[k] != have[k]:
-            raise _fail(
-                path,
+    else:
+        k = next((k for k in want if want[k] != have[k]), None)
+        if k is not None:
+            problem = (
                 f"does not fit {name}: shape of '{k}' is {have[k]} in the file, {want[k]} in "
                 "the model -- written for another recipe or model settings? (expected a "
-                f"checkpoint of this recipe's model){hint}",
+                "checkpoint of this recipe's model)"
             )
+    if problem is not None:  # the settings hint is only worked out for a refusal
+        raise _fail(path, problem + settings_hint(file_hparams, getattr(model, "hparams", None)))
 
 
 def _shown(v: Any) -> str | None:
