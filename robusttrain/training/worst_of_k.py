@@ -428,7 +428,7 @@ class WorstOfK:
             if shared is not None and op.render_group is not None and op.batched_severities():
                 by_group.setdefault(op.render_group, []).append(fam)
         together = {fam for fams in by_group.values() if len(fams) > 1 for fam in fams}
-        deferred: dict[str, list[tuple[Any, list[int], Any, list[int], Any]]] = {}
+        deferred: dict[str, list[_Deferred]] = {}
         with shared if shared is not None else contextlib.nullcontext():
             pieces: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
             if shared is not None and len(members) > 1:  # every family's rows in one gather and one split
@@ -452,12 +452,10 @@ class WorstOfK:
                 if fam in together:
                     # drawn now (the stream's order), sampled now or placed with its group's other deferred
                     # families in one pass before their render
-                    drawn = op.deferred_draw(x, g)
-                    groups = None
-                    if drawn is None:
-                        groups = op.sample_family(x, m, np.asarray(fam_sev, dtype=np.int64), g)
-                        parts.append((flat, groups))
-                    item = (op.at_severity(top), flat, groups, fam_sev, drawn)
+                    item = _Deferred(op.at_severity(top), flat, fam_sev, op.deferred_draw(x, g))
+                    if item.drawn is None:
+                        item.groups = op.sample_family(x, m, np.asarray(fam_sev, dtype=np.int64), g)
+                        parts.append((flat, item.groups))
                     deferred.setdefault(op.render_group, []).append(item)
                     continue
                 out, groups = _apply_family(
@@ -467,19 +465,19 @@ class WorstOfK:
                 order.extend(flat)
                 parts.append((flat, groups))
             for items in deferred.values():
-                items.sort(key=lambda it: it[4] is None)  # the deferred samples' rows first (stable)
-                flat_all = [f for it in items for f in it[1]]
+                # the placed-together rows first (stable): sample_together takes them as the leading rows
+                items.sort(key=lambda it: it.drawn is None)
+                flat_all = [f for it in items for f in it.flat]
                 assert shared is not None
                 x, m = shared.take(torch.from_numpy(np.asarray([f // k for f in flat_all], dtype=np.int64)))
-                late = [it for it in items if it[4] is not None]
+                late = [it for it in items if it.drawn is not None]
                 if late:
-                    placed = type(late[0][0]).sample_together(x, m, [(op, sev, d) for op, _, _, sev, d in late])
-                    for i, (it, p) in enumerate(zip(late, placed)):
-                        groups = [(all_rows(len(it[1])), p)]
-                        items[i] = (it[0], it[1], groups, it[3], it[4])
-                        parts.append((it[1], groups))
-                out = type(items[0][0]).render_together(
-                    x, m, [(op, _row_ordered(groups, len(flat)), len(flat)) for op, flat, groups, _, _ in items]
+                    placed = type(late[0].op).sample_together(x, m, [(it.op, it.sev, it.drawn) for it in late])
+                    for it, p in zip(late, placed):
+                        it.groups = [(all_rows(len(it.flat)), p)]
+                        parts.append((it.flat, it.groups))
+                out = type(items[0].op).render_together(
+                    x, m, [it.render_part() for it in items]
                 )
                 outs.append(out if out.dtype == src.dtype else out.to(src.dtype))
                 order.extend(flat_all)
@@ -564,6 +562,24 @@ class WorstOfK:
         covered = (moved & lesion).sum(dims)
         area = lesion.sum(dims).clamp_min(1)
         return (covered / area > self.max_cover) & occl
+
+
+@dataclass
+class _Deferred:
+    """A family drawn together with others of its render group: its op at the call's severity, its flat
+    candidate positions and their severities, the random values drawn at its turn (None: sampled at its
+    turn instead) and, once sampled or placed, its params groups."""
+
+    op: Any
+    flat: list[int]
+    sev: list[int]
+    drawn: torch.Tensor | None
+    groups: FamilyParams | None = None
+
+    def render_part(self) -> tuple[Any, Any, int]:
+        """(op, its params in row order, its row count): its part of the group's ``render_together``."""
+        assert self.groups is not None, "a deferred family is sampled or placed before its group renders"
+        return self.op, _row_ordered(self.groups, len(self.flat)), len(self.flat)
 
 
 def _take(x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
