@@ -71,11 +71,10 @@ def count_ops(fn) -> tuple[int, int]:
     return len(top), sum(1 for e in top if _launches(e))
 
 
-def counts_per_call(
-    k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"], border: bool = False
-) -> tuple[float, float]:
-    """Mean (top-level aten ops, of which launch a kernel) of one ``WorstOfK`` call (q=0.5, uniform
-    families, severities 1..4) over ``calls`` steps, after two warm-up calls (op construction, caches).
+def warmed_draw(k: int, size: int, batch: int, families=SUITES["endoscopy"], border: bool = False):
+    """(draw, images, masks, score) of the counted setting: a ``WorstOfK`` (q=0.5, uniform families,
+    severities 1..4) after two warm-up calls (op construction, caches) on a seeded (batch, 3, size, size)
+    batch with a square lesion; ``score`` stands in for the model (its forward is not counted).
     ``border``: the images have a round black border, as endoscopy frames do (the field-of-view estimate
     then runs its dilation loop until the border stops growing)."""
     torch.manual_seed(0)
@@ -90,6 +89,15 @@ def counts_per_call(
     score = lambda c, mm: c.mean((1, 2, 3))  # noqa: E731 -- a stand-in: the model's forward is not counted
     for step in range(2):
         w(x, m, score, step=step)
+    return w, x, m, score
+
+
+def counts_per_call(
+    k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"], border: bool = False
+) -> tuple[float, float]:
+    """Mean (top-level aten ops, of which launch a kernel) of one call of :func:`warmed_draw`'s draw over
+    ``calls`` steps after its warm-up."""
+    w, x, m, score = warmed_draw(k, size, batch, families, border)
     counts = [count_ops(lambda s=step: w(x, m, score, step=s)) for step in range(2, 2 + calls)]
     return sum(c[0] for c in counts) / calls, sum(c[1] for c in counts) / calls
 
