@@ -10,6 +10,8 @@ batch 64 (the count should grow with the families drawn, not with the images).
     OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count [--size 256] [--batches 16 64] [--calls 4]
     OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count --old-fov   # also the pre-2026-11-26 FOV loop
     OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count --border    # images with a round black border
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.launch_count --device    # also on an emulated accelerator:
+        # what runs on the device, what on the host (placement), copies and syncs
 """
 
 from __future__ import annotations
@@ -102,6 +104,30 @@ def counts_per_call(
     return sum(c[0] for c in counts) / calls, sum(c[1] for c in counts) / calls
 
 
+def device_counts(
+    k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"], border: bool = False
+) -> dict[str, float]:
+    """Per call of :func:`warmed_draw`'s draw with its images on an emulated accelerator
+    (:mod:`benchmarks.perf.emulated_device`: the code's accelerator branches, CPU kernels): mean aten ops
+    on the device (``device_ops``, of which ``launches`` launch a kernel), host-to-device copies
+    (``to_device``, of which ``blocking``), device-to-host reads the host waits for (``syncs``) and aten
+    ops on host tensors (``host_ops``: host time, no launch)."""
+    from benchmarks.perf.emulated_device import EmulatedDevice
+
+    w, x, m, score = warmed_draw(k, size, batch, families, border)
+    w = WorstOfK(families=families, k=k, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
+    with EmulatedDevice() as dev:
+        xd, md = x.to(dev.device), m.to(dev.device)
+        for step in range(2):  # the same two warm-up calls as on the CPU
+            w(xd, md, score, step=step)
+        dev.reset()
+        for step in range(2, 2 + calls):
+            w(xd, md, score, step=step)
+        got = {"device_ops": len(dev.device_ops), "launches": dev.launches, "to_device": dev.to_device}
+        got |= {"blocking": dev.blocking_copies, "syncs": dev.syncs, "host_ops": dev.host_ops}
+    return {key: v / calls for key, v in got.items()}
+
+
 def ops_per_call(k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"]) -> float:
     """Mean top-level aten ops of one ``WorstOfK`` call (the first of :func:`counts_per_call`)."""
     return counts_per_call(k, size, batch, calls, families)[0]
@@ -114,6 +140,7 @@ def main(argv=None) -> None:
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--old-fov", action="store_true", help="also count with the old accelerator FOV loop")
     ap.add_argument("--border", action="store_true", help="images with a round black border (endoscopy)")
+    ap.add_argument("--device", action="store_true", help="also count on an emulated accelerator")
     args = ap.parse_args(argv)
     both = {
         (b, k): counts_per_call(k, args.size, b, args.calls, border=args.border)
@@ -135,6 +162,20 @@ def main(argv=None) -> None:
         lim = TARGET_GROWTH * TARGET_K1
         ok64 = rows[(64, 1)] <= lim
         print(f"target k=1, batch 64: <= {lim:.0f}: {'met' if ok64 else 'NOT met'} ({rows[(64, 1)]:,.0f})")
+    if args.device:
+        print("\n# the same draws on an emulated accelerator (benchmarks.perf.emulated_device), per call")
+        print("| batch | k | aten ops on the device | of which launch a kernel | host-to-device copies "
+              "(blocking) | device-to-host syncs | aten ops on the host |")
+        print("|---|---|---|---|---|---|---|")
+        dev = {(b, k): device_counts(k, args.size, b, args.calls, border=args.border)
+               for b in args.batches for k in (1, 4)}
+        for (b, k), d in dev.items():
+            print(f"| {b} | {k} | {d['device_ops']:,.0f} | {d['launches']:,.0f} | {d['to_device']:.1f} "
+                  f"({d['blocking']:.1f}) | {d['syncs']:.1f} | {d['host_ops']:,.0f} |")
+        for b, lim in ((16, TARGET_K1), (64, TARGET_GROWTH * TARGET_K1)):
+            if b in args.batches:
+                v = dev[(b, 1)]["device_ops"]
+                print(f"device target k=1, batch {b}: <= {lim:.0f}: {'met' if v <= lim else 'NOT met'} ({v:,.0f})")
     if args.old_fov:
         current = border.fov_from_cells
         # the accelerator path before 2026-11-26: every dilation on the device, no early exit

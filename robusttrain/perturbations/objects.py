@@ -131,7 +131,7 @@ class PastedObject(PlacedSampling, Perturbation):
         luma, free, k = maps_torch(images, masks)
         extra = {"fov": maps_torch(images, None)[1] if masks is not None else free} if self.needs_fov else {}
         h, w = images.shape[2], images.shape[3]
-        return self._place(luma, free, k, h, w, TorchRandom(generator), images.device, sev=sev, **extra)
+        return self._place(luma, free, k, h, w, TorchRandom(generator), luma.device, sev=sev, **extra)
 
     def _place(self, luma, free, k, h, w, r, device=None, sev=None):
         th = isinstance(luma, torch.Tensor)

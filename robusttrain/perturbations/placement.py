@@ -109,10 +109,11 @@ class SharedMaps:
     def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(images[rows], masks[rows])``, remembered as those rows (the tensors are held, so their address
         cannot be reused while the context is open)."""
-        rows = rows if rows.device == self.images.device else rows.to(self.images.device)
-        x = self.images[rows]
-        m = None if self.masks is None else self.masks[rows]
-        self.views[_tensor_key(x)] = (x, m, rows)
+        at = rows if rows.device == self.images.device else rows.to(self.images.device)
+        x = self.images[at]
+        m = None if self.masks is None else self.masks[at]
+        # the host's copy is kept: the maps the rows are looked up in live on the host
+        self.views[_tensor_key(x)] = (x, m, rows if rows.device.type == "cpu" else rows.cpu())
         return x, m
 
     def take_split(self, rows: list[int], sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -133,12 +134,11 @@ class SharedMaps:
         return out
 
     def _rows(self, view: tuple) -> torch.Tensor:
-        """A remembered view's rows as a tensor on the images' device (made from host ints on first use)."""
+        """A remembered view's rows as a host tensor (made from host ints on first use)."""
         rows = view[2]
         if isinstance(rows, torch.Tensor):
             return rows
         t = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-        t = t if t.device == self.images.device else t.to(self.images.device)
         self.views[_tensor_key(view[0])] = (view[0], view[1], t)
         return t
 
@@ -150,7 +150,7 @@ class SharedMaps:
         if view is None:
             return None
         own = self._rows(view)
-        x, m = self.take(own[rows if rows.device == own.device else rows.to(own.device)])
+        x, m = self.take(own[rows if rows.device.type == "cpu" else rows.cpu()])
         return x, (None if masks is None else m)
 
     def lookup(self, images: torch.Tensor, masks: torch.Tensor | None):
@@ -167,14 +167,14 @@ class SharedMaps:
         if view is None:
             return None
         if self._fov_px is None:
-            self._fov_px = fov_cells_to_mask(self._batch_maps()[1][:, None], *self.images.shape[-2:])
+            cells = self._batch_maps()[1][:, None]
+            cells = cells if cells.device == self.images.device else cells.to(self.images.device)
+            self._fov_px = fov_cells_to_mask(cells, *self.images.shape[-2:])
         return self._fov_px[self._rows(view)]
 
     def _batch_maps(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         if self._maps is None:
-            luma, fov, k = _maps_torch(self.images, None)
-            free = fov if self.masks is None else fov & ~_lesion_cells(self.masks, fov.shape[-2:], k)
-            self._maps, self.computed = (luma, fov, free, k), self.computed + 1
+            self._maps, self.computed = _host_maps(self.images, self.masks), self.computed + 1
         return self._maps
 
 
@@ -187,7 +187,8 @@ def fov_mask_shared(images: torch.Tensor) -> torch.Tensor:
         hit = shared.fov_pixels(images)
         if hit is not None:
             return hit
-    return fov_cells_to_mask(maps_torch(images, None)[1][:, None], *images.shape[-2:])
+    cells = maps_torch(images, None)[1][:, None]
+    return fov_cells_to_mask(cells if cells.device == images.device else cells.to(images.device), *images.shape[-2:])
 
 
 def _lesion_cells(masks: torch.Tensor, cells: Sequence[int], k: int) -> torch.Tensor:
@@ -202,14 +203,30 @@ def _lesion_cells(masks: torch.Tensor, cells: Sequence[int], k: int) -> torch.Te
 
 
 def _maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    luma, _, free, k = _host_maps(images, masks)
+    return luma, free, k
+
+
+def _host_maps(
+    images: torch.Tensor, masks: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(luma, field of view, free, k) of (B,C,H,W) images: (B,Hc,Wc) maps on the host, whatever the images'
+    device. On an accelerator the cell means and lesion cells come over in one read (the field-of-view loop
+    runs on the host anyway); the placements that read the maps then run on the host too, beside their
+    random draws (a CPU generator): a few hundred ops on tiny grids that would otherwise each be a kernel
+    launch, with a blocking copy for each drawn tensor (docs/results.md section 8)."""
     _, _, h, w = images.shape
     k = cell_size(h, w)
     low = cell_means(images)
-    free = fov_from_cells(low)[:, 0]
+    les = None if masks is None else _lesion_cells(masks, low.shape[-2:], k)
+    if low.device.type != "cpu":
+        packed = low if les is None else torch.cat([low, les[:, None].to(low.dtype)], 1)
+        packed = packed.detach().cpu()
+        low = packed[:, : low.shape[1]]
+        les = None if les is None else packed[:, -1] >= 0.5
+    fov = fov_from_cells(low)[:, 0]
     luma = (low * const_on("luma", low.device, low.dtype)[:, None, None]).sum(1)
-    if masks is not None:
-        free = free & ~_lesion_cells(masks, free.shape[-2:], k)
-    return luma, free, k
+    return luma, fov, (fov if les is None else fov & ~les), k
 
 
 def maps_np(image: np.ndarray, mask: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -398,7 +415,7 @@ class PlacedSampling:
         luma, free, k = maps_torch(images, masks)
         extra = {"fov": maps_torch(images, None)[1] if masks is not None else free} if self.needs_fov else {}
         return self._place(
-            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, **extra
+            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), luma.device, **extra
         )
 
     def _sample_np(self, image, mask, rng):

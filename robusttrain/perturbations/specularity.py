@@ -121,7 +121,7 @@ class Specularity(PlacedSampling, Perturbation):
             return self.at_severity(rows[0])._sample_torch(images, masks, generator)
         luma, free, k = maps_torch(images, masks)
         return self._place(
-            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), images.device, sev=rows
+            luma, free, k, images.shape[2], images.shape[3], TorchRandom(generator), luma.device, sev=rows
         )
 
     def _place(self, luma, free, k, h, w, r, device=None, sev=None) -> dict:

@@ -34,14 +34,23 @@ GREY_ONLY = set(P.available()) - set(P.available(channels=3))
 @pytest.fixture(
     params=[
         "cpu",
+        "emulated",
         pytest.param(
             "cuda",
             marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
         ),
     ]
 )
-def device(request) -> torch.device:
-    return torch.device(request.param)
+def device(request):
+    """``emulated``: the accelerator code path on the CPU (``benchmarks.perf.emulated_device``): tensors on
+    ``meta`` that hold real data, and any op that mixes in a host tensor fails as it does on CUDA."""
+    if request.param != "emulated":
+        yield torch.device(request.param)
+        return
+    from benchmarks.perf.emulated_device import EmulatedDevice
+
+    with EmulatedDevice() as dev:
+        yield dev.device
 
 
 def images(channels: int, b: int = 3, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -120,8 +129,9 @@ def test_numpy_and_torch_paths_agree_and_keep_shape_dtype_range(name, channels, 
             if device.type != "cpu":  # an accelerator gives what the CPU gives, and samples on itself
                 cpu, _ = p.apply_batch(x.cpu(), m.cpu(), params={k: v.cpu() for k, v in params.items()})
                 assert float((out.cpu() - cpu).abs().max()) <= 1 / 255
-                _, on = p.apply_batch(x, m, generator=torch.Generator(device=device).manual_seed(severity))
-                assert all(v.device == x.device for v in on.values())
+                if device.type != "meta":  # the emulated device has no generator of its own
+                    _, on = p.apply_batch(x, m, generator=torch.Generator(device=device).manual_seed(severity))
+                    assert all(v.device == x.device for v in on.values())
         # every severity is visible, except where it cannot be: melt finds nothing to remove on some frames,
         # a severity-1 blur is sub-pixel on a 64-px image (relative units: calibrated at 512 px), as is the
         # 8-px block of a quality 55-70 JPEG on the smooth grey phantoms (64 px: an eighth of the codec's
