@@ -479,6 +479,19 @@ def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 
 
+class MovedParams(dict):
+    """Params moved to a device by :func:`params_to`, with ``host``: the host tensors they came from. A render
+    whose per-row tables are small maths on its params (a blur's kernels, its noise's indices) computes them
+    from ``host`` on the host and moves the result in one copy, instead of a launch per step on the device."""
+
+    host: Params
+
+
+def host_params(params: Params) -> Params | None:
+    """The host tensors ``params`` were moved from (see :class:`MovedParams`), or None."""
+    return getattr(params, "host", None)
+
+
 def params_to(params: Params, device: torch.device) -> Params:
     """Move params to ``device`` (non-blocking; a no-op for those already there). The host tensors of each
     dtype travel as one buffer (one copy, then views on the device), not one copy each: a family has
@@ -502,7 +515,9 @@ def params_to(params: Params, device: torch.device) -> Params:
         flat = torch.cat([params[k].reshape(-1) for k in keys]).to(device, non_blocking=True)
         for k, piece in zip(keys, flat.split([params[k].numel() for k in keys])):
             moved[k] = piece if piece.shape == params[k].shape else piece.view(params[k].shape)
-    return {k: moved[k] for k in params}
+    out = MovedParams((k, moved[k]) for k in params)
+    out.host = params
+    return out
 
 
 @functools.cache

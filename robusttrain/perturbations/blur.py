@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import REF_SIDE, Perturbation, short_side
+from .base import REF_SIDE, Perturbation, host_params, params_to, short_side
 
 FFT_ABOVE = 15  # kernel width from which the FFT (cost independent of sigma) beats grouped convolution on CPU
 
@@ -348,8 +348,23 @@ def _noise_tile_torch(level: int, h: int, w: int) -> torch.Tensor:
     return t.repeat(*reps)[:, : h + p, : w + p].contiguous()
 
 
-def add_noise_torch(x: torch.Tensor, level: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """x + round(level * shifted texture)/255, clamped to [0,1], in place on ``x``."""
+def noise_index(offset: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's texture rows (B,H) and columns (B,W) for its (B,2) ``offset``, on the offset's device."""
+    p = noise_period(h, w)
+    sh = _shift(offset.long(), p)
+    iy = (torch.arange(h, device=offset.device)[None] + sh[:, :1]) % p
+    ix = (torch.arange(w, device=offset.device)[None] + sh[:, 1:]) % p
+    return iy, ix
+
+
+def add_noise_torch(
+    x: torch.Tensor,
+    level: torch.Tensor,
+    offset: torch.Tensor | None,
+    index: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """x + round(level * shifted texture)/255, clamped to [0,1], in place on ``x``; ``index``: the
+    :func:`noise_index` of ``offset`` made already (on ``x``'s device)."""
     b, c, h, w = x.shape
     p = noise_period(h, w)
     if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and not x.requires_grad:
@@ -367,9 +382,7 @@ def add_noise_torch(x: torch.Tensor, level: torch.Tensor, offset: torch.Tensor) 
             np.clip(xn[i], 0.0, 1.0, out=xn[i])
         return x
     tex = _texture_on(x.device, p)[:c]
-    sh = _shift(offset.long(), p)
-    iy = (torch.arange(h, device=x.device)[None] + sh[:, :1]) % p  # (B,H)
-    ix = (torch.arange(w, device=x.device)[None] + sh[:, 1:]) % p  # (B,W)
+    iy, ix = noise_index(offset, h, w) if index is None else index
     n = tex[:, iy[:, :, None], ix[:, None, :]].permute(1, 0, 2, 3)  # (B,C,H,W)
     n = torch.round(level.to(x.dtype)[:, None, None, None] * n) / 255.0
     return x.add_(n).clamp_(0.0, 1.0)
@@ -443,17 +456,26 @@ class Blur(Perturbation):
         return {"sigma_rel": sigma, "noise": level, "noise_offset": r.integers(0, NOISE_STEPS, (b, 2))}
 
     def _apply_torch(self, images, masks, params):
-        s = short_side(*images.shape[-2:])
-        sigma = params["sigma_rel"].float() * s
+        h, w = images.shape[-2:]
+        s = short_side(h, w)
+        host = host_params(params) if images.device.type != "cpu" else None
+        # params moved from the host: the kernels and noise indices made there (the CPU's kernel widths, no
+        # read back), then moved in one copy per dtype, instead of ~40 launches of tiny maths on the device
+        sigma = (params if host is None else host)["sigma_rel"].float() * s
         hi = float(sigma.max()) if sigma.device.type == "cpu" else self.SIGMA[self.severity][1] / REF_SIDE * s
         kmax = gaussian_ksize(hi)
         k1 = gaussian_kernel_1d(sigma, gaussian_ksize(sigma), kmax)
+        index = None
+        if host is not None:
+            iy, ix = noise_index(host["noise_offset"], h, w)
+            t = params_to({"k1": k1, "iy": iy, "ix": ix}, images.device)
+            k1, index = t["k1"], (t["iy"], t["ix"])
         if kmax > FFT_ABOVE and not _cpu_planes(images):
             out = fft_filter(images, k1[:, :, None] * k1[:, None, :])
         else:
             out = separable_filter(images, k1)
         out = out.contiguous()
-        return add_noise_torch(out, params["noise"], params["noise_offset"])
+        return add_noise_torch(out, params["noise"], params["noise_offset"], index)
 
     def _apply_np(self, image, mask, params):
         sigma = float(params["sigma_rel"]) * short_side(*image.shape[:2])

@@ -234,12 +234,20 @@ class PastedObject(PlacedSampling, Perturbation):
         halves = [op._half(h, w) for op in ops]  # type: ignore[attr-defined]
         counts = [cnt for _, _, cnt in parts]
         bank, starts = _joined_banks(ops, dev)  # type: ignore[arg-type]
-        params = {k: torch.cat([params_to(p, dev)[k] for _, p, _ in parts]) for k in parts[0][1]}
         # (2, B): each row's bank offset and window half
-        per_row = np.repeat(np.asarray([starts, halves], np.int64), counts, axis=1)
-        rows = torch.from_numpy(per_row).to(dev) if dev.type != "cpu" else torch.from_numpy(per_row)
-        params["index"] = params["index"] + rows[0]
-        own = None if len(set(halves)) == 1 else rows[1].view(-1, 1, 1, 1)
+        per_row = torch.from_numpy(np.repeat(np.asarray([starts, halves], np.int64), counts, axis=1))
+        if all(v.device.type == "cpu" for _, p, _ in parts for v in p.values()):
+            # the parts joined on the host (where placement left them) and moved in one copy per dtype
+            params = {k: torch.cat([p[k] for _, p, _ in parts]) for k in parts[0][1]}
+            params["index"] = params["index"] + per_row[0]
+            params = params_to({**params, "_half": per_row[1]}, dev)
+            half = params.pop("_half")
+        else:
+            params = {k: torch.cat([params_to(p, dev)[k] for _, p, _ in parts]) for k in parts[0][1]}
+            rows = per_row.to(dev) if dev.type != "cpu" else per_row
+            params["index"] = params["index"] + rows[0]
+            half = rows[1]
+        own = None if len(set(halves)) == 1 else half.view(-1, 1, 1, 1)
         return ops[0]._render(images, masks, params, bank, max(halves), own)  # type: ignore[attr-defined]
 
     def _render(

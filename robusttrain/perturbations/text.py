@@ -390,11 +390,14 @@ class Text(Perturbation):
             at[row : row + size, per - 5 : per - 1] = base + size * (per - 5) + i * 4 + np.arange(4)
             at[row : row + size, per - 1 :] = base + size * (per - 1) + i
             row += size
-        drawn = torch.rand(b * per, generator=r.g, device=r.device)[on_device(torch.from_numpy(at), r.device)]
-        u, keys, level = on_device(drawn, dev).split([per - 5, 4, 1], 1)
-        t = _mixed_tables(h, w, dev)
-        sev_t = on_device(torch.from_numpy(np.asarray(sev_rows, dtype=np.int64)), dev)
-        c = lambda name: _const_on(name, dev)  # noqa: E731
+        # characters, level and corner order on the host, beside their draw (the render moves them over);
+        # only the lesion test reads the masks on their device, and the corner pick that needs it follows
+        host = r.device
+        drawn = torch.rand(b * per, generator=r.g, device=host)[torch.from_numpy(at)]
+        u, keys, level = drawn.split([per - 5, 4, 1], 1)
+        t = _mixed_tables(h, w, host)
+        sev_t = torch.from_numpy(np.asarray(sev_rows, dtype=np.int64))
+        c = lambda name: _const_on(name, host)  # noqa: E731
         digit = (u * c("span").view(-1)).long()
         codes = torch.where(c("is_fixed").view(-1), c("fixed").view(-1), digit + c("lo1").view(-1))
         p = {
@@ -402,18 +405,23 @@ class Text(Perturbation):
             "level": (0.75 + 0.25 * level).view(b),  # uniform(0.75, 1.0): the same float ops
         }
         order = keys.argsort(1)
+        one_block = t["one_block"][sev_t]
+        at_dev = host
         if masks is not None:
+            if dev != host:
+                moved = params_to({"order": order, "sev": sev_t, "one_block": one_block}, dev)
+                order, sev_t, one_block, at_dev = moved["order"], moved["sev"], moved["one_block"], dev
             les = (masks != 0).reshape(b, -1).to(torch.float32)
             # every severity's four boxes in one product (counts of 0/1 values: exact), each row's own picked
             counts = (les @ _boxes_all(h, w, dev)).view(b, len(t["shown"]), 4)
             free = counts[_all_rows_on(b, dev), sev_t] == 0
         else:
-            free = torch.ones(b, 4, dtype=torch.bool, device=dev)
+            free = torch.ones(b, 4, dtype=torch.bool, device=host)
         rank = free.gather(1, order).cumsum(1)
-        nth = (rank[:, None, :] < c("nth")).sum(2).clamp(max=3)
+        nth = (rank[:, None, :] < _const_on("nth", at_dev)).sum(2).clamp(max=3)
         # x 1.0 where a severity shows two blocks (exact), x [1, 0] where it shows one (as _corners does)
         p["corner"] = order.gather(1, nth)
-        p["visible"] = (rank[:, -1:] >= c("both")).float() * t["one_block"][sev_t]
+        p["visible"] = (rank[:, -1:] >= _const_on("both", at_dev)).float() * one_block
         return p
 
     def _apply_groups(self, images, masks, groups: FamilyParams, sev_list):
