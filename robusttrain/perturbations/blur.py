@@ -360,7 +360,7 @@ def noise_index(offset: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, tor
 def add_noise_torch(
     x: torch.Tensor,
     level: torch.Tensor,
-    offset: torch.Tensor | None,
+    offset: torch.Tensor,
     index: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """x + round(level * shifted texture)/255, clamped to [0,1], in place on ``x``; ``index``: the
