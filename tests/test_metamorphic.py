@@ -272,3 +272,33 @@ def test_two_class_labels_equal_argmax_including_ties():
     p = torch.rand(3, 2, 8, 8, generator=torch.Generator().manual_seed(0))
     p[:, 1, :3] = p[:, 0, :3]  # ties -> class 0, like argmax
     assert torch.equal(probabilities_to_labels(p), p.argmax(1))
+
+
+def test_the_check_on_an_accelerator_scores_what_the_cpu_scores():
+    # the MR check's torch path (as on a GPU: path="torch", model and probe batch on the device) on the emulated
+    # accelerator of benchmarks/perf/emulated_device.py: any host tensor mixed into a device op fails there as on
+    # CUDA; the per-slice sums equal the CPU's (params are drawn per case on the host in both)
+    from benchmarks.perf.emulated_device import EmulatedDevice
+
+    from robusttrain.metamorphic.batch import ProbeBatch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    x = torch.rand(3, 3, 64, 64)
+    m = torch.zeros(3, 64, 64, dtype=torch.long)
+    m[:, 20:40, 24:44] = 1
+
+    def check(device):
+        suite = MRSuite(["contrast", "blur", "specularity", "instrument", "text"], severities=(2, 5))
+        suite.prepare(3)
+        model = net.to(device)
+        pb = ProbeBatch([0, 1, 2], x.to(device), m.to(device), ["a", "b", "c"], [0, 0, 0])
+        return run_probe(lambda t: torch.softmax(model(t), 1), [pb], suite, "val", path="torch")
+
+    cpu = check(torch.device("cpu"))
+    with EmulatedDevice() as dev:
+        acc = check(dev.device)
+        assert dev.device_ops  # it ran on the device
+    for name in ("src", "fol", "cons"):
+        assert np.array_equal(getattr(cpu, name), getattr(acc, name)), name
+    assert cpu.fol.sum() > 0
