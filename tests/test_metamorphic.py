@@ -279,7 +279,6 @@ def test_the_check_on_an_accelerator_scores_what_the_cpu_scores():
     # accelerator of benchmarks/perf/emulated_device.py: any host tensor mixed into a device op fails there as on
     # CUDA; the per-slice sums equal the CPU's (params are drawn per case on the host in both)
     from benchmarks.perf.emulated_device import EmulatedDevice
-
     from robusttrain.metamorphic.batch import ProbeBatch
 
     torch.manual_seed(0)
