@@ -111,6 +111,9 @@ class _Factories(TorchFunctionMode):
             # a list index becomes an index tensor on the indexed tensor's device below the dispatcher (it
             # would come out empty): hand it over as a host index tensor, which CUDA copies over too
             args = (args[0], _list_index_to_tensor(args[1]), *args[2:])
+        if func is torch.Tensor.tolist and isinstance(args[0], DeviceTensor):  # a read back the host waits for
+            self.owner.syncs += 1
+            return args[0].elem.tolist()
         if func in (torch.tensor, torch.as_tensor) and _is_fake(kwargs.get("device")):
             kwargs["device"] = "cpu"
             self.owner.to_device += 1

@@ -108,8 +108,7 @@ def main_output(outputs: Any) -> torch.Tensor:
 
 def _range(t: torch.Tensor, what: str) -> tuple[float, float]:
     # min/max propagate NaN, so one reduction answers "finite?" and "in [0,1]?"
-    lo_t, hi_t = torch.aminmax(t.detach())
-    lo, hi = float(lo_t), float(hi_t)
+    lo, hi = torch.stack(torch.aminmax(t.detach())).tolist()  # one read back, not one per bound
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise NonFiniteOutputError(what)
     return lo, hi

@@ -223,12 +223,15 @@ class MRSuite:
         """Per-sample params (each with leading dim 1, on CPU) for test ``k``; cached."""
         name, sev = self.tests[k]
         out = []
+        host: tuple[torch.Tensor, torch.Tensor | None] | None = None
         for i, (cid, si) in enumerate(zip(case_ids, slice_indices)):
             key = (split, cid, name, sev, int(si))
             if key not in self._cache:
+                if host is None:  # the batch read back once (on an accelerator each read waits), not per image
+                    host = (images.detach().float().cpu(), None if masks is None else masks.detach().cpu())
                 g = torch.Generator().manual_seed(self.slice_seed(cid, k, si))
-                img = images[i : i + 1].detach().float().cpu()
-                m = None if masks is None else masks[i : i + 1].detach().cpu()
+                img = host[0][i : i + 1]
+                m = None if host[1] is None else host[1][i : i + 1]
                 if img.ndim == 5:  # one draw per volume, on its representative slice
                     img, m = self._representative_slice(img, m)
                 p = self.op(k).sample_params(img, m, generator=g)
