@@ -73,12 +73,11 @@ def count_ops(fn) -> tuple[int, int]:
     return len(top), sum(1 for e in top if _launches(e))
 
 
-def warmed_draw(k: int, size: int, batch: int, families=SUITES["endoscopy"], border: bool = False):
-    """(draw, images, masks, score) of the counted setting: a ``WorstOfK`` (q=0.5, uniform families,
-    severities 1..4) after two warm-up calls (op construction, caches) on a seeded (batch, 3, size, size)
-    batch with a square lesion; ``score`` stands in for the model (its forward is not counted).
-    ``border``: the images have a round black border, as endoscopy frames do (the field-of-view estimate
-    then runs its dilation loop until the border stops growing)."""
+def counted_setting(size: int, batch: int, border: bool = False):
+    """(images, masks, score) of the counted setting: a seeded (batch, 3, size, size) batch with a square
+    lesion; ``score`` stands in for the model (its forward is not counted). ``border``: the images have a
+    round black border, as endoscopy frames do (the field-of-view estimate then runs its dilation loop until
+    the border stops growing)."""
     torch.manual_seed(0)
     x = torch.rand(batch, 3, size, size)
     if border:
@@ -87,8 +86,20 @@ def warmed_draw(k: int, size: int, batch: int, families=SUITES["endoscopy"], bor
         x = x * (r <= 0.46 * size)
     m = torch.zeros(batch, size, size, dtype=torch.long)
     m[:, size // 3 : 2 * size // 3, size // 3 : 2 * size // 3] = 1
-    w = WorstOfK(families=families, k=k, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
     score = lambda c, mm: c.mean((1, 2, 3))  # noqa: E731 -- a stand-in: the model's forward is not counted
+    return x, m, score
+
+
+def counted_draw(k: int, families=SUITES["endoscopy"]) -> WorstOfK:
+    """The counted ``WorstOfK``: q=0.5, uniform families, severities 1..4."""
+    return WorstOfK(families=families, k=k, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
+
+
+def warmed_draw(k: int, size: int, batch: int, families=SUITES["endoscopy"], border: bool = False):
+    """(draw, images, masks, score) of :func:`counted_setting` and :func:`counted_draw` after two warm-up
+    calls (op construction, caches)."""
+    x, m, score = counted_setting(size, batch, border)
+    w = counted_draw(k, families)
     for step in range(2):
         w(x, m, score, step=step)
     return w, x, m, score
@@ -107,15 +118,15 @@ def counts_per_call(
 def device_counts(
     k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"], border: bool = False
 ) -> dict[str, float]:
-    """Per call of :func:`warmed_draw`'s draw with its images on an emulated accelerator
+    """Per call of the counted draw (:func:`warmed_draw`'s) with its images on an emulated accelerator
     (:mod:`benchmarks.perf.emulated_device`: the code's accelerator branches, CPU kernels): mean aten ops
     on the device (``device_ops``, of which ``launches`` launch a kernel), host-to-device copies
     (``to_device``, of which ``blocking``), device-to-host reads the host waits for (``syncs``) and aten
     ops on host tensors (``host_ops``: host time, no launch)."""
     from benchmarks.perf.emulated_device import EmulatedDevice
 
-    w, x, m, score = warmed_draw(k, size, batch, families, border)
-    w = WorstOfK(families=families, k=k, q=0.5, epsilon=1.0, seed=0, severity_caps=4)
+    x, m, score = counted_setting(size, batch, border)
+    w = counted_draw(k, families)
     with EmulatedDevice() as dev:
         xd, md = x.to(dev.device), m.to(dev.device)
         for step in range(2):  # the same two warm-up calls as on the CPU

@@ -235,8 +235,9 @@ def test_the_emulated_device_refuses_what_cuda_refuses_and_counts_copies():
 @pytest.mark.parametrize(("batch", "limit"), [(16, TARGET), (64, 1.2 * TARGET)])
 def test_k1_draw_meets_issue_31_target_on_the_device(batch, limit):
     # issue 31's target counted where the ops run: the aten ops on the (emulated) device per k=1 draw at 256 px,
-    # views included (261 / 342 on 2026-11-27); the placement maps are read back once per call, and the copies
-    # to the device stay a handful per family (25 at batch 64), not one per param
+    # views included (261 / 342 over launch_count's 4 steps on 2026-11-27, 275 / 344 over the 2 counted here);
+    # the placement maps are read back once per call, and the copies to the device stay a handful per family
+    # (25 at batch 64), not one per param
     from benchmarks.perf.launch_count import device_counts
 
     d = device_counts(1, 256, batch, calls=2)
