@@ -492,6 +492,15 @@ def host_params(params: Params) -> Params | None:
     return getattr(params, "host", None)
 
 
+def with_host(params: Params, host: Params | None) -> Params:
+    """``params`` remembering ``host`` as the host tensors they came from (itself when ``host`` is None)."""
+    if host is None:
+        return params
+    out = MovedParams(params)
+    out.host = host
+    return out
+
+
 def params_to(params: Params, device: torch.device) -> Params:
     """Move params to ``device`` (non-blocking; a no-op for those already there). The host tensors of each
     dtype travel as one buffer (one copy, then views on the device), not one copy each: a family has

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..perturbations.base import host_params
+
 MIXES = ("none", "augmix")
 LABEL = "augmix"  # the family name a chain follow-up is counted and recorded under
 
@@ -117,7 +119,9 @@ class ChainSampler:
                     r = torch.tensor(rows, device=src.device)
                     out, p = apply(fam, sev, cur[r], None if masks is None else masks[r])
                     cur[r] = out.to(cur.dtype)
-                    host = {k: v.detach().cpu() for k, v in p.items()}
+                    # the recipe keeps host params: those the apply moved over are still on the host
+                    # (no read back per param on an accelerator)
+                    host = {k: v.detach().cpu() for k, v in (host_params(p) or p).items()}
                     for j, i in enumerate(rows):
                         ops[i].append({"family": fam, "severity": sev, "params": {k: v[j : j + 1] for k, v in host.items()}})
             outs.append(cur)

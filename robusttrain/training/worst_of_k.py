@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from robusttrain.metamorphic.suite import slices_to_volume, stable_seed, volume_to_slices
 from robusttrain.perturbations import available, get, occluding
-from robusttrain.perturbations.base import FamilyParams, all_rows, on_device
+from robusttrain.perturbations.base import FamilyParams, all_rows, host_params, on_device, with_host
 from robusttrain.perturbations.placement import SharedMaps
 
 from .chains import LABEL as CHAIN_LABEL
@@ -682,9 +682,16 @@ def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
     if len(groups) == 1 and groups[0][0].numel() == n and (
         groups[0][0] is all_rows(n) or bool((groups[0][0] == torch.arange(n)).all())
     ):
-        return dict(groups[0][1])
+        return with_host(dict(groups[0][1]), host_params(groups[0][1]))
     order = torch.cat([rows for rows, _ in groups]).argsort()
-    return {k: torch.cat([p[k] for _, p in groups])[order] for k in groups[0][1]}
+    out = {k: torch.cat([p[k] for _, p in groups])[order] for k in groups[0][1]}
+    found = [host_params(p) for _, p in groups]
+    hosts = [h for h in found if h is not None]
+    if len(hosts) < len(found):
+        return out
+    # the host tensors the groups were moved from, in the same order (a recipe reads them, not the device's)
+    host_order = order.cpu() if order.device.type != "cpu" else order
+    return with_host(out, {k: torch.cat([h[k].cpu() for h in hosts])[host_order] for k in out})
 
 
 def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str, int]:

@@ -194,8 +194,8 @@ def test_draw_digests_repeat_for_a_seed_and_differ_between_seeds():
 # ---- the accelerator code path, on an emulated device (benchmarks/perf/emulated_device.py) ----------------
 
 
-@pytest.mark.parametrize("k", [1, 4])
-def test_worst_of_k_on_an_accelerator_draws_the_cpu_s_followups(k):
+@pytest.mark.parametrize("kw", [{"k": 1}, {"k": 4}, {"k": 1, "mix": "augmix"}], ids=["k1", "k4", "augmix"])
+def test_worst_of_k_on_an_accelerator_draws_the_cpu_s_followups(kw):
     # the accelerator branches (placement on host maps, params moved in one copy per dtype, the blur kernel's
     # width from its table) with every op that mixes a host tensor into a device op refused as CUDA refuses
     # it; the follow-ups are the CPU's up to float rounding (the blur kernel's width differs), the draws equal
@@ -203,8 +203,8 @@ def test_worst_of_k_on_an_accelerator_draws_the_cpu_s_followups(k):
 
     x, m = _batch(16, 96)
     score = lambda c, mm: c.mean((1, 2, 3))  # noqa: E731
-    cpu = WorstOfK(SUITES["endoscopy"], k=k, q=0.75, epsilon=1.0, seed=3)
-    acc = WorstOfK(SUITES["endoscopy"], k=k, q=0.75, epsilon=1.0, seed=3)
+    cpu = WorstOfK(SUITES["endoscopy"], q=0.75, epsilon=1.0, seed=3, **kw)
+    acc = WorstOfK(SUITES["endoscopy"], q=0.75, epsilon=1.0, seed=3, **kw)
     with EmulatedDevice() as dev:
         xd, md = x.to(dev.device), m.to(dev.device)
         for step in range(3):
@@ -213,7 +213,14 @@ def test_worst_of_k_on_an_accelerator_draws_the_cpu_s_followups(k):
             assert a.families == b.families and a.severities == b.severities
             assert float((on_host(b.images) - a.images).abs().max()) < 1e-5
             assert torch.equal(on_host(b.index), a.index)
-        assert dev.syncs <= 3  # one read of the placement maps per call, nothing per image or family
+            if a.chains is not None:  # each chain step's recorded params are the CPU's, on the host
+                steps = [(o, p) for row_a, row_b in zip(a.chains, b.chains) for ca, cb in zip(row_a, row_b)
+                         for la, lb in zip(ca["chains"], cb["chains"]) for o, p in zip(la, lb)]
+                assert steps and all(o["family"] == p["family"] for o, p in steps)
+                assert all(v.device.type == "cpu" and torch.allclose(v.float(), o["params"][key].float())
+                           for o, p in steps for key, v in p["params"].items())
+        # per call: the placement maps read once (AugMix chains: once per chain step with a placed family)
+        assert dev.syncs <= (3 if "mix" not in kw else 3 * 8)
 
 
 def test_the_emulated_device_refuses_what_cuda_refuses_and_counts_copies():
