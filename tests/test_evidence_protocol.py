@@ -435,3 +435,24 @@ def test_report_only_tables_hold_exactly_the_named_conditions_and_seeds(tmp_path
                 "--report-only",
             ]
         )
+
+
+def test_restored_runs_get_their_archived_weights_back_so_the_next_save_keeps_them(tmp_path):
+    # a fresh machine restores the archive and resumes the grid; saving its new runs with --weights-seeds 0
+    # must find the restored seed-0 runs' fp16 weights where a run keeps them (it refused before)
+    import json
+
+    from benchmarks.evidence.archive import restore, save
+
+    out, arc, back = tmp_path / "out", tmp_path / "arc", tmp_path / "back"
+    (out / "plain_s0" / "fp16").mkdir(parents=True)
+    (out / "plain_s0" / "result.json").write_text(json.dumps(_fake_run("plain", 0, 4, 0.8)))
+    for w in ("least_loss.ckpt", "last.ckpt", "config.yaml"):
+        (out / "plain_s0" / "fp16" / w).write_bytes(w.encode())
+    arc.mkdir()
+    assert save(out, arc, weights_seeds=(0,)) == ["plain_s0"]
+    (back / "plain_s0").mkdir(parents=True)  # restored once before, without its weights
+    (back / "plain_s0" / "result.json").write_text(json.dumps(_fake_run("plain", 0, 4, 0.8)))
+    assert restore(arc, back) == []
+    assert (back / "plain_s0" / "fp16" / "last.ckpt").read_bytes() == b"last.ckpt"
+    assert save(back, arc, weights_seeds=(0,)) == ["plain_s0"]

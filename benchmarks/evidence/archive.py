@@ -81,6 +81,14 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
     return names
 
 
+def _restore_weights(src: Path, dst: Path) -> None:
+    """The archived fp16 weights back where the run kept them (so a later ``save`` finds them)."""
+    for w in WEIGHTS:
+        if (src / w).is_file() and not (dst / w).exists():
+            dst.mkdir(exist_ok=True)
+            atomic_write_bytes(dst / w, (src / w).read_bytes())
+
+
 def restore(archive: Path, out: Path) -> list[str]:
     names = []
     for p in sorted(archive.glob("*.json.gz")):
@@ -93,6 +101,7 @@ def restore(archive: Path, out: Path) -> list[str]:
         if dst.is_file():
             if json.loads(dst.read_text()) != json.loads(text):
                 raise SystemExit(f"evidence_archive: {dst} exists with other numbers than {p}; not replaced")
+            _restore_weights(archive / name, dst.parent / "fp16")
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         for t in TABLES:
@@ -100,6 +109,7 @@ def restore(archive: Path, out: Path) -> list[str]:
             if src.is_file() and not (dst.parent / t).exists():
                 raw = src.read_bytes()
                 atomic_write_bytes(dst.parent / t, raw if t.endswith(".gz") else gzip.decompress(raw))
+        _restore_weights(archive / name, dst.parent / "fp16")
         atomic_write_text(dst, text)
         names.append(name)
     return names
