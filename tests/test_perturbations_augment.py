@@ -256,3 +256,22 @@ def test_a_batch_with_the_wrong_channels_is_refused_whole_whatever_the_draw_pick
     with pytest.raises(ValueError, match=re.escape("needs single-channel (grey) images") + ".*" + re.escape("(4, 3, 64, 64)")):
         BatchAugmentation("gibbs", severity=(1, 5), p=p)(torch.rand(4, 3, 64, 64))
     assert BatchAugmentation("blur", severity=(1, 5), p=p)(torch.rand(4, 1, 64, 64)).shape == (4, 1, 64, 64)
+
+
+@pytest.mark.parametrize("family", ["specularity", "instrument", "blur", "text"])
+def test_batch_augmentation_on_an_accelerator_gives_the_cpu_s_batch(family):
+    # the accelerator branches on the emulated device of benchmarks/perf/emulated_device.py (host tensors
+    # mixed into device ops fail as on CUDA): the CPU's images, and a placed family's severity groups read the
+    # placement maps back once for the draw and once for the render, not once or twice per group
+    from benchmarks.perf.emulated_device import EmulatedDevice, on_host
+
+    torch.manual_seed(0)
+    x = torch.rand(12, 3, 96, 96)
+    m = torch.zeros(12, 96, 96, dtype=torch.long)
+    m[:, 30:60, 30:60] = 1
+    aug = BatchAugmentation(family, severity=(1, 5), p=0.6)
+    ref = aug(x, m, generator=torch.Generator().manual_seed(1))
+    with EmulatedDevice() as dev:
+        out = on_host(aug(x.to(dev.device), m.to(dev.device), generator=torch.Generator().manual_seed(1)))
+    assert float((out - ref).abs().max()) < 1e-5
+    assert dev.syncs <= 2, dev.syncs

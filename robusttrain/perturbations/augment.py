@@ -28,6 +28,7 @@ generator), so deciding which samples to perturb never waits for the accelerator
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from typing import Any, overload
 
@@ -35,6 +36,7 @@ import torch
 
 from .base import Params, Perturbation, check_batch, check_masks
 from .grey import grey_error
+from .placement import PlacedSampling, SharedMaps
 from .registry import family_class
 
 
@@ -140,9 +142,14 @@ class BatchAugmentation(torch.nn.Module):
         lo, hi = self.severity
         severity = torch.randint(lo, hi + 1, (b,), generator=generator, device=device) * chosen
         params: Params = {"batch_prob": chosen, "severity": severity}
-        for s, idx in self._groups(params):
-            sub = self.perturbation(s).sample_params(_take(images, idx), _take(mask, idx), generator)
-            params.update({f"s{s}.{k}": v for k, v in sub.items()})
+        # a placed family's severity groups share one computation of the batch's placement maps (on an
+        # accelerator one read back per call, not one or two per group); the maps of rows are the rows' own
+        shared = SharedMaps(images, mask) if isinstance(self.perturbation(lo), PlacedSampling) else None
+        with shared if shared is not None else contextlib.nullcontext():
+            for s, idx in self._groups(params):
+                x, m = shared.take(idx) if shared is not None else (_take(images, idx), _take(mask, idx))
+                sub = self.perturbation(s).sample_params(x, m, generator)
+                params.update({f"s{s}.{k}": v for k, v in sub.items()})
         return params
 
     # Kornia's name for the apply step; it shadows nn.Module.apply(fn) on purpose (public API, not renamed)
@@ -159,12 +166,14 @@ class BatchAugmentation(torch.nn.Module):
             s = groups[0][0]
             return self.perturbation(s).apply_batch(images, mask, params=self._family_params(params, s))[0]
         out = images.clone()
-        for s, idx in groups:
-            i = idx.to(images.device, non_blocking=True)
-            done, _ = self.perturbation(s).apply_batch(
-                images[i], _take(mask, i), params=self._family_params(params, s)
-            )
-            out[i] = done.to(out.dtype)
+        # a placed family's renders read the field of view of their rows: from one computation per call
+        shared = SharedMaps(images, mask) if isinstance(self.perturbation(groups[0][0]), PlacedSampling) else None
+        with shared if shared is not None else contextlib.nullcontext():
+            for s, idx in groups:
+                i = idx.to(images.device, non_blocking=True)
+                x, m = shared.take(idx) if shared is not None else (images[i], _take(mask, i))
+                done, _ = self.perturbation(s).apply_batch(x, m, params=self._family_params(params, s))
+                out[i] = done.to(out.dtype)
         return out
 
     def forward(
