@@ -475,8 +475,12 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``: itself when it is there already (a no-op ``.to`` still costs an op)."""
-    return t if t.device == device else t.to(device)
+    """``t`` on ``device``: itself when it is there already (a no-op ``.to`` still costs an op). To an
+    accelerator the copy does not wait for the device's queue (a blocking one synchronises the stream);
+    back to the host it does, as the caller reads the result next."""
+    if t.device == device:
+        return t
+    return t.to(device, non_blocking=torch.device(device).type != "cpu")
 
 
 class MovedParams(dict):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import SHARED_SCOPES, NumpyRandom, TorchRandom, all_rows, torch_generator_from
+from .base import SHARED_SCOPES, NumpyRandom, TorchRandom, all_rows, on_device, torch_generator_from
 from .border import (
     cell_means,
     cell_means_np,
@@ -109,7 +109,7 @@ class SharedMaps:
     def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(images[rows], masks[rows])``, remembered as those rows (the tensors are held, so their address
         cannot be reused while the context is open)."""
-        at = rows if rows.device == self.images.device else rows.to(self.images.device)
+        at = on_device(rows, self.images.device)
         x = self.images[at]
         m = None if self.masks is None else self.masks[at]
         # the host's copy is kept: the maps the rows are looked up in live on the host
@@ -121,7 +121,7 @@ class SharedMaps:
         gather and one split (not three ops per piece); each piece is remembered as its rows, whose tensor
         is made only if that piece's maps are looked up."""
         at = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-        at = at if at.device == self.images.device else at.to(self.images.device)
+        at = on_device(at, self.images.device)
         xs = self.images[at].split(sizes)
         ms: list[torch.Tensor | None] = [None] * len(sizes)
         if self.masks is not None:
@@ -168,7 +168,7 @@ class SharedMaps:
             return None
         if self._fov_px is None:
             cells = self._batch_maps()[1][:, None]
-            cells = cells if cells.device == self.images.device else cells.to(self.images.device)
+            cells = on_device(cells, self.images.device)
             self._fov_px = fov_cells_to_mask(cells, *self.images.shape[-2:])
         return self._fov_px[self._rows(view)]
 
