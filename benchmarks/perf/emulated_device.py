@@ -99,7 +99,8 @@ def _list_index_to_tensor(index):
 
 
 class _Factories(TorchFunctionMode):
-    """``torch.tensor(data, device=dev)`` builds below the dispatcher: build it on the host, then move it."""
+    """What happens above the dispatcher: ``torch.tensor(data, device=dev)`` (built on the host, then moved),
+    list indices, the data's address and ``tolist``."""
 
     def __init__(self, owner: EmulatedDevice):
         super().__init__()
@@ -173,13 +174,8 @@ class EmulatedDevice(TorchDispatchMode):
             self.host_ops += 1
             return func(*args, **kwargs)
         host = [a for a in leaves if not isinstance(a, DeviceTensor) and a.dim() > 0]
-        if (
-            host
-            and func in _HOST_INDEX_OK
-            and host
-            == [a for a in args[1] if isinstance(a, torch.Tensor) and not isinstance(a, DeviceTensor)]
-        ):
-            self.to_device += len(host)
+        if host and func in _HOST_INDEX_OK and all(any(a is i for i in args[1]) for a in host):
+            self.to_device += len(host)  # only index tensors are on the host: CUDA copies them over
         elif host:
             raise RuntimeError(
                 f"Expected all tensors to be on the same device: {name} got a host tensor of shape "
