@@ -528,9 +528,7 @@ def params_to(params: Params, device: torch.device) -> Params:
         flat = torch.cat([params[k].reshape(-1) for k in keys]).to(device, non_blocking=True)
         for k, piece in zip(keys, flat.split([params[k].numel() for k in keys])):
             moved[k] = piece if piece.shape == params[k].shape else piece.view(params[k].shape)
-    out = MovedParams((k, moved[k]) for k in params)
-    out.host = params
-    return out
+    return with_host({k: moved[k] for k in params}, params)
 
 
 @functools.cache
