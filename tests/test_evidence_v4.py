@@ -329,6 +329,29 @@ def test_report_endpoints_decision_and_partial_label():
     assert summarise_v4(runs + [fake_v4_run("random", 7)], _ns())["finished"] == 6
 
 
+def test_the_worst_family_is_named_and_the_worst_held_out_family_is_its_own_endpoint():
+    """Evidence v4's worst-family endpoint takes any test family; in the real grid plain's worst was
+    always a family random augmentation trains on, which the number alone hid. The tables name each
+    seed's worst family, and the worst held-out family is an endpoint of its own (labelled exploratory)."""
+    from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
+
+    runs = [fake_v4_run("random", s) for s in (0, 1, 2)]
+    plain = [fake_v4_run("plain", s) for s in (0, 1, 2)]
+    for r in plain:  # plain collapses on an in-family family (blur: 30 points below the clean Dice)
+        for cs in r["mr_by_policy"]["least_loss"].values():
+            for v in cs.values():
+                v["fol_dice_by_perturbation"]["blur"] -= 0.25
+    s = summarise_v4(runs + plain, _ns("plain,random"))
+    assert s["worst_families"] == {"plain": ["blur"] * 3, "random": ["jpeg"] * 3}
+    pr = s["paired"]["least_loss"]["plain"]
+    assert pr["worst_family_dice"]["seed_t"]["estimate"] == pytest.approx(-10.0, abs=1e-6)
+    assert pr["worst_heldout_family_dice"]["seed_t"]["estimate"] == pytest.approx(0.0, abs=1e-6)
+    assert s["decision"]["plain"]["heldout_dice_points"] == pytest.approx(0.0, abs=1e-6)
+    md = write_tables_v4(s, _ns("plain,random"))
+    assert "plain: blur, blur, blur; random (k=1, in place): jpeg*, jpeg*, jpeg*" in md
+    assert "worst held-out family follow-up Dice" in md and "exploratory (not in the protocol)" in md
+
+
 def test_checkpoint_rules_are_compared_within_the_same_runs():
     from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
 

@@ -6,7 +6,8 @@
   test and ClinicDB cases (per case: the mean over its held-out families' follow-ups);
 - primary (b) ``clinicdb_dice``: clean Dice on all ClinicDB frames;
 - secondary: ``infamily_dice`` (the same as (a) over the in-family families), ``worst_family_dice``
-  (the lowest per-family mean follow-up Dice), ``efr`` (EFR Dice@0.25 over every test, %),
+  (the lowest per-family mean follow-up Dice, any test family; the tables name which family it was),
+  ``efr`` (EFR Dice@0.25 over every test, %),
   ``kvasir_dice`` (in-domain clean Dice), ``worst10_kvasir`` / ``worst10_clinicdb`` (mean clean Dice of
   the worst 10 % of cases), ``other_ood_dice`` (ColonDB, ETIS, PolypGen pooled).
 
@@ -14,7 +15,8 @@ Every comparison is a condition against ``random`` on the seeds both finished, p
 a seed-level t-interval (``paired_stats.seed_interval``) beside the case bootstrap (ClinicDB frames
 resampled by video sequence). Works on any finished subset; tables then say "partial: N of M runs".
 
-Exploratory (not in the protocol, labelled so): each checkpoint rule against ``least_loss`` within the
+Exploratory (not in the protocol, labelled so): ``worst_heldout_family_dice`` (the lowest held-out
+family's mean follow-up Dice: the protocol's worst family can be one the condition trained on); each checkpoint rule against ``least_loss`` within the
 same runs (does the balanced average / EMA / last epoch beat the pre-registered checkpoint?), per
 condition over its seeds and pooled over every finished run (one run = one observation).
 """
@@ -91,6 +93,7 @@ class Endpoint:
     keys: Callable[[dict, str], list]  # (run, policy) -> [(set, case)]
     values: Callable[[dict, str, list], np.ndarray]  # (run, policy, keys) -> (cases,) or (cases, fams)
     per_seed: Callable[[np.ndarray], float] = np.mean  # a run's values -> its number (fraction)
+    exploratory: bool = False  # added after the protocol: shown, labelled, never in the decision
 
     def stat(self, a: np.ndarray, b: np.ndarray) -> float:
         """Mean over seeds of per_seed(A_s) - per_seed(B_s) (the paired statistic)."""
@@ -117,6 +120,14 @@ ENDPOINTS = (
         _mr_keys,
         lambda r, p, k: _families(r, p, k, r["test_families"]),
         lambda x: float(np.min(x.mean(axis=0))),
+    ),
+    Endpoint(
+        "worst_heldout_family_dice",
+        "worst held-out family follow-up Dice (lowest held-out family mean), Kvasir test + ClinicDB",
+        _mr_keys,
+        lambda r, p, k: _families(r, p, k, r["heldout_families"]),
+        lambda x: float(np.min(x.mean(axis=0))),
+        exploratory=True,  # PROTOCOL.md amendment of 2026-11-27 17:30: the worst family may be a trained one
     ),
     Endpoint("efr", "EFR Dice@0.25 (%, every test), Kvasir test + ClinicDB", _mr_keys, _efr),
     Endpoint(
@@ -182,6 +193,20 @@ def compare(ra, rb, ep: Endpoint, policy: str, n_boot: int, policy_b: str | None
     }
 
 
+def worst_families(results: list[dict], conds: list[str], policy: str = PRIMARY_AT) -> dict:
+    """``{condition: [family per seed]}``: which test family is each run's worst (lowest mean follow-up
+    Dice over the MR-scored cases) -- the worst-family endpoint says how low, this says whether the
+    family was one the condition trained on (held-out families are ``heldout_families``)."""
+    out: dict = {}
+    for c in conds:
+        for r in _runs(results, c):
+            keys = _mr_keys(r, policy)
+            if keys:
+                fams = r["test_families"]
+                out.setdefault(c, []).append(fams[int(np.argmin(_families(r, policy, keys, fams).mean(axis=0)))])
+    return out
+
+
 def _runs(results, cond, seeds=None):
     rs = sorted((r for r in results if r["condition"] == cond), key=lambda r: r["seed"])
     return [r for r in rs if seeds is None or r["seed"] in seeds]
@@ -242,6 +267,7 @@ def summarise_v4(results: list[dict], args) -> dict:
                     pairs.setdefault(c, {})[ep.name] = compare(ra, rb, ep, policy, args.n_boot)
         s["endpoints"][policy], s["paired"][policy] = per_ep, pairs
     s["decision"] = decide(s["paired"].get(PRIMARY_AT, {}), len(seeds))
+    s["worst_families"] = worst_families(results, conds)
     s["rules"] = rules_vs_least_loss(results, conds, args.n_boot)
     return s
 
@@ -348,6 +374,8 @@ def write_tables_v4(s: dict, args) -> str:
             if not rows:
                 continue
             primary = " — **primary**" if ep.name in PRIMARY else ""
+            if ep.exploratory:
+                primary = " — exploratory (not in the protocol)"
             L += [
                 f"**{ep.label}**{primary}",
                 "",
@@ -361,6 +389,12 @@ def write_tables_v4(s: dict, args) -> str:
                     f"| {LABEL.get(c, c)} | {row['seeds']} | {_ms(row)} | {_ci(pr and pr['seed_t'])} | "
                     f"{_ci(pr and pr['case_bootstrap'])} | {per} |"
                 )
+            if ep.name == "worst_family_dice" and policy == PRIMARY_AT and s.get("worst_families"):
+                held = set(s["families"].get("heldout_families") or ())
+                L += ["", "Worst family per seed (* = held out from training): " + "; ".join(
+                    f"{LABEL.get(c, c)}: " + ", ".join(f + ("*" if f in held else "") for f in fs)
+                    for c, fs in s["worst_families"].items()
+                ) + "."]
             L.append("")
     L += _rules_tables(s.get("rules") or {}, tag)
     L += ["## Runs", "", "```", json.dumps(s["runs"], indent=1), "```", ""]
