@@ -529,3 +529,44 @@ def test_tiny_grid_runs_resumes_and_its_fp16_weights_rescore_through_the_cli(tmp
     cli = float(line.split("Dice=")[1].split()[0])
     mine = float(np.mean(list(res["picks"]["least_loss"]["dice"]["etis"].values())))
     assert cli == pytest.approx(mine, abs=5e-3)  # fp16 weights: the rounding moves the third decimal at most
+
+
+def _section(md: str, head: str) -> str:
+    return md.split(head, 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_committed_v4_verdict_is_what_the_archive_gives():
+    """docs/evidence_v4/results.md's decision is re-computed from the archived runs (nothing restored,
+    nothing retrained): the seed-level intervals depend on the runs only, not on the bootstrap."""
+    from benchmarks.evidence.report_v4 import report_archive
+
+    s, md = report_archive(REPO / "docs/evidence_v4/runs", ",".join(V4_CONDITIONS), "0,1,2,3,4", n_boot=20)
+    committed = (REPO / "docs/evidence_v4/results.md").read_text()
+    head = "## Decision (issue 34 item 7, at `least_loss`)"
+    assert _section(md, head) == _section(committed, head)
+    assert (s["finished"], s["planned"]) == (30, 30)
+    assert not any(d["meets"] for d in s["decision"].values())  # what docs/results.md says
+    assert s["worst_families"]["plain"] == ["blood"] * 5  # a family random augmentation trains on
+
+
+def test_report_of_an_archive_refuses_runs_of_two_grids_in_one_line(tmp_path, capsys):
+    import yaml
+
+    from benchmarks.evidence.report_v4 import main
+
+    for cond, epochs in (("random", 30), ("plain", 10)):
+        r = fake_v4_run(cond, 0)
+        (tmp_path / f"{cond}_s0.json.gz").write_bytes(gzip.compress(json.dumps(r).encode()))
+        cfg = {
+            "evidence": {"args": {"epochs": epochs, "size": 32, "features": "4", "batch_size": 4, "lr": 1e-3}}
+        }
+        (tmp_path / f"{cond}_s0.config.yaml.gz").write_bytes(gzip.compress(yaml.safe_dump(cfg).encode()))
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--conditions", "plain,random", "--seeds", "0"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "epochs=10" in err and "epochs=30" in err and "plain_s0" in err
+    (tmp_path / "plain_s0.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--conditions", "plain,random", "--seeds", "0"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "plain_s0.json.gz" in err and "not a gzip JSON result" in err

@@ -115,6 +115,35 @@ def restore(archive: Path, out: Path) -> list[str]:
     return names
 
 
+def load(archive: Path) -> list[tuple[dict, dict]]:
+    """Every archived run as ``(result, config)``, read in place (nothing restored): the result JSON and
+    the run's ``config.yaml`` (parsed with ``yaml.safe_load``: archived text is data, never objects;
+    ``{}`` where a run kept none)."""
+    import yaml
+
+    runs = []
+    for p in sorted(archive.glob("*.json.gz")):
+        name = p.name[: -len(".json.gz")]
+        if not NAME.match(name):
+            continue
+        try:
+            result = json.loads(gzip.decompress(p.read_bytes()).decode("utf-8"))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"evidence_archive: {p}: not a gzip JSON result ({e})") from None
+        if not isinstance(result, dict):
+            raise SystemExit(f"evidence_archive: {p}: expected a JSON object, got {type(result).__name__}")
+        _check(result, name, p)
+        cfg_path = archive / f"{name}.config.yaml.gz"
+        config = {}
+        if cfg_path.is_file():
+            try:
+                config = yaml.safe_load(gzip.decompress(cfg_path.read_bytes()).decode("utf-8")) or {}
+            except (OSError, ValueError, yaml.YAMLError) as e:
+                raise SystemExit(f"evidence_archive: {cfg_path}: not a gzip YAML config ({e})") from None
+        runs.append((result, config if isinstance(config, dict) else {}))
+    return runs
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=["save", "restore"])

@@ -15,6 +15,11 @@ Every comparison is a condition against ``random`` on the seeds both finished, p
 a seed-level t-interval (``paired_stats.seed_interval``) beside the case bootstrap (ClinicDB frames
 resampled by video sequence). Works on any finished subset; tables then say "partial: N of M runs".
 
+The tables of an archive, without restoring or retraining anything (what ``docs/evidence_v4/results.md``
+is; the decision section depends on the runs only, the bootstrap columns also on ``--n-boot``)::
+
+    python -m benchmarks.evidence.report_v4 docs/evidence_v4/runs --out docs/evidence_v4/results.md
+
 Exploratory (not in the protocol, labelled so): ``worst_heldout_family_dice`` (the lowest held-out
 family's mean follow-up Dice: the protocol's worst family can be one the condition trained on); each checkpoint rule against ``least_loss`` within the
 same runs (does the balanced average / EMA / last epoch beat the pre-registered checkpoint?), per
@@ -23,9 +28,12 @@ condition over its seeds and pooled over every finished run (one run = one obser
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -183,7 +191,9 @@ def compare(ra, rb, ep: Endpoint, policy: str, n_boot: int, policy_b: str | None
     a, cl = _matrix(ra, ep, policy)
     b, cl_b = _matrix(rb, ep, policy_b or policy)
     if cl != cl_b:  # the same cases in the same order, or the pairing is meaningless
-        raise ValueError(f"{ep.name}: A at {policy} and B at {policy_b or policy} were scored on different cases")
+        raise ValueError(
+            f"{ep.name}: A at {policy} and B at {policy_b or policy} were scored on different cases"
+        )
     seed = _pts(seed_interval(a, b, ep.stat))
     seed["per_seed"] = [100 * x for x in seed["per_seed"]]
     return {
@@ -203,7 +213,9 @@ def worst_families(results: list[dict], conds: list[str], policy: str = PRIMARY_
             keys = _mr_keys(r, policy)
             if keys:
                 fams = r["test_families"]
-                out.setdefault(c, []).append(fams[int(np.argmin(_families(r, policy, keys, fams).mean(axis=0)))])
+                out.setdefault(c, []).append(
+                    fams[int(np.argmin(_families(r, policy, keys, fams).mean(axis=0)))]
+                )
     return out
 
 
@@ -391,10 +403,15 @@ def write_tables_v4(s: dict, args) -> str:
                 )
             if ep.name == "worst_family_dice" and policy == PRIMARY_AT and s.get("worst_families"):
                 held = set(s["families"].get("heldout_families") or ())
-                L += ["", "Worst family per seed (* = held out from training): " + "; ".join(
-                    f"{LABEL.get(c, c)}: " + ", ".join(f + ("*" if f in held else "") for f in fs)
-                    for c, fs in s["worst_families"].items()
-                ) + "."]
+                L += [
+                    "",
+                    "Worst family per seed (* = held out from training): "
+                    + "; ".join(
+                        f"{LABEL.get(c, c)}: " + ", ".join(f + ("*" if f in held else "") for f in fs)
+                        for c, fs in s["worst_families"].items()
+                    )
+                    + ".",
+                ]
             L.append("")
     L += _rules_tables(s.get("rules") or {}, tag)
     L += ["## Runs", "", "```", json.dumps(s["runs"], indent=1), "```", ""]
@@ -425,3 +442,86 @@ def _rules_tables(rules: dict, tag: str) -> list[str]:
             L.append(f"| {'all runs' if c == 'all' else LABEL.get(c, c)} | {n} | {cells} |")
         L.append("")
     return L
+
+
+GRID_ARGS = ("epochs", "size", "features", "batch_size", "lr")  # the tables' header, read from the runs
+
+
+def report_archive(archive, conditions: str, seeds: str, n_boot: int) -> tuple[dict, str]:
+    """``(summary, markdown)`` of the archived runs (``archive.load``) among ``conditions`` x ``seeds``;
+    the header's grid settings are the runs' own (``config.yaml``), and runs that disagree are refused."""
+    from benchmarks.evidence.archive import load
+
+    runs = load(archive)
+    named = {(c, int(x)) for c in conditions.split(",") for x in seeds.split(",")}
+    grid: dict = {}  # setting -> (value, the first run that had it)
+    for result, config in runs:
+        name = f"{result.get('condition')}_s{result.get('seed')}"
+        if (result.get("condition"), int(result.get("seed", -1))) not in named:
+            continue
+        args = ((config.get("evidence") or {}).get("args")) or {}
+        for k in GRID_ARGS:
+            if k not in args:
+                continue
+            value, first = grid.setdefault(k, (args[k], name))
+            if value != args[k]:
+                raise SystemExit(
+                    f"report_v4: {archive}: run {name} has {k}={args[k]!r}, run {first} {k}={value!r}; "
+                    "one table needs one grid"
+                )
+    ns = argparse.Namespace(
+        conditions=conditions, seeds=seeds, n_boot=n_boot, **{k: grid.get(k, ("?",))[0] for k in GRID_ARGS}
+    )
+    s = summarise_v4([r for r, _ in runs], ns)
+    return s, write_tables_v4(s, ns)
+
+
+def main(argv=None) -> None:
+    """The CLI; a bad argument or archive is one line on stderr and exit 2."""
+    try:
+        _main(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+
+
+def _main(argv=None) -> None:
+    from benchmarks.evidence.conditions import V4_CONDITIONS
+    from robusttrain.io import atomic_write_text
+
+    ap = argparse.ArgumentParser(description="Evidence v4 tables of an archive (docs/evidence_v4/runs)")
+    ap.add_argument("archive", type=Path)
+    ap.add_argument("--out", type=Path, help="write the tables here (atomic) instead of printing them")
+    ap.add_argument("--conditions", default=",".join(V4_CONDITIONS))
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="the pre-registered seeds")
+    ap.add_argument("--n-boot", type=int, default=2000, help="case-bootstrap resamples (the protocol: 2000)")
+    a = ap.parse_args(argv)
+    if not a.archive.is_dir():
+        raise SystemExit(
+            f"report_v4: {a.archive}: not a folder (expected an archive such as docs/evidence_v4/runs)"
+        )
+    try:
+        [int(x) for x in a.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"report_v4: --seeds {a.seeds!r}: expected integers separated by commas") from None
+    unknown = [c for c in a.conditions.split(",") if c not in V4_CONDITIONS]
+    if unknown:
+        raise SystemExit(
+            f"report_v4: --conditions: unknown {unknown}; expected some of {list(V4_CONDITIONS)}"
+        )
+    if a.n_boot < 1:
+        raise SystemExit(f"report_v4: --n-boot {a.n_boot}: expected a positive number of resamples")
+    s, md = report_archive(a.archive, a.conditions, a.seeds, a.n_boot)
+    if not s["finished"]:
+        raise SystemExit(f"report_v4: {a.archive}: no archived run among {a.conditions} x seeds {a.seeds}")
+    if a.out:
+        atomic_write_text(a.out, md)
+        print(f"report_v4: {s['finished']} of {s['planned']} runs -> {a.out}")
+    else:
+        print(md)
+
+
+if __name__ == "__main__":
+    main()
