@@ -529,6 +529,9 @@ def test_tiny_grid_runs_resumes_and_its_fp16_weights_rescore_through_the_cli(tmp
     cli = float(line.split("Dice=")[1].split()[0])
     mine = float(np.mean(list(res["picks"]["least_loss"]["dice"]["etis"].values())))
     assert cli == pytest.approx(mine, abs=5e-3)  # fp16 weights: the rounding moves the third decimal at most
+    # the run's held-out families go with it: the re-scored tables pool them apart, as the endpoints do
+    assert f"heldout={','.join(res['heldout_families'])}" in r.stdout
+    assert "| held-out families | yes |" in (tmp_path / "check" / "efr_table.md").read_text()
 
 
 def _section(md: str, head: str) -> str:
@@ -564,9 +567,39 @@ def test_report_of_an_archive_refuses_runs_of_two_grids_in_one_line(tmp_path, ca
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--conditions", "plain,random", "--seeds", "0"])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "\n" not in err and "epochs=10" in err and "epochs=30" in err and "plain_s0" in err
+    assert (
+        e.value.code == 2
+        and "\n" not in err
+        and "epochs=10" in err
+        and "epochs=30" in err
+        and "plain_s0" in err
+    )
     (tmp_path / "plain_s0.json.gz").write_bytes(b"not gzip")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--conditions", "plain,random", "--seeds", "0"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "plain_s0.json.gz" in err and "not a gzip JSON result" in err
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        (
+            'data: {image_size: 64}\nmodel: {features: [4]}\nevidence: {condition_kwargs: {heldout_families: ["a; rm -rf ~"]}}\n',
+            "heldout_families has 'a; rm -rf ~'",
+        ),
+        ("data: {image_size: big}\nmodel: {features: [4]}\n", "expected data.image_size"),
+        (": : [\n", "ParserError"),
+    ],
+)
+def test_rescore_refuses_a_config_it_cannot_trust_in_one_line(tmp_path, capsys, config, says):
+    """The config.yaml beside a kept checkpoint is data: parsed safely, its family names never reach the
+    command line unless they are plain names, and a bad one is one line and exit 2 (nothing is run)."""
+    from benchmarks.evidence.rescore import main
+
+    (tmp_path / "config.yaml").write_text(config)
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    assert main([str(tmp_path / "last.ckpt"), str(tmp_path), str(tmp_path / "out")]) == 2
+    out = capsys.readouterr()
+    assert says in out.err and out.err.count("\n") == 1 and "robusttrain check" not in out.out
+    assert not (tmp_path / "out").exists()

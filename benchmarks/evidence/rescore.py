@@ -5,11 +5,13 @@
 runs (and prints) exactly::
 
     python -m robusttrain check recipe=polyp data.image_size=128 'model.features=[16,16,32,64,128,16]' \\
-        data.root=FOLDER data.val_fraction=0 ckpt=CKPT run_dir=OUT
+        data.root=FOLDER data.val_fraction=0 ckpt=CKPT run_dir=OUT heldout=motion_blur,gamma,...
 
-with the image size and network widths read from the ``config.yaml`` beside the checkpoint (the
-run's own); ``check`` finds that same file and audits with the run's test suite (the in-family and
-the held-out families, the evidence's severities and seed). ``data.val_fraction=0``: the whole folder
+with the image size, network widths and held-out families read from the ``config.yaml`` beside the
+checkpoint (the run's own); ``check`` finds that same file and audits with the run's test suite (the
+in-family and the held-out families, the evidence's severities and seed); ``heldout=`` labels the
+families the run never trained on, so the tables pool them apart (``held-out families`` /
+``trained families``) as the evidence's endpoints do. ``data.val_fraction=0``: the whole folder
 is the scored split. The checkpoint holds fp16 weights; the product loads them into its fp32 model,
 so a number can differ from the run's own in the third decimal (the weights' rounding).
 """
@@ -28,15 +30,29 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
 
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp()); _ = (d / "config.yaml").write_text(
-    ...     "data: {image_size: 64}\\nmodel: {features: [4, 4, 8, 8, 16, 4]}\\n")
-    >>> " ".join(cli_command(d / "last.ckpt", "F", "O", "python")[4:7])
-    'recipe=polyp data.image_size=64 model.features=[4,4,8,8,16,4]'
+    ...     "data: {image_size: 64}\\nmodel: {features: [4, 4, 8, 8, 16, 4]}\\n"
+    ...     "evidence: {condition_kwargs: {heldout_families: [gamma, jpeg]}}\\n")
+    >>> cmd = cli_command(d / "last.ckpt", "F", "O", "python")
+    >>> " ".join(cmd[4:7]), cmd[-1]
+    ('recipe=polyp data.image_size=64 model.features=[4,4,8,8,16,4]', 'heldout=gamma,jpeg')
     """
     import yaml
 
-    cfg = yaml.safe_load((ckpt.parent / "config.yaml").read_text())
-    size = int(cfg["data"]["image_size"])
-    feats = ",".join(str(int(f)) for f in cfg["model"]["features"])
+    where = ckpt.parent / "config.yaml"
+    try:
+        cfg = yaml.safe_load(where.read_text())
+        size = int(cfg["data"]["image_size"])
+        feats = ",".join(str(int(f)) for f in cfg["model"]["features"])
+        held = ((cfg.get("evidence") or {}).get("condition_kwargs") or {}).get("heldout_families") or []
+        held = list(held)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SystemExit(
+            f"evidence_rescore: {where}: expected data.image_size, model.features (integers) and optionally "
+            f"evidence.condition_kwargs.heldout_families ({type(e).__name__}: {' '.join(str(e).split())})"
+        ) from None
+    for f in held:  # names go on a command line: plain family names only, nothing the shell or CLI parses
+        if not (isinstance(f, str) and f.replace("_", "").isalnum()):
+            raise SystemExit(f"evidence_rescore: {where}: heldout_families has {f!r}, expected family names")
     return [
         python,
         "-m",
@@ -49,6 +65,7 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
         "data.val_fraction=0",
         f"ckpt={ckpt}",
         f"run_dir={out}",
+        *([f"heldout={','.join(held)}"] if held else []),
     ]
 
 
@@ -69,7 +86,11 @@ def main(argv=None) -> int:
         )
     if not Path(a.folder).is_dir():
         ap.error(f"{a.folder}: not a folder")
-    cmd = cli_command(a.ckpt, a.folder, a.out)
+    try:
+        cmd = cli_command(a.ckpt, a.folder, a.out)
+    except SystemExit as e:  # an untrusted config.yaml: one line, exit 2
+        print(e.code, file=sys.stderr)
+        return 2
     print("[evidence_rescore] " + " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), flush=True)
     return subprocess.call(cmd)
 
