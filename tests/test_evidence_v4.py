@@ -579,6 +579,15 @@ def test_report_of_an_archive_refuses_runs_of_two_grids_in_one_line(tmp_path, ca
         main([str(tmp_path), "--conditions", "plain,random", "--seeds", "0"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "plain_s0.json.gz" in err and "not a gzip JSON result" in err
+    # a result without the per-case numbers the endpoints read
+    (tmp_path / "plain_s0.config.yaml.gz").unlink()  # (one grid again)
+    (tmp_path / "plain_s0.json.gz").write_bytes(
+        gzip.compress(json.dumps({"condition": "plain", "seed": 0}).encode())
+    )
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--conditions", "plain,random", "--seeds", "0"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "a run lacks what the report reads" in err
 
 
 @pytest.mark.parametrize(

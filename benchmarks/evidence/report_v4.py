@@ -468,7 +468,9 @@ def report_archive(archive, conditions: str, seeds: str, n_boot: int) -> tuple[d
         name = f"{result.get('condition')}_s{result.get('seed')}"
         if (result.get("condition"), int(result.get("seed", -1))) not in named:
             continue
-        args = ((config.get("evidence") or {}).get("args")) or {}
+        ev = config.get("evidence")
+        args = ev.get("args") if isinstance(ev, dict) else None
+        args = args if isinstance(args, dict) else {}
         for k in GRID_ARGS:
             if k not in args:
                 continue
@@ -522,7 +524,13 @@ def _main(argv=None) -> None:
         )
     if a.n_boot < 1:
         raise SystemExit(f"report_v4: --n-boot {a.n_boot}: expected a positive number of resamples")
-    s, md = report_archive(a.archive, a.conditions, a.seeds, a.n_boot)
+    try:
+        s, md = report_archive(a.archive, a.conditions, a.seeds, a.n_boot)
+    except (KeyError, TypeError, ValueError, IndexError) as e:  # an archived result without what we read
+        raise SystemExit(
+            f"report_v4: {a.archive}: a run lacks what the report reads ({type(e).__name__}: {e}); "
+            "expected results written by benchmarks.evidence.run --protocol v4"
+        ) from None
     if not s["finished"]:
         raise SystemExit(f"report_v4: {a.archive}: no archived run among {a.conditions} x seeds {a.seeds}")
     if a.out:
