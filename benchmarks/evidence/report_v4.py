@@ -139,7 +139,7 @@ ENDPOINTS = (
         "worst-family follow-up Dice (lowest family mean), Kvasir test + ClinicDB",
         "test_families",
     ),
-    # PROTOCOL.md amendment of 2026-11-27 17:30: the worst family may be one the condition trained on
+    # PROTOCOL.md amendment of 2026-11-27 17:22: the worst family may be one the condition trained on
     _worst_family(
         "worst_heldout_family_dice",
         "worst held-out family follow-up Dice (lowest held-out family mean), Kvasir test + ClinicDB",
