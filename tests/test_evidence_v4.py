@@ -598,6 +598,10 @@ def test_report_of_an_archive_refuses_runs_of_two_grids_in_one_line(tmp_path, ca
             "heldout_families has 'a; rm -rf ~'",
         ),
         ("data: {image_size: big}\nmodel: {features: [4]}\n", "expected data.image_size"),
+        (
+            "data: {image_size: 64}\nmodel: {features: [4]}\nevidence: {condition_kwargs: {heldout_families: gamma}}\n",
+            "heldout_families is str, expected a list",
+        ),
         (": : [\n", "ParserError"),
     ],
 )

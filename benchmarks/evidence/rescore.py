@@ -44,7 +44,8 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
         size = int(cfg["data"]["image_size"])
         feats = ",".join(str(int(f)) for f in cfg["model"]["features"])
         held = ((cfg.get("evidence") or {}).get("condition_kwargs") or {}).get("heldout_families") or []
-        held = list(held)
+        if not isinstance(held, list):  # a lone string would pass letter by letter
+            raise TypeError(f"heldout_families is {type(held).__name__}, expected a list")
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise SystemExit(
             f"evidence_rescore: {where}: expected data.image_size, model.features (integers) and optionally "

@@ -224,4 +224,4 @@ class EmulatedDevice(TorchDispatchMode):
 
 def on_host(x):
     """The CPU data of a (nest of) device tensor(s), for comparing results outside the context."""
-    return tree_map(lambda a: a.elem if isinstance(a, DeviceTensor) else a, x)
+    return tree_map(_unwrap, x)

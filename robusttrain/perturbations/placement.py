@@ -74,6 +74,7 @@ def maps_torch(images: torch.Tensor, masks: torch.Tensor | None) -> tuple[torch.
 
 
 _SHARED = SHARED_SCOPES  # the open scopes (the stack lives in base, whose row taking reads it too)
+_HOST = torch.device("cpu")  # the placement maps and the rows they are looked up by live here
 
 
 class SharedMaps:
@@ -113,7 +114,7 @@ class SharedMaps:
         x = self.images[at]
         m = None if self.masks is None else self.masks[at]
         # the host's copy is kept: the maps the rows are looked up in live on the host
-        self.views[_tensor_key(x)] = (x, m, rows if rows.device.type == "cpu" else rows.cpu())
+        self.views[_tensor_key(x)] = (x, m, on_device(rows, _HOST))
         return x, m
 
     def take_split(self, rows: list[int], sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -150,7 +151,7 @@ class SharedMaps:
         if view is None:
             return None
         own = self._rows(view)
-        x, m = self.take(own[rows if rows.device.type == "cpu" else rows.cpu()])
+        x, m = self.take(own[on_device(rows, _HOST)])
         return x, (None if masks is None else m)
 
     def lookup(self, images: torch.Tensor, masks: torch.Tensor | None):
@@ -188,7 +189,7 @@ def fov_mask_shared(images: torch.Tensor) -> torch.Tensor:
         if hit is not None:
             return hit
     cells = maps_torch(images, None)[1][:, None]
-    return fov_cells_to_mask(cells if cells.device == images.device else cells.to(images.device), *images.shape[-2:])
+    return fov_cells_to_mask(on_device(cells, images.device), *images.shape[-2:])
 
 
 def _lesion_cells(masks: torch.Tensor, cells: Sequence[int], k: int) -> torch.Tensor:

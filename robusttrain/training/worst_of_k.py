@@ -690,7 +690,7 @@ def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
     if len(hosts) < len(found):
         return out
     # the host tensors the groups were moved from, in the same order (a recipe reads them, not the device's)
-    host_order = order.cpu() if order.device.type != "cpu" else order
+    host_order = on_device(order, torch.device("cpu"))
     return with_host(out, {k: torch.cat([h[k].cpu() for h in hosts])[host_order] for k in out})
 
 
