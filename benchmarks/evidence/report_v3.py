@@ -193,7 +193,7 @@ def family_mix(out: Path, results: list[dict], from_epoch: int = FAMILY_MIX_FROM
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp()); (d / "metamorphic_s0").mkdir()
     >>> rows = ["epoch,family,chosen", "5,blur,30", "5,saturation,10", "6,blur,10", "6,saturation,50"]
-    >>> _ = (d / "metamorphic_s0" / "metamorphic_training.csv").write_text("\\n".join(rows))
+    >>> _ = (d / "metamorphic_s0" / "metamorphic_training.csv").write_text("\\n".join(rows) + "\\n")
     >>> family_mix(d, [{"condition": "metamorphic", "seed": 0}])["metamorphic"]["saturation"]["mean"]
     60.0
     """
