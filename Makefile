@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test fast lint install clean
+.PHONY: demo test test-grid fast lint install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,16 +28,21 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check robusttrain tests benchmarks
 	$(PY) -m mypy
 
-# the static gate, the docstring examples of the package, then the test suite: two worker processes
-# (one torch thread each, tests/conftest.py) with each test file on one worker (module fixtures train once);
-# the slowest tests are listed at the end so a slow CI can be traced to them
+# the static gate, the docstring examples of the package and the benchmarks, then the test suite: two worker
+# processes (one torch thread each, tests/conftest.py) with each test file on one worker (module fixtures
+# train once); no test may take more than 5 minutes (--timeout), and the slowest are listed at the end so a
+# slow CI can be traced to them. The evidence grids end to end (marker `grid`, ~10-25 min) run apart:
+# `make test-grid` (the evidence issues' own check).
 test: lint
-	$(PY) -m pytest -q --doctest-modules robusttrain
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest -q --doctest-modules robusttrain benchmarks
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not grid" --timeout 300 --durations=25
+
+test-grid: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m grid --durations=10
 
 fast: lint
-	$(PY) -m pytest -q --doctest-modules robusttrain
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(PY) -m pytest -q --doctest-modules robusttrain benchmarks
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not grid"
 
 clean:
 	rm -rf $(VENV) runs

@@ -166,7 +166,7 @@ def test_cluster_bootstrap_resamples_whole_sequences():
 
 
 @needs_polyp256
-@pytest.mark.slow
+@pytest.mark.grid
 def test_v3_run_resumes_after_a_kill_keeps_checkpoints_and_rescores_with_the_cli(tmp_path):
     """One small real run (64 px, 2 epochs): killed after its first epoch, resumed from fit/last.ckpt,
     then its kept checkpoint re-scored by ``python -m robusttrain check`` on a folder: the CLI's

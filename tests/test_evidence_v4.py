@@ -135,7 +135,7 @@ def test_polyp_with_a_missing_data_root_fails_before_anything_is_created(tmp_pat
         (["--protocol", "v3", "--conditions", "hard_consistency"], "unknown 'hard_consistency'"),
         (["--epochs", "abc"], "--epochs: expected an integer >= 1"),
         (["--jobs", "0"], "--jobs: expected an integer >= 1"),
-        (["--protocol", "v5"], "argument --protocol: invalid choice"),
+        (["--protocol", "v6"], "argument --protocol: invalid choice"),
         (["--efr-policies", "least_loss,bogus"], "--efr-policies: unknown 'bogus'"),
         (["--perturbations", "blurr"], "--perturbations 'blurr'"),
         (["--ema-half-life", "2"], "--ema-half-life: expected a number in (0, 1)"),
@@ -475,7 +475,7 @@ def _write_folder(ds, root: Path) -> None:
         Image.fromarray((mask > 0).astype(np.uint8) * 255).save(root / "masks" / f"{src.case_id(i)}.png")
 
 
-@pytest.mark.slow
+@pytest.mark.grid
 def test_tiny_grid_runs_resumes_and_its_fp16_weights_rescore_through_the_cli(tmp_path):
     out = tmp_path / "grid"
     argv = [*GRID, "--tiny", "--jobs", "1", "--conditions", "plain", "--seeds", "0", str(out)]

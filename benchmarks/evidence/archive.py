@@ -37,6 +37,12 @@ from robusttrain.io import atomic_write_bytes, atomic_write_text
 NAME = re.compile(r"^([a-z_]+)_s(\d+)$")
 TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv", "followups.csv.gz", "config.yaml")
 WEIGHTS = ("least_loss.ckpt", "last.ckpt", "config.yaml")  # v4: <run>/fp16/ -> <archive>/<run>/
+WEIGHTS_V5 = ("least_loss.ckpt", "ema.ckpt", "config.yaml")  # v5: the decisions' two checkpoints
+
+
+def _weights(result: dict) -> tuple[str, ...]:
+    """The fp16 files a run keeps (by its protocol)."""
+    return WEIGHTS_V5 if result.get("protocol") == "v5" else WEIGHTS
 
 
 def _packed(name: str, raw: bytes) -> bytes:
@@ -62,7 +68,8 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
         if not NAME.match(name):
             continue
         raw = p.read_bytes()
-        _check(json.loads(raw), name, p)
+        result = json.loads(raw)
+        _check(result, name, p)
         atomic_write_bytes(archive / f"{name}.json.gz", gzip.compress(raw, compresslevel=9, mtime=0))
         for t in TABLES:
             if (p.parent / t).is_file():
@@ -71,10 +78,11 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
                 )
         if int(NAME.match(name).group(2)) in weights_seeds:
             (archive / name).mkdir(parents=True, exist_ok=True)
-            for w in WEIGHTS:
+            for w in _weights(result):
                 if not (p.parent / "fp16" / w).is_file():
                     raise SystemExit(
-                        f"evidence_archive: {p.parent / 'fp16' / w}: missing (a v4 run keeps it)"
+                        f"evidence_archive: {p.parent / 'fp16' / w}: missing (a {result.get('protocol', 'v4')} "
+                        "run keeps it)"
                     )
                 atomic_write_bytes(archive / name / w, (p.parent / "fp16" / w).read_bytes())
         names.append(name)
@@ -83,7 +91,7 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
 
 def _restore_weights(src: Path, dst: Path) -> None:
     """The archived fp16 weights back where the run kept them (so a later ``save`` finds them)."""
-    for w in WEIGHTS:
+    for w in sorted({*WEIGHTS, *WEIGHTS_V5}):
         if (src / w).is_file() and not (dst / w).exists():
             dst.mkdir(exist_ok=True)
             atomic_write_bytes(dst / w, (src / w).read_bytes())
@@ -152,7 +160,7 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--weights-seeds",
         default="",
-        help="save: also keep the fp16 weights (v4 runs' fp16/) of these seeds, e.g. 0",
+        help="save: also keep the fp16 weights (the runs' fp16/) of these seeds, e.g. 0 (v4) or 0,1 (v5)",
     )
     a = ap.parse_args(argv)
     try:

@@ -66,12 +66,14 @@ def load_weights(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
-def overrides(args, features) -> list[str]:
-    """The ``recipe=polyp`` overrides that build this evidence's model and image size."""
+def overrides(args, features, network: str = "basic_unet") -> list[str]:
+    """The ``recipe=polyp`` overrides that build this evidence's model and image size (``features``: the
+    network's widths, None for its recipe's own; another ``network`` is its recipe group, ``model=...``)."""
     return [
         "recipe=polyp",
+        *([] if network == "basic_unet" else [f"model={network}"]),
         f"data.image_size={args.size}",
-        "model.features=[" + ",".join(str(int(f)) for f in features) + "]",
+        *(["model.features=[" + ",".join(str(int(f)) for f in features) + "]"] if features is not None else []),
     ]
 
 
@@ -84,8 +86,17 @@ def write_config(
     perturbations,
     severities,
     condition_kwargs: dict | None,
+    model: dict | None = None,
 ) -> Path:
-    """``config.yaml``: the run's settings and the MR suite (``robusttrain check`` picks it up)."""
+    """``config.yaml``: the run's settings and the MR suite (``robusttrain check`` picks it up).
+
+    ``model``: the run's SegmentationModule keywords (default: BasicUNet with ``features``); the
+    network's name, widths and pretrained flag go into ``model`` (what ``check`` builds it from)."""
+    net = {"network": "basic_unet", "features": [int(f) for f in features]}
+    if model is not None and model.get("network", "basic_unet") != "basic_unet":
+        net = {"network": model["network"], "pretrained": bool(model.get("pretrained", False))}
+        if model.get("features") is not None:
+            net["features"] = [int(f) for f in model["features"]]
     import yaml
 
     cfg = {
@@ -96,13 +107,8 @@ def write_config(
             "condition_kwargs": condition_kwargs or {},
             "args": {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (int, float, str))},
         },
-        "model": {
-            "network": "basic_unet",
-            "in_channels": 3,
-            "num_classes": 2,
-            "class_names": ["polyp"],
-            "features": [int(f) for f in features],
-        },
+        # the v4 key order kept (same run, same bytes): network first, then the data's, then the widths
+        "model": {"network": net.pop("network"), "in_channels": 3, "num_classes": 2, "class_names": ["polyp"], **net},
         "data": {"image_size": int(args.size)},
         "callbacks": {
             "metamorphic": {
@@ -119,13 +125,19 @@ def write_config(
 
 
 def rescore_commands(
-    run_dir: Path, args, features, policy: str = "least_loss", folder: str = "$FOLDER", out: str = "$OUT"
+    run_dir: Path,
+    args,
+    features,
+    policy: str = "least_loss",
+    folder: str = "$FOLDER",
+    out: str = "$OUT",
+    network: str = "basic_unet",
 ) -> list[str]:
     """``test`` (clean Dice) and ``check`` (the MR suite) of one kept checkpoint on an image folder.
 
     ``data.val_fraction=0`` makes the whole folder the evaluated split (nothing is split off)."""
     ckpt = run_dir / "checkpoints" / f"{policy}.ckpt"
-    common = [*overrides(args, features), f"data.root={folder}", "data.val_fraction=0", f"ckpt={ckpt}"]
+    common = [*overrides(args, features, network), f"data.root={folder}", "data.val_fraction=0", f"ckpt={ckpt}"]
     py = "python -m robusttrain"
     return [
         f"{py} test "
@@ -137,7 +149,7 @@ def rescore_commands(
     ]
 
 
-def write_rescore(run_dir: Path, args, features, policies) -> Path:
+def write_rescore(run_dir: Path, args, features, policies, network: str = "basic_unet") -> Path:
     """``rescore.sh FOLDER OUT [POLICY]``: the product's CLI on a kept checkpoint (default least_loss)."""
     lines = [
         "#!/bin/sh",
@@ -146,7 +158,7 @@ def write_rescore(run_dir: Path, args, features, policies) -> Path:
         "set -e",
         'FOLDER="$1"; OUT="$2"; POLICY="${3:-least_loss}"',
     ]
-    cmds = rescore_commands(run_dir, args, features, "$POLICY", '"$FOLDER"', '"$OUT"')
+    cmds = rescore_commands(run_dir, args, features, "$POLICY", '"$FOLDER"', '"$OUT"', network)
     lines += [
         c.replace(f"{run_dir}/checkpoints/$POLICY.ckpt", f'"{run_dir}/checkpoints/$POLICY.ckpt"')
         for c in cmds

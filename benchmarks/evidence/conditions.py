@@ -136,7 +136,7 @@ def v4_training_families(cond: str, perturbations: Sequence[str]) -> list[str]:
     """
     from robusttrain.perturbations.suites import resolve
 
-    if cond == "plain":
+    if cond == "plain" or V5_TRAINING.get(cond) == "plain":
         return []
     return resolve([*perturbations, *V4_EXTRA_FAMILIES.get(cond, ())])
 
@@ -252,3 +252,93 @@ def mean_std(values: Sequence[float], digits: int = 2) -> dict[str, float]:
         "mean": round(float(v.mean()), digits),
         "std": round(float(v.std(ddof=1)) if v.size > 1 else 0.0, digits),
     }
+
+
+# ----------------------------------------------------------------------------------- Evidence v5
+# issue 45, docs/evidence_v5/PROTOCOL.md: the model users ship. Each condition is (model, training);
+# the same seed gives the same data order (the loader's shuffle) and, within one model, the same
+# initialisation of what is not pretrained (the model is built right after seeding), so conditions
+# are paired by seed.
+V5_CONDITIONS = ("scratch_random", "pretrained_random", "pretrained_plain", "pretrained_steer")
+V5_MODEL = {
+    "scratch_random": "scratch",
+    "pretrained_random": "pretrained",
+    "pretrained_plain": "pretrained",
+    "pretrained_steer": "pretrained",
+}
+V5_TRAINING = {
+    "scratch_random": "random",
+    "pretrained_random": "random",
+    "pretrained_plain": "plain",
+    "pretrained_steer": "steer",
+}
+# the two models (SegmentationModule keywords besides the data's), fixed by the protocol
+V5_MODELS: dict[str, dict[str, Any]] = {
+    # Evidence v4's model and schedule (the recipes' basic_unet: AdamW 3e-3, cosine, constant-LR tail)
+    "scratch": {"network": "basic_unet", "features": (16, 16, 32, 64, 128, 16), "lr": 3e-3, "lr_tail": 0.25},
+    # the pretrained EfficientNet-Lite0 U-Net (issue 43), its recipe's fine-tuning schedule
+    "pretrained": {
+        "network": "lite0_unet",
+        "pretrained": True,
+        "lr": 1e-3,
+        "encoder_lr_mult": 0.1,
+        "warmup_epochs": 1,
+        "lr_tail": 0.25,
+    },
+}
+
+
+def v5_model(cond: str) -> dict[str, Any]:
+    """The SegmentationModule keywords of a v5 condition's model.
+
+    >>> v5_model("scratch_random")["network"], v5_model("pretrained_plain")["network"]
+    ('basic_unet', 'lite0_unet')
+    """
+    return dict(V5_MODELS[V5_MODEL[cond]])
+
+
+def v5_condition_kwargs(cond: str) -> dict[str, Any]:
+    """What a v5 condition trains with (config.yaml and result.json): its model and its training.
+
+    >>> v5_condition_kwargs("pretrained_plain")["dose"], v5_condition_kwargs("scratch_random")["dose"]
+    (0.0, 0.5)
+    """
+    training = V5_TRAINING[cond]
+    out: dict[str, Any] = {"model": V5_MODEL[cond], "model_kwargs": v5_model(cond), "training": training}
+    if training in ("random", "steer"):
+        out["metamorphic_training"] = dict(V4_RANDOM)
+    if training == "steer":
+        out["mining"] = dict(V5_STEER)
+    out["dose"] = 0.0 if training == "plain" else V4_RANDOM_DOSE
+    return out
+
+
+# mining v2 (issue 44): a share of random augmentation's draws steered by the failure conditions the
+# train probe finds (filled in when mining v2 is on main; until then the condition refuses to start)
+V5_STEER: dict[str, Any] = {}
+
+
+def v5_callbacks(
+    cond: str,
+    dm: Any,
+    perturbations: Sequence[str],
+    severities: Sequence[int],
+    *,
+    seed: int,
+    train_seed: int,
+    ratio: float = 0.2,
+    **kw: Any,
+) -> tuple[list, MetamorphicCallback]:
+    """Callbacks of the Evidence v5 condition ``cond`` (:data:`V5_CONDITIONS`); the keywords as
+    :func:`v4_callbacks`. ``random`` is v4's ``random`` (in-place random augmentation, q = 0.5)."""
+    if cond not in V5_CONDITIONS:
+        raise ValueError(f"v5 condition must be one of {V5_CONDITIONS}, got {cond!r}")
+    training = V5_TRAINING[cond]
+    cbs, mr = training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
+    if training == "plain":
+        return cbs, mr
+    if training == "steer" and not V5_STEER:
+        raise ValueError("pretrained_steer needs mining v2 (issue 44), not in this library")
+    fams = v4_training_families(cond, perturbations)
+    mt = _mt_callback(dm, fams, severities, ratio, train_seed, kw.get("run_dir"), dict(V4_RANDOM))
+    return [*cbs, mt], mr

@@ -42,7 +42,11 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
     try:
         cfg = yaml.safe_load(where.read_text())
         size = int(cfg["data"]["image_size"])
-        feats = ",".join(str(int(f)) for f in cfg["model"]["features"])
+        network = str(cfg["model"].get("network", "basic_unet"))  # v5: the pretrained U-Net's own recipe group
+        if network not in ("basic_unet", "lite0_unet"):
+            raise ValueError(f"model.network {network!r} is not an evidence model")
+        widths = cfg["model"].get("features") if network != "basic_unet" else cfg["model"]["features"]
+        feats = ",".join(str(int(f)) for f in widths) if widths is not None else None
         held = ((cfg.get("evidence") or {}).get("condition_kwargs") or {}).get("heldout_families") or []
         if not isinstance(held, list):  # a lone string would pass letter by letter
             raise TypeError(f"heldout_families is {type(held).__name__}, expected a list")
@@ -60,8 +64,9 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
         "robusttrain",
         "check",
         "recipe=polyp",
+        *([] if network == "basic_unet" else [f"model={network}"]),
         f"data.image_size={size}",
-        f"model.features=[{feats}]",
+        *([f"model.features=[{feats}]"] if feats is not None else []),
         f"data.root={folder}",
         "data.val_fraction=0",
         f"ckpt={ckpt}",

@@ -363,12 +363,15 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
 # the archive of every follow-up's Dice (per case, test and scored checkpoint): a re-analysis needs no re-run
 FOLLOWUP_COLUMNS = ("policy", "split", "case_id", "perturbation", "severity", "src_dice", "fol_dice")
 KEPT_FP16 = ("least_loss", "last")  # the checkpoints kept as fp16 state dicts (seed 0 committed)
+KEPT_FP16_V5 = ("least_loss", "ema")  # v5: the two checkpoints its decisions rest on (seeds 0, 1 committed)
 
 
-def v4_condition_kwargs(cond: str) -> dict:
-    """What the v4 condition trains with (recorded in config.yaml and result.json)."""
-    from benchmarks.evidence.conditions import V4_MINED, V4_MT, v4_dose
+def v4_condition_kwargs(cond: str, v5: bool = False) -> dict:
+    """What the v4 (v5) condition trains with (recorded in config.yaml and result.json)."""
+    from benchmarks.evidence.conditions import V4_MINED, V4_MT, v4_dose, v5_condition_kwargs
 
+    if v5:
+        return v5_condition_kwargs(cond)
     if cond == "mined_dose":
         return {"failure_mining": dict(V4_MINED), "dose": v4_dose(cond)}
     if cond in V4_MT:
@@ -376,14 +379,26 @@ def v4_condition_kwargs(cond: str) -> dict:
     return {"dose": 0.0}
 
 
+def run_model(run: RunState, feats) -> dict:
+    """The SegmentationModule keywords of a run besides its data's (v5: the condition's model, fixed by the
+    protocol; earlier protocols: BasicUNet with ``--features`` / ``--lr`` / ``--lr-tail``)."""
+    if run.v5:
+        from benchmarks.evidence.conditions import v5_model
+
+        return v5_model(run.cond)
+    tail = {"lr_tail": run.args.lr_tail} if getattr(run.args, "lr_tail", 0.0) > 0 else {}  # v3: no lr_tail
+    return {"lr": run.args.lr, "features": feats, **tail}
+
+
 def v4_family_sets(args, cond: str, perts: list[str], test_fams: list[str]) -> dict:
     """The families a v4 run trains on and is tested on: held-out = test families no v4 condition
     ever draws (``--perturbations`` + every condition's extra suites); in-family = the rest."""
-    from benchmarks.evidence.conditions import V4_CONDITIONS, v4_training_families
+    from benchmarks.evidence.conditions import V4_CONDITIONS, V5_CONDITIONS, v4_training_families
     from robusttrain.perturbations.suites import resolve
 
+    v5 = getattr(args, "protocol", "v3") == "v5"
     trained_anywhere: set[str] = set()
-    for c in V4_CONDITIONS:
+    for c in V5_CONDITIONS if v5 else V4_CONDITIONS:
         try:
             trained_anywhere |= set(v4_training_families(c, perts))
         except ValueError:  # a suite not in this library (yet) holds no family of the test suite either
@@ -433,8 +448,9 @@ class RunState:
     args: argparse.Namespace
     run_dir: Path
     v3: bool
-    v4: bool
+    v4: bool  # v4 or later: the held-out family sets, per-follow-up archive, fp16 weights
     device: str
+    v5: bool = False  # Evidence v5: the condition picks the model; EMA scored beside least_loss
     resume_from: str | None = None
     # train_run
     dm: Any = None
@@ -474,6 +490,8 @@ class RunState:
     mr: dict = field(default_factory=dict)
     consistency: float = 0.0
     followups: list = field(default_factory=list)
+    # score_curve (v5)
+    curve: dict = field(default_factory=dict)
 
 
 def run_one(cond: str, seed: int, args_dict: dict) -> dict:
@@ -486,8 +504,9 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     With ``--resume``: a finished run (``result.json``) is read back; an interrupted one (v3: its
     ``fit/last.ckpt``, written after every epoch) continues from its last epoch."""
     args = argparse.Namespace(**args_dict)
-    v4 = getattr(args, "protocol", "v3") == "v4"
-    # the v3 machinery (resumable fit, per-epoch weights, averages, kept checkpoints) serves v4 too
+    v5 = getattr(args, "protocol", "v3") == "v5"
+    v4 = getattr(args, "protocol", "v3") == "v4" or v5
+    # the v3 machinery (resumable fit, per-epoch weights, averages, kept checkpoints) serves v4 / v5 too
     v3 = args.dataset in ("polyp256", "pranet256", "synthetic") or v4
     device = "cuda" if getattr(args, "accelerator", "cpu") == "gpu" else "cpu"
     profile = int(getattr(args, "profile_steps", 0) or 0)
@@ -495,13 +514,15 @@ def run_one(cond: str, seed: int, args_dict: dict) -> dict:
     done = run_dir / "result.json"
     if args.resume and done.is_file():  # finished by an earlier, interrupted invocation
         return json.loads(done.read_text())
-    run = RunState(cond=cond, seed=seed, args=args, run_dir=run_dir, v3=v3, v4=v4, device=device)
+    run = RunState(cond=cond, seed=seed, args=args, run_dir=run_dir, v3=v3, v4=v4, device=device, v5=v5)
     profiled = train_run(run, profile)
     if profiled is not None:  # timing only (--profile-steps): nothing is scored or tabled
         return profiled
     pick_checkpoints(run)
     score_heldout(run)
     score_mr(run)
+    if v5:
+        score_curve(run)
     return write_run(run)
 
 
@@ -548,10 +569,10 @@ def train_run(run: RunState, profile: int = 0) -> dict | None:
         val_cases=getattr(args, "mr_val_cases", None),
         train_seed=seed,
     )
-    if v4:  # the pre-registered conditions (conditions.V4_*): no per-invocation overrides
-        from benchmarks.evidence.conditions import v4_callbacks
+    if v4:  # the pre-registered conditions (conditions.V4_* / V5_*): no per-invocation overrides
+        from benchmarks.evidence.conditions import v4_callbacks, v5_callbacks
 
-        cbs, _ = v4_callbacks(cond, dm, perts, sevs, **common)
+        cbs, _ = (v5_callbacks if run.v5 else v4_callbacks)(cond, dm, perts, sevs, **common)
         test_fams = usable_families(args.test_perturbations.split(","), dm.in_channels)
         v4_sets = v4_family_sets(args, cond, perts, test_fams)
     else:
@@ -580,18 +601,16 @@ def train_run(run: RunState, profile: int = 0) -> dict | None:
         extra.append(ema)
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]} if cond in MT_CONDITIONS else None
         if v4:
-            kw = {"condition": v4_condition_kwargs(cond), **v4_sets}
-        write_config(run_dir, args, cond, seed, feats, test_fams, sevs, kw)
-    tail = {"lr_tail": args.lr_tail} if getattr(args, "lr_tail", 0.0) > 0 else {}  # v3 code has no lr_tail
+            kw = {"condition": v4_condition_kwargs(cond, run.v5), **v4_sets}
+        write_config(run_dir, args, cond, seed, feats, test_fams, sevs, kw, model=run_model(run, feats))
+    if run.v5:  # paired seeds: one model's init (decoder, or all of it) is the same in every condition
+        torch.manual_seed(seed)
     model = SegmentationModule(
-        in_channels=dm.in_channels,
-        num_classes=dm.num_classes,
-        class_names=names,
-        lr=args.lr,
-        features=feats,
-        **tail,
+        in_channels=dm.in_channels, num_classes=dm.num_classes, class_names=names, **run_model(run, feats)
     )
-    if v3:
+    if run.v5:  # ... and every condition, either model, sees the same data order
+        L.seed_everything(seed, workers=True)
+    if v3 and not run.v5:  # v5's EMA and averages carry the BatchNorm buffers (PROTOCOL.md)
         from benchmarks.evidence.averages import has_batchnorm
 
         # refused before training: its averages' BatchNorm statistics would need re-estimating
@@ -761,6 +780,54 @@ def score_mr(run: RunState) -> None:
     run.consistency, run.followups = consistency, followups
 
 
+def score_curve(run: RunState) -> None:
+    """Step 4b (v5, the check's validity across a run's epochs): at every ``--curve-every``-th epoch
+    (and the last), the clean Dice of every held-out split and the MR suite on a fixed, seeded subset of
+    ``--curve-cases`` validation cases -- the in-domain check a user runs during training -- from the
+    weights kept for that epoch. The follow-ups go into ``followups.csv.gz`` as checkpoint
+    ``epoch=N`` (split ``val``); ``result.json``'s ``curve`` holds the per-epoch numbers."""
+    from robusttrain.metamorphic.audit import audit
+
+    args, model, cols, names = run.args, run.model, run.cols, run.names
+    every = int(args.curve_every)
+    epochs = sorted(run.rec.val_loss)
+    picked = [e for e in epochs if (e + 1) % every == 0 or e == epochs[-1]]
+    fams = set(run.v4_sets["heldout_families"])
+    curve: dict = {}
+    model.to(run.device).eval()
+    for e in picked:
+        model.load_state_dict(run.rec.epoch_weights(e))
+        clean = {
+            split: float(np.mean([np.mean([r[c] for c in cols]) for r in per_case_dice(model, ds, names)]))
+            for split, ds in run.held.items()
+        }
+        res = audit(
+            model,
+            {"val": run.dm.val_dataset},
+            run.suite,
+            out_dir=None,
+            device=run.device,
+            batch_size=16,
+            path="torch" if run.device == "cuda" else "numpy",
+            class_names=names,
+            max_cases=args.curve_cases,
+        )
+        cases = res["cases"]
+        held = cases["perturbation"].isin(fams)
+        from robusttrain.metamorphic.records import relative_drops
+
+        curve[str(e)] = {
+            "clean": {k: round(v, 6) for k, v in clean.items()},
+            "val_clean_dice": round(float(cases.groupby("case_id")["src_dice"].first().mean()), 6),
+            "val_heldout_dice": round(float(cases.loc[held, "fol_dice"].mean()), 6),
+            "val_infamily_dice": round(float(cases.loc[~held, "fol_dice"].mean()), 6),
+            "val_efr": round(float((relative_drops(cases["src_dice"], cases["fol_dice"]) > 0.25).mean()), 6),
+            "val_cases": int(cases["case_id"].nunique()),
+        }
+        run.followups.append(cases[list(FOLLOWUP_COLUMNS[1:])].assign(policy=f"epoch={e}"))
+    run.curve = curve
+
+
 def write_run(run: RunState) -> dict:
     """Step 5, write: the trade-off plots and tables (validation and held-out), the per-run record
     ``result.json`` (atomic: its presence marks the run finished), and, v3/v4, the picked checkpoints,
@@ -805,15 +872,26 @@ def write_run(run: RunState) -> dict:
         from benchmarks.evidence.artifacts import save_fp16, write_followups
 
         write_followups(run_dir / "followups.csv.gz", run.followups, FOLLOWUP_COLUMNS)
-        for pol in KEPT_FP16:  # ~1 MB each: committed for seed 0 (archive.py save --weights-seeds)
+        for pol in KEPT_FP16_V5 if run.v5 else KEPT_FP16:  # committed for seed 0 (v5: 0, 1; archive.py)
+            averaged = pol in run.extra_weights
             save_fp16(
                 run_dir / "fp16" / f"{pol}.ckpt",
-                rec.epoch_weights(choices[pol]),
+                run.extra_weights[pol] if averaged else rec.epoch_weights(choices[pol]),
                 run_dir / "config.yaml",
-                epoch=int(choices[pol]),
+                **({} if averaged else {"epoch": int(choices[pol])}),
                 policy=pol,
             )
-        out.update(protocol="v4", condition_kwargs=v4_condition_kwargs(cond), **run.v4_sets)
+        out.update(
+            protocol="v5" if run.v5 else "v4",
+            condition_kwargs=v4_condition_kwargs(cond, run.v5),
+            **run.v4_sets,
+        )
+        if run.v5:
+            out.update(
+                curve=run.curve,
+                params=sum(p.numel() for p in model.parameters()),
+                pretrained_weights=getattr(model, "pretrained_weights", None),  # file + sha256 it started from
+            )
         out["ema_decay"] = run.ema.decay
     if run.v3:
         from benchmarks.evidence.artifacts import save_weights, write_rescore
@@ -824,7 +902,14 @@ def write_run(run: RunState) -> dict:
             )
         for pol, weights in run.extra_weights.items():
             save_weights(run_dir / "checkpoints" / f"{pol}.ckpt", weights, policy=pol)
-        write_rescore(run_dir, args, run.feats, sorted([*choices, *run.extra_weights]))
+        net = run_model(run, run.feats)
+        write_rescore(
+            run_dir,
+            args,
+            net.get("features"),
+            sorted([*choices, *run.extra_weights]),
+            net.get("network", "basic_unet"),
+        )
         out.update(
             mr_by_policy=run.mr_by,
             efr_policies=run.efr_pols,
@@ -918,9 +1003,9 @@ AVERAGE_POLICIES = ("balanced_average", "ema")
 
 def check_args(ap: argparse.ArgumentParser, args) -> None:
     """Every value the runs will need, checked before any folder is created (one line, exit 2)."""
-    from benchmarks.evidence.conditions import CONDITIONS, V4_CONDITIONS
+    from benchmarks.evidence.conditions import CONDITIONS, V4_CONDITIONS, V5_CONDITIONS
 
-    known = V4_CONDITIONS if args.protocol == "v4" else CONDITIONS
+    known = {"v4": V4_CONDITIONS, "v5": V5_CONDITIONS}.get(args.protocol, CONDITIONS)
     conds = args.conditions.split(",")
     bad = [c for c in conds if c not in known]
     if bad or not args.conditions:
@@ -930,8 +1015,21 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         )
     if len(set(conds)) != len(conds):
         ap.error(f"--conditions names a condition twice: {args.conditions!r}")
-    if args.protocol == "v4" and args.dataset not in ("polyp256", "synthetic"):
-        ap.error(f"--protocol v4 runs on --dataset polyp256 (or synthetic for a dry run), got {args.dataset}")
+    if args.protocol in ("v4", "v5") and args.dataset not in ("polyp256", "synthetic"):
+        ap.error(
+            f"--protocol {args.protocol} runs on --dataset polyp256 (or synthetic for a dry run), got {args.dataset}"
+        )
+    if args.protocol == "v5":
+        # the model and its schedule come with the condition (conditions.V5_MODELS): an override would be unused
+        for flag in ("features", "lr", "lr_tail"):
+            if getattr(args, flag) != ap.get_default(flag):
+                ap.error(
+                    f"--{flag.replace('_', '-')} does not apply to --protocol v5 (each condition's model and "
+                    "schedule are fixed in conditions.V5_MODELS)"
+                )
+        from benchmarks.evidence.conditions import V5_MODELS
+
+        args.lr_tail = float(V5_MODELS["pretrained"]["lr_tail"])  # both models' (the averages' window)
     if args.report_only:
         return
     if not 0.0 <= args.lr_tail < 1.0:
@@ -949,7 +1047,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
     if not args.profile_steps and args.min_epoch >= args.epochs:
         # the balanced policies would have no epoch to choose from (and the run dies after training)
         ap.error(f"--min-epoch {args.min_epoch} must be below --epochs {args.epochs}")
-    v3 = args.dataset in ("polyp256", "pranet256", "synthetic") or args.protocol == "v4"
+    v3 = args.dataset in ("polyp256", "pranet256", "synthetic") or args.protocol in ("v4", "v5")
     allowed = POLICIES + (AVERAGE_POLICIES if v3 else ())
     bad = [p for p in args.efr_policies.split(",") if p not in allowed]
     if bad:
@@ -979,13 +1077,13 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
             resolve(spec.split(","))
         except (ValueError, TypeError, KeyError) as e:
             ap.error(f"{flag} {spec!r}: {str(e).strip().splitlines()[0]}")
-    if args.protocol == "v4":
-        # the v4 conditions are pre-registered (conditions.V4_*): an override would be silently unused
+    if args.protocol in ("v4", "v5"):
+        # the v4 / v5 conditions are pre-registered (conditions.V4_* / V5_*): an override would be unused
         for flag in ("q", "jitter", "fresh_image", "clean_mix"):
             if getattr(args, flag) is not None:
                 ap.error(
-                    f"--{flag.replace('_', '-')} does not apply to --protocol v4 (its conditions are fixed "
-                    "in conditions.V4_MT / V4_MINED)"
+                    f"--{flag.replace('_', '-')} does not apply to --protocol {args.protocol} (its conditions "
+                    "are fixed in conditions.py)"
                 )
         check_v4_conditions(ap, args, conds)
 
@@ -993,8 +1091,16 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
 def check_v4_conditions(ap, args, conds) -> None:
     """Every v4 condition constructs with today's library (the MetamorphicTraining API of issue 30, the
     shift families), and no held-out test family is drawn in training."""
-    from benchmarks.evidence.conditions import V4_MT, v4_training_families
+    from benchmarks.evidence.conditions import (
+        V4_MT,
+        V4_RANDOM,
+        V5_STEER,
+        V5_TRAINING,
+        v4_training_families,
+        v5_model,
+    )
     from robusttrain.callbacks import MetamorphicTraining
+    from robusttrain.models.segmentation import SegmentationModule
     from robusttrain.perturbations.suites import resolve
 
     perts = args.perturbations.split(",")
@@ -1002,8 +1108,14 @@ def check_v4_conditions(ap, args, conds) -> None:
     for c in conds:
         try:
             fams = v4_training_families(c, perts)
-            if c in V4_MT:
+            if args.protocol == "v4" and c in V4_MT:
                 MetamorphicTraining(perturbations=fams, severity_caps=4, **V4_MT[c])
+            if args.protocol == "v5":  # its model builds (the pretrained weights verified) and it trains
+                SegmentationModule(in_channels=3, num_classes=2, **v5_model(c))
+                if V5_TRAINING[c] != "plain":
+                    MetamorphicTraining(perturbations=fams, severity_caps=4, **V4_RANDOM)
+                if V5_TRAINING[c] == "steer" and not V5_STEER:
+                    raise ValueError("pretrained_steer needs mining v2 (issue 44), not in this library")
         except (ValueError, TypeError, KeyError) as e:
             ap.error(
                 f"condition {c!r} does not construct with this library: {str(e).strip().splitlines()[0]}"
@@ -1029,10 +1141,21 @@ def main(argv=None) -> dict:
     )
     ap.add_argument(
         "--protocol",
-        choices=["v3", "v4"],
+        choices=["v3", "v4", "v5"],
         default="v3",
         help="v4 = Evidence v4 (issue 34, docs/evidence_v4/PROTOCOL.md): its conditions (conditions.V4_*), "
-        "the held-out test families, per-follow-up archive, fp16 weights",
+        "the held-out test families, per-follow-up archive, fp16 weights; v5 = Evidence v5 (issue 45, "
+        "docs/evidence_v5/PROTOCOL.md): conditions.V5_* (each picks its model), the check's curve",
+    )
+    ap.add_argument(
+        "--curve-every",
+        type=_int_at_least(1),
+        default=5,
+        help="v5: score every N-th epoch (and the last) on the held-out splits and the MR suite on "
+        "--curve-cases validation cases (the check's validity across epochs)",
+    )
+    ap.add_argument(
+        "--curve-cases", type=_int_at_least(1), default=32, help="v5: validation cases of the curve's MR suite"
     )
     ap.add_argument(
         "--test-perturbations",
@@ -1156,7 +1279,7 @@ def main(argv=None) -> dict:
     if args.test_perturbations is None:
         from benchmarks.evidence.conditions import V4_TEST_SUITE
 
-        args.test_perturbations = ",".join(V4_TEST_SUITE) if args.protocol == "v4" else args.perturbations
+        args.test_perturbations = ",".join(V4_TEST_SUITE) if args.protocol in ("v4", "v5") else args.perturbations
     check_args(ap, args)
     if args.check_only:
         print(f"evidence: arguments OK ({args.conditions} x seeds {args.seeds}, --dataset {args.dataset})")
@@ -1185,17 +1308,17 @@ def main(argv=None) -> dict:
         results = []
         for j in jobs:  # the tables are re-written after every run: partial results are readable
             results.append(_run_star(j))
-            if args.dataset in ("polyp256", "pranet256") or args.protocol == "v4":
+            if args.dataset in ("polyp256", "pranet256") or args.protocol in ("v4", "v5"):
                 write_summary(finished(out), args, out, time.time() - t0)
-    if args.dataset in ("polyp256", "pranet256") or args.protocol == "v4":  # every finished run, also
+    if args.dataset in ("polyp256", "pranet256") or args.protocol in ("v4", "v5"):  # every finished run, also
         results = finished(out)  # other invocations' (grid processes share one --out: keep theirs)
     return write_summary(results, args, out, time.time() - t0)
 
 
 def dataset_dir(args) -> Path:
-    """``<out>/<dataset>`` (v4: ``<out>/<dataset>_v4``: its condition names are not v3's)."""
-    v4 = getattr(args, "protocol", "v3") == "v4"
-    return Path(args.out) / (args.dataset + ("_v4" if v4 else ""))
+    """``<out>/<dataset>`` (v4, v5: ``<out>/<dataset>_v4`` / ``_v5``: their condition names are not v3's)."""
+    protocol = getattr(args, "protocol", "v3")
+    return Path(args.out) / (args.dataset + (f"_{protocol}" if protocol in ("v4", "v5") else ""))
 
 
 def finished(out: Path) -> list[dict]:
@@ -1208,7 +1331,12 @@ def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
     """``results.json`` (summary + per-run numbers) and ``results.md`` (tables), both atomic."""
     from robusttrain.io import atomic_write_text
 
-    if getattr(args, "protocol", "v3") == "v4":
+    if getattr(args, "protocol", "v3") == "v5":
+        from benchmarks.evidence.report_v5 import summarise_v5, write_tables_v5
+
+        summary = summarise_v5(results, args)
+        md = write_tables_v5(summary, args)
+    elif getattr(args, "protocol", "v3") == "v4":
         from benchmarks.evidence.report_v4 import summarise_v4, write_tables_v4
 
         summary = summarise_v4(results, args)

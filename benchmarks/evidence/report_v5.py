@@ -1,0 +1,371 @@
+"""Evidence v5 (issue 45) tables: ``run.py --protocol v5`` results -> the pre-registered decisions.
+
+``docs/evidence_v5/PROTOCOL.md`` defines everything here; the endpoints are Evidence v4's
+(:data:`benchmarks.evidence.report_v4.ENDPOINTS`, per run and checkpoint from ``result.json``) plus the
+EFR split into in-family and held-out tests. Every comparison pairs runs by seed and gives the
+seed-level 95 % t-interval (the decision's) beside the case bootstrap (ClinicDB by sequence).
+
+Decisions (Δ in Dice points at the EMA weights unless said):
+
+1. ``pretrained_random − scratch_random`` on ClinicDB clean Dice: the pretrained model becomes the real-data
+   recipes' default if Δ ≥ +2 with the interval above 0 and the in-domain (Kvasir test) Δ ≥ −1;
+2. ``pretrained_random − pretrained_plain`` on held-out-family Dice and ClinicDB: random augmentation stays in
+   the pretrained recipe unless it is worse on either with the interval below 0;
+3. ``pretrained_steer − pretrained_random``: mining v2 is switched on if Δ held-out-family Dice ≥ +1 with
+   the interval above 0 and ClinicDB Δ ≥ −1 (its in-family EFR reported either way);
+4. ``ema − least_loss`` within runs, pooled over every run: the EMA becomes the default checkpoint if the
+   interval is above 0 on ClinicDB and not below 0 on held-out-family Dice.
+
+Secondary (pre-registered, not decisions): the balanced checkpoint and the SWAD-style average against
+the EMA (clean endpoints); the check's validity (:mod:`benchmarks.evidence.validity`).
+
+    python -m benchmarks.evidence.report_v5 docs/evidence_v5/runs --out docs/evidence_v5/results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.evidence import report_v4 as v4
+from benchmarks.evidence.conditions import mean_std
+from benchmarks.evidence.report_v4 import Endpoint, _ci, _mr_keys, _ms, _runs, compare, partial_label
+
+AT = "ema"  # the decisions' checkpoint
+ALSO_AT = ("least_loss",)
+LABEL = {
+    "scratch_random": "A scratch BasicUNet + random aug",
+    "pretrained_random": "B pretrained Lite0 U-Net + random aug",
+    "pretrained_plain": "C pretrained, no augmentation",
+    "pretrained_steer": "D pretrained + random aug + mining v2",
+}
+# (name, A, B): the pre-registered paired comparisons, A − B
+COMPARISONS = (
+    ("pretrained_vs_scratch", "pretrained_random", "scratch_random"),
+    ("augmentation_on_pretrained", "pretrained_random", "pretrained_plain"),
+    ("mining_v2", "pretrained_steer", "pretrained_random"),
+)
+
+
+def _efr_over(families: str):
+    """EFR Dice@0.25 over the tests of the run's ``families`` (a result.json key) only."""
+
+    def values(r: dict, p: str, keys: list) -> np.ndarray:
+        mr = r["mr_by_policy"][p]
+        fams = set(r[families])
+        out = []
+        for s, c in keys:
+            by = mr[s][c]["errors_dice@0.25_by_perturbation"]
+            errors = sum(n for f, n in by.items() if f in fams)
+            tests = mr[s][c]["tests"] * len([f for f in by if f in fams]) / max(len(by), 1)
+            out.append(errors / tests if tests else 0.0)
+        return np.array(out)
+
+    return values
+
+
+ENDPOINTS = (
+    *(e for e in v4.ENDPOINTS if not e.exploratory),
+    Endpoint(
+        "infamily_efr",
+        "in-family EFR Dice@0.25 (%), Kvasir test + ClinicDB",
+        _mr_keys,
+        _efr_over("infamily_families"),
+    ),
+    Endpoint(
+        "heldout_efr",
+        "held-out-family EFR Dice@0.25 (%), Kvasir test + ClinicDB",
+        _mr_keys,
+        _efr_over("heldout_families"),
+    ),
+)
+BY_NAME = {e.name: e for e in ENDPOINTS}
+SECONDARY_RULES = ("last_inlier", "balanced_average")  # against the EMA (clean endpoints only)
+CLEAN = ("clinicdb_dice", "kvasir_dice", "other_ood_dice", "worst10_clinicdb")
+
+
+def _paired(results, a: str, b: str, policy: str, n_boot: int) -> dict:
+    common = sorted({r["seed"] for r in _runs(results, a)} & {r["seed"] for r in _runs(results, b)})
+    ra, rb = _runs(results, a, common), _runs(results, b, common)
+    out = {}
+    for ep in ENDPOINTS:
+        if common and v4._available(ra + rb, ep, policy):
+            out[ep.name] = compare(ra, rb, ep, policy, n_boot)
+    return out
+
+
+def _within(results, policy: str, against: str, endpoints, n_boot: int) -> dict:
+    rs = sorted(results, key=lambda r: (r["condition"], r["seed"]))
+    out = {}
+    for name in endpoints:
+        ep = BY_NAME[name]
+        if rs and v4._available(rs, ep, policy) and v4._available(rs, ep, against):
+            out[name] = compare(rs, rs, ep, policy, n_boot, policy_b=against)
+    return out
+
+
+def _t(d: dict | None) -> dict | None:
+    return None if d is None else d["seed_t"]
+
+
+def decide(paired: dict, ema_rule: dict, planned_seeds: int, planned_runs: int) -> dict:
+    """The four pre-registered decisions from the paired comparisons at the EMA and the pooled rule; each
+    ``final`` only on every planned seed of its two conditions (decision 4: every planned run)."""
+
+    def get(cmp: str, ep: str):
+        return _t((paired.get(cmp) or {}).get(ep))
+
+    def n(cmp: str) -> int:
+        d = (paired.get(cmp) or {}).get("clinicdb_dice")
+        return len(d["seeds"]) if d else 0
+
+    out: dict = {}
+    clin, dom = get("pretrained_vs_scratch", "clinicdb_dice"), get("pretrained_vs_scratch", "kvasir_dice")
+    out["pretrained_default"] = (
+        {
+            "answer": bool(clin["estimate"] >= 2 and clin["lo"] > 0 and dom["estimate"] >= -1),
+            "seeds": n("pretrained_vs_scratch"),
+        }
+        if clin and dom
+        else None
+    )
+    held, clin = (
+        get("augmentation_on_pretrained", "heldout_dice"),
+        get("augmentation_on_pretrained", "clinicdb_dice"),
+    )
+    out["keep_augmentation"] = (
+        {"answer": not (held["hi"] < 0 or clin["hi"] < 0), "seeds": n("augmentation_on_pretrained")}
+        if held and clin
+        else None
+    )
+    held, clin = get("mining_v2", "heldout_dice"), get("mining_v2", "clinicdb_dice")
+    out["mining_v2_on"] = (
+        {
+            "answer": bool(held["estimate"] >= 1 and held["lo"] > 0 and clin["estimate"] >= -1),
+            "seeds": n("mining_v2"),
+        }
+        if held and clin
+        else None
+    )
+    clin, held = _t(ema_rule.get("clinicdb_dice")), _t(ema_rule.get("heldout_dice"))
+    out["ema_default"] = (
+        {"answer": bool(clin["lo"] > 0 and held["hi"] >= 0), "runs": len(ema_rule["clinicdb_dice"]["seeds"])}
+        if clin and held
+        else None
+    )
+    for d in out.values():
+        if d is not None:
+            d["final"] = d["seeds"] >= planned_seeds if "seeds" in d else d["runs"] >= planned_runs
+    return out
+
+
+def summarise_v5(results: list[dict], args) -> dict:
+    """The v5 summary of the finished runs among ``args.conditions`` x ``args.seeds``."""
+    from benchmarks.evidence.validity import validity
+
+    conds = args.conditions.split(",")
+    seeds = [int(x) for x in args.seeds.split(",")]
+    named = {(c, x) for c in conds for x in seeds}
+    results = [r for r in results if (r["condition"], int(r["seed"])) in named]
+    s: dict = {
+        "planned": len(named),
+        "finished": len(results),
+        "conditions_run": {c: [r["seed"] for r in _runs(results, c)] for c in conds},
+        "runs": {
+            f"{r['condition']}_s{r['seed']}": {
+                k: r.get(k)
+                for k in (
+                    "least_loss_epoch",
+                    "train_seconds",
+                    "heldout_seconds",
+                    "optimizer_steps",
+                    "ema_decay",
+                    "params",
+                )
+            }
+            for r in results
+        },
+    }
+    if not results:
+        return s
+    s["families"] = {
+        k: results[0].get(k) for k in ("heldout_families", "infamily_families", "test_families_skipped")
+    }
+    s["endpoints"] = {}
+    for policy in (AT, *ALSO_AT):
+        rows: dict = {}
+        for ep in ENDPOINTS:
+            for c in conds:
+                rs = _runs(results, c)
+                if rs and v4._available(rs, ep, policy):
+                    m, _ = v4._matrix(rs, ep, policy)
+                    rows.setdefault(ep.name, {})[c] = {
+                        "seeds": [r["seed"] for r in rs],
+                        **mean_std([100 * ep.per_seed(x) for x in m]),
+                    }
+        s["endpoints"][policy] = rows
+    s["paired"] = {
+        policy: {name: _paired(results, a, b, policy, args.n_boot) for name, a, b in COMPARISONS}
+        for policy in (AT, *ALSO_AT)
+    }
+    s["ema_vs_least_loss"] = _within(results, "ema", "least_loss", [e.name for e in ENDPOINTS], args.n_boot)
+    s["secondary_vs_ema"] = {p: _within(results, p, "ema", CLEAN, args.n_boot) for p in SECONDARY_RULES}
+    s["decision"] = decide(s["paired"][AT], s["ema_vs_least_loss"], len(seeds), len(named))
+    s["validity"] = validity(results, n_boot=args.n_boot)
+    return s
+
+
+DECISION_TEXT = {
+    "pretrained_default": (
+        "1. the pretrained model becomes the real-data recipes' default",
+        "pretrained_vs_scratch",
+        ("clinicdb_dice", "kvasir_dice"),
+    ),
+    "keep_augmentation": (
+        "2. random augmentation stays in the pretrained recipe",
+        "augmentation_on_pretrained",
+        ("heldout_dice", "clinicdb_dice"),
+    ),
+    "mining_v2_on": (
+        "3. mining v2 is switched on in the recipes",
+        "mining_v2",
+        ("heldout_dice", "clinicdb_dice", "infamily_efr"),
+    ),
+    "ema_default": (
+        "4. the EMA becomes the recipes' default checkpoint",
+        None,
+        ("clinicdb_dice", "heldout_dice"),
+    ),
+}
+
+
+def write_tables_v5(s: dict, args) -> str:
+    from benchmarks.evidence.validity import validity_lines
+
+    part = partial_label(s)
+    tag = f" ({part})" if part else ""
+    L = [
+        f"# Evidence v5 — the model users ship{tag}",
+        "",
+        f"Runs finished: {json.dumps(s['conditions_run'])}. Protocol: docs/evidence_v5/PROTOCOL.md. Numbers in % "
+        "(Dice, EFR); Δ in points with [seed-level 95 % t-interval] (the decisions') and [95 % case bootstrap; "
+        "ClinicDB by sequence].",
+        "",
+    ]
+    if not s["finished"]:
+        return "\n".join(L + ["(no finished runs yet)"])
+    L += [
+        f"Held-out families: {s['families'].get('heldout_families')}; in-family: {s['families'].get('infamily_families')}.",
+        "",
+    ]
+    L += [f"## Decisions{tag}", "", "| decision | comparison | Δ [seed t] | answer |", "|---|---|---|---|"]
+    for key, (text, cmp, eps) in DECISION_TEXT.items():
+        d = s["decision"].get(key)
+        src = s["paired"][AT].get(cmp, {}) if cmp else s["ema_vs_least_loss"]
+        cells = "; ".join(f"{BY_NAME[e].label.split(',')[0]} {_ci(_t(src.get(e)))}" for e in eps)
+        answer = (
+            "not reached (no runs)"
+            if d is None
+            else ("yes" if d["answer"] else "no") + ("" if d["final"] else " (partial: not a decision)")
+        )
+        L.append(f"| {text} | {cmp or 'ema − least_loss, every run'} | {cells} | {answer} |")
+    for policy in (AT, *ALSO_AT):
+        kind = "the decisions' checkpoint" if policy == AT else "pre-registered, beside the EMA"
+        L += ["", f"## At `{policy}` ({kind}){tag}", ""]
+        for ep in ENDPOINTS:
+            rows = s["endpoints"][policy].get(ep.name) or {}
+            if not rows:
+                continue
+            L += [f"**{ep.label}**", "", "| condition | seeds | mean ± std |", "|---|---|---|"]
+            L += [f"| {LABEL.get(c, c)} | {row['seeds']} | {_ms(row)} |" for c, row in rows.items()]
+            L.append("")
+        L += [
+            "**Paired comparisons** (A − B)",
+            "",
+            "| comparison | endpoint | seeds | Δ [seed t] | Δ [case bootstrap] |",
+            "|---|---|---|---|---|",
+        ]
+        for name, pr in s["paired"][policy].items():
+            for e, d in pr.items():
+                L.append(
+                    f"| {name} | {BY_NAME[e].label} | {d['seeds']} | {_ci(d['seed_t'])} | {_ci(d['case_bootstrap'])} |"
+                )
+    L += ["", f"## Checkpoint rules within the same runs{tag}", ""]
+    L += ["| rule | endpoint | runs | Δ [t over runs] |", "|---|---|---|---|"]
+    for e, d in s["ema_vs_least_loss"].items():
+        L.append(
+            f"| ema − least_loss (decision 4) | {BY_NAME[e].label} | {len(d['seeds'])} | {_ci(d['seed_t'])} |"
+        )
+    for p, by in s["secondary_vs_ema"].items():
+        for e, d in by.items():
+            L.append(
+                f"| {p} − ema (secondary) | {BY_NAME[e].label} | {len(d['seeds'])} | {_ci(d['seed_t'])} |"
+            )
+    L += ["", f"## The check's validity (secondary){tag}", ""] + validity_lines(s["validity"])
+    L += ["", "## Runs", "", "```", json.dumps(s["runs"], indent=1), "```", ""]
+    return "\n".join(L)
+
+
+def main(argv=None) -> None:
+    """``report_v5 ARCHIVE [--out F]``: the tables of an archive; a bad argument is one line, exit 2."""
+    from benchmarks.evidence.archive import load
+    from benchmarks.evidence.conditions import V5_CONDITIONS
+    from robusttrain.io import atomic_write_text
+
+    ap = argparse.ArgumentParser(description="Evidence v5 tables of an archive (docs/evidence_v5/runs)")
+    ap.add_argument("archive", type=Path)
+    ap.add_argument("--out", type=Path, help="write the tables here (atomic) instead of printing them")
+    ap.add_argument("--conditions", default=",".join(V5_CONDITIONS))
+    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7", help="the pre-registered seeds")
+    ap.add_argument("--n-boot", type=int, default=2000)
+    a = ap.parse_args(argv)
+    try:
+        if not a.archive.is_dir():
+            raise SystemExit(
+                f"report_v5: {a.archive}: not a folder (expected an archive such as docs/evidence_v5/runs)"
+            )
+        if a.out is not None and a.out.is_dir():
+            raise SystemExit(f"report_v5: --out {a.out}: a folder; expected a file path")
+        unknown = [c for c in a.conditions.split(",") if c not in V5_CONDITIONS]
+        if unknown:
+            raise SystemExit(
+                f"report_v5: --conditions: unknown {unknown}; expected some of {list(V5_CONDITIONS)}"
+            )
+        try:
+            [int(x) for x in a.seeds.split(",")]
+        except ValueError:
+            raise SystemExit(
+                f"report_v5: --seeds {a.seeds!r}: expected integers separated by commas"
+            ) from None
+        if a.n_boot < 1:
+            raise SystemExit(f"report_v5: --n-boot {a.n_boot}: expected a positive number of resamples")
+        try:
+            s = summarise_v5([r for r, _ in load(a.archive)], a)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise SystemExit(
+                f"report_v5: {a.archive}: a run lacks what the report reads ({type(e).__name__}: {e}); "
+                "expected results written by benchmarks.evidence.run --protocol v5"
+            ) from None
+        if not s["finished"]:
+            raise SystemExit(
+                f"report_v5: {a.archive}: no archived run among {a.conditions} x seeds {a.seeds}"
+            )
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    md = write_tables_v5(s, a)
+    if a.out:
+        atomic_write_text(a.out, md)
+        print(f"report_v5: {s['finished']} of {s['planned']} runs -> {a.out}")
+    else:
+        print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Does the MR check's in-domain score predict a new centre? (Evidence v5's secondary analysis.)
+
+Two views, both as partial correlations -- what a check number adds about the new centre *beyond*
+in-domain clean Dice, which a user has anyway:
+
+- **across runs**: one point per run (and checkpoint): x = a check number on the in-domain Kvasir test
+  cases (held-out-family follow-up Dice, in-family follow-up Dice, EFR), y = ClinicDB (or other-OOD)
+  clean Dice, controlling for z = Kvasir test clean Dice; 95 % interval by resampling runs;
+- **across epochs**: within each run, the ``curve`` epochs (``run.py --curve-every``): x = the check on
+  validation cases at that epoch, y = ClinicDB clean Dice at that epoch, z = validation clean Dice; the
+  per-run partial correlations averaged on Fisher's z with a t-interval over runs;
+- **per family** (across runs): which test family's follow-up Dice tracks ClinicDB beyond clean Dice.
+
+>>> rng = np.random.default_rng(0); z = rng.normal(size=200); x = z + rng.normal(size=200)
+>>> round(partial_corr(x, z + x, z), 2) > 0.6, abs(partial_corr(x, z + rng.normal(size=200), z)) < 0.2
+(True, True)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+CHECK_NUMBERS = {
+    "heldout": "held-out-family follow-up Dice",
+    "infamily": "in-family follow-up Dice",
+    "efr": "EFR",
+}
+TARGETS = {"cvc_clinicdb": "ClinicDB", "other_ood": "other-OOD"}
+
+
+def partial_corr(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> float:
+    """Pearson correlation of ``x`` and ``y`` after regressing each on ``z`` (with an intercept)."""
+    design = np.column_stack([np.ones_like(z), z])
+    rx = x - design @ np.linalg.lstsq(design, x, rcond=None)[0]
+    ry = y - design @ np.linalg.lstsq(design, y, rcond=None)[0]
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _boot(x, y, z, n_boot: int, seed: int = 0) -> dict:
+    r = partial_corr(x, y, z)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    reps = np.array([partial_corr(x[i], y[i], z[i]) for i in idx])
+    reps = reps[np.isfinite(reps)]
+    lo, hi = np.quantile(reps, [0.025, 0.975]) if reps.size else (np.nan, np.nan)
+    return {"r": round(r, 3), "lo": round(float(lo), 3), "hi": round(float(hi), 3), "n": int(len(x))}
+
+
+def _mean_dice(r: dict, policy: str, group: str) -> float:
+    d = r["picks"][policy]["dice"]
+    splits = [
+        s for s in d if (s == group if group != "other_ood" else s not in ("kvasir_test", "cvc_clinicdb"))
+    ]
+    return float(np.mean([v for s in splits for v in d[s].values()]))
+
+
+def _check(r: dict, policy: str, number: str, family: str | None = None) -> float:
+    """The check's ``number`` over the run's Kvasir test cases at ``policy``."""
+    cases = r["mr_by_policy"][policy]["kvasir_test"].values()
+    if family is not None:
+        return float(np.mean([c["fol_dice_by_perturbation"][family] for c in cases]))
+    if number == "efr":
+        return float(np.mean([c["errors_dice@0.25"] / c["tests"] for c in cases]))
+    fams = r["heldout_families" if number == "heldout" else "infamily_families"]
+    return float(np.mean([np.mean([c["fol_dice_by_perturbation"][f] for f in fams]) for c in cases]))
+
+
+def across_runs(results: list[dict], policy: str, n_boot: int) -> dict:
+    rs = [
+        r
+        for r in results
+        if policy in r.get("mr_by_policy", {}) and "kvasir_test" in r["mr_by_policy"][policy]
+    ]
+    if len(rs) < 4:
+        return {}
+    z = np.array([_mean_dice(r, policy, "kvasir_test") for r in rs])
+    out: dict = {}
+    for t in TARGETS:
+        y = np.array([_mean_dice(r, policy, t) for r in rs])
+        for number in CHECK_NUMBERS:
+            x = np.array([_check(r, policy, number) for r in rs])
+            out.setdefault(t, {})[number] = _boot(x, y, z, n_boot)
+        out[t]["clean_r"] = round(float(np.corrcoef(z, y)[0, 1]), 3)
+        fams = rs[0]["test_families"]
+        out[t]["families"] = {
+            f: _boot(np.array([_check(r, policy, "", f) for r in rs]), y, z, n_boot) for f in fams
+        }
+    return out
+
+
+def across_epochs(results: list[dict]) -> dict:
+    """Per run, the partial correlation over its curve epochs; averaged on Fisher's z, t-interval over runs."""
+    per: dict = {t: {n: [] for n in CHECK_NUMBERS} for t in ("cvc_clinicdb",)}
+    for r in results:
+        curve = r.get("curve") or {}
+        if len(curve) < 4:
+            continue
+        pts = [curve[e] for e in sorted(curve, key=int)]
+        z = np.array([p["val_clean_dice"] for p in pts])
+        y = np.array([p["clean"]["cvc_clinicdb"] for p in pts])
+        for number, key in (
+            ("heldout", "val_heldout_dice"),
+            ("infamily", "val_infamily_dice"),
+            ("efr", "val_efr"),
+        ):
+            rho = partial_corr(np.array([p[key] for p in pts]), y, z)
+            if np.isfinite(rho):
+                per["cvc_clinicdb"][number].append(float(np.arctanh(np.clip(rho, -0.999, 0.999))))
+    out: dict = {}
+    for t, by in per.items():
+        for number, zs in by.items():
+            if len(zs) < 2:
+                continue
+            m, se = float(np.mean(zs)), float(np.std(zs, ddof=1) / np.sqrt(len(zs)))
+            q = stats.t.ppf(0.975, len(zs) - 1)
+            out.setdefault(t, {})[number] = {
+                "r": round(float(np.tanh(m)), 3),
+                "lo": round(float(np.tanh(m - q * se)), 3),
+                "hi": round(float(np.tanh(m + q * se)), 3),
+                "runs": len(zs),
+            }
+    return out
+
+
+def validity(results: list[dict], n_boot: int = 2000) -> dict:
+    """``{"across_runs": {policy: ...}, "across_epochs": ...}`` of the finished runs."""
+    return {
+        "across_runs": {p: across_runs(results, p, n_boot) for p in ("ema", "least_loss")},
+        "across_epochs": across_epochs(results),
+    }
+
+
+def _r(d: dict) -> str:
+    return f"{d['r']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
+
+
+def validity_lines(v: dict) -> list[str]:
+    """Markdown: the partial correlations, per check number and target, and the per-family ones."""
+    L = [
+        "Partial correlation of the check's in-domain number with the new centre's clean Dice, controlling "
+        "for in-domain clean Dice (what the check adds beyond it); [95 % interval].",
+        "",
+    ]
+    for policy, by in v["across_runs"].items():
+        if not by:
+            continue
+        L += [
+            f"**Across runs, at `{policy}`** (Kvasir test check)",
+            "",
+            "| target | clean Dice r | " + " | ".join(CHECK_NUMBERS.values()) + " |",
+            "|---|---|---|---|---|",
+        ]
+        for t, d in by.items():
+            L.append(
+                f"| {TARGETS[t]} | {d['clean_r']:+.2f} | "
+                + " | ".join(_r(d[n]) for n in CHECK_NUMBERS)
+                + " |"
+            )
+        fams = by.get("cvc_clinicdb", {}).get("families", {})
+        if fams:
+            ranked = sorted(fams.items(), key=lambda kv: -kv[1]["r"])
+            L += ["", "Per family (ClinicDB): " + "; ".join(f"{f} {_r(d)}" for f, d in ranked) + ".", ""]
+    ep = v["across_epochs"].get("cvc_clinicdb")
+    if ep:
+        L += ["**Across epochs, within runs** (validation check vs ClinicDB; Fisher-z mean, t over runs)", ""]
+        L += ["| " + " | ".join(CHECK_NUMBERS.values()) + " |", "|---|---|---|"]
+        L.append(
+            "| "
+            + " | ".join(_r(ep[n]) + f" ({ep[n]['runs']} runs)" if n in ep else "–" for n in CHECK_NUMBERS)
+            + " |"
+        )
+    return L
