@@ -325,3 +325,31 @@ def test_tiny_v5_grid_trains_both_models_and_scores_the_ema_and_the_curve(tmp_pa
     pre = json.loads((out / "synthetic_v5" / "pretrained_plain_s0" / "result.json").read_text())
     assert pre["pretrained_weights"]["sha256"].startswith("579344248a93")
     assert "grid end: status=0" in (out / "grid.log").read_text()
+
+
+@pytest.mark.slow
+def test_the_package_s_family_validity_is_what_its_archive_gives(tmp_path):
+    """robusttrain/metamorphic/family_validity.json (what check / report show) is generated from the evidence
+    archive it names, never edited: regenerated here, it is the committed file."""
+    from benchmarks.evidence.validity import main
+    from robusttrain.metamorphic.validity import FILE, family_validity
+
+    src = family_validity()["source"]
+    out = tmp_path / "v.json"
+    main([str(REPO / src["archive"]), "--out", str(out), "--policy", src["checkpoint"],
+          "--exclude", ",".join(src["excluded_conditions"]), "--evidence", src["evidence"],
+          "--model", src["model"], "--n-boot", str(src["n_boot"])])  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(FILE.read_text())
+
+
+def test_validity_note_names_what_tracked_and_what_did_not():
+    from robusttrain.metamorphic.validity import family_validity, validity_note
+
+    fams = family_validity()["families"]
+    above = [f for f, d in fams.items() if d["lo"] > 0]
+    below = [f for f, d in fams.items() if d["lo"] <= 0]
+    note = validity_note([above[0], below[0], "not_a_family"])
+    tracked, rest = note.split("(interval above 0)")
+    assert above[0] in tracked and below[0] not in tracked and below[0] in rest.split("did not")[0]
+    assert "not_a_family" not in note and "not a guarantee" in note
+    assert validity_note(["not_a_family"]) == ""

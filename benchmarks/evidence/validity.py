@@ -173,3 +173,64 @@ def validity_lines(v: dict) -> list[str]:
             + " |"
         )
     return L
+
+
+def family_table(results: list[dict], policy: str, n_boot: int, source: dict) -> dict:
+    """The package's ``family_validity.json`` (``robusttrain.metamorphic.validity``) from finished runs:
+    per test family, its across-runs partial correlation with ClinicDB clean Dice."""
+    v = across_runs(results, policy, n_boot)
+    if not v:
+        raise SystemExit(f"evidence_validity: fewer than 4 runs scored at {policy!r}; nothing to correlate")
+    fams = v["cvc_clinicdb"]["families"]
+    return {
+        "source": {
+            **source,
+            "runs": len(results),
+            "checkpoint": policy,
+            "target": "cvc_clinicdb",
+            "n_boot": n_boot,
+        },
+        "families": {f: fams[f] for f in sorted(fams)},
+    }
+
+
+def main(argv=None) -> None:
+    """``python -m benchmarks.evidence.validity ARCHIVE --out F``: write the per-family validity table."""
+    import argparse
+    import json
+    import os
+    from pathlib import Path
+
+    from benchmarks.evidence.archive import load
+    from robusttrain.io import atomic_write_text
+
+    ap = argparse.ArgumentParser(description="The check's per-family validity from an evidence archive")
+    ap.add_argument("archive", type=Path)
+    ap.add_argument(
+        "--out", type=Path, required=True, help="e.g. robusttrain/metamorphic/family_validity.json"
+    )
+    ap.add_argument("--policy", default="least_loss", help="the checkpoint the runs were MR-scored at")
+    ap.add_argument("--exclude", default="mined_dose", help="conditions left out (comma list)")
+    ap.add_argument("--evidence", default="Evidence v4")
+    ap.add_argument("--model", default="a from-scratch 0.5 M BasicUNet at 128 px")
+    ap.add_argument("--n-boot", type=int, default=2000)
+    a = ap.parse_args(argv)
+    if not a.archive.is_dir():
+        raise SystemExit(f"evidence_validity: {a.archive}: not a folder (expected an evidence archive)")
+    skip = set(a.exclude.split(",")) - {""}
+    runs = [r for r, _ in load(a.archive) if r.get("condition") not in skip]
+    source = {
+        "evidence": a.evidence,
+        # relative to the repository (no machine path in a committed file)
+        "archive": Path(os.path.relpath(a.archive.resolve(), Path(__file__).resolve().parents[2])).as_posix(),
+        "excluded_conditions": sorted(skip),
+        "model": a.model,
+        "train": "Kvasir-SEG",
+        "target_name": "CVC-ClinicDB",
+    }
+    atomic_write_text(a.out, json.dumps(family_table(runs, a.policy, a.n_boot, source), indent=1) + "\n")
+    print(f"evidence_validity: {len(runs)} runs -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()
