@@ -211,6 +211,7 @@ class Spy(L.Callback):
 MODELS = {
     "flexible_unet-efficientnet-b0": dict(network="flexible_unet", backbone="efficientnet-b0"),
     "flexible_unet-resnet10": dict(network="flexible_unet", backbone="resnet10"),
+    "lite0_unet-pretrained": dict(network="lite0_unet", pretrained=True),
     "segresnet-batch": dict(network="segresnet", features=[8], norm="batch"),
     "segresnet-3d-batch": dict(
         network="segresnet", features=[8], norm="batch", spatial_dims=3, in_channels=1

@@ -10,6 +10,8 @@ default <= 2.0x). Wall-clock ratios, one run: the load and versions are printed 
 
     OMP_NUM_THREADS=1 python -m benchmarks.perf.training_step [--steps 12] [--rounds 3] [--size 128] [--device cpu]
 
+``--models basic_unet,lite0_unet`` times only the plain step of each model instead, in interleaved rounds
+(basic, lite0, basic, lite0, ...), and prints each one's ratio to the first (issue 43's step-time ratio).
 ``--model flexible_unet`` times recipe=polyp_gpu's network (FlexibleUNet, EfficientNet-b0 encoder; random
 weights: the step's cost does not depend on them) instead of the BasicUNet; ``--precision bf16-mixed``
 the recipe's precision. The setting "recipe" is the packaged ``callbacks/metamorphic_training.yaml``
@@ -58,6 +60,8 @@ SETTINGS = {
 MODELS = {  # what the recipes train: recipe=polyp (BasicUNet) and recipe=polyp_gpu (FlexibleUNet-b0)
     "basic_unet": dict(network="basic_unet", features=(16, 16, 32, 64, 128, 16)),
     "flexible_unet": dict(network="flexible_unet", backbone="efficientnet-b0", pretrained=False),
+    # model=lite0_unet with its ImageNet weights and the recipe's encoder LR multiplier
+    "lite0_unet": dict(network="lite0_unet", features=(128, 64, 32, 16, 8), pretrained=True, encoder_lr_mult=0.1),
 }
 
 
@@ -129,6 +133,24 @@ def time_setting(
     return timer.times[2:]  # the first two steps warm up allocators and caches
 
 
+def compare_models(models: list[str], loader: DataLoader, args: argparse.Namespace, accelerator: str) -> None:
+    """The plain training step of each model, interleaved rounds; median and ratio to the first."""
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise SystemExit(f"--models: unknown {unknown[0]!r}; choose from {', '.join(sorted(MODELS))}")
+    times: dict[str, list[float]] = {m: [] for m in models}
+    for _ in range(args.rounds):
+        for m in models:
+            times[m] += time_setting(None, loader, args.steps, accelerator, m, args.precision)
+    base = statistics.median(times[models[0]])
+    print(f"\nload {os.getloadavg()[0]:.2f} at end\n")
+    print(f"| model ({args.size} px, batch {args.batch_size}) | median step (ms) | vs {models[0]} |")
+    print("|---|---|---|")
+    for m in models:
+        med = statistics.median(times[m])
+        print(f"| {m} | {1000 * med:.0f} | {med / base:.2f}x |")
+
+
 class CheckTimes(L.Callback):
     """The MetamorphicCallback's ``mr/check_s`` and ``mr/train_s`` of every fitting validation."""
 
@@ -181,6 +203,7 @@ def main(argv=None) -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--only", default="", help="comma-separated setting names (substring match)")
     ap.add_argument("--model", choices=sorted(MODELS), default="basic_unet")
+    ap.add_argument("--models", default="", help="comma-separated models: the plain step of each, side by side")
     ap.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed")
     ap.add_argument("--mr-budget", type=float, default=None, help="also time the MR check at this budget")
     ap.add_argument("--mr-epochs", type=int, default=3)
@@ -207,6 +230,9 @@ def main(argv=None) -> None:
         f"{args.size} px, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds per setting; "
         f"model {args.model}, precision {args.precision}"
     )
+    if args.models:
+        compare_models([m.strip() for m in args.models.split(",")], loader, args, accelerator)
+        return
     times: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(args.rounds):
         for n in names:

@@ -81,6 +81,8 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False, split: str =
         prepare_fresh_fit(run.run_dir, overwrite)
     # every check passed: only now is anything in the run directory changed
     write_config(cfg, run.run_dir, stage)
+    if stage == "fit" and ckpt is None:
+        _record_weights(run)
     if ckpt is not None:
         assert state is not None
         if stage == "fit":
@@ -105,6 +107,16 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False, split: str =
             _say(f"[robusttrain] test {_dice_line(dict(trainer.callback_metrics), 'test')} ({what})")
     _say(f"[robusttrain] run_dir={run.run_dir}")
     return 0
+
+
+def _record_weights(run) -> None:
+    """A fresh fit whose network loaded pretrained weights it can name records them (``pretrained.json``)."""
+    weights = getattr(run.model, "pretrained_weights", None)
+    if weights:
+        from robusttrain.rundir import pretrained
+
+        pretrained.write(run.run_dir, str(run.cfg.model.get("network")), weights)
+        _say(f"[robusttrain] pretrained weights: {weights['file']} (sha256 {weights['sha256']}, verified)")
 
 
 def _eval_split(datamodule, split: str) -> str:

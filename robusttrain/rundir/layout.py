@@ -48,6 +48,7 @@ from . import (
     metamorphic_training,
     mining,
     mr_cases,
+    pretrained,
     sampling,
 )
 
@@ -90,6 +91,7 @@ class Entry:
 
 ENTRIES: tuple[Entry, ...] = (
     Entry(CONFIG, "fit (CLI): the resolved recipe"),
+    Entry(pretrained.NAME, "fit (CLI): the pretrained weight file the network started from"),
     *(Entry(f"config.{c}.yaml", f"{c} (CLI): its resolved recipe") for c in COMMANDS),
     Entry(LOGS, "the loggers (CSV, TensorBoard); logs/<command>/ for validate, test, check", True, ("**",)),
     Entry("wandb", "the W&B logger (offline runs)", True, ("**",)),
