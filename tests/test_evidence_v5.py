@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -325,6 +326,35 @@ def test_tiny_v5_grid_trains_both_models_and_scores_the_ema_and_the_curve(tmp_pa
     pre = json.loads((out / "synthetic_v5" / "pretrained_plain_s0" / "result.json").read_text())
     assert pre["pretrained_weights"]["sha256"].startswith("579344248a93")
     assert "grid end: status=0" in (out / "grid.log").read_text()
+    # the pretrained net's EMA (its BatchNorm buffers averaged too), re-scored by the product's CLI
+    from test_evidence_v4 import _write_folder
+
+    ns = argparse.Namespace(
+        size=32, batch_size=4, data_seed=0, test_fraction=0.25, val_fraction=0.25, dataset="synthetic"
+    )
+    _, held, _ = evidence.build_data(ns)
+    _write_folder(held["etis"], tmp_path / "etis")
+    ckpt = out / "synthetic_v5" / "pretrained_plain_s0" / "fp16" / "ema.ckpt"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.evidence.rescore",
+            str(ckpt),
+            str(tmp_path / "etis"),
+            str(tmp_path / "c"),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
+    assert r.returncode == 0 and "check recipe=polyp model=lite0_unet data.image_size=32" in r.stdout, (
+        r.stderr[-2000:]
+    )
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("[robusttrain] clean"))
+    mine = float(np.mean(list(pre["picks"]["ema"]["dice"]["etis"].values())))
+    assert float(line.split("Dice=")[1].split()[0]) == pytest.approx(mine, abs=5e-3)
 
 
 @pytest.mark.slow
