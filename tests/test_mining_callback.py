@@ -42,7 +42,7 @@ def fit(tmp_path, epochs, ckpt=None, **mining):
 
 
 def test_failures_replayed_next_epoch_with_workers(tmp_path):
-    trainer, dm, model, mine = fit(tmp_path, epochs=2)
+    trainer, dm, model, mine = fit(tmp_path, epochs=2, replay_ratio=0.2)
     bank = FailureBank.load(tmp_path)
     assert len(bank.trainable()) > 0, "the fixed brightness rule must fail under low contrast"
     assert all(r.split in ("train", "val") for r in bank.records())
@@ -68,13 +68,13 @@ def test_failures_replayed_next_epoch_with_workers(tmp_path):
     extra.add(bank.records()[0].__class__(**{**bank.records()[0].__dict__, "case_id": "ahead"}))
     extra.flush(9)
     assert len(FailureBank.load(tmp_path)) == len(bank) + 1
-    _, _, _, resumed = fit(tmp_path, epochs=2, ckpt=str(tmp_path / "last.ckpt"))
+    _, _, _, resumed = fit(tmp_path, epochs=2, ckpt=str(tmp_path / "last.ckpt"), replay_ratio=0.2)
     assert len(resumed.bank) == len(bank)
     assert {r.case_id for r in FailureBank.load(tmp_path).records()} == {r.case_id for r in bank.records()}
     assert resumed.rows == mine.rows
 
 
 def test_disabled(tmp_path):
-    trainer, dm, model, mine = fit(tmp_path, epochs=1, enabled=False)
+    trainer, dm, model, mine = fit(tmp_path, epochs=1, enabled=False, replay_ratio=0.2)
     assert mine.bank is None and not (tmp_path / "failures").exists()
     assert len(model.seen[0]) == 16

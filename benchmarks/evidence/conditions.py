@@ -32,6 +32,14 @@ Evidence v4 (issue 34, ``docs/evidence_v4/PROTOCOL.md``) has its own table, :dat
 (``run.py --protocol v4``): the names are the protocol's, and ``random`` there is metamorphic
 training's in-place random augmentation (``mt_random`` of v3), not the v2 slot augmentation.
 
+Mining v2 (issue 44) adds two conditions on metamorphic training's random augmentation
+(:data:`V4_RANDOM`: ``objective="replace", k=1, q=0.5, epsilon=1``), both with a
+``FailureMiningCallback(mode="steer")`` train probe every ``mine_every`` epochs (same probe compute):
+
+- ``random_probed`` -- ``steer=0``: the uniform random draws; the bank only counts (new failures, repairs);
+- ``steered``       -- ``steer`` (default 0.5) of the random follow-ups drawn from the failure conditions
+  (:data:`STEER_DEFAULTS`), on the images the loader brings: the same perturbed share.
+
 Used by ``mining.py`` and ``run.py``.
 """
 
@@ -67,7 +75,10 @@ MT_CONDITIONS = {
     # seed 2, where every paired run stalled: the stall reproducer.
     "metamorphic_consistency": {"objective": "consistency"},
 }
+STEER_CONDITIONS = ("random_probed", "steered")
 CONDITIONS = ("plain", "random", "mined", *MT_CONDITIONS)
+# FailureMiningCallback(mode="steer") settings of the ``steered`` condition (the recipe's, mining.yaml)
+STEER_DEFAULTS = {"steer": 0.5, "decay": 0.5, "balance": 0.5, "placement_jitter": 0.05}
 # the recipe's "family replay" (robusttrain/recipes/callbacks/robust.yaml), the best Kvasir/synthetic
 # trade-off in docs/results.md (Failure mining)
 MINING_DEFAULTS = {"jitter": 0.3, "fresh_image": 0.4, "clean_mix": 0.2}
@@ -175,8 +186,8 @@ def training_callbacks(
     every ``mine_every`` epochs. The MT conditions draw with ``train_seed``; ``mt`` overrides
     :data:`MT_DEFAULTS` for every MT condition (e.g. ``q``), the condition's own keys win.
     """
-    if cond not in CONDITIONS:
-        raise ValueError(f"condition must be one of {CONDITIONS}, got {cond!r}")
+    if cond not in CONDITIONS + STEER_CONDITIONS:
+        raise ValueError(f"condition must be one of {CONDITIONS + STEER_CONDITIONS}, got {cond!r}")
     mr = MetamorphicCallback(
         suite=MRSuite(list(perturbations), tuple(severities), seed=seed),
         every_n_epochs=val_every,
@@ -194,6 +205,15 @@ def training_callbacks(
         )
         dm.wrap_train(mining_cb.wrap)
         return [mr, mining_cb], mr
+    if cond in STEER_CONDITIONS:
+        steer = {**STEER_DEFAULTS, **(mining or {})}
+        if cond == "random_probed":
+            steer["steer"] = 0.0
+        mining_cb = FailureMiningCallback(
+            mode="steer", train_probe_size=probe, every_n_epochs=mine_every, dirpath=run_dir, **steer
+        )
+        kw = {**V4_RANDOM, **(mt or {})}
+        return [mr, mining_cb, _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw)], mr
     if cond in MT_CONDITIONS:
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
         return [mr, _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw)], mr

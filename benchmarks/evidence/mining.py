@@ -14,6 +14,11 @@ and the clean Dice; ``results.json`` holds per-seed rows and mean / std over see
 
     python -m benchmarks.evidence.mining --data synthetic --epochs 15 --seeds 0,1,2
     python -m benchmarks.evidence.mining --data kvasir --epochs 15 --seeds 0,1,2
+
+Mining v2 (issue 44): ``--conditions random_probed,steered`` compares metamorphic training's random
+augmentation (q=0.5) with the same augmentation of which ``--steer`` is steered by the failure conditions
+(``conditions.STEER_CONDITIONS``; both probe ``--probe`` training cases every epoch), and records each
+run's per-epoch mining log (conditions, repaired, new failures on cases that passed before, steered share).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 import lightning.pytorch as L
 import torch
 
-from benchmarks.evidence.conditions import mean_std, training_callbacks
+from benchmarks.evidence.conditions import STEER_CONDITIONS, mean_std, training_callbacks
 from benchmarks.paths import DATA_ROOT
 from robusttrain.datamodules.polyp import PolypDataModule
 from robusttrain.models.segmentation import SegmentationModule
@@ -58,14 +63,19 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
     cbs, mr = training_callbacks(
         cond,
         dm,
-        PERTS,
+        args.perturbations.split(",") if args.perturbations else PERTS,
         SEVS,
         seed=args.data_seed,
         ratio=args.ratio,
         probe=args.probe,
         val_every=args.epochs,
         run_dir=str(run_dir),
-        mining={"jitter": args.jitter, "clean_mix": args.clean_mix, "fresh_image": args.fresh_image},
+        mining=(
+            {"steer": args.steer}
+            if cond in STEER_CONDITIONS
+            else {"jitter": args.jitter, "clean_mix": args.clean_mix, "fresh_image": args.fresh_image}
+        ),
+        train_seed=seed,
     )
     feats = tuple(int(f) for f in args.features.split(",")) if args.features else None
     model = SegmentationModule(
@@ -109,6 +119,15 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
     res["efr_dice@0.25_by_perturbation"] = {
         p: round(float(100 * g["errors"].sum() / g["cases"].sum()), 1) for p, g in per
     }
+    if cond in STEER_CONDITIONS:
+        mining = next(c for c in cbs if hasattr(c, "conditions"))
+        res["conditions"] = len(mining.conditions)
+        res["new_failures"] = int(sum(r.get("new_failures", 0) for r in mining.rows))
+        res["repaired"] = int(sum(r.get("repaired", 0) for r in mining.rows))
+        res["steered_share"] = round(
+            sum(r.get("steered", 0) for r in mining.rows) / max(1, sum(r.get("perturbed", 0) for r in mining.rows)), 4
+        )
+        res["mining_log"] = mining.rows
     if cond == "mined":
         res["bank_size"] = len(cbs[-1].bank)
         res["trainable"] = len(cbs[-1].bank.trainable())
@@ -146,6 +165,8 @@ def main() -> None:
     ap.add_argument("--jitter", type=float, default=0.1)
     ap.add_argument("--clean-mix", type=float, default=0.0)
     ap.add_argument("--fresh-image", type=float, default=0.0)
+    ap.add_argument("--perturbations", default="", help="comma list of families ('' = the five above)")
+    ap.add_argument("--steer", type=float, default=0.5, help="steered share of the random follow-ups (steered)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seeds", default="0,1,2", help="training seeds")
     ap.add_argument("--data-seed", type=int, default=0, help="split + MR-suite seed (fixed)")

@@ -69,7 +69,9 @@ class RobustnessContext:
       must never draw them) and, after each check, ``history`` / ``efr`` / ``cases`` (its tables).
     * BalancedCheckpoint: ``corners`` (provisional corner cases, computed once per validation)
       and ``least_loss_epoch``.
-    * FailureMiningCallback: ``train_probe``.
+    * FailureMiningCallback: ``train_probe`` and, in ``mode="steer"``, ``steering`` (a
+      :class:`~robusttrain.training.steering.Steering`: the failure conditions MetamorphicTraining's
+      random draws are steered by).
     """
 
     run_dir: Path | None = None
@@ -85,6 +87,7 @@ class RobustnessContext:
     corners: Any = None
     least_loss_epoch: int | None = None
     train_probe: TrainProbe | None = None
+    steering: Any = None  # FailureMiningCallback(mode="steer"): what MetamorphicTraining steers its draws by
     members: dict[str, dict[str, Any]] = field(default_factory=dict)
     sinks: list[Callable[..., None]] = field(default_factory=list)
     auto: bool = field(default=False, repr=False)  # made by context_for, not given by the user
@@ -184,6 +187,7 @@ class RobustnessContext:
             "class_names",
             "heldout_families",
             "train_probe",
+            "steering",
         ):
             if getattr(self, f) is None:
                 setattr(self, f, getattr(other, f))

@@ -67,6 +67,7 @@ from robusttrain.training.objective import metamorphic_forward as metamorphic_fo
 from robusttrain.training.objective import metamorphic_loss as metamorphic_loss
 from robusttrain.training.objective import select_rows, zero_like_outputs
 from robusttrain.training.settings import DEFAULT_CAP, SETTINGS, MTSettings, check_training_images
+from robusttrain.training.steering import SteeredDraws, Steering
 from robusttrain.training.worst_of_k import Followups
 
 from ._dist import gather_objects
@@ -123,6 +124,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         self.dirpath, self._context_arg = dirpath, context
         self.wok: WorstOfK | None = None
         self.replacer: WorstOfK | None = None
+        self.steerer: SteeredDraws | None = None
         self.stats = pd.DataFrame(columns=records_file.STATS_COLUMNS)
         self.samples: list[dict[str, Any]] = []
         self._ctx: RobustnessContext | None = context
@@ -180,6 +182,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         eligible = None
         if self.replacer is not None:  # consistency objective: the random in-place part the loss sees
             rep = self.replacer(images.detach(), masks, None, step=step, rank=rank, rates=rates)
+            rep = self._steered(trainer, rep, images, masks, self.replacer)
             self._write_into(batch, images, rep)
             keep = torch.ones(images.shape[0], dtype=torch.bool)
             keep[rep.index.cpu()] = False
@@ -195,12 +198,42 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             eligible=eligible,
             select=not warming,
         )
+        if self.replacer is None:
+            fol = self._steered(trainer, fol, images, masks, self.wok)
         self._counts.add(self.wok, fol, rates)
         self._record(trainer, batch, fol)
         if self.pair:
             self._pending = (fol, hooks.get_masks(batch))
             return
         self._write_into(batch, images, fol)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._steering() is not None and not self.steerable:
+            raise RobustnessConfigError(
+                "FailureMiningCallback(mode='steer') steers MetamorphicTraining's random draws, but "
+                f"{self.describe_draw()} with objective={self.objective!r} has none to steer; use "
+                "objective='replace', k=1 without chains (random augmentation) or objective='consistency' with "
+                "replace_q > 0"
+            )
+
+    def _steering(self) -> Steering | None:
+        return getattr(self._ctx, "steering", None)
+
+    def _steered(
+        self, trainer: L.Trainer, fol: Followups, images: torch.Tensor, masks: torch.Tensor, sampler: WorstOfK
+    ) -> Followups:
+        """``fol`` with the share the mining callback asks for steered to its failure conditions (none
+        without FailureMiningCallback(mode="steer"), or while its bank is empty: ``fol`` itself)."""
+        st = self._steering()
+        if st is None:
+            return fol
+        if self.steerer is None:
+            self.steerer = SteeredDraws(st.steer, st.jitter, self.seed)
+        step, rank = int(trainer.global_step), int(trainer.global_rank)
+        fol = self.steerer(fol, images.detach(), masks, st.bank, sampler, step=step, rank=rank)
+        st.count(int(trainer.current_epoch), fol)
+        return fol
 
     def _write_into(self, batch: Any, images: torch.Tensor, fol: Followups) -> None:
         images[fol.index] = fol.images.to(images.dtype)

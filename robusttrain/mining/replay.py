@@ -254,10 +254,13 @@ class CleanDataset(Dataset):
         return len(self.view)
 
     def __getitem__(self, i: int) -> Any:
-        if self.view.pre is None:  # not robusttrain's dataset: its own sample (or crop i % k)
-            return self.view.sample(i)[0]
-        img, msk, meta = self.view.load(i)
-        return self.view.finish(img, msk, meta, augment=False)
+        # the probe's reads never move the training augmentations' random streams (shared with this view):
+        # a run that checks training cases then trains on exactly the images a run without the check would
+        with self.streams_kept():
+            if self.view.pre is None:  # not robusttrain's dataset: its own sample (or crop i % k)
+                return self.view.sample(i)[0]
+            img, msk, meta = self.view.load(i)
+            return self.view.finish(img, msk, meta, augment=False)
 
     @contextlib.contextmanager
     def streams_kept(self) -> Iterator[None]:

@@ -353,6 +353,18 @@ def _training(run_dir, history, efr, ctx) -> str:
         out += _table(training.family_totals(stats), "{:.2f}")
         out += Markup("<p>Per epoch: kept / drawn (rejected).</p>")
         out += _table(training.per_epoch(stats), "{}")
+    out += Markup("<h3>Failure mining</h3>")
+    mining = training.read_mining(run_dir)
+    if mining is None:
+        out += _na("failures/mining.csv missing (no FailureMiningCallback in this run)")
+    else:
+        out += Markup(
+            "<p>Per epoch. Steer mode: failure conditions in the bank, those the check failed, those it no "
+            "longer failed (repaired), failures on cases that passed their previous check (new failures: "
+            "overfitting) and the share of the random follow-ups steered to the conditions. Replay mode: "
+            "failures in the bank and replayed samples.</p>"
+        )
+        out += _table(mining, "{:g}")
     out += Markup("<h3>Balanced average</h3>")
     report = training.read_average(run_dir)
     if report is None:

@@ -1,5 +1,6 @@
 """The training side of a run for the report: what metamorphic training drew and kept per family and
-epoch (``metamorphic_training.csv``), and which epochs the balanced average holds
+epoch (``metamorphic_training.csv``), what failure mining did per epoch (``failures/mining.csv``:
+:func:`mining_epochs`), and which epochs the balanced average holds
 (``balanced_average.json``) with their clean and worst-case Dice against the last epoch's
 (``history.csv``).
 
@@ -29,6 +30,7 @@ from robusttrain.cornercases.balanced import worst_fraction_mean
 from robusttrain.rundir import balanced_average as average_file
 from robusttrain.rundir import layout
 from robusttrain.rundir import metamorphic_training as mt_file
+from robusttrain.rundir import mining as mining_file
 from robusttrain.rundir.history import dice_columns
 from robusttrain.rundir.paths import RunDirFileError, locate, read_text
 
@@ -77,6 +79,43 @@ def per_epoch(stats: pd.DataFrame) -> pd.DataFrame:
     )
     f = pd.DataFrame({"epoch": stats["epoch"], "family": stats["family"].astype(str), "cell": cell})
     return f.pivot_table(index="epoch", columns="family", values="cell", aggfunc="first", sort=False)
+
+
+# failures/mining.csv columns the report shows (steer mode's, then replay's), with their headings
+MINING_COLUMNS = {
+    "conditions": "conditions in the bank",
+    "failures": "failing conditions",
+    "repaired": "repaired",
+    "new_failures": "new failures (passed before)",
+    "steered_share": "steered share",
+    "bank_size": "failures in the bank",
+    "replayed": "replayed samples",
+}
+
+
+def mining_epochs(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per epoch, the mining counts of ``failures/mining.csv`` the report shows (numbers only; a
+    cell that is not one reads as missing); None without the file or an epoch column.
+
+    >>> f = pd.DataFrame({"epoch": [0, 1], "bank_size": [3, 4], "conditions": [3, 2], "repaired": [0, 1],
+    ...                   "new_failures": [0, 1], "steered_share": [0.0, "x"]})
+    >>> mining_epochs(f).to_dict("index")[1]
+    {'conditions in the bank': 2, 'repaired': 1, 'new failures (passed before)': 1, 'steered share': nan, 'failures in the bank': 4}
+    """
+    if frame is None or "epoch" not in frame:
+        return None
+    epochs = pd.to_numeric(frame["epoch"], errors="coerce")
+    keep = epochs.notna()
+    out = pd.DataFrame(
+        {label: pd.to_numeric(frame[c], errors="coerce")[keep] for c, label in MINING_COLUMNS.items() if c in frame}
+    )
+    out.index = epochs[keep].astype(int).rename("epoch")
+    return out
+
+
+def read_mining(run_dir: str | os.PathLike) -> pd.DataFrame | None:
+    """:func:`mining_epochs` of the run's ``failures/mining.csv`` (None when absent)."""
+    return mining_epochs(mining_file.read(run_dir))
 
 
 def read_average(run_dir: str | os.PathLike) -> dict[str, Any] | None:

@@ -186,6 +186,13 @@ class MTSettings:
         replacing its images."""
         return self.objective != "replace"
 
+    @property
+    def steerable(self) -> bool:
+        """Whether FailureMiningCallback(mode="steer") can steer these settings' random draws: the single
+        random draws of ``objective="replace", k=1`` without chains, or the in-place draws of ``replace_q``."""
+        single = self.chain_depth == 1 and self.mix == "none"
+        return (self.objective == "replace" and self.k == 1 and single) or self.replace_q > 0
+
     def families_for(self, suite_names: Sequence[str] | None, channels: int, heldout: Sequence[str] = ()) -> tuple[list[str], list[str]]:
         """(the families trained on, those asked for but not trained on here): the settings' (else the
         MR suite's, else the endoscopy suite's) that run on ``channels``-channel images and may be trained

@@ -127,6 +127,17 @@ CASES = [
         r"momentum=1\.0: expected a number in \[0, 1\)",
     ),
     ("floor", lambda: FailureMiningCallback(floor=2), ValueError, r"floor=2: expected a number in \[0, 1\]"),
+    ("mining-mode", lambda: FailureMiningCallback(mode="frozen"), ValueError, r"mode='frozen': expected one of 'steer', 'replay'"),
+    ("steer", lambda: FailureMiningCallback(steer=1.5), ValueError, r"steer=1\.5: expected a number in \[0, 1\]"),
+    ("decay", lambda: FailureMiningCallback(decay=1.0), ValueError, r"decay=1\.0: expected a number in \[0, 1\)"),
+    ("balance", lambda: FailureMiningCallback(balance=-0.1), ValueError, r"balance=-0\.1"),
+    ("placement-jitter", lambda: FailureMiningCallback(placement_jitter=2), ValueError, r"placement_jitter=2"),
+    (
+        "steer-with-replay-ratio",
+        lambda: FailureMiningCallback(mode="steer", replay_ratio=0.3),
+        ValueError,
+        r"replay_ratio=0\.3 replays failing images \(mode='replay'\); mode='steer' replays none",
+    ),
     (
         "contamination-0.9",
         lambda: BalancedCheckpoint(contamination=0.9),

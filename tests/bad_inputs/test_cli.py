@@ -570,6 +570,18 @@ SCENARIOS = [
         then=_nothing_trained,
     ),
     S(
+        "mining-mode-unknown",
+        ["fit", *TINY, FRESH, "callbacks.mining.mode=frozen"],
+        text="bad value for 'callbacks.mining.mode' ('frozen'): mode='frozen': expected one of 'steer', 'replay'",
+        then=_nothing_trained,
+    ),
+    S(
+        "mining-steer-2",
+        ["fit", *TINY, FRESH, "callbacks.mining.steer=2"],
+        text="bad value for 'callbacks.mining.steer' (2): ",
+        then=_nothing_trained,
+    ),
+    S(
         "image-size-0",
         ["fit", *TINY, FRESH, "data.image_size=0"],
         text="bad value for 'data.image_size' (0): ",
