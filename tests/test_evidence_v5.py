@@ -78,6 +78,7 @@ def test_the_held_out_families_are_those_no_v5_condition_draws():
         (["--lr", "0.01"], "--lr does not apply to --protocol v5"),
         (["--lr-tail", "0.5"], "--lr-tail does not apply to --protocol v5"),
         (["--q", "0.3"], "--q does not apply to --protocol v5"),
+        (["--probe", "8"], "--probe does not apply to --protocol v5"),
         (["--conditions", "random"], "unknown 'random' for --protocol v5"),
         (["--dataset", "polyp"], "--protocol v5 runs on --dataset polyp256"),
     ],
@@ -305,14 +306,14 @@ def test_tiny_v5_grid_trains_both_models_and_scores_the_ema_and_the_curve(tmp_pa
         "--jobs",
         "1",
         "--conditions",
-        "scratch_random,pretrained_plain",
+        "scratch_random,pretrained_steer",
         "--seeds",
         "0",
         str(out),
     ]
     r = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=1500)
     assert r.returncode == 0, (r.stderr, (out / "queue_1.log").read_text()[-3000:])
-    for cond in ("scratch_random", "pretrained_plain"):
+    for cond in ("scratch_random", "pretrained_steer"):
         run = out / "synthetic_v5" / f"{cond}_s0"
         res = json.loads((run / "result.json").read_text())
         assert res["protocol"] == "v5" and sorted(res["mr_by_policy"]) == ["ema", "least_loss"]
@@ -323,8 +324,10 @@ def test_tiny_v5_grid_trains_both_models_and_scores_the_ema_and_the_curve(tmp_pa
         assert any(",epoch=1," not in r and r.startswith("ema,") for r in rows)
         assert any(r.startswith("epoch=0,val,") for r in rows)
         assert (run / "fp16" / "ema.ckpt").is_file() and (run / "fp16" / "least_loss.ckpt").is_file()
-    pre = json.loads((out / "synthetic_v5" / "pretrained_plain_s0" / "result.json").read_text())
+    pre = json.loads((out / "synthetic_v5" / "pretrained_steer_s0" / "result.json").read_text())
     assert pre["pretrained_weights"]["sha256"].startswith("579344248a93")
+    # mining v2 probed training cases every epoch and steered a share of the random draws once it had failures
+    assert [r["epoch"] for r in pre["mining_rows"]] == [0, 1] and "steered_share" in pre["mining_rows"][-1]
     assert "grid end: status=0" in (out / "grid.log").read_text()
     # the pretrained net's EMA (its BatchNorm buffers averaged too), re-scored by the product's CLI
     from test_evidence_v4 import _write_folder
@@ -334,7 +337,7 @@ def test_tiny_v5_grid_trains_both_models_and_scores_the_ema_and_the_curve(tmp_pa
     )
     _, held, _ = evidence.build_data(ns)
     _write_folder(held["etis"], tmp_path / "etis")
-    ckpt = out / "synthetic_v5" / "pretrained_plain_s0" / "fp16" / "ema.ckpt"
+    ckpt = out / "synthetic_v5" / "pretrained_steer_s0" / "fp16" / "ema.ckpt"
     r = subprocess.run(
         [
             sys.executable,

@@ -333,9 +333,9 @@ def v5_condition_kwargs(cond: str) -> dict[str, Any]:
     return out
 
 
-# mining v2 (issue 44): a share of random augmentation's draws steered by the failure conditions the
-# train probe finds (filled in when mining v2 is on main; until then the condition refuses to start)
-V5_STEER: dict[str, Any] = {}
+# mining v2 (issue 44): half of random augmentation's draws steered by the failure conditions a train probe
+# of 32 training cases finds every epoch with the training families' suite (the recipe's settings, mining.yaml)
+V5_STEER: dict[str, Any] = {**STEER_DEFAULTS, "train_probe_size": 32, "every_n_epochs": 1}
 
 
 def v5_callbacks(
@@ -354,11 +354,15 @@ def v5_callbacks(
     if cond not in V5_CONDITIONS:
         raise ValueError(f"v5 condition must be one of {V5_CONDITIONS}, got {cond!r}")
     training = V5_TRAINING[cond]
+    if training == "steer":  # the MR callback's suite (training families only) probes training cases
+        steer = {k: v for k, v in V5_STEER.items() if k not in ("train_probe_size", "every_n_epochs")}
+        kw = {**kw, "probe": V5_STEER["train_probe_size"], "mine_every": V5_STEER["every_n_epochs"]}
+        return training_callbacks(
+            "steered", dm, perturbations, severities, seed=seed, ratio=ratio, train_seed=train_seed, mining=steer, **kw
+        )
     cbs, mr = training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
     if training == "plain":
         return cbs, mr
-    if training == "steer" and not V5_STEER:
-        raise ValueError("pretrained_steer needs mining v2 (issue 44), not in this library")
     fams = v4_training_families(cond, perturbations)
     mt = _mt_callback(dm, fams, severities, ratio, train_seed, kw.get("run_dir"), dict(V4_RANDOM))
     return [*cbs, mt], mr

@@ -922,7 +922,12 @@ def write_run(run: RunState) -> dict:
         )
         if cond in MT_CONDITIONS:
             out["mt_kwargs"] = {**MT_DEFAULTS, **(run.mt or {}), **MT_CONDITIONS[cond]}
-    if cond in ("mined", "mined_dose"):
+    if run.v5 and cond == "pretrained_steer":  # mining v2: the bank of conditions and the per-epoch steering
+        from robusttrain.callbacks import FailureMiningCallback
+
+        mining = next(cb for cb in run.cbs if isinstance(cb, FailureMiningCallback))
+        out.update(conditions_bank=len(mining.conditions), mining_rows=mining.rows)
+    elif cond in ("mined", "mined_dose"):
         bank = run.cbs[-1].bank
         out.update(
             bank_size=len(bank),
@@ -1021,11 +1026,11 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         )
     if args.protocol == "v5":
         # the model and its schedule come with the condition (conditions.V5_MODELS): an override would be unused
-        for flag in ("features", "lr", "lr_tail"):
+        for flag in ("features", "lr", "lr_tail", "probe", "mine_every"):
             if getattr(args, flag) != ap.get_default(flag):
                 ap.error(
-                    f"--{flag.replace('_', '-')} does not apply to --protocol v5 (each condition's model and "
-                    "schedule are fixed in conditions.V5_MODELS)"
+                    f"--{flag.replace('_', '-')} does not apply to --protocol v5 (each condition's model, "
+                    "schedule and mining are fixed in conditions.V5_MODELS / V5_STEER)"
                 )
         from benchmarks.evidence.conditions import V5_MODELS
 
@@ -1114,8 +1119,10 @@ def check_v4_conditions(ap, args, conds) -> None:
                 SegmentationModule(in_channels=3, num_classes=2, **v5_model(c))
                 if V5_TRAINING[c] != "plain":
                     MetamorphicTraining(perturbations=fams, severity_caps=4, **V4_RANDOM)
-                if V5_TRAINING[c] == "steer" and not V5_STEER:
-                    raise ValueError("pretrained_steer needs mining v2 (issue 44), not in this library")
+                if V5_TRAINING[c] == "steer":  # mining v2's callback takes the protocol's settings
+                    from robusttrain.callbacks import FailureMiningCallback
+
+                    FailureMiningCallback(mode="steer", **V5_STEER)
         except (ValueError, TypeError, KeyError) as e:
             ap.error(
                 f"condition {c!r} does not construct with this library: {str(e).strip().splitlines()[0]}"
