@@ -72,6 +72,7 @@ class RobustnessContext:
     * FailureMiningCallback: ``train_probe`` and, in ``mode="steer"``, ``steering`` (a
       :class:`~robusttrain.training.steering.Steering`: the failure conditions MetamorphicTraining's
       random draws are steered by).
+    * MetamorphicTraining: ``trained_families`` (what it has trained on, from its records).
     """
 
     run_dir: Path | None = None
@@ -81,6 +82,9 @@ class RobustnessContext:
     every_n_epochs: int | None = None
     class_names: list[str] | None = None
     heldout_families: frozenset[str] | None = None  # None: no MetamorphicCallback (yet)
+    # MetamorphicTraining: {family: why} it trained on (its records, resumed ones included); a held-out
+    # family found here is labelled trained, never held out (robusttrain.metamorphic.heldout.label_heldout)
+    trained_families: dict[str, str] = field(default_factory=dict)
     history: pd.DataFrame | None = None
     efr: pd.DataFrame | None = None
     cases: pd.DataFrame | None = None
@@ -191,6 +195,7 @@ class RobustnessContext:
         ):
             if getattr(self, f) is None:
                 setattr(self, f, getattr(other, f))
+        self.trained_families = self.trained_families or other.trained_families
         self.members.update(other.members)
         for s in other.sinks:
             self.subscribe(s)

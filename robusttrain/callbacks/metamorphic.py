@@ -72,7 +72,7 @@ from robusttrain.metamorphic.efr import (
     format_efr_console,
 )
 from robusttrain.metamorphic.failures import build_failures
-from robusttrain.metamorphic.heldout import heldout_families, with_families
+from robusttrain.metamorphic.heldout import heldout_families, label_heldout, trained_note, with_families
 from robusttrain.metamorphic.reuse import ValidationOutputs
 from robusttrain.metamorphic.rotation import latest_scores
 from robusttrain.metamorphic.runner import ProbeResult, aggregate
@@ -436,6 +436,16 @@ class MetamorphicCallback(UsesContext, Callback):
         size = self.max_cases if split == "val" else self._train_probe().size
         return probe_cases(ds, split, size, self.seed, always)
 
+    def _labelled_heldout(self) -> tuple[str, ...]:
+        """The held-out families minus those this run's training has used (a resume that added ``heldout=``
+        after epochs that drew them): those are labelled trained, said once in one line."""
+        trained = getattr(self._ctx, "trained_families", None) or {}
+        held, used = label_heldout(self.heldout, trained)
+        if used and set(used) != getattr(self, "_said_trained", set()):
+            self._said_trained = set(used)
+            rank_zero_warn(f"MetamorphicCallback: {trained_note(used)}")
+        return held
+
     def _warn_if_degenerate(self, trainer: Any, hist: pd.DataFrame, epoch: int, split: str) -> None:
         """Say once when the clean Dice is ~0: a case with no Dice cannot lose any, so EFR 0 %% and
         "no corner cases" then mean nothing (issue 23)."""
@@ -500,7 +510,7 @@ class MetamorphicCallback(UsesContext, Callback):
         if basis == "rotation":  # every pair once, its latest score (metamorphic/rotation.py)
             basis_cases = latest_scores(self.cases[self.cases["split"] == split])
             from_epoch = int(basis_cases["epoch"].min()) if len(basis_cases) else epoch
-        table = efr_table(basis_cases, self.thresholds, suite_cases=n_cases, heldout=self.heldout)
+        table = efr_table(basis_cases, self.thresholds, suite_cases=n_cases, heldout=self._labelled_heldout())
         table.insert(0, "split", split)
         table.insert(0, "epoch", epoch)
         table["final"] = bool(final)

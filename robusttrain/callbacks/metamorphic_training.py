@@ -60,6 +60,7 @@ from typing_extensions import override
 from robusttrain.metamorphic.batch import BatchHooks, normalise_mask
 from robusttrain.metamorphic.check import eval_state as scoring_state  # eval, no grad, modes + RNGs restored
 from robusttrain.metamorphic.efr import VIOLATION_THRESHOLD, family_rates
+from robusttrain.metamorphic.heldout import trained_by_records
 from robusttrain.rundir import metamorphic_training as records_file
 from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scaled_for_scoring, soft_dice_loss
 from robusttrain.training.accounting import FamilyCounts, merge_rows, sample_rows, with_epoch
@@ -156,6 +157,9 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._counts.reset()
+        # what the weights have trained on so far (a resumed run's earlier epochs included): the MR check
+        # never labels such a family held out
+        self.context.trained_families = trained_by_records(self.stats)
 
     @override
     @torch.no_grad()
@@ -285,6 +289,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             )
         )
         records_file.write_stats(self.context.resolved_run_dir, self.stats)
+        self.context.trained_families = trained_by_records(self.stats)
         records_file.write_samples(self.context.resolved_run_dir, self.samples)
 
     # -- the objectives' terms (called from training_step through robusttrain.training.objective) ---

@@ -21,7 +21,7 @@ commands:
   fit        train a recipe                        fit recipe=polyp [data.root=PATH] [ckpt=last]
   validate   validate a checkpoint                 validate recipe=polyp ckpt=PATH [data.root=PATH] [split=all|val]
   test       test a checkpoint                     test recipe=polyp ckpt=PATH [data.root=PATH] [split=all|val]
-  check      metamorphic robustness audit          check recipe=polyp ckpt=PATH [data.root=PATH] [split=all|val]
+  check      metamorphic robustness audit          check recipe=polyp ckpt=PATH [heldout=FAMILIES] [data.root=PATH] [run_dir=RUN]
   corners    corner-case report of a run           corners RUN_DIR_OR_HISTORY_CSV [policy=last_inlier|maximin|pareto|cvar]
   gallery    render the perturbation gallery       gallery [recipe=polyp] [out=gallery.png] [n=2] [tile=192] [colors=256]
   report     self-contained HTML report of a run   report RUN_DIR
@@ -31,6 +31,7 @@ permission, a file where a folder should be), 130 Ctrl-C, 143 SIGTERM (resume a 
 
 recipes: {recipes}
 With data.root, validate / test / check score every case of the folder (split=val: its validation split).
+`python -m robusttrain <command> --help` lists every key of a command.
 Overrides use Hydra syntax (data.batch_size=4, logger=wandb, callbacks.metamorphic.enabled=false).
 """
 
@@ -133,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if any(a in ("-h", "--help") for a in rest):
-        print(usage())
+        from robusttrain.cli.help import command_help
+
+        print(command_help(command) or usage())
         return 0
     # W&B never reaches for the network unless the user asks for it (WANDB_MODE=online).
     os.environ.setdefault("WANDB_MODE", "offline")

@@ -36,6 +36,7 @@ from pandas.api.types import is_numeric_dtype
 from .batch import BatchHooks
 from .check import Probe, checking_state, id_prefix, predict_fn, probe_cases, run_check
 from .efr import THRESHOLDS, efr_table, family_rows, pool_families
+from .empty_masks import case_scores, empty_summary, format_empty
 from .heldout import heldout_families, with_families
 from .runner import aggregate
 from .suite import MRSuite
@@ -69,10 +70,15 @@ def audit(
     ``progress(name, total)`` returns a progress bar (tqdm's ``update`` / ``close``) per dataset; the
     datasets are streamed batch by batch, never held whole.
 
+    Cases whose mask is empty are kept out of every Dice mean and EFR and scored apart
+    (:mod:`robusttrain.metamorphic.empty_masks`: specificity, false-positive area).
+
     Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),
-    "cases": per-test-case rows, "clean": {name: {"dice", "iou"}}, "n_cases": {name: cases scored},
-    "markdown": str}`` and, with ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide
-    table) and ``efr_table.md`` (which says how many cases each table rests on).
+    "cases": per-test-case rows (cases with a lesion), "per_case" / "followups" / "empty": the
+    :mod:`robusttrain.rundir.check` tables, "clean": {name: {"dice", "iou"}} (over cases with a lesion),
+    "n_cases": {name: cases with a lesion}, "n_empty": {name: cases with an empty mask}, "markdown": str}``
+    and, with ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide table), ``efr_table.md``
+    (which says how many cases each table rests on) and the three per-case tables.
     """
     held = heldout_families(heldout)
     suite = with_families(suite or MRSuite(), held)
@@ -82,14 +88,14 @@ def audit(
         if device is not None
         else next((p.device for p in model.parameters()), torch.device("cpu"))
     )
+    suite = with_model(suite, model, dev)
     path = path if path != "auto" else ("torch" if dev.type == "cuda" else "numpy")
     model = model.to(dev)
     predict = predict_fn(model, to_probabilities)
-    efrs, cases_all, clean, n_cases = [], [], {}, {}
+    efrs, cases_all, per_cases, followups, empties, clean, n_cases, n_empty = [], [], [], [], [], {}, {}, {}
     with checking_state(model, suite.seed):
         for name, ds in datasets.items():
             idx, ids = probe_cases(ds, name, max_cases, suite.seed, always if name == "val" else ())
-            n_cases[name] = len(idx)
             res = run_check(
                 predict,
                 {name: Probe(ds, idx, ids, id_prefix=id_prefix(name))},
@@ -101,16 +107,39 @@ def audit(
                 progress=progress,
             )[name]
             hist, cases = aggregate(res, class_names or [], 0, suite)
-            t = efr_table(cases, thresholds, heldout=held)
+            per_case, fol = case_scores(res, hist, cases, suite, held)
+            lesion = ~fol["empty_mask"].astype(bool)  # empty-mask cases: scored apart, never in a Dice mean
+            t = efr_table(cases[lesion.to_numpy()], thresholds, heldout=held)
             t.insert(0, "split", name)
             efrs.append(t)
-            cases_all.append(cases)
-            clean[name] = {m: float(hist.filter(like=f"{m}_").mean(axis=1).mean()) for m in ("dice", "iou")}
+            cases_all.append(cases[lesion.to_numpy()])
+            per_cases.append(per_case)
+            followups.append(fol)
+            empties.append(empty_summary(per_case, fol))
+            n_empty[name] = int(per_case["empty_mask"].sum())
+            n_cases[name] = int(len(per_case)) - n_empty[name]
+            clean[name] = {
+                m: float(per_case[m].mean()) for m in ("dice", "iou")
+            }  # NaN (skipped) on empty masks
     efr = pd.concat(efrs, ignore_index=True)
     tables = paper_tables(efr, clean, thresholds)
-    md = format_efr_tables(tables, n_cases)
+    empty = pd.concat(empties, ignore_index=True)
+    md = format_efr_tables(tables, n_cases, n_empty) + format_empty(empty)
+    out = {
+        "tables": tables,
+        "efr": efr,
+        "cases": pd.concat(cases_all, ignore_index=True),
+        "per_case": pd.concat(per_cases, ignore_index=True),
+        "followups": pd.concat(followups, ignore_index=True),
+        "empty": empty,
+        "clean": clean,
+        "n_cases": n_cases,
+        "n_empty": n_empty,
+        "markdown": md,
+    }
     if out_dir is not None:
         from robusttrain.io import atomic_write_csv, atomic_write_text
+        from robusttrain.rundir import check as check_file
         from robusttrain.rundir import efr as efr_file  # here: rundir imports the EFR schema from metamorphic
         from robusttrain.rundir import layout
 
@@ -120,14 +149,39 @@ def audit(
         long = long[["threshold"] + [c for c in long.columns if c != "threshold"]]
         atomic_write_csv(os.path.join(out_dir, efr_file.TABLE_NAME), long)
         atomic_write_text(os.path.join(out_dir, layout.EFR_TABLE_MD), md)
-    return {
-        "tables": tables,
-        "efr": efr,
-        "cases": pd.concat(cases_all, ignore_index=True),
-        "clean": clean,
-        "n_cases": n_cases,
-        "markdown": md,
+        for file, key in (
+            (check_file.CASES, "per_case"),
+            (check_file.FOLLOWUPS, "followups"),
+            (check_file.EMPTY, "empty"),
+        ):
+            check_file.write(out_dir, file, out[key])
+    return out
+
+
+def with_model(suite: MRSuite, model: torch.nn.Module, device: torch.device) -> MRSuite:
+    """``suite``, with the audited model given to the families that attack it (``adversarial``) when the
+    suite does not name one: an audit has the model, so those families can run (the attack's delta is
+    drawn once per case from the model's gradient and kept in the params, as every family's)."""
+    needs = [
+        n for n in suite.names if n == "adversarial" and "model" not in suite.perturbation_kwargs.get(n, {})
+    ]
+    if not needs:
+        return suite
+
+    def logits(images: torch.Tensor) -> torch.Tensor:  # params are drawn on host copies of the images
+        return model(images.to(device)).to(images.device)
+
+    kwargs = {
+        **suite.perturbation_kwargs,
+        **{n: {**suite.perturbation_kwargs.get(n, {}), "model": logits} for n in needs},
     }
+    return MRSuite(
+        list(suite.names),
+        list(suite.severities),
+        suite.seed,
+        perturbation_kwargs=kwargs,
+        slice_axis=suite.slice_axis,
+    )
 
 
 GROUPS = {"held-out families": True, "trained families": False}  # pooled rows when some are held out
@@ -190,12 +244,27 @@ def _cell(v: Any) -> str:
     return "" if v is None or pd.isna(v) else f"{float(v):.2f}"
 
 
-def format_efr_tables(tables: dict[float, pd.DataFrame], n_cases: dict[str, int] | None = None) -> str:
+def format_efr_tables(
+    tables: dict[float, pd.DataFrame],
+    n_cases: dict[str, int] | None = None,
+    n_empty: dict[str, int] | None = None,
+) -> str:
     """Markdown: one table per threshold (EFR %, perturbed and worst-family Dice %, last row = clean
-    Dice / IoU %), each saying how many cases of each dataset it rests on when ``n_cases`` is given."""
+    Dice / IoU %), each saying how many cases of each dataset it rests on when ``n_cases`` is given
+    (and how many empty-mask cases were kept out, ``n_empty``)."""
     parts = []
+    apart = {k: v for k, v in (n_empty or {}).items() if v}
     rests = (
-        "Rests on " + ", ".join(f"{n} case(s) of {name}" for name, n in n_cases.items()) + ".\n\n"
+        "Rests on "
+        + ", ".join(f"{n} case(s) of {name}" for name, n in n_cases.items())
+        + (
+            " with a lesion; kept out: "
+            + ", ".join(f"{n} of {k} with an empty mask" for k, n in apart.items())
+            + " (scored apart below)"
+            if apart
+            else ""
+        )
+        + ".\n\n"
         if n_cases
         else ""
     )

@@ -200,6 +200,31 @@ class ProgressBar(Protocol):
     def close(self) -> object: ...
 
 
+class ImageCount:
+    """A progress bar counting images while the runner reports forwards: ``forwarded(n)`` moves the bar by
+    the whole images ``n`` more forwards complete (``forwards / images`` forwards per image).
+
+    >>> class Bar:
+    ...     n = 0
+    ...     def update(self, k): self.n += k
+    >>> bar = Bar(); count = ImageCount(bar, images=4, forwards=12)
+    >>> for _ in range(5): count.forwarded(2)
+    >>> bar.n    # 10 of 12 forwards: 3 of 4 images
+    3
+    """
+
+    def __init__(self, bar: ProgressBar, images: int, forwards: int):
+        self.bar, self.images, self.per = bar, images, max(1.0, forwards / max(1, images))
+        self.done, self.shown = 0, 0
+
+    def forwarded(self, n: int) -> None:
+        self.done += int(n)
+        now = min(self.images, int(self.done / self.per + 1e-9))
+        if now > self.shown:
+            self.bar.update(now - self.shown)
+            self.shown = now
+
+
 def run_check(
     predict: Callable[[torch.Tensor], torch.Tensor],
     probes: Mapping[str, Probe],
@@ -241,7 +266,7 @@ def run_check(
         n_fol = (
             len(shard) * len(suite.tests) if sel is None else sum(len(set(shard) & s) for s in sel.values())
         )
-        bar = progress(split, len(shard) + n_fol) if progress is not None else None
+        bar = progress(split, len(shard)) if progress is not None else None
         batches = iter_probe(p.dataset, shard, batch_size, hooks, num_workers, p.id_prefix)
         res = run_probe(
             predict,
@@ -250,7 +275,7 @@ def run_check(
             split,
             path=path,
             device=device,
-            progress=None if bar is None else bar.update,
+            progress=None if bar is None else ImageCount(bar, len(shard), len(shard) + n_fol).forwarded,
             epoch=epoch,
             selection=sel,
             clean=p.clean,

@@ -30,7 +30,9 @@ from markupsafe import Markup
 from robusttrain.errors import InputError
 from robusttrain.io import atomic_write_text
 from robusttrain.reporting import load, plots, tables, training
+from robusttrain.reporting.checks import checks_section
 from robusttrain.reporting.plots import MAX_CASE_PLOTS
+from robusttrain.rundir import check as check_file
 from robusttrain.rundir import layout
 from robusttrain.rundir.history import dice_columns
 
@@ -64,6 +66,7 @@ SECTIONS = [
     ("summary", "Run summary"),
     ("clean-dice", "Clean Dice"),
     ("efr-table", "EFR table"),
+    ("checks", "Robustness checks"),
     ("efr-curves", "EFR curves"),
     ("corner-cases", "Corner cases"),
     ("tradeoff", "Checkpoint trade-off"),
@@ -122,9 +125,23 @@ def _summary(run_dir: Path, history, efr, ctx) -> str:
         "</pre></details>{% else %}{{ na }}{% endif %}",
         facts=facts,
         config=load.load_config_text(run_dir),
-        na=_na(
+        na=_check_only(run_dir)
+        or _na(
             "config.yaml missing (a run not written by `robusttrain fit`: its settings are not known here)"
         ),
+    )
+
+
+def _check_only(run_dir: Path) -> Markup | None:
+    """What a check-only run directory is (``robusttrain check`` with its own run_dir): said as such."""
+    s = check_file.summary(run_dir)
+    if s is None:
+        return None
+    return _render(
+        "<p>A <code>robusttrain check</code> of <code>{{ ckpt }}</code> (no training in this folder: its tables "
+        "are under Robustness checks). Check a training run's checkpoint without <code>run_dir=</code> to "
+        "see them beside its training curves.</p>",
+        ckpt=str(s.get("ckpt", "?")),
     )
 
 
@@ -401,6 +418,7 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "summary": _summary,
     "clean-dice": _clean_dice,
     "efr-table": _efr_table,
+    "checks": lambda run_dir, history, efr, ctx: checks_section(run_dir, _table),
     "efr-curves": _efr_curves,
     "corner-cases": _corner_cases,
     "tradeoff": _tradeoff,

@@ -3,7 +3,8 @@
 ``history`` (history.csv), ``efr`` (efr.csv, efr_table.csv), ``mr_cases`` (mr_cases.csv), ``corner_cases``
 (corner_cases.json), ``balanced_average`` (balanced_average.json), ``failures`` (failures/failures.jsonl),
 ``sampling`` (failures/sampling.json), ``mining`` (failures/mining.csv) and ``metamorphic_training``
-(metamorphic_training.csv / _samples.jsonl); ``pretrained`` (pretrained.json) is written by ``fit``. Writers are the callbacks (and the bank); replay, reporting,
+(metamorphic_training.csv / _samples.jsonl); ``pretrained`` (pretrained.json) is written by ``fit``; ``check`` (what
+``robusttrain check`` writes: ``checks/<name>/`` or a check-only run directory). Writers are the callbacks (and the bank); replay, reporting,
 ``robusttrain corners`` and ``robusttrain report`` read only through these modules, and they read only
 through :mod:`~robusttrain.rundir.paths` (no symlinks, nothing outside the run directory, torn rows
 and garbage bytes refused with :class:`~robusttrain.rundir.paths.RunDirFileError`). Readers return
@@ -20,6 +21,7 @@ True
 
 from . import (
     balanced_average,
+    check,
     corner_cases,
     efr,
     failures,
@@ -34,6 +36,7 @@ from . import (
 
 __all__ = [
     "balanced_average",
+    "check",
     "corner_cases",
     "efr",
     "failures",

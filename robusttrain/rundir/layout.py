@@ -18,6 +18,8 @@ to that name, then rename: ``.ema.ckpt.tmp``, ``.balanced_average.ckpt.tmp``, ``
 (True, True, False)
 >>> known("failures/thumbs", is_folder=True), known("plots/x.csv")
 (True, False)
+>>> known("checks/last-val", is_folder=True), known("checks/last-val/check_cases.csv")
+(True, True)
 >>> known("before-20261126-140312-000001", is_folder=True), known("before-notes", is_folder=True)
 (True, False)
 >>> is_temp(".ema.ckpt.tmp"), is_temp("balanced_candidates/.epoch=0003.ckpt.tmp"), is_temp(".notes.txt.tmp")
@@ -39,6 +41,7 @@ from robusttrain.io import TMP_PATTERN
 
 from . import (
     balanced_average,
+    check,
     corner_cases,
     efr,
     ema,
@@ -68,6 +71,8 @@ EMA_CKPT = ema.CHECKPOINT
 EARLIER = "before-"  # a fresh API fit's folder for an earlier fit's results: before-<time>/
 STAMP = "[0-9]*-[0-9]*-[0-9]*"  # <time> as %Y%m%d-%H%M%S-%f: a user's `before-notes/` is not ours
 COMMANDS = ("validate", "test", "check")  # write beside a fit: config.<command>.yaml, logs/<command>/
+CHECK_FILES = (check.SUMMARY, check.CASES, check.FOLLOWUPS, check.EMPTY)
+LOCK_FILES = (lock.LOCK_NAME, lock.OWNER_NAME)
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,18 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(EMA_CKPT, "EMACheckpoint: the EMA weights", result=True),
     Entry(ema.NAME, "EMACheckpoint: its decay and the window it gives", result=True),
     Entry(PLOTS, "RobustnessReporter: PNG curves", True, ("*.png",), result=True),
-    Entry(efr.TABLE_NAME, "check: the EFR tables"),
-    Entry(EFR_TABLE_MD, "check: the EFR tables as Markdown"),
+    Entry(efr.TABLE_NAME, "check (a check-only run directory): the EFR tables"),
+    Entry(EFR_TABLE_MD, "check (a check-only run directory): the EFR tables as Markdown"),
+    *(Entry(n, "check (a check-only run directory): see robusttrain.rundir.check") for n in CHECK_FILES),
+    Entry(
+        check.DIR,
+        "check of this run's checkpoint: one folder per check (robusttrain.rundir.check)",
+        True,
+        tuple(
+            f"*/{n}" for n in ("config.check.yaml", efr.TABLE_NAME, EFR_TABLE_MD, *CHECK_FILES, *LOCK_FILES)
+        ),
+        result=True,
+    ),
     Entry(REPORT, "report: the HTML report"),
     Entry(GALLERY, "gallery out=RUN_DIR/gallery.png (the report shows it)"),
     Entry(f"{EARLIER}{STAMP}", "a fresh API fit: an earlier fit's results, set aside", True, ("**",)),
@@ -142,7 +157,6 @@ ENTRIES: tuple[Entry, ...] = (
         ("**",),
     ),
 )
-LOCK_FILES = (lock.LOCK_NAME, lock.OWNER_NAME)
 
 # where temp files are looked for after a kill (never recursively into anything else the folder holds)
 TEMP_FOLDERS: tuple[str, ...] = (
@@ -221,7 +235,7 @@ def known(rel: str | os.PathLike, is_folder: bool = False) -> bool:
     if e.contents == ("**",):
         return True
     if is_folder:
-        return inner in {p.rsplit("/", 1)[0] for p in e.contents if "/" in p}
+        return any(fnmatchcase(inner, p.rsplit("/", 1)[0]) for p in e.contents if "/" in p)
     return e.holds(inner) or is_temp(rel)
 
 

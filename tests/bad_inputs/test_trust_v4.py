@@ -303,11 +303,12 @@ def test_check_and_validate_on_a_folder_score_every_case_and_say_how_many(traine
     ck = f"ckpt={trained}/checkpoints/last.ckpt"
     common = [*TINY, f"data.root={root}", "callbacks.metamorphic.max_cases=null", ck]
     out, err = _run(["check", *common, f"run_dir={tmp_path / 'c'}"], capsys)
-    assert "check scores every case of data.root (split=val: its validation split only): all: 10 cases" in out
-    assert "Rests on 10 case(s) of all." in (tmp_path / "c" / "efr_table.md").read_text()
-    assert "check all" in err  # the progress bar (tqdm, on stderr)
+    # the whole folder is "folder" (issue 48: "all" collided with the row pooling every family)
+    assert "check scores every case of data.root (split=val: its validation split only): folder: 10 images" in out
+    assert "Rests on 10 case(s) of folder." in (tmp_path / "c" / "efr_table.md").read_text()
+    assert "check folder" in err  # the progress bar (tqdm, on stderr)
     out, _ = _run(["check", *common, f"run_dir={tmp_path / 'v'}", "split=val"], capsys)
-    assert "check scores the validation split: val: 2 cases" in out
+    assert "check scores the validation split: val: 2 images" in out
     assert "Rests on 2 case(s) of val." in (tmp_path / "v" / "efr_table.md").read_text()
     _run(
         ["check", *common, f"run_dir={tmp_path / 'x'}", "split=train"],
