@@ -56,7 +56,8 @@ def test_audit_default_suite_paper_layout_and_files(tmp_path):
     csv = pd.read_csv(tmp_path / "efr_table.csv")
     assert set(csv.threshold) == {0.25, 0.5} and "kvasir/IoU" in csv.columns
     md = (tmp_path / "efr_table.md").read_text()
-    assert md == format_efr_tables(res["tables"], res["n_cases"]) and "### EFR (%) at t = 0.5" in md
+    # the tables, then what the project's evidence says of the families (the test below)
+    assert md.startswith(format_efr_tables(res["tables"], res["n_cases"])) and "### EFR (%) at t = 0.5" in md
     assert res["n_cases"] == {"kvasir": 4, "etis": 3}  # each table says what it rests on
     assert md.count("Rests on 4 case(s) of kvasir, 3 case(s) of etis.") == 2
     assert len(res["cases"]) == (4 + 3) * 9 * 2
@@ -116,3 +117,20 @@ def test_an_unknown_heldout_family_is_one_line():
     with pytest.raises(ValueError, match=r"^heldout: unknown perturbation 'nope'; valid families: ") as err:
         audit(RedDetector(), {"val": _data(2)}, MRSuite(["contrast"], (2,)), heldout=["contrast", "nope"])
     assert "\n" not in str(err.value)
+
+
+def test_the_tables_say_which_families_tracked_a_new_centre_in_the_project_s_evidence(tmp_path):
+    """efr_table.md ends with what the evidence says each tested family's number is worth for a new centre
+    (robusttrain/metamorphic/family_validity.json): the families whose interval lies above 0 are named as
+    tracking, the others as not -- read from the package's table, never typed here."""
+    from robusttrain.metamorphic.validity import family_validity
+
+    fams = family_validity()["families"]
+    tracked = next(f for f in ("jpeg", "instrument", "vignetting") if fams[f]["lo"] > 0)
+    untracked = next(f for f in ("contrast", "blur", "gamma") if fams[f]["lo"] <= 0)
+    audit(RedDetector(), {"val": _data(2)}, MRSuite([tracked, untracked], (2,), seed=0), out_dir=tmp_path)
+    md = (tmp_path / "efr_table.md").read_text()
+    note = md.split("tracked a new hospital in the project's evidence", 1)[1]
+    said, rest = note.split("(interval above 0)", 1)
+    assert tracked in said and untracked not in said and untracked in rest.split("did not")[0]
+    assert "not a guarantee" in note

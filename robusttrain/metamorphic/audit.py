@@ -40,6 +40,7 @@ from .empty_masks import case_scores, empty_summary, format_empty
 from .heldout import heldout_families, with_families
 from .runner import aggregate
 from .suite import MRSuite
+from .validity import validity_note
 
 
 def audit(
@@ -124,7 +125,9 @@ def audit(
     efr = pd.concat(efrs, ignore_index=True)
     tables = paper_tables(efr, clean, thresholds)
     empty = pd.concat(empties, ignore_index=True)
-    md = format_efr_tables(tables, n_cases, n_empty) + format_empty(empty)
+    # what the project's own evidence says each family's number is worth for a new centre (metamorphic/validity)
+    note = validity_note(suite.names)
+    md = format_efr_tables(tables, n_cases, n_empty) + format_empty(empty) + (f"\n{note}\n" if note else "")
     out = {
         "tables": tables,
         "efr": efr,

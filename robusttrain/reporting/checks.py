@@ -22,6 +22,7 @@ import pandas as pd
 from jinja2 import Environment
 from markupsafe import Markup
 
+from robusttrain.metamorphic.validity import validity_note
 from robusttrain.rundir import check as check_file
 from robusttrain.rundir import efr as efr_file
 
@@ -29,6 +30,7 @@ _ENV = Environment(autoescape=True)
 
 ONE = """<h3>{{ name }}</h3><table>{% for k, v in facts %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}
 </table>{% for t, table in tables %}<h4>EFR (%) at t = {{ t }}, cases with a lesion</h4>{{ table }}{% endfor %}
+{% if validity %}<p class="quiet">{{ validity }}</p>{% endif %}
 {% if empty %}<h4>Cases whose mask is empty (no lesion): scored apart</h4><p>Specificity: the share of them where
 the model predicts no lesion pixel; mean predicted px: the false-positive area per case.</p>{{ empty }}{% endif %}"""
 
@@ -73,6 +75,9 @@ def checks_section(run_dir: str | Path, table: Callable[..., Markup]) -> Markup:
         s = check_file.summary(folder) or {}
         wide = efr_file.read_table(folder)
         tables = []
+        families = []
+        if wide is not None and "perturbation" in wide:  # the check's families (pooled rows are not one)
+            families = [str(f) for f in dict.fromkeys(wide["perturbation"].astype(str))]
         if wide is not None and "threshold" in wide:
             for t, part in wide.groupby("threshold", sort=True):
                 tables.append((f"{float(t):g}", table(part.drop(columns=["threshold"]), "{}", False)))
@@ -86,7 +91,11 @@ def checks_section(run_dir: str | Path, table: Callable[..., Markup]) -> Markup:
         parts.append(
             Markup(
                 _ENV.from_string(ONE).render(
-                    name=folder.name, facts=_facts(run_dir, folder, s), tables=tables, empty=shown
+                    name=folder.name,
+                    facts=_facts(run_dir, folder, s),
+                    tables=tables,
+                    empty=shown,
+                    validity=validity_note(families),
                 )
             )
         )

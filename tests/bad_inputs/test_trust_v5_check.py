@@ -65,6 +65,8 @@ def test_check_of_a_runs_checkpoint_writes_into_the_run_and_one_report_shows_bot
     html = (run / "report.html").read_text()
     checks = html.split('<section id="checks">', 1)[1].split("</section>", 1)[0]
     assert "last-val" in checks and "motion_blur" in checks and "held-out families" in checks
+    # and what the project's evidence says the checked families' numbers are worth for a new centre
+    assert "tracked a new hospital in the project&#39;s evidence" in checks and "not a guarantee" in checks
     assert '<section id="training">' in html and "not available: history.csv missing" not in html
     assert layout.unknown_files(run) == []
     # run_dir= naming the training run does the same, under name=
