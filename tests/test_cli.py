@@ -191,7 +191,8 @@ def test_smoke_fit_through_the_cli_writes_the_run_directory(tmp_path):
         == 0
     )
     md = (check_dir / "efr_table.md").read_text()
-    assert "### EFR (%) at t = 0.25" in md and "| blur |" in md and "| clean |" in md
+    assert "### EFR (%) at t = 0.25" in md and "| blur |" in md and "Clean, no perturbation: val: Dice " in md
+    assert "| clean |" not in md  # the clean Dice is not in the EFR columns (issue 48)
 
 
 def test_tool_error_paths(capsys, tmp_path):

@@ -172,6 +172,18 @@ class MetamorphicCallback(UsesContext, Callback):
         # test-only families: an unknown name is one line now, not after an epoch
         self.heldout = heldout_families(heldout)
         self.suite = with_families(suite if suite is not None else MRSuite(), self.heldout)
+        if "adversarial" in self.suite.names and "model" not in self.suite.perturbation_kwargs.get(
+            "adversarial", {}
+        ):
+            # each case's perturbation is drawn once and replayed every epoch: an attack on one epoch's
+            # weights would be scored against the next ones' as if it were adversarial to them
+            held = "adversarial" in self.heldout
+            raise ValueError(
+                f"{'heldout' if held else 'suite perturbations'}: 'adversarial' attacks fixed weights; the "
+                "training-time check replays each case's perturbation every epoch, so check a checkpoint "
+                "instead: python -m robusttrain check ckpt=RUN/checkpoints/last.ckpt "
+                + ("heldout=adversarial" if held else "with adversarial in its suite")
+            )
         self.hooks = hooks if hooks is not None else BatchHooks()
         self.seed = self.suite.seed
         self.budget = CheckBudget(check_budget(budget), self.seed)

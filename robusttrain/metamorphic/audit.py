@@ -252,8 +252,8 @@ def format_efr_tables(
     n_cases: dict[str, int] | None = None,
     n_empty: dict[str, int] | None = None,
 ) -> str:
-    """Markdown: one table per threshold (EFR %, perturbed and worst-family Dice %, last row = clean
-    Dice / IoU %), each saying how many cases of each dataset it rests on when ``n_cases`` is given
+    """Markdown: one table per threshold (EFR %, perturbed and worst-family Dice %; the clean Dice / IoU %
+    in a line under it, not in the rate columns), each saying how many cases of each dataset it rests on when ``n_cases`` is given
     (and how many empty-mask cases were kept out, ``n_empty``)."""
     parts = []
     apart = {k: v for k, v in (n_empty or {}).items() if v}
@@ -274,11 +274,24 @@ def format_efr_tables(
     for t, table in tables.items():
         head = "| perturbation | " + " | ".join(table.columns) + " |"
         sep = "|---|" + "".join("---:|" if is_numeric_dtype(table[c]) else "---|" for c in table.columns)
+        # the clean row holds Dice / IoU, not rates: said under the table, never in the EFR columns
+        rates = table.drop(index="clean", errors="ignore")
         rows = [
-            f"| {p} | " + " | ".join(_cell(v) for v in r) + " |" for p, r in zip(table.index, table.values)
+            f"| {p} | " + " | ".join(_cell(v) for v in r) + " |" for p, r in zip(rates.index, rates.values)
         ]
         parts.append(
             f"### EFR (%) at t = {t:g}, with the mean Dice (%) on the perturbed images\n\n{rests}"
             + "\n".join([head, sep, *rows, ""])
+            + _clean_line(table)
         )
     return "\n".join(parts)
+
+
+def _clean_line(table: pd.DataFrame) -> str:
+    """The clean (unperturbed) Dice / IoU of each dataset, in %, as one line under a table."""
+    if "clean" not in table.index:
+        return ""
+    row = table.loc["clean"]
+    names = [c[: -len("/Dice")] for c in table.columns if c.endswith("/Dice")]
+    cells = [f"{n}: Dice {_cell(row[f'{n}/Dice'])} %, IoU {_cell(row[f'{n}/IoU'])} %" for n in names]
+    return "\nClean, no perturbation: " + "; ".join(cells) + ".\n"

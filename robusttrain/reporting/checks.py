@@ -67,6 +67,21 @@ def _facts(run_dir: Path, folder: Path, s: dict[str, Any]) -> list[tuple[str, st
     return facts
 
 
+def _clean_line(rows: pd.DataFrame) -> Markup:
+    """The clean Dice / IoU (%) of each dataset of a check, from its ``clean`` row."""
+    if not len(rows):
+        return Markup("")
+    row = rows.iloc[0]
+    names = [str(c)[: -len("/Dice")] for c in rows.columns if str(c).endswith("/Dice")]
+    cells = [(n, row.get(f"{n}/Dice"), row.get(f"{n}/IoU")) for n in names]
+    return Markup(
+        _ENV.from_string(
+            "<p>Clean, no perturbation (mean over cases with a lesion): {% for n, d, i in cells %}{{ n }}: Dice "
+            "{{ d }} %, IoU {{ i }} %{% if not loop.last %}; {% endif %}{% endfor %}.</p>"
+        ).render(cells=cells)
+    )
+
+
 def checks_section(run_dir: str | Path, table: Callable[..., Markup]) -> Markup:
     """HTML of every check of ``run_dir`` (``table(frame, fmt, index)`` renders a DataFrame)."""
     run_dir = Path(run_dir)
@@ -80,7 +95,12 @@ def checks_section(run_dir: str | Path, table: Callable[..., Markup]) -> Markup:
             families = [str(f) for f in dict.fromkeys(wide["perturbation"].astype(str))]
         if wide is not None and "threshold" in wide:
             for t, part in wide.groupby("threshold", sort=True):
-                tables.append((f"{float(t):g}", table(part.drop(columns=["threshold"]), "{}", False)))
+                # the clean row holds Dice / IoU, not rates: shown under the table, not in its EFR columns
+                clean = (
+                    part["perturbation"].astype(str) == "clean" if "perturbation" in part else part.index < 0
+                )
+                rates = table(part[~clean].drop(columns=["threshold"]), "{}", False)
+                tables.append((f"{float(t):g}", rates + _clean_line(part[clean])))
         empty = check_file.read(folder, check_file.EMPTY)
         shown = None
         if empty is not None:

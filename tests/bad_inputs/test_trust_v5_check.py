@@ -232,3 +232,24 @@ def test_check_heldout_adversarial_attacks_the_checkpoint(trained, tmp_path, cap
     assert 0 <= float(table.loc["adversarial", "val/perturbed Dice"]) <= 100
     fol = pd.read_csv(run / "checks" / "adv" / "check_followups.csv")
     assert (fol["perturbation"] == "adversarial").sum() == 4  # 4 cases x severity 4
+
+
+def test_the_training_time_check_refuses_adversarial_in_one_line(tmp_path, capsys):
+    """``fit … callbacks.metamorphic.heldout=[adversarial]`` was a raw ValueError ("needs the model") after
+    config.yaml and logs/ were written. The training-time check replays each case's perturbation every
+    epoch, so an attack on one epoch's weights cannot be scored as adversarial to the next: it is refused
+    when the callback is built, in one line pointing to ``check … heldout=adversarial``; nothing is written."""
+    run = tmp_path / "run"
+    _run(
+        [
+            "fit",
+            *TINY,
+            f"run_dir={run}",
+            "trainer.max_epochs=1",
+            "callbacks.metamorphic.heldout=[adversarial]",
+        ],
+        capsys,
+        code=2,
+        text="'adversarial' attacks fixed weights; the training-time check replays",
+    )
+    assert not run.exists() or not any(run.iterdir())
