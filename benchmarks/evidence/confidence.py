@@ -60,7 +60,7 @@ def foreground_probabilities(model, dataset, batch_size: int = 16) -> tuple[torc
 
 def main(argv=None) -> list[dict]:
     from benchmarks.evidence.artifacts import load_weights
-    from benchmarks.evidence.run import SPLIT_FRACTIONS, build_data
+    from benchmarks.evidence.run.data import SPLIT_FRACTIONS, build_data
     from robusttrain.models.segmentation import SegmentationModule
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -32,7 +32,7 @@ cat > "$OUT/run_one.sh" <<EOF
 #!/bin/sh
 cd "$OUT/code"
 # the frozen code's entry point: a module since the benchmarks/evidence/ package, a script before
-if [ -f benchmarks/evidence/run.py ]; then RUN="-m benchmarks.evidence.run"; else RUN=benchmarks/evidence.py; fi
+if [ -e benchmarks/evidence/run.py ] || [ -d benchmarks/evidence/run ]; then RUN="-m benchmarks.evidence.run"; else RUN=benchmarks/evidence.py; fi
 PYTHONPATH="$OUT/code" OMP_NUM_THREADS=1 exec nice -n 10 "$PY" \$RUN --dataset polyp256 \\
   --conditions "\$1" --seeds "\$2" --size 128 --epochs 30 --features 16,16,32,64,128,16 --batch-size 8 \\
   --lr 3e-3 --mr-every 2 --mr-val-cases 50 --efr-cases 150 --efr-policies least_loss,last --threads 1 \\

@@ -21,7 +21,7 @@ def time_steps(cond: str, size: int, features: tuple[int, ...], args) -> dict:
     import lightning.pytorch as L
 
     from benchmarks.evidence.conditions import training_callbacks, usable_families
-    from benchmarks.evidence.run import build_data
+    from benchmarks.evidence.run.data import build_data
     from robusttrain.models.segmentation import SegmentationModule
 
     ns = argparse.Namespace(
