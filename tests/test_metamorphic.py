@@ -276,10 +276,10 @@ def test_two_class_labels_equal_argmax_including_ties():
 
 def test_the_check_on_an_accelerator_scores_what_the_cpu_scores():
     # the MR check's torch path (as on a GPU: path="torch", model and probe batch on the device) on the emulated
-    # accelerator of benchmarks/perf/emulated_device.py: any host tensor mixed into a device op fails there as on
+    # accelerator of robusttrain/testing/emulated_device.py: any host tensor mixed into a device op fails there as on
     # CUDA; the per-slice sums equal the CPU's (params are drawn per case on the host in both)
-    from benchmarks.perf.emulated_device import EmulatedDevice
     from robusttrain.metamorphic.batch import ProbeBatch
+    from robusttrain.testing.emulated_device import EmulatedDevice
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))

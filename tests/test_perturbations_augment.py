@@ -260,10 +260,10 @@ def test_a_batch_with_the_wrong_channels_is_refused_whole_whatever_the_draw_pick
 
 @pytest.mark.parametrize("family", ["specularity", "instrument", "blur", "text"])
 def test_batch_augmentation_on_an_accelerator_gives_the_cpu_s_batch(family):
-    # the accelerator branches on the emulated device of benchmarks/perf/emulated_device.py (host tensors
+    # the accelerator branches on the emulated device of robusttrain/testing/emulated_device.py (host tensors
     # mixed into device ops fail as on CUDA): the CPU's images, and a placed family's severity groups read the
     # placement maps back once for the draw and once for the render, not once or twice per group
-    from benchmarks.perf.emulated_device import EmulatedDevice, on_host
+    from robusttrain.testing.emulated_device import EmulatedDevice, on_host
 
     torch.manual_seed(0)
     x = torch.rand(12, 3, 96, 96)

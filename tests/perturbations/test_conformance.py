@@ -42,12 +42,12 @@ GREY_ONLY = set(P.available()) - set(P.available(channels=3))
     ]
 )
 def device(request):
-    """``emulated``: the accelerator code path on the CPU (``benchmarks.perf.emulated_device``): tensors on
+    """``emulated``: the accelerator code path on the CPU (``robusttrain.testing.emulated_device``): tensors on
     ``meta`` that hold real data, and any op that mixes in a host tensor fails as it does on CUDA."""
     if request.param != "emulated":
         yield torch.device(request.param)
         return
-    from benchmarks.perf.emulated_device import EmulatedDevice
+    from robusttrain.testing.emulated_device import EmulatedDevice
 
     with EmulatedDevice() as dev:
         yield dev.device

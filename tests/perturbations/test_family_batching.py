@@ -191,7 +191,7 @@ def test_draw_digests_repeat_for_a_seed_and_differ_between_seeds():
     assert len({a, digest(64, 4, 1, 1, steps=2), digest(64, 4, 4, 0, steps=2)}) == 3
 
 
-# ---- the accelerator code path, on an emulated device (benchmarks/perf/emulated_device.py) ----------------
+# ---- the accelerator code path, on an emulated device (robusttrain/testing/emulated_device.py) ----------------
 
 
 @pytest.mark.parametrize("kw", [{"k": 1}, {"k": 4}, {"k": 1, "mix": "augmix"}], ids=["k1", "k4", "augmix"])
@@ -199,7 +199,7 @@ def test_worst_of_k_on_an_accelerator_draws_the_cpu_s_followups(kw):
     # the accelerator branches (placement on host maps, params moved in one copy per dtype, the blur kernel's
     # width from its table) with every op that mixes a host tensor into a device op refused as CUDA refuses
     # it; the follow-ups are the CPU's up to float rounding (the blur kernel's width differs), the draws equal
-    from benchmarks.perf.emulated_device import EmulatedDevice, on_host
+    from robusttrain.testing.emulated_device import EmulatedDevice, on_host
 
     x, m = _batch(16, 96)
     score = lambda c, mm: c.mean((1, 2, 3))  # noqa: E731
@@ -224,7 +224,7 @@ def test_worst_of_k_on_an_accelerator_draws_the_cpu_s_followups(kw):
 
 
 def test_the_emulated_device_refuses_what_cuda_refuses_and_counts_copies():
-    from benchmarks.perf.emulated_device import EmulatedDevice, on_host
+    from robusttrain.testing.emulated_device import EmulatedDevice, on_host
 
     with EmulatedDevice() as dev:
         x = torch.arange(6.0).view(2, 3).to(dev.device)

@@ -70,7 +70,7 @@ class DeviceTensor(torch.Tensor):
         r.elem = elem
         return r
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # type: ignore[override]  # torch's stub names a keyword "Any"
         return f"DeviceTensor({self.elem!r})"
 
     @classmethod
