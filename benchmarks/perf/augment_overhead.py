@@ -21,6 +21,7 @@ import time
 import torch
 
 import robusttrain.perturbations as P
+from benchmarks.common import Results, add_json_argument
 from robusttrain.perturbations.augment import BatchAugmentation
 
 
@@ -46,7 +47,7 @@ def seconds(fn, sync, min_time: float) -> float:
     return (time.perf_counter() - t0) / calls
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
@@ -54,18 +55,22 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--min-time", type=float, default=0.1, help="seconds per variant and round")
     ap.add_argument("--families", nargs="*", default=None)
-    a = ap.parse_args()
+    add_json_argument(ap)
+    a = ap.parse_args(argv)
+    results = Results("benchmarks.perf.augment_overhead", a, device=a.device, argv=argv)
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     rgb, m = batch(a.batch, a.size, a.device)
     grey, colour = rgb.mean(1, keepdim=True), set(P.available(channels=3))
     names = a.families or [
         f for f in P.available() if "model" not in inspect.signature(P.family_class(f).__init__).parameters
     ]
+    print(results.header_line())
     print(
         f"images/s, {a.batch} x C x {a.size} x {a.size} on {a.device}, median of {a.repeats}, "
         f"torch threads {torch.get_num_threads()}"
     )
     print(f"{'family':14s} {'apply_batch':>12s} {'aug p=1':>10s} {'ratio':>6s} {'aug p=.5 1-5':>13s}")
+    rows = []
     for name in names:
         x = rgb if name in colour else grey  # MRI / X-ray families take single-channel batches
         pert = P.get(name, severity=3)
@@ -82,6 +87,10 @@ def main() -> None:
                 times[k].append(seconds(fn, sync, a.min_time))
         r = {k: a.batch / statistics.median(v) for k, v in times.items()}
         print(f"{name:14s} {r['fn']:12.1f} {r['p1']:10.1f} {r['p1'] / r['fn']:6.2f} {r['mix']:13.1f}")
+        rows.append([name, r["fn"], r["p1"], r["p1"] / r["fn"], r["mix"]])
+    cols = ["family", "apply_batch (images/s)", "aug p=1 (images/s)", "ratio", "aug p=.5 1-5 (images/s)"]
+    results.table("families", cols, rows, {c: "{:.1f}" for c in cols[1:]} | {"ratio": "{:.2f}"})
+    results.write(a.json)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import robusttrain.perturbations.border as border
 import robusttrain.perturbations.placement as placement
+from benchmarks.common import Results, add_json_argument
 from robusttrain.perturbations.suites import SUITES
 from robusttrain.training.worst_of_k import WorstOfK
 
@@ -119,11 +120,11 @@ def device_counts(
     k: int, size: int, batch: int, calls: int, families=SUITES["endoscopy"], border: bool = False
 ) -> dict[str, float]:
     """Per call of the counted draw (:func:`warmed_draw`'s) with its images on an emulated accelerator
-    (:mod:`benchmarks.perf.emulated_device`: the code's accelerator branches, CPU kernels): mean aten ops
+    (:mod:`robusttrain.testing.emulated_device`: the code's accelerator branches, CPU kernels): mean aten ops
     on the device (``device_ops``, of which ``launches`` launch a kernel), host-to-device copies
     (``to_device``, of which ``blocking``), device-to-host reads the host waits for (``syncs``) and aten
     ops on host tensors (``host_ops``: host time, no launch)."""
-    from benchmarks.perf.emulated_device import EmulatedDevice
+    from robusttrain.testing.emulated_device import EmulatedDevice
 
     x, m, score = counted_setting(size, batch, border)
     w = counted_draw(k, families)
@@ -152,7 +153,10 @@ def main(argv=None) -> None:
     ap.add_argument("--old-fov", action="store_true", help="also count with the old accelerator FOV loop")
     ap.add_argument("--border", action="store_true", help="images with a round black border (endoscopy)")
     ap.add_argument("--device", action="store_true", help="also count on an emulated accelerator")
+    add_json_argument(ap)
     args = ap.parse_args(argv)
+    results = Results("benchmarks.perf.launch_count", args, argv=argv)
+    print(results.header_line())
     both = {
         (b, k): counts_per_call(k, args.size, b, args.calls, border=args.border)
         for b in args.batches
@@ -161,10 +165,9 @@ def main(argv=None) -> None:
     rows = {key: v[0] for key, v in both.items()}
     images = "a round black border" if args.border else "uniform noise, no border"
     print(f"# {args.size} px, q=0.5, endoscopy families, severities 1..4; {images}; mean of {args.calls} calls")
-    print("| batch | k | aten ops per call | of which launch a kernel on a GPU |")
-    print("|---|---|---|---|")
-    for (b, k), (v, n) in both.items():
-        print(f"| {b} | {k} | {v:,.0f} | {n:,.0f} |")
+    cols = ["batch", "k", "aten ops per call", "of which launch a kernel on a GPU"]
+    table = [[b, k, v, n] for (b, k), (v, n) in both.items()]
+    print(results.table("cpu", cols, table, {cols[2]: "{:,.0f}", cols[3]: "{:,.0f}"}))
     # the targets are on all top-level aten ops (issue 31's count), the launch column is for reading only
     if 16 in args.batches:
         ok16 = rows[(16, 1)] <= TARGET_K1
@@ -174,7 +177,7 @@ def main(argv=None) -> None:
         ok64 = rows[(64, 1)] <= lim
         print(f"target k=1, batch 64: <= {lim:.0f}: {'met' if ok64 else 'NOT met'} ({rows[(64, 1)]:,.0f})")
     if args.device:
-        print("\n# the same draws on an emulated accelerator (benchmarks.perf.emulated_device), per call")
+        print("\n# the same draws on an emulated accelerator (robusttrain.testing.emulated_device), per call")
         print("| batch | k | aten ops on the device | of which launch a kernel | host-to-device copies "
               "(blocking) | device-to-host syncs | aten ops on the host |")
         print("|---|---|---|---|---|---|---|")
@@ -183,6 +186,10 @@ def main(argv=None) -> None:
         for (b, k), d in dev.items():
             print(f"| {b} | {k} | {d['device_ops']:,.0f} | {d['launches']:,.0f} | {d['to_device']:.1f} "
                   f"({d['blocking']:.1f}) | {d['syncs']:.1f} | {d['host_ops']:,.0f} |")
+        keys = ["device_ops", "launches", "to_device", "blocking", "syncs", "host_ops"]  # one value a column
+        fmt = {"device_ops": "{:,.0f}", "launches": "{:,.0f}", "host_ops": "{:,.0f}"}
+        fmt |= {c: "{:.1f}" for c in ("to_device", "blocking", "syncs")}
+        results.table("emulated_device", ["batch", "k", *keys], [[b, k, *(d[c] for c in keys)] for (b, k), d in dev.items()], fmt)
         for b, lim in ((16, TARGET_K1), (64, TARGET_GROWTH * TARGET_K1)):
             if b in args.batches:
                 v = dev[(b, 1)]["device_ops"]
@@ -198,6 +205,7 @@ def main(argv=None) -> None:
                     print(f"old accelerator field-of-view loop: batch {b}, k={k}: {v:,.0f}")
         finally:
             border.fov_from_cells = placement.fov_from_cells = current
+    results.write(args.json)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from benchmarks.common import Results, add_json_argument
 from robusttrain.metamorphic.batch import BatchHooks, iter_probe
 from robusttrain.metamorphic.efr import efr_table
 from robusttrain.metamorphic.failures import build_failures
@@ -41,13 +42,15 @@ def synthetic(n: int, size: int) -> list[dict]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=16)
     ap.add_argument("--size", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2, help="checks after the first (params cached)")
-    args = ap.parse_args()
+    add_json_argument(ap)
+    args = ap.parse_args(argv)
+    results = Results("benchmarks.perf.mr_overhead", args, argv=argv)
     from monai.networks.nets import BasicUNet
 
     torch.manual_seed(0)
@@ -83,10 +86,12 @@ def main() -> None:
             logits_to_probabilities(model(x))
         return time.perf_counter() - t0
 
+    print(results.header_line())
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.cases} cases at "
         f"{args.size}px, {len(suite.names)} families x severities {suite.severities}"
     )
+    rows = []
     with torch.no_grad():
         for rep in range(1 + args.repeats):
             inputs.clear()
@@ -101,6 +106,13 @@ def main() -> None:
                 f"forwards inside the check {in_check[0]:6.2f} s, rest {rest:5.2f} s: "
                 f"overhead {100 * rest / in_check[0]:5.1f} %"
             )
+            overheads = (100 * (t_check - t_fwd) / t_fwd, in_check[0], rest, 100 * rest / in_check[0])
+            rows.append([label, t_check, t_fwd, len(inputs), *overheads])
+    cols = ["check", "check (s)", "forwards alone (s)", "batches", "overhead vs alone (%)",
+            "forwards inside (s)", "rest (s)", "overhead vs inside (%)"]
+    results.table("checks", cols, rows, {c: "{:.2f}" for c in cols[1:3] + cols[5:7]} | {
+        cols[4]: "{:.1f}", cols[7]: "{:.1f}"})
+    results.write(args.json)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.common import Results, add_json_argument
+
 ROBUST = ("metamorphic", "balanced", "balanced_average", "mining", "reporting")
 # a training method, not monitoring: off in both runs (benchmarks/perf/training_step.py measures it)
 ALWAYS_OFF = ("metamorphic_training",)
@@ -120,7 +122,7 @@ def _load() -> str:
         return "n/a"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=8, help="the polyp recipe's default")
     ap.add_argument("--repeats", type=int, default=1)
@@ -128,7 +130,10 @@ def main() -> None:
     ap.add_argument("--only", choices=ROBUST, default=None, help="toggle only this callback")
     ap.add_argument("--out", default=None, help="keep the run directories here (default: a temp dir)")
     ap.add_argument("extra", nargs="*", help="overrides for both runs (after --)")
-    args = ap.parse_args()
+    add_json_argument(ap)
+    args = ap.parse_args(argv)
+    results = Results("benchmarks.perf.overhead", args, argv=argv)
+    print(results.header_line())
     root = Path(args.out or tempfile.mkdtemp(prefix="rt_overhead_"))
     toggled = (args.only,) if args.only else ROBUST
     print(
@@ -168,6 +173,11 @@ def main() -> None:
             else " (OMP_NUM_THREADS is not 1: CPU time also counts threads that wall time overlaps)"
         )
     )
+    cols = ["repeat", "callbacks", "wall (s)", "CPU (s)"]
+    rows = [[r, "on" if on else "off", walls[on][r], cpus[on][r]] for r in range(args.repeats) for on in (False, True)]
+    results.table("runs", cols, rows, {"wall (s)": "{:.1f}", "CPU (s)": "{:.1f}"})
+    results.notes["ratio_wall_best_of"] = min(walls[True]) / min(walls[False])
+    results.notes["ratio_cpu_best_of"] = min(cpus[True]) / min(cpus[False])
     per = check_log(root / f"on{args.repeats - 1}")
     print("\nper check, callbacks on (last repeat):")
     print(per.to_string())
@@ -184,6 +194,8 @@ def main() -> None:
                 "failure mining when enabled) and load changes between the two runs"
             )
         print(line)
+        results.notes |= {"mr_check_s": checks, "mr_train_s": train}
+    results.write(args.json)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from benchmarks.common import Results, add_json_argument
 from robusttrain.callbacks import MetamorphicCallback, MetamorphicTraining
 from robusttrain.cli.compose import PACKAGE_RECIPES
 from robusttrain.datamodules import PolypDataModule
@@ -133,7 +134,9 @@ def time_setting(
     return timer.times[2:]  # the first two steps warm up allocators and caches
 
 
-def compare_models(models: list[str], loader: DataLoader, args: argparse.Namespace, accelerator: str) -> None:
+def compare_models(
+    models: list[str], loader: DataLoader, args: argparse.Namespace, accelerator: str, results: Results
+) -> None:
     """The plain training step of each model, interleaved rounds; median and ratio to the first."""
     unknown = [m for m in models if m not in MODELS]
     if unknown:
@@ -144,11 +147,10 @@ def compare_models(models: list[str], loader: DataLoader, args: argparse.Namespa
             times[m] += time_setting(None, loader, args.steps, accelerator, m, args.precision)
     base = statistics.median(times[models[0]])
     print(f"\nload {os.getloadavg()[0]:.2f} at end\n")
-    print(f"| model ({args.size} px, batch {args.batch_size}) | median step (ms) | vs {models[0]} |")
-    print("|---|---|---|")
-    for m in models:
-        med = statistics.median(times[m])
-        print(f"| {m} | {1000 * med:.0f} | {med / base:.2f}x |")
+    meds = {m: statistics.median(times[m]) for m in models}
+    cols = [f"model ({args.size} px, batch {args.batch_size})", "median step (ms)", f"vs {models[0]}"]
+    rows = [[m, 1000 * meds[m], meds[m] / base] for m in models]
+    print(results.table("models", cols, rows, {cols[1]: "{:.0f}", cols[2]: "{:.2f}x"}))
 
 
 class CheckTimes(L.Callback):
@@ -208,8 +210,10 @@ def main(argv=None) -> None:
     ap.add_argument("--mr-budget", type=float, default=None, help="also time the MR check at this budget")
     ap.add_argument("--mr-epochs", type=int, default=3)
     ap.add_argument("--mr-val", type=int, default=64, help="validation images of the --mr-budget fit")
+    add_json_argument(ap)
     args = ap.parse_args(argv)
     accelerator = "gpu" if args.device == "cuda" else "cpu"
+    results = Results("benchmarks.perf.training_step", args, device=args.device, argv=argv)
     dm = PolypDataModule(
         image_size=args.size,
         batch_size=args.batch_size,
@@ -224,6 +228,7 @@ def main(argv=None) -> None:
         for n in SETTINGS
         if n == "plain" or not args.only or any(s.strip() in n for s in args.only.split(","))
     ]
+    print(results.header_line())
     print(
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
         f"threads {torch.get_num_threads()}, device {args.device}, load {os.getloadavg()[0]:.2f} at start; "
@@ -231,7 +236,8 @@ def main(argv=None) -> None:
         f"model {args.model}, precision {args.precision}"
     )
     if args.models:
-        compare_models([m.strip() for m in args.models.split(",")], loader, args, accelerator)
+        compare_models([m.strip() for m in args.models.split(",")], loader, args, accelerator, results)
+        results.write(args.json)
         return
     times: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(args.rounds):
@@ -239,24 +245,19 @@ def main(argv=None) -> None:
             times[n] += time_setting(SETTINGS[n], loader, args.steps, accelerator, args.model, args.precision)
     base = statistics.median(times["plain"])
     print(f"\nload {os.getloadavg()[0]:.2f} at end\n")
-    print("| setting | median step (ms) | vs plain |")
-    print("|---|---|---|")
-    for n in names:
-        med = statistics.median(times[n])
-        print(f"| {n} | {1000 * med:.0f} | {med / base:.2f}x |")
+    meds = {n: statistics.median(times[n]) for n in names}
+    rows = [[n, 1000 * meds[n], meds[n] / base] for n in names]
+    fmt = {"median step (ms)": "{:.0f}", "vs plain": "{:.2f}x"}
+    print(results.table("settings", ["setting", "median step (ms)", "vs plain"], rows, fmt))
     if args.mr_budget is not None:
         rows = time_check(dm, args, accelerator)
         print(f"\nMR check at budget={args.mr_budget} ({args.mr_val} validation images, {args.model}):\n")
-        print("| epoch | training (s) | check (s) | (train + check) / train |")
-        print("|---|---|---|---|")
-        for (
-            epoch,
-            check_s,
-            train_s,
-        ) in rows:  # the last epoch's check is the final one (completes the rotation)
-            print(
-                f"| {epoch} | {train_s:.1f} | {check_s:.1f} | {(train_s + check_s) / max(train_s, 1e-9):.2f}x |"
-            )
+        # the last epoch's check is the final one (completes the rotation)
+        cols = ["epoch", "training (s)", "check (s)", "(train + check) / train"]
+        table = [[e, tr, ch, (tr + ch) / max(tr, 1e-9)] for e, ch, tr in rows]
+        fmt = {cols[1]: "{:.1f}", cols[2]: "{:.1f}", cols[3]: "{:.2f}x"}
+        print(results.table("mr_check", cols, table, fmt))
+    results.write(args.json)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""benchmarks/common.py and benchmarks/tables.py: a perf script's --json carries its run header and the
+raw numbers of the table it printed, and the generator renders that JSON back to the same table."""
+
+import json
+import subprocess
+
+import pytest
+
+from benchmarks import tables
+from benchmarks.common import header_line, render
+from benchmarks.perf import launch_count
+
+
+def test_a_tiny_launch_count_run_writes_json_that_renders_to_its_printed_table(tmp_path, capsys):
+    out = tmp_path / "perf" / "launch_count.json"
+    launch_count.main(["--size", "32", "--batches", "4", "--calls", "1", "--json", str(out)])
+    printed = capsys.readouterr().out
+    payload = json.loads(out.read_text())
+    assert [p.name for p in out.parent.iterdir()] == ["launch_count.json"]  # atomic: no temp file left
+    head = payload["header"]
+    assert head["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert head["device"] == "cpu" and head["torch_threads"] >= 1 and len(head["load_1_5_15"]) == 3
+    assert printed.splitlines()[0] == header_line(head)  # the header is what the script prints first
+    rows = payload["tables"]["cpu"]["rows"]
+    assert [r[:2] for r in rows] == [[4, 1], [4, 4]] and all(r[2] >= r[3] > 0 for r in rows)
+    assert "--json" not in payload["argv"] and "json" not in payload["args"]  # no machine path kept
+    md = render(payload)
+    table = md.split("**cpu**\n\n", 1)[1].strip()
+    assert table in printed  # the generated table is the printed one, cell for cell
+    assert md.startswith("`python -m benchmarks.perf.launch_count --size 32 --batches 4 --calls 1`")
+    assert tables.main([str(out)]) == md
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("{not json", "not a readable JSON"), ('{"script": "x"}', "no 'header' key")]
+)
+def test_the_generator_refuses_a_file_that_is_no_results_json_in_one_line(tmp_path, capsys, text, expected):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        tables.main([str(bad)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and str(bad) in err and expected in err
