@@ -21,12 +21,29 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import shlex
 from pathlib import Path
 
 import torch
 
 from robusttrain.io import atomic_write_bytes, atomic_write_text
+
+PATH_ARGS = ("data_root", "out")  # the runner's arguments that name a folder of this machine
+
+
+def portable_args(args: dict, base: Path) -> dict:
+    """``args`` with its folder arguments (:data:`PATH_ARGS`) relative to ``base``, the folder the record
+    is written in: a record names no machine path, and moving the whole tree keeps it true.
+
+    >>> portable_args({"out": "/data/runs", "data_root": "/data/shared", "seed": 0}, Path("/data/runs/polyp256_v4"))
+    {'out': '..', 'data_root': '../../shared', 'seed': 0}
+    """
+    base = Path(os.path.abspath(base))
+    return {
+        k: os.path.relpath(os.path.abspath(v), base) if k in PATH_ARGS and isinstance(v, str) and v else v
+        for k, v in args.items()
+    }
 
 
 def save_weights(path: Path, state_dict: dict, **extra) -> Path:
@@ -105,7 +122,9 @@ def write_config(
             "condition": cond,
             "seed": int(seed),
             "condition_kwargs": condition_kwargs or {},
-            "args": {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (int, float, str))},
+            "args": {
+                k: v for k, v in sorted(portable_args(vars(args), run_dir).items()) if isinstance(v, (int, float, str))
+            },
         },
         # the v4 key order kept (same run, same bytes): network first, then the data's, then the widths
         "model": {"network": net.pop("network"), "in_channels": 3, "num_classes": 2, "class_names": ["polyp"], **net},
@@ -150,17 +169,16 @@ def rescore_commands(
 
 
 def write_rescore(run_dir: Path, args, features, policies, network: str = "basic_unet") -> Path:
-    """``rescore.sh FOLDER OUT [POLICY]``: the product's CLI on a kept checkpoint (default least_loss)."""
+    """``rescore.sh FOLDER OUT [POLICY]``: the product's CLI on a kept checkpoint (default least_loss); the
+    checkpoint is found beside the script (``$RUN``), wherever the run folder was moved."""
     lines = [
         "#!/bin/sh",
         "# Re-score a kept checkpoint of this run on any image folder with the product's CLI.",
         "# usage: sh rescore.sh FOLDER OUT [POLICY]   (POLICY: one of " + ", ".join(policies) + ")",
         "set -e",
         'FOLDER="$1"; OUT="$2"; POLICY="${3:-least_loss}"',
+        'RUN=$(cd "$(dirname "$0")" && pwd)',
     ]
-    cmds = rescore_commands(run_dir, args, features, "$POLICY", '"$FOLDER"', '"$OUT"', network)
-    lines += [
-        c.replace(f"{run_dir}/checkpoints/$POLICY.ckpt", f'"{run_dir}/checkpoints/$POLICY.ckpt"')
-        for c in cmds
-    ]
+    cmds = rescore_commands(Path("$RUN"), args, features, "$POLICY", '"$FOLDER"', '"$OUT"', network)
+    lines += [c.replace("ckpt=$RUN/checkpoints/$POLICY.ckpt", 'ckpt="$RUN/checkpoints/$POLICY.ckpt"') for c in cmds]
     return atomic_write_text(run_dir / "rescore.sh", "\n".join(lines) + "\n")

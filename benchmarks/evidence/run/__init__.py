@@ -44,6 +44,14 @@ from __future__ import annotations
 
 from benchmarks.evidence.run.cli import main
 from benchmarks.evidence.run.data import DATA, SPLIT_FRACTIONS, build_data, clinicdb_sequences
-from benchmarks.evidence.run.protocol import FOLLOWUP_COLUMNS
+from benchmarks.evidence.run.protocol import FOLLOWUP_COLUMNS, v4_family_sets
 
-__all__ = ["DATA", "FOLLOWUP_COLUMNS", "SPLIT_FRACTIONS", "build_data", "clinicdb_sequences", "main"]
+__all__ = [
+    "DATA",
+    "FOLLOWUP_COLUMNS",
+    "SPLIT_FRACTIONS",
+    "build_data",
+    "clinicdb_sequences",
+    "main",
+    "v4_family_sets",
+]

@@ -43,10 +43,13 @@ def write_summary(results: list[dict], args, out: Path, wall: float) -> dict:
         summary = summarise(results, args)
         md = write_tables(summary, args)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"args": vars(args), "wall_seconds": round(wall, 1), "summary": summary, "results": results}
+    from benchmarks.evidence.artifacts import portable_args
+
+    kept = portable_args(vars(args), out)  # the folders relative to the tables' own: no machine path
+    payload = {"args": kept, "wall_seconds": round(wall, 1), "summary": summary, "results": results}
     atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=float))
     atomic_write_text(
-        out / "summary.json", json.dumps({"args": vars(args), "summary": summary}, indent=1, default=float)
+        out / "summary.json", json.dumps({"args": kept, "summary": summary}, indent=1, default=float)
     )
     atomic_write_text(out / "results.md", md)
     print(md, flush=True)

@@ -105,7 +105,7 @@ def write_run(run: RunState) -> dict:
             n_efr_cases={s: len(v) for s, v in mr.items()},
             params=sum(p.numel() for p in model.parameters()),
             resumed=run.resume_from is not None,
-            run_dir=str(run_dir),
+            run_dir=str(run_dir.relative_to(args.out)),  # under --out: no machine path in the record
         )
         if cond in MT_CONDITIONS:
             out["mt_kwargs"] = {**MT_DEFAULTS, **(run.mt or {}), **MT_CONDITIONS[cond]}
