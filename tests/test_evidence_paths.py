@@ -1,5 +1,5 @@
-"""What an evidence run writes names no machine path (issue 47): config.yaml's folder arguments are
-relative to the run folder, and rescore.sh finds its checkpoint beside itself."""
+"""What an evidence run writes names no machine path (issue 47): config.yaml's output folder is
+relative to the run folder (the data folder is $DATA_ROOT), and rescore.sh finds its checkpoint beside itself."""
 
 import argparse
 import subprocess
@@ -22,7 +22,7 @@ def test_config_yaml_keeps_its_folders_relative_to_the_run(tmp_path):
     text = (run / "config.yaml").read_text()
     args = yaml.safe_load(text)["evidence"]["args"]
     assert str(tmp_path) not in text
-    assert args["out"] == "../.." and args["data_root"] == "../../../data" and args["size"] == 32
+    assert args["out"] == "../.." and args["data_root"] == "$DATA_ROOT" and args["size"] == 32
 
 
 def test_rescore_sh_runs_the_checkpoint_beside_it_wherever_the_run_moved(tmp_path):

@@ -29,21 +29,21 @@ import torch
 
 from robusttrain.io import atomic_write_bytes, atomic_write_text
 
-PATH_ARGS = ("data_root", "out")  # the runner's arguments that name a folder of this machine
-
 
 def portable_args(args: dict, base: Path) -> dict:
-    """``args`` with its folder arguments (:data:`PATH_ARGS`) relative to ``base``, the folder the record
-    is written in: a record names no machine path, and moving the whole tree keeps it true.
+    """``args`` as a record keeps them, with no machine path: ``out`` relative to ``base`` (the folder the
+    record is written in, so moving the whole tree keeps it true) and ``data_root`` as ``$DATA_ROOT``
+    (the data folder of whichever machine re-runs it; ``benchmarks/paths.py``).
 
     >>> portable_args({"out": "/data/runs", "data_root": "/data/shared", "seed": 0}, Path("/data/runs/polyp256_v4"))
-    {'out': '..', 'data_root': '../../shared', 'seed': 0}
+    {'out': '..', 'data_root': '$DATA_ROOT', 'seed': 0}
     """
-    base = Path(os.path.abspath(base))
-    return {
-        k: os.path.relpath(os.path.abspath(v), base) if k in PATH_ARGS and isinstance(v, str) and v else v
-        for k, v in args.items()
-    }
+    kept = dict(args)
+    if isinstance(kept.get("out"), str) and kept["out"]:
+        kept["out"] = os.path.relpath(os.path.abspath(kept["out"]), os.path.abspath(base))
+    if "data_root" in kept:
+        kept["data_root"] = "$DATA_ROOT"
+    return kept
 
 
 def save_weights(path: Path, state_dict: dict, **extra) -> Path:
