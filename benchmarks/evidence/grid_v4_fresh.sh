@@ -2,9 +2,9 @@
 # Evidence v4 (docs/evidence_v4/PROTOCOL.md) on a fresh machine in one command: each session here starts
 # with the repository only, so the run folder and the frozen worktree of the last one are gone.
 #
-#   sh benchmarks/evidence/grid_v4_fresh.sh [OUT]      # OUT default /work/evidence_v4_runs
+#   sh benchmarks/evidence/grid_v4_fresh.sh [OUT]      # OUT default <repo>/../evidence_v4_runs
 #
-# 1. the frozen code: a detached worktree (FROZEN, default /work/ev4code) of cfc4183 with 4b201cd
+# 1. the frozen code: a detached worktree (FROZEN, default <repo>/../ev4code) of cfc4183 with 4b201cd
 #    cherry-picked (the protocol's amendment of 2026-11-26: 43480b0 on the machine that started the grid;
 #    the same parent and the same one-commit change, so the same files);
 # 2. the finished runs restored from docs/evidence_v4/runs into OUT/polyp256_v4 (read back, not retrained;
@@ -16,8 +16,8 @@
 # FROZEN, DRY=1 (check and restore, print the job order, start nothing).
 set -eu
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${1:-/work/evidence_v4_runs}
-FROZEN=${FROZEN:-/work/ev4code}
+OUT=${1:-$(cd "$REPO/.." && pwd)/evidence_v4_runs}
+FROZEN=${FROZEN:-$(cd "$REPO/.." && pwd)/ev4code}
 PY=${PYTHON:-$REPO/.venv/bin/python}
 DATA=${DATA_ROOT:-$(cd "$REPO/.." && pwd)/shared/data}
 BASE=cfc4183 FIX=4b201cd

@@ -2,9 +2,9 @@
 # Evidence v5 (docs/evidence_v5/PROTOCOL.md) on a fresh machine in one command: a session here may start
 # with the repository only, so the run folder and the frozen worktree of the last one can be gone.
 #
-#   sh benchmarks/evidence/grid_v5_fresh.sh [OUT]      # OUT default /work/evidence_v5_runs
+#   sh benchmarks/evidence/grid_v5_fresh.sh [OUT]      # OUT default <repo>/../evidence_v5_runs
 #
-# 1. the frozen code: a detached worktree (FROZEN, default /work/ev5code) of FROZEN_COMMIT, the commit the
+# 1. the frozen code: a detached worktree (FROZEN, default <repo>/../ev5code) of FROZEN_COMMIT, the commit the
 #    grid started from (PROTOCOL.md names it); an existing worktree at another commit or with edits is refused;
 # 2. the finished runs restored from docs/evidence_v5/runs into OUT/polyp256_v5 (read back, not retrained;
 #    a run folder already there with other numbers is refused);
@@ -15,8 +15,8 @@
 # FROZEN, JOBS (default 2), DRY=1 (check and restore, print the job order, start nothing).
 set -eu
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${1:-/work/evidence_v5_runs}
-FROZEN=${FROZEN:-/work/ev5code}
+OUT=${1:-$(cd "$REPO/.." && pwd)/evidence_v5_runs}
+FROZEN=${FROZEN:-$(cd "$REPO/.." && pwd)/ev5code}
 PY=${PYTHON:-$REPO/.venv/bin/python}
 DATA=${DATA_ROOT:-$(cd "$REPO/.." && pwd)/shared/data}
 FROZEN_COMMIT=$(sed -n 's/^- \*\*Frozen commit\*\*: `\([0-9a-f]*\)`.*/\1/p' "$REPO/docs/evidence_v5/PROTOCOL.md" | head -n 1)
