@@ -323,10 +323,10 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     check_ckpt_file(str(ckpt))
     ckpt_path = Path(str(ckpt)).expanduser().resolve()
     data_root = _config_value(cfg, "data.root")
-    out_dir, run = check_output.output_dir(
+    out_dir, target = check_output.output_dir(
         cfg.get("run_dir"), ckpt_path, names[-1] if names else None, data_root, split
     )
-    run = run or check_output.training_run(ckpt_path)  # what it trained on, even when writing elsewhere
+    run = check_output.training_run(ckpt_path)  # the checkpoint's own run: what its weights trained on
     mr = (cfg.get("callbacks") or {}).get("metamorphic") or {}
     try:  # the suite validates its own arguments; a bad one is named before anything is written
         # exactly the suite the checkpoint's run trained with (its config.yaml), else the recipe's
@@ -346,15 +346,18 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     # a family the run trained on is tested but never labelled held out (one rule: metamorphic/heldout.py)
     held, trained = label_heldout(heldout, check_output.trained_families(run))
     suite = with_families(suite, heldout)
-    if out_dir is not None and run is not None and Path(out_dir).resolve().is_relative_to(run.resolve()):
-        out_dir = check_output.hold_run(run, out_dir, explicit=bool(cfg.get("run_dir")))
+    if out_dir is not None and target is not None:  # writing into a training run: hold its lock
+        out_dir = check_output.hold_run(target, out_dir, explicit=bool(cfg.get("run_dir")))
     with open_dict(cfg):
         cfg.run_dir = out_dir
     run_dir = resolve_run_dir(cfg, "check")
     write_config(cfg, run_dir, "check")
     print(f"[robusttrain] check recipe={cfg.recipe} ckpt={ckpt} run_dir={run_dir}", flush=True)
-    if run is not None and run_dir.is_relative_to(run.resolve()):
-        print(f"[robusttrain] check: writing into the training run {run} (report {run} shows it)", flush=True)
+    if target is not None and run_dir.is_relative_to(target.resolve()):
+        print(
+            f"[robusttrain] check: writing into the training run {target} (report {target} shows it)",
+            flush=True,
+        )
     if trained:
         print(f"[robusttrain] check: {trained_note(trained)}", flush=True)
     model = _load_model(cfg, str(ckpt))  # a bad checkpoint fails before the data is read

@@ -194,6 +194,12 @@ def test_check_labels_a_family_the_run_trained_on_as_trained(trained, tmp_path, 
     assert table.loc["held-out families", "val/worst family"] == "motion_blur"
     summary = json.loads((run / "checks" / "last-val" / "check.json").read_text())
     assert summary["heldout"] == ["motion_blur"] and list(summary["trained"]) == ["blur"]
+    # written into another training run (run_dir=), what counts as trained is still the checkpoint's run's
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.yaml").write_text("seed: 0\n")
+    _run(["check", *TINY, f"ckpt={run}/checkpoints/last.ckpt", "heldout=blur", f"run_dir={other}"], capsys)
+    assert _table(other / "checks" / "last-val").loc["blur", "held out"] == ""
 
 
 def test_resume_that_adds_heldout_does_not_call_a_trained_family_held_out(tmp_path, capsys, caplog):
