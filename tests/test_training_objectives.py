@@ -114,14 +114,12 @@ def test_chains_on_volumes_replay_slicewise():
     assert torch.equal(f.replay(x, m), f.images)
 
 
-def test_k1_draws_the_same_images_whatever_the_selection_rule():
-    x, m = _batch()
-    base = WorstOfK(COLOUR, k=1, q=0.5, epsilon=1.0, seed=3)
+def test_k1_with_a_selection_rule_is_refused_it_would_be_ignored():
+    # k=1 draws one candidate and scores nothing: a selection rule there was accepted and ignored before
+    # issue 46 (the draws were those of selection="worst"); now it is refused naming why
     for sel in ("quantile", "augmax"):
-        other = WorstOfK(COLOUR, k=1, q=0.5, epsilon=1.0, seed=3, selection=sel)
-        for step in range(5):
-            a, b = base(x, m, None, step=step), other(x, m, None, step=step)
-            assert torch.equal(a.images, b.images) and a.scores is None and b.partner is None
+        with pytest.raises(ValueError, match=f"selection='{sel}' picks among k > 1 scored candidates"):
+            WorstOfK(COLOUR, k=1, q=0.5, epsilon=1.0, seed=3, selection=sel)
 
 
 def test_warm_up_draws_one_random_candidate_and_scores_nothing():

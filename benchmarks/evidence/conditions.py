@@ -216,6 +216,10 @@ def training_callbacks(
         return [mr, mining_cb, _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw)], mr
     if cond in MT_CONDITIONS:
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
+        if kw["k"] == 1 and "score_scale" not in (mt or {}):
+            # k=1 scores nothing, so v3's scoring size never acted there (and MetamorphicTraining refuses
+            # an argument that has no effect): the same draws without it
+            del kw["score_scale"]
         return [mr, _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw)], mr
     # same slot layout as ReplayDataset
     names = list(perturbations) if cond == "random" else []

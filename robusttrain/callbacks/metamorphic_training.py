@@ -89,7 +89,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
 
     def __init__(
         self,
-        perturbations: str | Sequence[str] | None = None,
+        perturbations: str | Sequence[str] | Mapping[str, float] | None = None,
         k: int = 4,
         q: float = 0.5,
         epsilon: float = 0.3,

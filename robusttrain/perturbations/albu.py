@@ -14,7 +14,8 @@ seed=...)`` sets), as Albumentations' own transforms draw theirs — so ``A.Comp
 same images within a version (not promised across versions) and ``A.ReplayCompose`` replays exactly — and
 the image goes through the perturbation's numpy kernel. ``FourierMixTransform`` sees one image at a time, so
 its partner is the documented stand-in (:class:`~robusttrain.perturbations.shift.FourierMix`). The lesion ``mask`` (if passed) keeps objects, spots and text
-off the lesion; it is returned unchanged. Families that need a model (``adversarial``) have no transform.
+off the lesion; it is returned unchanged, and so are ``masks``, ``bboxes`` and ``keypoints`` (no family moves
+image content). Families that need a model (``adversarial``) have no transform.
 
 Example:
     >>> import albumentations as A, numpy as np
@@ -187,6 +188,17 @@ class PerturbationTransform(A.DualTransform, metaclass=_FamilyMeta):
 
     def apply_to_mask(self, mask: np.ndarray, **params: Any) -> np.ndarray:
         return mask  # masks are never changed
+
+    # No family moves image content (objects, spots and text are pasted where they are drawn, nothing is
+    # warped or shifted), so boxes and points stay where they are: Albumentations' own pixel-level
+    # transforms -- occluders such as RandomSunFlare, RandomShadow and TextImage included -- pass them through
+    # unchanged too (as image-only transforms). Without these the DualTransform base raised
+    # NotImplementedError for any pipeline carrying bboxes or keypoints.
+    def apply_to_bboxes(self, bboxes: np.ndarray, **params: Any) -> np.ndarray:
+        return bboxes
+
+    def apply_to_keypoints(self, keypoints: np.ndarray, **params: Any) -> np.ndarray:
+        return keypoints
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
         return self.arg_names

@@ -10,7 +10,8 @@ picks the same level on the numpy path, the CPU and an accelerator.
 **Relative units.** Block artifacts are 8 px of the *encoded* frame. To mean the same at every size the
 codec runs on a grid ``k = round(512 / shorter side)`` times finer than the image (bilinear up, integer
 ``k``) and its error there, area-averaged back down, is added to the image, so a 128-px image shows what a frame compressed at ~512 px shows once
-downsized; images with a shorter side of 512 px and more are compressed on their own pixel grid.
+downsized; images with a shorter side of 512 px and more are compressed on their own pixel grid. ``k`` is
+capped so that the grid stays proportional to the image (:func:`grid_factor`: only thin strips are affected).
 """
 
 from __future__ import annotations
@@ -85,9 +86,26 @@ def codec_grid(n: int, k: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray
     return _linear_up(n, k, p), _linear_up(p // 2, 2, p), p
 
 
+# the codec's grid holds at most this many pixels, or GRID_PER_PIXEL per image pixel when that is more
+GRID_PIXELS = 4 * REF_SIDE * REF_SIDE
+GRID_PER_PIXEL = 64
+
+
 def grid_factor(h: int, w: int) -> int:
-    """How many times finer than the image the codec's grid is: ``round(512 / shorter side)``, at least 1."""
-    return max(1, round(REF_SIDE / short_side(h, w)))
+    """How many times finer than the image the codec's grid is: ``round(512 / shorter side)``, at least 1,
+    and at most what keeps the grid within ``max(GRID_PIXELS, GRID_PER_PIXEL * h * w)`` pixels.
+
+    The cap bites only on thin images (a 4 x 1024 strip would otherwise be coded on a 512 x 131072 grid,
+    1.6 GB): the memory stays proportional to the image. Any image coded 8 times finer or less (shorter
+    side 60 px and more), and every small one whose grid fits in 1024 x 1024 pixels, keeps its factor.
+
+    >>> grid_factor(32, 32), grid_factor(128, 96), grid_factor(600, 500), grid_factor(4, 1024)
+    (16, 5, 1, 16)
+    """
+    k = max(1, round(REF_SIDE / short_side(h, w)))
+    area = int(h) * int(w)
+    budget = max(GRID_PIXELS, GRID_PER_PIXEL * area)
+    return k if k * k * area <= budget else max(1, math.isqrt(budget // area))
 
 
 def _up(v, lin, dim: int, xp):

@@ -62,6 +62,17 @@ def _standardise_like(y, x, xp):
     return (y - ym) / (ys + 1e-6) * xs + xm
 
 
+def _pad_reflect101(v: torch.Tensor, r: int) -> torch.Tensor:
+    """``r`` px of reflect-101 padding on both sides of the last two dims, as numpy's ``mode="reflect"``.
+    An axis of one pixel has nothing to mirror: torch refuses it, numpy repeats the pixel, and so does
+    this (replicate; a spacing ``r > 1`` comes only with sides of 384 px and more, so that is the one case)."""
+    h, w = v.shape[-2:]
+    if h > r and w > r:
+        return F.pad(v, (r, r, r, r), mode="reflect")
+    v = F.pad(v, (r, r, 0, 0), mode="reflect" if w > r else "replicate")
+    return F.pad(v, (0, 0, r, r), mode="reflect" if h > r else "replicate")
+
+
 def randconv_torch(x: torch.Tensor, weights: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     """Each sample through its own random network (grouped convolutions: one call per layer for the batch)."""
     b, c, h, w = x.shape
@@ -70,11 +81,7 @@ def randconv_torch(x: torch.Tensor, weights: torch.Tensor, mix: torch.Tensor) ->
     for j, (wt, bias) in enumerate(_layers(weights.float(), c)):
         cin = v.shape[1]
         r = (wt.shape[-1] // 2) * d
-        v = (
-            F.pad(v.reshape(1, b * cin, h, w), (r, r, r, r), mode="reflect")
-            if r
-            else v.reshape(1, b * cin, h, w)
-        )
+        v = _pad_reflect101(v.reshape(1, b * cin, h, w), r) if r else v.reshape(1, b * cin, h, w)
         v = F.conv2d(v, wt.reshape(-1, *wt.shape[2:]), bias.reshape(-1), dilation=d, groups=b).reshape(
             b, -1, h, w
         )

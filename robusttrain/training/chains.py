@@ -36,6 +36,24 @@ import torch
 from ..perturbations.base import host_params
 
 MIXES = ("none", "augmix")
+DEFAULT_WIDTH, DEFAULT_ALPHA = 3, 1.0  # AugMix's chains per follow-up and concentration
+
+
+def unused_chain_argument(mix: str, chain_depth: int, width: int, alpha: float) -> str | None:
+    """Why ``width`` or ``alpha`` has no effect with ``mix`` and ``chain_depth`` (None: each one acts): both
+    belong to AugMix's mix of chains, so with ``mix="none"`` only their defaults (or ``width=1``) pass.
+
+    >>> unused_chain_argument("none", 1, 3, 2.0)
+    "alpha=2.0 is AugMix's mixing concentration, read only with mix='augmix'; set mix='augmix' or leave alpha at 1.0"
+    """
+    if mix == "none" and width != 1 and (chain_depth > 1 or width != DEFAULT_WIDTH):
+        return f"width={width} chains are mixed only with mix='augmix'; with mix='none' use width=1"
+    if mix == "none" and alpha != DEFAULT_ALPHA:
+        return (
+            f"alpha={alpha!r} is AugMix's mixing concentration, read only with mix='augmix'; set "
+            f"mix='augmix' or leave alpha at {DEFAULT_ALPHA}"
+        )
+    return None
 LABEL = "augmix"  # the family name a chain follow-up is counted and recorded under
 
 Apply = Callable[[str, int, torch.Tensor, "torch.Tensor | None"], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]

@@ -34,6 +34,40 @@ from dataclasses import dataclass
 import torch
 
 SELECTIONS = ("worst", "quantile", "augmax")
+DEFAULT_QUANTILE = 0.75  # the quantile a sampler keeps unless told otherwise
+
+
+def unused_selection_argument(k: int, selection: str, quantile: float, temperature: float) -> str | None:
+    """Why one of ``selection``, ``quantile`` and ``temperature`` has no effect with the others (None: each
+    one acts). An argument that is read nowhere under the others is a setting the user believes in and the
+    run ignores, so the samplers refuse it; a value equal to its default is not a setting.
+
+    >>> unused_selection_argument(1, "augmax", 0.75, 0.0)
+    "selection='augmax' picks among k > 1 scored candidates; k=1 draws one candidate and scores nothing (give k > 1 or leave selection='worst')"
+    >>> unused_selection_argument(4, "quantile", 0.5, 0.0) is None
+    True
+    """
+    if k == 1 and selection != "worst":
+        return (
+            f"selection={selection!r} picks among k > 1 scored candidates; k=1 draws one candidate and "
+            "scores nothing (give k > 1 or leave selection='worst')"
+        )
+    if k == 1 and temperature > 0:
+        return (
+            f"temperature={temperature!r} samples among k > 1 scored candidates; k=1 draws one candidate "
+            "and scores nothing (give k > 1 or temperature=0)"
+        )
+    if selection == "quantile" and temperature > 0:
+        return (
+            f"temperature={temperature!r} has no effect with selection='quantile' (it keeps a loss quantile, "
+            "samples nothing); use selection='worst' or 'augmax', or temperature=0"
+        )
+    if selection != "quantile" and quantile != DEFAULT_QUANTILE:
+        return (
+            f"quantile={quantile!r} is read only with selection='quantile' (here selection={selection!r}); "
+            f"set selection='quantile' or leave quantile at {DEFAULT_QUANTILE}"
+        )
+    return None
 
 
 def mix_pair(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -36,14 +36,14 @@ import numpy as np
 import torch
 
 from robusttrain.errors import RobustnessConfigError
-from robusttrain.perturbations import available, trainable
-from robusttrain.perturbations.suites import resolve
+from robusttrain.perturbations import available, occluding, trainable
+from robusttrain.perturbations.suites import SUITES, resolve
 from robusttrain.validate import check_choice, check_fraction, check_int
 
-from .chains import MIXES
+from .chains import MIXES, unused_chain_argument
 from .consistency import DIVERGENCES
 from .objective import OBJECTIVES
-from .selection import SELECTIONS
+from .selection import SELECTIONS, unused_selection_argument
 from .worst_of_k import WorstOfK
 
 DEFAULT_CAP = 4  # without a MetamorphicCallback: the recipes' highest tested severity
@@ -60,7 +60,10 @@ class MTSettings:
     Args:
         perturbations: families or a suite name (default: the MetamorphicCallback's suite, else the
             endoscopy suite); families that cannot run on the data's channel count, are not trainable
-            (adversarial, melt) or are held out by the MetamorphicCallback are dropped.
+            (adversarial, melt) or are held out by the MetamorphicCallback are dropped. A mapping
+            family -> weight > 0 (``{"blur": 0.9, "jpeg": 0.1}``) draws the families in proportion to
+            their weights where a list draws them uniformly: the weights take the uniform share's place in
+            the family choice (all of it with ``epsilon=1`` or without a check).
         k: candidates per image (1 = random augmentation).
         q: fraction of each batch that gets a follow-up (with ``"consistency"``: of the whole batch,
             drawn among the rows ``replace_q`` left clean).
@@ -95,7 +98,7 @@ class MTSettings:
 
     def __init__(
         self,
-        perturbations: str | Sequence[str] | None = None,
+        perturbations: str | Sequence[str] | Mapping[str, float] | None = None,
         k: int = 4,
         q: float = 0.5,
         epsilon: float = 0.3,
@@ -120,11 +123,14 @@ class MTSettings:
         width: int = 3,
         alpha: float = 1.0,
     ) -> None:
-        self.perturbations = None if perturbations is None else resolve(perturbations)
+        self.family_weights = checked_weights(perturbations)
+        self.perturbations = None if perturbations is None else resolve(
+            list(perturbations) if isinstance(perturbations, Mapping) else perturbations
+        )
         self.k = check_int("k", k, 1)
         self.q = check_fraction("q", q)
         self.epsilon = check_fraction("epsilon", epsilon)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        if not _number(temperature) or temperature < 0:  # NaN compared as "not < 0" and was read as 0
             raise ValueError(f"temperature must be a number >= 0 (0 = keep the worst), got {temperature!r}")
         self.temperature = float(temperature)
         self.severity_caps = checked_caps(severity_caps, self.perturbations)
@@ -171,14 +177,49 @@ class MTSettings:
             raise ValueError(f"chain_depth must be 1..5 (AugMix uses up to 3), got {chain_depth!r}")
         self.mix = check_choice("mix", mix, MIXES)
         self.width = check_int("width", width, 1)
-        if self.mix == "none" and self.width != 1 and self.chain_depth > 1:
-            raise ValueError(f"width={width} chains are mixed only with mix='augmix'; with mix='none' use width=1")
         if not _number(alpha) or alpha <= 0:
             raise ValueError(f"alpha must be a number > 0 (AugMix: 1.0), got {alpha!r}")
         self.alpha = float(alpha)
         self.seed = check_int("seed", seed, None)
         self.record_every = check_int("record_every", record_every, 1)
         self.record_per_step = check_int("record_per_step", record_per_step, 0)
+        unused = self._unused_argument()
+        if unused:
+            raise ValueError(unused)
+
+    def _unused_argument(self) -> str | None:
+        """Why an argument has no effect under the others (None: every one acts), as ``width`` with
+        ``mix="none"`` always was: a setting the run would silently ignore is refused. Values equal to
+        the defaults are not settings (the recipe spells every default out)."""
+        why = unused_selection_argument(self.k, self.selection, self.quantile, self.temperature)
+        why = why or unused_chain_argument(self.mix, self.chain_depth, self.width, self.alpha)
+        if why:
+            return why
+        nothing_scored = "k=1 draws one candidate and scores nothing (give k > 1"
+        if self.k == 1 and self.warmup > 0:
+            return f"warmup={self.warmup:g} delays the selection among k > 1 candidates; {nothing_scored} or warmup=0)"
+        if self.k == 1 and self.score_scale != 1.0:
+            return f"score_scale={self.score_scale:g} is the size candidates are scored at; {nothing_scored} or score_scale=1.0)"
+        if not self.pair:
+            no_term = "objective='replace' has no consistency term (use objective='consistency' with consistency > 0"
+            for name, value, default in (
+                ("divergence", self.divergence, "js"),
+                ("detach_source", self.detach_source, False),
+                ("ramp", self.ramp, 0.2),
+            ):
+                if value != default:
+                    return f"{name}={value!r} shapes the consistency term; {no_term}, or leave {name}={default!r})"
+        if self.record_per_step == 0 and self.record_every != 50:
+            return f"record_every={self.record_every} has nothing to record with record_per_step=0 (give record_per_step > 0)"
+        if self.max_cover != 0.1 and self.perturbations is not None:
+            chains = self.chain_depth > 1 or self.mix != "none"  # chains never draw an occluding family
+            covers = set(self.perturbations) & set(occluding()) if (not chains or self.replace_q > 0) else set()
+            if not covers:
+                return (
+                    f"max_cover={self.max_cover:g} caps the lesion cover of occluding families, and none of "
+                    f"{self.perturbations} is drawn as one here (occluding: {sorted(occluding())})"
+                )
+        return None
 
     @property
     def pair(self) -> bool:
@@ -236,8 +277,10 @@ class MTSettings:
         >>> wok.k, replacer is None
         (2, True)
         """
+        weights = None if self.family_weights is None else {f: self.family_weights[f] for f in families}
         common: dict[str, Any] = dict(
             epsilon=self.epsilon,
+            weights=weights,
             severity_caps=caps,
             max_cover=self.max_cover,
             seed=self.seed,
@@ -275,8 +318,11 @@ class MTSettings:
 
     def describe(self, families: Sequence[str], dropped: Sequence[str], replacing: bool) -> str:
         """The line the callback prints when training starts."""
+        base = "uniform" if self.family_weights is None else "by your weights"
         weights = (
-            "drawn uniformly" if self.epsilon >= 1.0 else f"weighted by the MR check, {self.epsilon:g} uniform"
+            f"drawn {'uniformly' if self.family_weights is None else 'by your weights'}"
+            if self.epsilon >= 1.0
+            else f"weighted by the MR check, {self.epsilon:g} {base}"
         )
         return (
             f"[robusttrain] metamorphic training ({self.objective}): {self.describe_draw()} on q={self.q:g} of "
@@ -332,3 +378,31 @@ def checked_caps(caps: Any, families: Sequence[str] | None) -> int | dict[str, i
     if bad:
         raise ValueError(f"severity_caps must be {what}; bad values {bad}")
     return {str(f): int(v) for f, v in caps.items()}
+
+
+def checked_weights(perturbations: Any) -> dict[str, float] | None:
+    """Per-family draw weights of a ``perturbations`` mapping (None for a suite name or a list): family
+    names (a suite's families are listed one by one) to finite weights > 0.
+
+    >>> checked_weights({"blur": 0.9, "jpeg": 0.1}), checked_weights(["blur"])
+    ({'blur': 0.9, 'jpeg': 0.1}, None)
+    >>> checked_weights({"blur": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: perturbations={'blur': 0}: a mapping gives each family a draw weight > 0; bad weights {'blur': 0} (leave a family out rather than weigh it 0)
+    """
+    if not isinstance(perturbations, Mapping):
+        return None
+    suites = [str(f) for f in perturbations if f in SUITES]
+    if suites:
+        raise ValueError(
+            f"perturbations={dict(perturbations)!r}: a mapping weighs families, and {suites} are suite names; "
+            "list the families with a weight each"
+        )
+    bad = {str(f): w for f, w in perturbations.items() if not _number(w) or w <= 0}
+    if bad:
+        raise ValueError(
+            f"perturbations={dict(perturbations)!r}: a mapping gives each family a draw weight > 0; bad weights "
+            f"{bad} (leave a family out rather than weigh it 0)"
+        )
+    return {str(f): float(w) for f, w in perturbations.items()}

@@ -57,8 +57,8 @@ from robusttrain.perturbations.base import FamilyParams, all_rows, host_params, 
 from robusttrain.perturbations.placement import SharedMaps
 
 from .chains import LABEL as CHAIN_LABEL
-from .chains import ChainSampler, chain_families, recreate
-from .selection import SELECTIONS, Selection, mix_pair
+from .chains import ChainSampler, chain_families, recreate, unused_chain_argument
+from .selection import SELECTIONS, Selection, mix_pair, unused_selection_argument
 from .selection import select as select_candidates
 
 OCCLUDERS = frozenset(occluding())  # families whose class sets the ``occludes`` trait
@@ -206,6 +206,12 @@ class WorstOfK:
         width, alpha: AugMix's number of chains and Dirichlet / Beta concentration.
         stream: name of the random stream (two samplers with one seed and different streams draw
             independently; with the same stream they draw the same positions and families).
+        weights: family -> weight > 0 for every family: the family choice's ``epsilon`` share follows
+            them instead of the uniform distribution (None: uniform).
+
+    An argument with no effect under the others (``selection`` or ``temperature`` with ``k=1``,
+    ``temperature`` with ``selection="quantile"``, ``quantile`` without it, ``width`` / ``alpha`` without
+    ``mix="augmix"``) is refused, naming why.
     """
 
     def __init__(
@@ -226,6 +232,7 @@ class WorstOfK:
         width: int = 3,
         alpha: float = 1.0,
         stream: str = "worst_of_k",
+        weights: Mapping[str, float] | None = None,
     ):
         self.families = list(dict.fromkeys(families))
         if not self.families:
@@ -236,7 +243,7 @@ class WorstOfK:
             raise ValueError(f"WorstOfK: q must be a fraction of the batch in [0, 1], got {q!r}")
         if not 0.0 <= float(epsilon) <= 1.0:
             raise ValueError(f"WorstOfK: epsilon must be in [0, 1], got {epsilon!r}")
-        if float(temperature) < 0:
+        if not math.isfinite(float(temperature)) or float(temperature) < 0:  # NaN read as 0 before
             raise ValueError(f"WorstOfK: temperature must be >= 0 (0 = keep the worst), got {temperature!r}")
         if not 0.0 <= float(max_cover) <= 1.0:
             raise ValueError(f"WorstOfK: max_cover must be a fraction in [0, 1], got {max_cover!r}")
@@ -244,12 +251,19 @@ class WorstOfK:
             raise ValueError(f"WorstOfK: selection must be one of {SELECTIONS}, got {selection!r}")
         if not 0.0 <= float(quantile) <= 1.0:
             raise ValueError(f"WorstOfK: quantile must be in [0, 1] (1 = the worst), got {quantile!r}")
+        if not math.isfinite(float(alpha)) or float(alpha) <= 0:
+            raise ValueError(f"WorstOfK: alpha must be a number > 0 (AugMix: 1.0), got {alpha!r}")
+        unused = unused_selection_argument(int(k), selection, float(quantile), float(temperature))
+        unused = unused or unused_chain_argument(mix, int(chain_depth), int(width), float(alpha))
+        if unused:
+            raise ValueError(f"WorstOfK: {unused}")
         self.k, self.q, self.epsilon = int(k), float(q), float(epsilon)
         self.temperature, self.max_cover = float(temperature), float(max_cover)
         self.seed, self.slice_axis = int(seed), int(slice_axis)
         self.selection, self.quantile, self.stream = selection, float(quantile), str(stream)
         self.caps = _caps(self.families, severity_caps)
         self._caps_np = np.asarray([self.caps[f] for f in self.families], dtype=np.int64)
+        self.weights = _weights(self.families, weights)
         self.chains = None
         if chain_depth > 1 or mix != "none":
             # chains mix appearance changes; an occluder inside a chain would (nearly always) be rejected
@@ -264,18 +278,20 @@ class WorstOfK:
         self._channels_ok: set[int] = set()  # channel counts every family has been checked to take
 
     def family_probs(self, rates: Mapping[str, float] | None = None) -> np.ndarray:
-        """``(1 - epsilon) * w + epsilon * uniform`` over :attr:`families` (``w``: ``rates`` normalised;
-        uniform when there are none or all are 0).
+        """``(1 - epsilon) * w + epsilon * base`` over :attr:`families` (``w``: ``rates`` normalised; ``base``
+        the normalised ``weights``, else uniform; ``base`` alone when there are no rates or all are 0).
 
         >>> WorstOfK(["blur", "contrast"], epsilon=0.5).family_probs({"blur": 0.3, "contrast": 0.1}).tolist()
         [0.625, 0.375]
+        >>> WorstOfK(["blur", "contrast"], weights={"blur": 9, "contrast": 1}).family_probs().tolist()
+        [0.9, 0.1]
         """
         n = len(self.families)
-        uniform = np.full(n, 1.0 / n)
+        base = np.full(n, 1.0 / n) if self.weights is None else self.weights
         w = np.array([max(0.0, float((rates or {}).get(f, 0.0))) for f in self.families])
         if not np.isfinite(w).all() or w.sum() <= 0:
-            return uniform
-        return (1 - self.epsilon) * w / w.sum() + self.epsilon * uniform
+            return base
+        return (1 - self.epsilon) * w / w.sum() + self.epsilon * base
 
     def n_selected(self, batch: int) -> int:
         return 0 if self.q <= 0 else min(batch, max(1, int(round(self.q * batch))))
@@ -692,6 +708,23 @@ def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
     # the host tensors the groups were moved from, in the same order (a recipe reads them, not the device's)
     host_order = on_device(order, torch.device("cpu"))
     return with_host(out, {k: torch.cat([h[k].cpu() for h in hosts])[host_order] for k in out})
+
+
+def _weights(families: list[str], weights: Mapping[str, float] | None) -> np.ndarray | None:
+    """The family weights as probabilities in ``families`` order (None: uniform); every family needs a
+    finite weight > 0 and no other name may have one."""
+    if weights is None:
+        return None
+    missing = [f for f in families if f not in weights]
+    unknown = [str(f) for f in weights if f not in families]
+    if missing or unknown:
+        raise ValueError(
+            f"WorstOfK: weights must give each family one weight; missing {missing}, not families {unknown}"
+        )
+    w = np.array([float(weights[f]) for f in families], dtype=np.float64)
+    if not (np.isfinite(w).all() and (w > 0).all()):
+        raise ValueError(f"WorstOfK: weights must be finite numbers > 0, got {dict(weights)}")
+    return w / w.sum()
 
 
 def _caps(families: list[str], caps: int | Mapping[str, int] | None) -> dict[str, int]:
