@@ -30,7 +30,10 @@ import argparse
 import gzip
 import json
 import re
+import sys
+import zlib
 from pathlib import Path
+from typing import Any
 
 from robusttrain.io import atomic_write_bytes, atomic_write_text
 
@@ -61,6 +64,25 @@ def _check(result: dict, name: str, where: Path) -> None:
         )
 
 
+def _gunzip(p: Path, what: str) -> bytes:
+    """The bytes of the gzip file ``p``; a truncated or damaged one (a cut copy, a full disk) is one line,
+    not gzip's EOFError."""
+    try:
+        return gzip.decompress(p.read_bytes())
+    except (OSError, EOFError, zlib.error) as e:
+        raise SystemExit(
+            f"evidence_archive: {p}: not a complete gzip {what} ({type(e).__name__}: {e}); the file is truncated "
+            "or damaged: copy it again from where the run was archived"
+        ) from None
+
+
+def _json(raw: bytes | str, where: Path) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise SystemExit(f"evidence_archive: {where}: not a JSON result ({e})") from None
+
+
 def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[str]:
     names = []
     for p in sorted(out.glob("*_s*/result.json")):
@@ -68,7 +90,7 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
         if not NAME.match(name):
             continue
         raw = p.read_bytes()
-        result = json.loads(raw)
+        result = _json(raw, p)
         _check(result, name, p)
         atomic_write_bytes(archive / f"{name}.json.gz", gzip.compress(raw, compresslevel=9, mtime=0))
         for t in TABLES:
@@ -103,11 +125,11 @@ def restore(archive: Path, out: Path) -> list[str]:
         name = p.name[: -len(".json.gz")]
         if not NAME.match(name):
             continue
-        text = gzip.decompress(p.read_bytes()).decode("utf-8")
-        _check(json.loads(text), name, p)
+        text = _gunzip(p, "JSON result").decode("utf-8", errors="replace")
+        _check(_json(text, p), name, p)
         dst = out / name / "result.json"
         if dst.is_file():
-            if json.loads(dst.read_text()) != json.loads(text):
+            if _json(dst.read_bytes(), dst) != _json(text, p):
                 raise SystemExit(f"evidence_archive: {dst} exists with other numbers than {p}; not replaced")
             _restore_weights(archive / name, dst.parent / "fp16")
             continue
@@ -115,8 +137,7 @@ def restore(archive: Path, out: Path) -> list[str]:
         for t in TABLES:
             src = archive / f"{name}.{_archived(t)}"
             if src.is_file() and not (dst.parent / t).exists():
-                raw = src.read_bytes()
-                atomic_write_bytes(dst.parent / t, raw if t.endswith(".gz") else gzip.decompress(raw))
+                atomic_write_bytes(dst.parent / t, src.read_bytes() if t.endswith(".gz") else _gunzip(src, "table"))
         _restore_weights(archive / name, dst.parent / "fp16")
         atomic_write_text(dst, text)
         names.append(name)
@@ -135,8 +156,8 @@ def load(archive: Path) -> list[tuple[dict, dict]]:
         if not NAME.match(name):
             continue
         try:
-            result = json.loads(gzip.decompress(p.read_bytes()).decode("utf-8"))
-        except (OSError, ValueError) as e:
+            result = json.loads(_gunzip(p, "JSON result").decode("utf-8"))
+        except ValueError as e:
             raise SystemExit(f"evidence_archive: {p}: not a gzip JSON result ({e})") from None
         if not isinstance(result, dict):
             raise SystemExit(f"evidence_archive: {p}: expected a JSON object, got {type(result).__name__}")
@@ -145,14 +166,29 @@ def load(archive: Path) -> list[tuple[dict, dict]]:
         config = {}
         if cfg_path.is_file():
             try:
-                config = yaml.safe_load(gzip.decompress(cfg_path.read_bytes()).decode("utf-8")) or {}
-            except (OSError, ValueError, yaml.YAMLError) as e:
+                config = yaml.safe_load(_gunzip(cfg_path, "YAML config").decode("utf-8")) or {}
+            except (ValueError, yaml.YAMLError) as e:
                 raise SystemExit(f"evidence_archive: {cfg_path}: not a gzip YAML config ({e})") from None
         runs.append((result, config if isinstance(config, dict) else {}))
     return runs
 
 
 def main(argv=None) -> None:
+    """The CLI; a bad argument, a damaged archive or a folder it cannot write is one line on stderr and
+    exit 2 (argparse's own usage errors are exit 2 already)."""
+    try:
+        _main(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    except OSError as e:  # a destination that is a file, a read-only folder, a full disk
+        print(f"evidence_archive: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=["save", "restore"])
     ap.add_argument("src", type=Path)

@@ -524,6 +524,8 @@ def _main(argv=None) -> None:
         )
     if a.n_boot < 1:
         raise SystemExit(f"report_v4: --n-boot {a.n_boot}: expected a positive number of resamples")
+    if a.out is not None and a.out.is_dir():  # checked before the tables are computed, not at the write
+        raise SystemExit(f"report_v4: --out {a.out}: is a folder; give the file to write, e.g. {a.out / 'evidence_v4.md'}")
     try:
         s, md = report_archive(a.archive, a.conditions, a.seeds, a.n_boot)
     except (KeyError, TypeError, ValueError, IndexError) as e:  # an archived result without what we read
@@ -534,7 +536,10 @@ def _main(argv=None) -> None:
     if not s["finished"]:
         raise SystemExit(f"report_v4: {a.archive}: no archived run among {a.conditions} x seeds {a.seeds}")
     if a.out:
-        atomic_write_text(a.out, md)
+        try:
+            atomic_write_text(a.out, md)
+        except OSError as e:
+            raise SystemExit(f"report_v4: --out {a.out}: cannot write ({e.strerror or e})") from None
         print(f"report_v4: {s['finished']} of {s['planned']} runs -> {a.out}")
     else:
         print(md)

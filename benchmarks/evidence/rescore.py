@@ -67,12 +67,38 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
         *([] if network == "basic_unet" else [f"model={network}"]),
         f"data.image_size={size}",
         *([f"model.features=[{feats}]"] if feats is not None else []),
-        f"data.root={folder}",
+        f"data.root={override_value(folder)}",
         "data.val_fraction=0",
-        f"ckpt={ckpt}",
-        f"run_dir={out}",
+        f"ckpt={override_value(str(ckpt))}",
+        f"run_dir={override_value(out)}",
         *([f"heldout={','.join(held)}"] if held else []),
     ]
+
+
+# characters Hydra's override grammar reads as syntax in an unquoted value (a comma makes a sweep list:
+# "Ambiguous value"), so a path holding one goes in quotes
+_HYDRA_SYNTAX = frozenset(",[]{}()='\" \t\\$:*?<>|&;#")
+
+
+def override_value(path: str) -> str:
+    """``path`` as the value of a ``key=value`` override: as is when Hydra reads it as a plain string,
+    else in single quotes (double quotes when it holds a single one). A path holding both quotes, a
+    backslash or ``${`` (an interpolation, resolved even in quotes) is refused in one line.
+
+    >>> override_value("/data/kvasir"), override_value("/data/a,b")
+    ('/data/kvasir', "'/data/a,b'")
+    >>> print(override_value("/data/it's"))
+    "/data/it's"
+    """
+    if not set(path) & _HYDRA_SYNTAX:
+        return path
+    if "\\" in path or "${" in path or ("'" in path and '"' in path):
+        raise SystemExit(
+            f"evidence_rescore: {path!r}: a path with a backslash, '${{' or both quote characters cannot be "
+            "passed to the robusttrain command line; rename or link it"
+        )
+    quote = '"' if "'" in path else "'"
+    return f"{quote}{path}{quote}"
 
 
 def main(argv=None) -> int:

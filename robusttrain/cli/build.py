@@ -234,3 +234,49 @@ def _check_compatible(datamodule: Any, model: Any) -> None:
             f"data.image_size={size} does not fit model.network={hp.get('network')}: it needs image sides "
             f"that are multiples of {multiple}; set data.image_size={up}"
         )
+    _dry_forward(datamodule, model)
+
+
+def _dry_forward(datamodule: Any, model: Any) -> None:
+    """One forward of a zero batch of the data's shape through the built network, before anything is
+    written: what the side rule cannot see (a norm layer at a 1x1 bottleneck, a 3-D network on 2-D images)
+    otherwise failed at the first training step, after config.yaml and logs/ were written. Training mode,
+    as the first step runs it (instance / batch norm refuse a too small input only then), with
+    ``min(2, batch size)`` samples (a batch norm of one sample would refuse what a real batch passes);
+    no gradient, and the norm layers' running statistics and the random state are restored, so the run
+    is what it was without the check. Only for the recipes' SegmentationModule: another module's forward
+    may take other inputs. Costs one small forward (see docs/bad_inputs.md, issue 46 item 10)."""
+    import torch
+
+    from robusttrain.models import SegmentationModule
+
+    size, channels = getattr(datamodule, "image_size", None), getattr(datamodule, "in_channels", None)
+    if not isinstance(model, SegmentationModule) or not isinstance(size, int) or not isinstance(channels, int):
+        return
+    if getattr(datamodule, "resize", "stretch") == "none":
+        return  # the images keep their own sizes: the forward checks each new shape
+    n = max(1, min(2, int(getattr(datamodule, "batch_size", 2) or 2)))
+    shape = (n, channels, size, size)
+    saved = [b.detach().clone() for b in model.buffers()]
+    was_training = model.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model.train()
+            model(torch.zeros(shape))
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        hp = model.hparams
+        dims = hp.get("spatial_dims", 2)
+        hint = (
+            f"the data gives 2-D images: set model.spatial_dims=2"
+            if dims != 2
+            else "a larger data.image_size (the network's deepest level must keep more than one pixel) or "
+            "other model settings"
+        )
+        raise UsageError(
+            f"model.network={hp.get('network')} does not run on this data's images: one {'x'.join(map(str, shape))} "
+            f"batch failed in the network ({_one_line(e)}); {hint}"
+        ) from None
+    finally:
+        for b, v in zip(model.buffers(), saved):
+            b.copy_(v)
+        model.train(was_training)
