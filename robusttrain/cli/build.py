@@ -267,7 +267,7 @@ def _dry_forward(datamodule: Any, model: Any) -> None:
         hp = model.hparams
         dims = hp.get("spatial_dims", 2)
         hint = (
-            f"the data gives 2-D images: set model.spatial_dims=2"
+            "the data gives 2-D images: set model.spatial_dims=2"
             if dims != 2
             else "a larger data.image_size (the network's deepest level must keep more than one pixel) or "
             "other model settings"
