@@ -32,6 +32,7 @@ import json
 import re
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,19 +174,25 @@ def load(archive: Path) -> list[tuple[dict, dict]]:
     return runs
 
 
-def main(argv=None) -> None:
-    """The CLI; a bad argument, a damaged archive or a folder it cannot write is one line on stderr and
-    exit 2 (argparse's own usage errors are exit 2 already)."""
+def one_line_exit_2(tool: str, run: Callable[[], None]) -> None:
+    """Run an evidence tool's command-line body: a refusal (``SystemExit`` with a message) or an OSError
+    (a destination that is a file, a read-only folder, a full disk) is one line on stderr and exit 2, as
+    argparse's own usage errors are."""
     try:
-        _main(argv)
+        run()
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
             raise SystemExit(2) from None
         raise
-    except OSError as e:  # a destination that is a file, a read-only folder, a full disk
-        print(f"evidence_archive: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+    except OSError as e:
+        print(f"{tool}: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def main(argv=None) -> None:
+    """The CLI; a bad argument, a damaged archive or a folder it cannot write is one line and exit 2."""
+    one_line_exit_2("evidence_archive", lambda: _main(argv))
 
 
 def _main(argv=None) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -489,13 +488,9 @@ def report_archive(archive, conditions: str, seeds: str, n_boot: int) -> tuple[d
 
 def main(argv=None) -> None:
     """The CLI; a bad argument or archive is one line on stderr and exit 2."""
-    try:
-        _main(argv)
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-            raise SystemExit(2) from None
-        raise
+    from benchmarks.evidence.archive import one_line_exit_2
+
+    one_line_exit_2("report_v4", lambda: _main(argv))
 
 
 def _main(argv=None) -> None:

@@ -18,26 +18,12 @@ import torch
 from omegaconf import OmegaConf
 
 from robusttrain.callbacks import MetamorphicTraining
-from robusttrain.cli import main
 from robusttrain.training import WorstOfK
 
 from .test_cli import TINY
+from .test_trust_v4 import _run  # in-process CLI: exit code, one error line, no traceback
 
 MT = "callbacks.metamorphic_training."
-
-
-def _run(argv: list[str], capsys, code: int, text: str | None = None) -> str:
-    capsys.readouterr()
-    got = main(argv)
-    _, err = capsys.readouterr()
-    assert "Traceback" not in err, err[-3000:]
-    assert got == code, err[-2000:]
-    errors = [x for x in err.splitlines() if x.startswith(f"robusttrain {argv[0]}: error:")]
-    if code == 0:
-        assert not errors, errors
-    else:
-        assert len(errors) == 1 and text is not None and text in errors[0], err[-2000:]
-    return err
 
 
 def _batch(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,27 +10,13 @@ import pytest
 import torch
 import yaml
 
-from robusttrain.cli import main
 from robusttrain.cli.build import build
 from robusttrain.cli.compose import PACKAGE_RECIPES, _compose_raw, compose_recipe, group_options
 
 from .test_cli import TINY
+from .test_trust_v4 import _run  # in-process CLI: exit code, one error line, no traceback
 
 SMALL = ["data.n_train=8", "data.n_val=4", "trainer.max_epochs=1", "trainer.enable_progress_bar=false"]
-
-
-def _run(argv: list[str], capsys, code: int, text: str | None = None) -> str:
-    capsys.readouterr()
-    got = main(argv)
-    _, err = capsys.readouterr()
-    assert "Traceback" not in err, err[-3000:]
-    assert got == code, err[-2000:]
-    errors = [x for x in err.splitlines() if x.startswith(f"robusttrain {argv[0]}: error:")]
-    if code == 0:
-        assert not errors, errors
-    else:
-        assert len(errors) == 1 and text is not None and text in errors[0], err[-2000:]
-    return err
 
 
 # ------------------------------------------------------------- 10: model / data checked before writing
