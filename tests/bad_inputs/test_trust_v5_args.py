@@ -161,3 +161,19 @@ def test_cli_refuses_an_ignored_or_unreadable_training_argument_before_anything_
     run = tmp_path / "run"
     _run(["fit", *TINY, f"run_dir={run}", MT + override], capsys, 2, text)
     assert not run.exists() or not any(run.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("weights", "text"),
+    [
+        ({"blur": 1.0}, "missing ['contrast']"),
+        ({"blur": 1.0, "contrast": 1.0, "gamma": 1.0}, "not families ['gamma']"),
+        ({"blur": -1.0, "contrast": 1.0}, "weights must be finite numbers > 0"),
+        ({"blur": math.inf, "contrast": 1.0}, "weights must be finite numbers > 0"),
+    ],
+    ids=["missing-family", "extra-family", "negative", "inf"],
+)
+def test_worst_of_k_weights_are_checked_when_built(weights, text):
+    """The sampler's new ``weights`` argument (what a perturbations mapping becomes) fails when built."""
+    with pytest.raises(ValueError, match=re.escape(text)):
+        WorstOfK(["blur", "contrast"], weights=weights)
