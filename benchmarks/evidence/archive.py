@@ -72,7 +72,7 @@ def _gunzip(p: Path, what: str) -> bytes:
         return gzip.decompress(p.read_bytes())
     except (OSError, EOFError, zlib.error) as e:
         raise SystemExit(
-            f"evidence_archive: {p}: not a complete gzip {what} ({type(e).__name__}: {e}); the file is truncated "
+            f"evidence_archive: {p}: not a gzip {what} ({type(e).__name__}: {e}); the file is truncated "
             "or damaged: copy it again from where the run was archived"
         ) from None
 
