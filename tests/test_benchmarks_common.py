@@ -41,3 +41,21 @@ def test_the_generator_refuses_a_file_that_is_no_results_json_in_one_line(tmp_pa
         tables.main([str(bad)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and str(bad) in err and expected in err
+
+
+def test_results_md_publishes_the_committed_perf_json_as_generated():
+    """docs/results.md's generated perf tables are those of docs/perf/*.json (edit the JSON by re-running
+    the script with --json, then paste `python -m benchmarks.tables`' output; never the numbers by hand)."""
+    from pathlib import Path
+
+    from benchmarks.common import markdown_table
+
+    repo = Path(__file__).resolve().parents[1]
+    results = (repo / "docs" / "results.md").read_text()
+    files = sorted((repo / "docs" / "perf").glob("*.json"))
+    assert files, "no committed perf results"
+    for f in files:
+        payload = tables.load(f)
+        assert header_line(payload["header"]) in results, f"{f.name}: its run header is not in results.md"
+        for name, t in payload["tables"].items():
+            assert markdown_table(t["columns"], t["rows"], t["formats"]) in results, f"{f.name}: table {name}"
