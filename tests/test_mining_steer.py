@@ -239,3 +239,19 @@ def test_the_benchmark_conditions_are_random_augmentation_with_and_without_steer
         (mine,) = [c for c in cbs if isinstance(c, FailureMiningCallback)]
         assert {k: getattr(mt, k) for k in V4_RANDOM} == V4_RANDOM and mt.seed == 3
         assert (mine.mode, mine.steer, mine.train_probe_size) == ("steer", steer, 4)
+
+
+def test_volumes_are_steered_slice_wise_and_re_created_exactly():
+    bank = ConditionBank()
+    bank.conditions = {
+        "v|instrument|2": _cond("v", "instrument", 2, {"abs": [0.3, 0.7], "rel": [0.0, 1.0]}),
+        "v|contrast|2": _cond("v", "contrast", 2),
+    }
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 32, 32, 4, generator=g) * 0.5 + 0.25
+    m = torch.zeros(2, 32, 32, 4, dtype=torch.long)
+    m[:, 10:18, 10:18, :] = 1
+    wok = WorstOfK(["instrument", "contrast"], k=1, q=1.0, seed=0)
+    fol = SteeredDraws(steer=1.0, jitter=0.0)(wok(x, m, None, step=0), x, m, bank, wok, step=0)
+    assert all(fol.extra["steered"]) and fol.images.shape == x.shape
+    assert torch.equal(fol.replay(x, m), fol.images)

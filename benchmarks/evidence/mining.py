@@ -39,13 +39,15 @@ from robusttrain.models.segmentation import SegmentationModule
 PERTS = ["contrast", "saturation", "white_balance", "blur", "specularity"]
 SEVS = (2, 4)
 KVASIR = str(DATA_ROOT / "kvasir_seg")  # $DATA_ROOT, else <repo>/../shared/data
+KVASIR256 = str(DATA_ROOT / "polyp_256" / "kvasir_seg")  # all 998 Kvasir-SEG pairs at 256 px (PROVENANCE.md)
 
 
 def datamodule(args) -> PolypDataModule:
     # the split depends on the data seed only, never on the training seed
     kw = dict(image_size=args.size, batch_size=args.batch_size, num_workers=args.workers, seed=args.data_seed)
-    if args.data == "kvasir":
-        return PolypDataModule(root=KVASIR, val_fraction=args.val_fraction, **kw)
+    if args.data in ("kvasir", "kvasir256"):
+        root = KVASIR if args.data == "kvasir" else KVASIR256
+        return PolypDataModule(root=root, val_fraction=args.val_fraction, **kw)
     return PolypDataModule(n_train=args.n_train, n_val=args.n_val, **kw)
 
 
@@ -152,7 +154,7 @@ def summarise(results: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", choices=["synthetic", "kvasir"], default="synthetic")
+    ap.add_argument("--data", choices=["synthetic", "kvasir", "kvasir256"], default="synthetic")
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--n-train", type=int, default=96)

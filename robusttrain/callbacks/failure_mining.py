@@ -343,7 +343,8 @@ class FailureMiningCallback(UsesContext, Callback):
             return None
         with probe.dataset.streams_kept():  # reading must not move the training pipeline's random streams
             pb = next(read_probe(probe.dataset, [record.index], 1, self.context.hooks))
-        return lesion_anchor(pb.masks[0].cpu().numpy())
+        mask = pb.masks[0]
+        return lesion_anchor(mask.cpu().numpy()) if mask.ndim == 2 else None  # volumes: placed absolutely
 
     # ---- per-epoch sync ---------------------------------------------------------------------
     @override

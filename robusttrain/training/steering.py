@@ -131,7 +131,8 @@ class SteeredDraws:
             at = np.asarray([sev], dtype=np.int64)
             _, groups = _apply_family(op, x, m, at, None, wok.slice_axis, g)
             p = {k: on_device(v.detach(), _CPU).clone() for k, v in groups[0][1].items()}
-            anchor = None if m is None else lesion_anchor(on_device(m, _CPU).numpy())
+            # a volume's artifact goes where the failure's went in the image plane (no lesion anchor)
+            anchor = None if m is None or x.ndim != 4 else lesion_anchor(on_device(m, _CPU).numpy())
             _place(p, cond.get("placement"), anchor, self.jitter, rng)
             out, _ = _apply_family(
                 op, x, m, at, [(torch.tensor([0]), {k: on_device(v, x.device) for k, v in p.items()})], wok.slice_axis
