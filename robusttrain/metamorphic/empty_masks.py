@@ -104,7 +104,7 @@ def format_empty(summary: pd.DataFrame) -> str:
         "### Cases whose mask is empty (no lesion): kept out of the Dice means and the EFR\n",
         "Specificity: the share of them where the model predicts no lesion pixel; predicted px: the mean "
         "false-positive area (pixels) per case; follow-up rows count (case, severity) pairs.\n",
-        "| split | images | cases | predicted nothing | specificity (%) | mean predicted px |",
+        "| split | perturbation | cases | predicted nothing | specificity (%) | mean predicted px |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in summary.itertuples(index=False):
