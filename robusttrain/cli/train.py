@@ -33,10 +33,21 @@ def _resolve_ckpt(ckpt: str | Path, run_dir: Path | None) -> Path:
 
 
 def _dice_line(metrics: dict, prefix: str) -> str:
-    keys = sorted(k for k in metrics if k.startswith(f"{prefix}/dice"))
-    if not keys:
+    """The headline Dice (per case, mean over cases: the number history.csv, check and the report show)
+    first, labelled, then the other Dice keys; the pooled Dice labelled as what it is."""
+    head = f"{prefix}/dice"
+    if head not in metrics:
         return f"{prefix} Dice: not computed"
-    return "  ".join(f"{k}={float(metrics[k]):.4f}" for k in keys)
+    cases = metrics.get(f"{prefix}/cases")
+    line = f"{head}={float(metrics[head]):.4f}" + (
+        f" (per-case Dice, mean over {int(cases)} cases)" if cases is not None else ""
+    )
+    rest = sorted(k for k in metrics if k.startswith(f"{prefix}/dice_") and k != head)
+    for k in rest:
+        line += f"  {k}={float(metrics[k]):.4f}"
+        if k == f"{prefix}/dice_pooled":
+            line += " (one Dice over every pixel of the set)"
+    return line
 
 
 def _say(text: str) -> None:

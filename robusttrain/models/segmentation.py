@@ -14,6 +14,7 @@ from monai.losses import DiceCELoss
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
+from robusttrain.models.case_dice import CaseDice
 from robusttrain.models.networks import Normalised, build_network, check_sides, side_multiple
 from robusttrain.training.objective import metamorphic_forward, metamorphic_loss
 from robusttrain.training.schedules import stretch_tail, warmup_cosine_tail
@@ -25,9 +26,12 @@ class SegmentationModule(L.LightningModule):
 
     Batches are dicts with ``image`` (B,C,H,W) float and ``mask`` (B,H,W) int64 (with ``spatial_dims=3``:
     (B,C,H,W,D) and (B,H,W,D)). ``network``, ``features``, ``backbone``, ``pretrained`` and ``norm`` pick
-    the MONAI network (:func:`~robusttrain.models.build_network`). Logs
-    ``train/loss``, ``val/loss``, ``val/dice`` (mean over foreground classes) and
-    ``val/dice_<class>``; ``predict_step`` returns class probabilities.
+    the MONAI network (:func:`~robusttrain.models.build_network`). Logs ``train/loss``, ``val/loss``,
+    ``val/dice`` -- the per-case Dice (all of a case's pixels together, mean over foreground classes)
+    averaged over the ``val/cases`` cases, the number ``history.csv``, ``check`` and the report show --
+    with ``val/dice_<class>`` per class, and ``val/dice_pooled`` (``val/dice_pooled_<class>`` with more than
+    one class): one Dice over every pixel of the set, as in the papers' tables (:mod:`.case_dice`);
+    ``test/...`` the same for ``trainer.test``. ``predict_step`` returns class probabilities.
 
     With a :class:`~robusttrain.callbacks.MetamorphicTraining` callback on the trainer, the training step
     has both objectives' lines built in: ``objective="consistency"`` runs one forward over the batch and
@@ -94,7 +98,7 @@ class SegmentationModule(L.LightningModule):
             )
         self.class_names = names
         self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True, include_background=False)
-        # Global (dataset-level) Dice per foreground class, as in the papers' tables.
+        # Pooled (dataset-level) Dice per foreground class, as in the papers' tables: val/dice_pooled.
         self.val_dice = DiceScore(
             num_classes=num_classes,
             include_background=False,
@@ -102,6 +106,7 @@ class SegmentationModule(L.LightningModule):
             aggregation_level="global",
             input_format="index",
         )
+        self.case_dice = CaseDice()  # the headline val/dice: per case, then the mean over cases
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         sides = tuple(images.shape[2:])
@@ -128,26 +133,49 @@ class SegmentationModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch["image"].shape[0])
+        self._score(batch, logits)
+
+    def _score(self, batch: dict, logits: torch.Tensor) -> None:
         self.val_dice.update(logits.argmax(1), batch["mask"])
+        rank = self._trainer.global_rank if self._trainer is not None else 0
+        self.case_dice.update(batch, logits, batch["mask"], rank)
 
     def on_validation_epoch_end(self) -> None:
-        per_class = self.val_dice.compute().reshape(-1)  # 0-d when there is one foreground class
-        self.val_dice.reset()
-        metrics = {f"val/dice_{n}": d for n, d in zip(self.class_names, per_class)}
+        metrics = self._dice_metrics("val")
+        head = metrics.pop("val/dice", None)
         self.log_dict(metrics, prog_bar=False)
-        self.log("val/dice", per_class.mean(), prog_bar=True)
+        if head is not None:
+            self.log("val/dice", head, prog_bar=True)
+
+    def _dice_metrics(self, prefix: str) -> dict[str, torch.Tensor]:
+        """``<prefix>/dice`` (per-case mean), per class, ``<prefix>/cases`` and the pooled Dice; resets both."""
+        pooled = self.val_dice.compute().reshape(-1)  # 0-d when there is one foreground class
+        self.val_dice.reset()
+        parts = self.case_dice.parts
+        self.case_dice.reset()
+        if self._trainer is not None:
+            from robusttrain.callbacks._dist import gather_objects  # every rank's cases
+
+            per_case, n = CaseDice.merge(gather_objects(self._trainer, parts))
+        else:
+            per_case, n = CaseDice.merge([parts])
+        if n == 0:  # nothing scored (an empty loader): no headline rather than a made-up one
+            return {}
+        metrics = {f"{prefix}/dice": torch.tensor(float(per_case.mean()))}
+        metrics.update({f"{prefix}/dice_{c}": torch.tensor(float(d)) for c, d in zip(self.class_names, per_case)})
+        metrics[f"{prefix}/cases"] = torch.tensor(float(n))
+        metrics[f"{prefix}/dice_pooled"] = pooled.mean()
+        if len(self.class_names) > 1:
+            metrics.update({f"{prefix}/dice_pooled_{c}": d for c, d in zip(self.class_names, pooled)})
+        return metrics
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         self.log("test/loss", loss, sync_dist=True, batch_size=batch["image"].shape[0])
-        self.val_dice.update(logits.argmax(1), batch["mask"])
+        self._score(batch, logits)
 
     def on_test_epoch_end(self) -> None:
-        per_class = self.val_dice.compute().reshape(-1)  # 0-d when there is one foreground class
-        self.val_dice.reset()
-        metrics = {f"test/dice_{n}": d for n, d in zip(self.class_names, per_class)}
-        metrics["test/dice"] = per_class.mean()
-        self.log_dict(metrics)
+        self.log_dict(self._dice_metrics("test"))
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         images = batch["image"] if isinstance(batch, dict) else batch[0]
