@@ -122,8 +122,9 @@ def make_run_dir(
                 {
                     # BalancedCheckpoint's schema (robusttrain.rundir.corner_cases)
                     "corner_cases": [{"case_id": CORNER, "score": 12.5}],
-                    "outlier_epochs": {CORNER: [epochs - 2, epochs - 1]},
-                    "balanced_epoch": epochs - 3,
+                    # epochs a run of this length can have (the reader refuses others)
+                    "outlier_epochs": {CORNER: sorted({max(epochs - 2, 0), epochs - 1})},
+                    "balanced_epoch": max(epochs - 3, 0),
                     "least_loss_epoch": epochs - 1,
                     "policy": "last_inlier",
                     "reason": "last epoch with no corner-case outlier",

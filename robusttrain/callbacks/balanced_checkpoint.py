@@ -3,12 +3,17 @@
 At every validation of a fit it saves a candidate checkpoint (``<run_dir>/balanced_candidates/``),
 prunes the ones selection can no longer choose, records the monitored value (least-loss epoch) and
 runs the corner-case analysis once on the history so far (provisional corner cases, shared with the
-reporter through the context). The per-case history is the MetamorphicCallback's when one is in the
+reporter through the context). Every policy chooses among these kept candidates (``candidate_epochs`` of
+``corner_cases.json``), so the epoch a policy picks always has its weights on disk. The per-case history is the MetamorphicCallback's when one is in the
 trainer (through the shared :class:`~robusttrain.callbacks.context.RobustnessContext`), else the
 callback computes volume-level per-case Dice itself from the validation batches (read with the
 same :class:`~robusttrain.metamorphic.batch.BatchHooks`). At the end of fitting it runs
 :func:`robusttrain.cornercases.select_balanced_epoch` (reference = least-loss epoch), writes
-``balanced.ckpt`` and ``corner_cases.json`` and removes ``balanced_candidates/``.
+``balanced.ckpt`` (the epoch of ``policy``) and ``corner_cases.json`` and removes
+``balanced_candidates/``. The epochs the *other* policies pick among the same candidates keep their
+weights too, in ``balanced_picks/epoch=NNNN.ckpt`` (``policy_epochs`` / ``policy_checkpoints`` of
+``corner_cases.json``): the report's trade-off table lists each policy's epoch, and each one it lists can
+be scored or deployed without retraining (at most three more checkpoints, usually one or none).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from lightning.pytorch import Callback
 from typing_extensions import override
 
 from robusttrain.cornercases import POLICIES, Selection, load_history, max_flagged, select_balanced_epoch
-from robusttrain.cornercases.balanced import check_worst_fraction
+from robusttrain.cornercases.balanced import check_worst_fraction, epoch_table
 from robusttrain.cornercases.ecod import MAX_CONTAMINATION, TAILS
+from robusttrain.cornercases.history import metric_columns
 from robusttrain.cornercases.margin import selection_margin
+from robusttrain.cornercases.tradeoff import policy_tradeoff
 from robusttrain.io import atomic_copy
 from robusttrain.metamorphic.batch import BatchHooks, case_id_list, normalise_mask
 from robusttrain.metamorphic.outputs import NonFiniteOutputError, main_output
@@ -46,6 +53,7 @@ from .context import RobustnessContext, UsesContext
 log = logging.getLogger(__name__)
 
 CANDIDATES = "balanced_candidates"
+PICKS = corners_file.PICKS_DIR  # the other policies' epochs, kept after the fit
 
 
 class BalancedCheckpoint(UsesContext, Callback):
@@ -62,9 +70,11 @@ class BalancedCheckpoint(UsesContext, Callback):
         monitor, mode: the logged value that defines the least-loss (reference) epoch; when it is
             never logged, a warning lists the keys that were.
         min_epoch: epochs before it are warm-up: neither analysed nor candidates.
-        retention: ``"auto"`` keeps only what the policy can still choose (for ``last_inlier``
-            the last ``flags(cases)·flags(epochs)+1`` epochs, a bound on how many epochs ECOD can
-            remove; everything for the other policies), ``"all"``, or an int N = last N epochs.
+        retention: ``"auto"`` keeps only what the policy can still choose -- ``r = flags(cases)·flags(epochs)``
+            bounds how many epochs ECOD can remove, so ``last_inlier`` needs only the last ``r+1`` epochs
+            and ``cvar`` the ``r+1`` with the best worst-fraction Dice (an epoch's score is fixed once it
+            is validated); ``maximin`` and ``pareto`` rank by the corner cases, which move with the
+            least-loss epoch, so they keep every epoch --, ``"all"``, or an int N = last N epochs.
         compute_dice: None → compute per-case Dice only when no history provider is found.
         class_names: names for self-computed columns (default: the datamodule's ``class_names``).
         threshold: sigmoid threshold for 1-channel outputs.
@@ -155,6 +165,10 @@ class BalancedCheckpoint(UsesContext, Callback):
 
     def _candidate(self, epoch: int) -> Path:
         return self.fit_dir / CANDIDATES / f"epoch={epoch:04d}.ckpt"
+
+    def _pick(self, epoch: int) -> str:
+        """Where another policy's epoch is kept, relative to the run directory."""
+        return corners_file.pick_name(epoch)
 
     @property
     def case_history(self) -> pd.DataFrame:
@@ -315,7 +329,7 @@ class BalancedCheckpoint(UsesContext, Callback):
             return eps
         if isinstance(self.retention, int):
             return eps[-self.retention :]
-        if self.policy != "last_inlier":
+        if self.policy not in ("last_inlier", "cvar"):
             return eps
         h = self._history()
         if h is None or "case_id" not in h:
@@ -326,7 +340,21 @@ class BalancedCheckpoint(UsesContext, Callback):
         n_ep = max(len(eps), total - self.min_epoch, 1)
         n_cases = int(h["case_id"].nunique())
         removable = max_flagged(n_cases, self.contamination) * max_flagged(n_ep, self.contamination)
-        return eps[-(removable + 1) :]
+        if self.policy == "last_inlier":
+            return eps[-(removable + 1) :]
+        return self._best_cvar(h, eps, removable + 1)
+
+    def _best_cvar(self, history: pd.DataFrame, eps: list[int], n: int) -> list[int]:
+        """The ``n`` epochs of ``eps`` with the best worst-fraction Dice (ties: the later epoch, as
+        the policy breaks them); epochs not yet in the history are kept (their score is unknown)."""
+        h = load_history(history)
+        scored = [e for e in eps if e in set(h["epoch"].tolist())]
+        if not scored:
+            return eps
+        h = h[h["epoch"].isin(scored)]
+        cvar = epoch_table(h, metric_columns(h, self.metric), [], self.worst_fraction)["cvar"]
+        ranked = sorted(scored, key=lambda e: (round(float(cvar.get(e, -math.inf)), 12), e), reverse=True)
+        return sorted(set(ranked[:n]) | (set(eps) - set(scored)))
 
     def best_epoch(self) -> int | None:
         """Least (``mode="min"``) or greatest monitored epoch; ties go to the earliest."""
@@ -382,15 +410,41 @@ class BalancedCheckpoint(UsesContext, Callback):
             if chosen is not None and self._candidate(chosen).is_file():
                 atomic_copy(self._candidate(chosen), self.fit_dir / "balanced.ckpt")
                 report["checkpoint"] = "balanced.ckpt"
+            kept = self._keep_picks(report, chosen)
             if self._rows:
                 history_file.write(self.fit_dir, self.case_history, history_file.FALLBACK_NAME)
             corners_file.write(self.fit_dir, report)
             if self.selection is not None:
                 self.context.corners = corners_file.from_selection(self.selection, report["least_loss_epoch"])
+            for stale in sorted((self.fit_dir / PICKS).glob("epoch=*.ckpt")):
+                if stale.name not in kept:  # an earlier fit's pick that no policy picks now
+                    stale.unlink(missing_ok=True)
             if not self.keep_candidates:
                 # the fit is over: its candidates (one checkpoint per kept epoch) are no longer needed
                 shutil.rmtree(self.fit_dir / CANDIDATES, ignore_errors=True)
         trainer.strategy.barrier("BalancedCheckpoint.end")
+
+    def _keep_picks(self, report: dict, chosen: int | None) -> set[str]:
+        """Copy the candidate of every other policy's epoch to ``balanced_picks/`` (before
+        corner_cases.json commits them) and record where each policy's weights are."""
+        where: dict[str, str | None] = {}
+        kept: set[str] = set()
+        for policy, epoch in (report.get("policy_epochs") or {}).items():
+            if epoch is None:
+                where[policy] = None
+            elif epoch == chosen and report.get("checkpoint"):
+                where[policy] = report["checkpoint"]
+            elif self._candidate(epoch).is_file():
+                rel = self._pick(epoch)
+                if not (self.fit_dir / rel).is_file():
+                    (self.fit_dir / PICKS).mkdir(exist_ok=True)
+                    atomic_copy(self._candidate(epoch), self.fit_dir / rel)
+                where[policy] = rel
+                kept.add(Path(rel).name)
+            else:
+                where[policy] = None
+        report["policy_checkpoints"] = where
+        return kept
 
     def _decide(self) -> dict:
         best = self.best_epoch()
@@ -434,6 +488,16 @@ class BalancedCheckpoint(UsesContext, Callback):
             worst_fraction=self.worst_fraction,
         )
         self.selection = sel
+        others = policy_tradeoff(
+            h,
+            reference_epoch=best,
+            candidates=sel.candidates,
+            contamination=self.contamination,
+            tail=self.tail,
+            metric=self.metric,
+            min_epoch=self.min_epoch,
+            worst_fraction=self.worst_fraction,
+        )
         cc = sel.corner_cases
         margin = selection_margin(h, sel, metric=self.metric)  # diagnostics: how sure is the choice?
         if margin["warning"]:
@@ -453,6 +517,8 @@ class BalancedCheckpoint(UsesContext, Callback):
             ],
             "outlier_epochs": sel.outlier_epochs,
             "candidate_epochs": sel.candidates,
+            # every policy's epoch among the same candidates (the report's trade-off table)
+            "policy_epochs": {p: others.choices.get(p) for p in POLICIES},
             "dice": {
                 "least_loss": dice_summary(h, cc.columns, best),
                 "balanced": dice_summary(h, cc.columns, sel.epoch),

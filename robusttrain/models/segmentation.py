@@ -162,7 +162,9 @@ class SegmentationModule(L.LightningModule):
         if n == 0:  # nothing scored (an empty loader): no headline rather than a made-up one
             return {}
         metrics = {f"{prefix}/dice": torch.tensor(float(per_case.mean()))}
-        metrics.update({f"{prefix}/dice_{c}": torch.tensor(float(d)) for c, d in zip(self.class_names, per_case)})
+        metrics.update(
+            {f"{prefix}/dice_{c}": torch.tensor(float(d)) for c, d in zip(self.class_names, per_case)}
+        )
         metrics[f"{prefix}/cases"] = torch.tensor(float(n))
         metrics[f"{prefix}/dice_pooled"] = pooled.mean()
         if len(self.class_names) > 1:

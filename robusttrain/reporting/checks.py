@@ -67,7 +67,7 @@ def _facts(run_dir: Path, folder: Path, s: dict[str, Any]) -> list[tuple[str, st
     return facts
 
 
-def _clean_line(rows: pd.DataFrame) -> Markup:
+def clean_line(rows: pd.DataFrame) -> Markup:
     """The clean Dice / IoU (%) of each dataset of a check, from its ``clean`` row."""
     if not len(rows):
         return Markup("")
@@ -100,7 +100,7 @@ def checks_section(run_dir: str | Path, table: Callable[..., Markup]) -> Markup:
                     part["perturbation"].astype(str) == "clean" if "perturbation" in part else part.index < 0
                 )
                 rates = table(part[~clean].drop(columns=["threshold"]), "{}", False)
-                tables.append((f"{float(t):g}", rates + _clean_line(part[clean])))
+                tables.append((f"{float(t):g}", rates + clean_line(part[clean])))
         empty = check_file.read(folder, check_file.EMPTY)
         shown = None
         if empty is not None:

@@ -29,8 +29,8 @@ from markupsafe import Markup
 
 from robusttrain.errors import InputError
 from robusttrain.io import atomic_write_text
-from robusttrain.reporting import load, plots, tables, training
-from robusttrain.reporting.checks import checks_section
+from robusttrain.reporting import load, notes, plots, tables, training
+from robusttrain.reporting.checks import checks_section, clean_line
 from robusttrain.reporting.plots import MAX_CASE_PLOTS
 from robusttrain.rundir import check as check_file
 from robusttrain.rundir import layout
@@ -56,6 +56,7 @@ th,td{border:1px solid #ccc;padding:.25rem .6rem;text-align:right}
 th{background:#eef4f8} td:first-child,th:first-child{text-align:left}
 img{max-width:100%;border:1px solid #ddd;margin:.3rem 0}
 .na{color:#8a6d3b;background:#fcf8e3;border:1px solid #faebcc;padding:.4rem .8rem;border-radius:4px}
+.basis,.off{color:#555;font-size:.9rem}
 .strip{display:flex;gap:.5rem;align-items:flex-start;margin:.6rem 0;padding:.5rem;border:1px solid #eee}
 .strip img{max-height:180px;width:auto}
 .meta{font-size:.85rem;min-width:14rem} pre{background:#f6f8fa;padding:.6rem;overflow:auto;font-size:.8rem}
@@ -154,7 +155,17 @@ def _clean_dice(run_dir, history, efr, ctx) -> str:
     if corners is not None:
         picks.update({"least-loss": corners.least_loss_epoch, "balanced": corners.balanced_epoch})
     rows = {f"{k} (epoch {e})": dice.loc[e] for k, e in picks.items() if e is not None and e in dice.index}
-    out = _table(pd.DataFrame(rows).T, "{:.4f}")
+    out = _render(
+        '<p class="basis">Validation Dice: each case scored on its own pixels (all its slices together), '
+        "then the mean over the {{ n }} cases of history.csv -- the <code>val/dice</code> that fit prints and "
+        "logs when the MR probe is the whole validation set (<code>max_cases: null</code>, the recipes' "
+        "default), and the clean Dice of <code>robusttrain check</code> on the same weights and cases (when "
+        "every case has a lesion: check keeps frames with an empty mask apart). "
+        "<code>val/dice_pooled</code> is one Dice over every pixel of the set: a different aggregation, "
+        "which weighs large lesions more.</p>",
+        n=history["case_id"].nunique(),
+    )
+    out += _table(pd.DataFrame(rows).T, "{:.4f}")
     if "clean_dice" in ctx["plots"]:
         out += _plot(ctx, "clean_dice", "clean Dice over epochs")
     return out
@@ -163,18 +174,37 @@ def _clean_dice(run_dir, history, efr, ctx) -> str:
 def _efr_table(run_dir, history, efr, ctx) -> str:
     given = load.load_efr_table(run_dir)
     if given is not None:  # `robusttrain check` already laid it out; show it as written
-        return Markup("<p>From <code>efr_table.csv</code> (robusttrain check).</p>") + _table(
-            given, "{}", index=False
-        )
+        return _check_table(given)
     if efr is None:
         return _na("efr.csv missing (and no efr_table.csv)")
+    epoch = int(efr["epoch"].max())
     return _render(
         "<p>EFR (%) at the last checked epoch ({{ epoch }}), severities pooled (errors / cases); beside "
         "it the mean Dice (%) on the perturbed images and, on the pooled rows, the worst family's (the "
         "absolute numbers a rate can hide); <i>held out</i>: test-only families, never trained on.</p>"
+        '<p class="basis">These rows rest on {{ basis }}</p>'
         "{% for t, table in tabs %}<h3>t = {{ t }}</h3>{{ table }}{% endfor %}",
-        epoch=int(efr["epoch"].max()),
+        epoch=epoch,
+        basis=notes.efr_basis(efr, epoch),
         tabs=[(f"{t:g}", _table(table)) for t, table in tables.efr_tables(efr).items()],
+    )
+
+
+def _check_table(given: pd.DataFrame) -> Markup:
+    """``efr_table.csv`` as check wrote it, but its ``clean`` rows (clean Dice / IoU, in the columns that
+    hold EFR % in every other row) said apart, once, as what they are (as the check section does)."""
+    is_clean = given["perturbation"].astype(str) == "clean" if "perturbation" in given else given.index < 0
+    clean = given[is_clean]
+    if "threshold" in clean:  # the same clean scores at every threshold
+        clean = clean[clean["threshold"] == clean["threshold"].iloc[0]] if len(clean) else clean
+    return (
+        Markup(
+            '<p class="basis">From <code>efr_table.csv</code> (<code>robusttrain check</code>): every (case, '
+            "test) pair scored with the checked checkpoint's weights. EFR (%) per family; beside it the mean "
+            "Dice (%) on the perturbed images.</p>"
+        )
+        + clean_line(clean)
+        + _table(given[~is_clean], "{}", index=False)
     )
 
 
@@ -189,7 +219,8 @@ def _corner_cases(run_dir, history, efr, ctx) -> str:
     if corners is None:
         return _na("corner_cases.json missing")
     head = _render(
-        "<p>Policy <b>{{ c.policy or '?' }}</b>: balanced epoch <b>{{ c.balanced_epoch }}</b>, "
+        "<p>Policy <b>{{ c.policy or '?' }}</b>: balanced epoch <b>{{ c.balanced_epoch }}</b>"
+        "{% if c.checkpoint %} (<code>{{ c.checkpoint }}</code>){% endif %}, "
         "least-loss epoch <b>{{ c.least_loss_epoch }}</b>.{% if c.reason %} {{ c.reason }}{% endif %}</p>",
         c=corners,
     )
@@ -201,7 +232,10 @@ def _corner_cases(run_dir, history, efr, ctx) -> str:
             + _render("<p>Flagged: {{ cases }}</p>", cases=", ".join(corners.cases))
             + _na("history.csv missing (no curves)")
         )
-    out = head + Markup("<h3>Least-loss vs balanced</h3>")
+    out = head + Markup(
+        '<h3>Least-loss vs balanced</h3><p class="basis">Per-case clean Dice from history.csv at each '
+        "checkpoint's epoch; corner cases are the ECOD outliers of the reference (least-loss) epoch.</p>"
+    )
     out += _table(tables.epoch_comparison(history, corners), "{:.4f}", index=False)
     out += Markup("<h3>Flagged cases</h3>")
     out += _table(tables.corner_case_table(history, corners), "{:.3f}", index=False)
@@ -226,13 +260,15 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
         return _na("history.csv missing")
     if "tradeoff" not in ctx["plots"]:
         return _na("fewer than two epochs in history.csv")
-    trade = plots.run_tradeoff(history, ctx["corners"])
+    corners = ctx["corners"]
+    trade = plots.run_tradeoff(history, corners)
     rows = [
         {
             "policy": name,
             "epoch": "-" if e is None else e,
             "cohort mean Dice": trade.table["cohort"].get(e),
             "worst-k mean Dice": trade.table["cvar"].get(e),
+            "weights": _weights(run_dir, corners, name, e, trade.choices.get("last")),
         }
         for name, e in trade.choices.items()
     ]
@@ -240,12 +276,35 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
         _render(
             "<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice "
             "of the worst {{ pct }} % of cases. A policy only helps if it also holds on held-out data "
-            "(<code>benchmarks/evidence/run.py</code>).</p>",
+            "(<code>benchmarks/evidence/run.py</code>).</p>"
+            '{% if c %}<p class="basis">This run\'s policy is <b>{{ c.policy }}</b>: '
+            "{% if c.checkpoint %}<code>{{ c.checkpoint }}</code> holds its epoch {{ c.balanced_epoch }}"
+            "{% else %}it picked epoch {{ c.balanced_epoch }} (no balanced.ckpt was written){% endif %}. "
+            "Every policy chooses among "
+            "the epochs whose weights the run kept ({{ cands }}); <i>weights</i> says where each pick is "
+            "(score one with <code>robusttrain check ckpt=RUN/&lt;file&gt;</code>).</p>{% endif %}",
             pct=f"{100 * trade.worst_fraction:g}",
+            c=corners if corners is not None and corners.policy else None,
+            cands=", ".join(map(str, corners.candidates))
+            if corners is not None and corners.candidates
+            else "all",
         )
         + _table(pd.DataFrame(rows), "{:.4f}", index=False)
         + _plot(ctx, "tradeoff", "trade-off")
     )
+
+
+def _weights(run_dir: Path, corners, policy: str, epoch: int | None, last: int | None) -> str:
+    """Where a trade-off row's epoch has its weights in the run directory ("-" when nowhere)."""
+    if epoch is None:
+        return "-"
+    named = corners.policy_checkpoints.get(policy) if corners is not None else None
+    if named and load.inside(run_dir, named) is not None:
+        return named + (" (this run's policy)" if corners.policy == policy else "")
+    # Lightning's ModelCheckpoint: last.ckpt (the last epoch) and the recipes' least-loss epochNNN.ckpt
+    found = [f"{layout.CHECKPOINTS}/{layout.LAST_CKPT}"] if epoch == last else []
+    found.append(f"{layout.CHECKPOINTS}/epoch{epoch:03d}.ckpt")
+    return next((rel for rel in found if load.inside(run_dir, rel) is not None), "not kept")
 
 
 def _thumb(run_dir: Path, rec: dict[str, Any]) -> Path | None:
@@ -356,12 +415,29 @@ def _gallery(run_dir, history, efr, ctx) -> str:
 
 
 def _training(run_dir, history, efr, ctx) -> str:
-    """Metamorphic training per family and epoch; the balanced average's window; EMA."""
-    out = Markup("<h3>Metamorphic training</h3>")
+    """Metamorphic training per family and epoch; the balanced average's window; EMA. A feature the
+    recipe switched off is one quiet line with the override that switches it on."""
+    off = notes.off_features(load.load_config_text(run_dir))
+    off_keys = {key for key, _, _ in off}
+    out = (
+        _render(
+            '<p class="off">Off in this run: {{ names }} -- switch on with {% for o in how %}<code>{{ o }}</code>'
+            "{% if not loop.last %}, {% endif %}{% endfor %} on the fit command line.</p>",
+            names=", ".join(name for _, name, _ in off),
+            how=[how for _, _, how in off],
+        )
+        if off
+        else Markup("")
+    )
     stats = training.read_stats(run_dir)
-    if stats is None:
-        out += _na("metamorphic_training.csv missing (no MetamorphicTraining in this run)")
-    else:
+    out += _part(
+        "Metamorphic training",
+        stats is not None,
+        "metamorphic_training",
+        off_keys,
+        "metamorphic_training.csv missing (no MetamorphicTraining in this run)",
+    )
+    if stats is not None:
         out += _render(
             "<p>Follow-ups drawn (candidates), kept (trained on) and rejected (occluders over the lesion) "
             "per family, over {{ n }} epoch(s).</p>",
@@ -370,11 +446,15 @@ def _training(run_dir, history, efr, ctx) -> str:
         out += _table(training.family_totals(stats), "{:.2f}")
         out += Markup("<p>Per epoch: kept / drawn (rejected).</p>")
         out += _table(training.per_epoch(stats), "{}")
-    out += Markup("<h3>Failure mining</h3>")
     mining = training.read_mining(run_dir)
-    if mining is None:
-        out += _na("failures/mining.csv missing (no FailureMiningCallback in this run)")
-    else:
+    out += _part(
+        "Failure mining",
+        mining is not None,
+        "mining",
+        off_keys,
+        "failures/mining.csv missing (no FailureMiningCallback in this run)",
+    )
+    if mining is not None:
         out += Markup(
             "<p>Per epoch. Steer mode: failure conditions in the bank, those the check failed, those it no "
             "longer failed (repaired), failures on cases that passed their previous check (new failures: "
@@ -382,11 +462,15 @@ def _training(run_dir, history, efr, ctx) -> str:
             "failures in the bank and replayed samples.</p>"
         )
         out += _table(mining, "{:g}")
-    out += Markup("<h3>Balanced average</h3>")
     report = training.read_average(run_dir)
-    if report is None:
-        out += _na("balanced_average.json missing (no BalancedAverage in this run)")
-    else:
+    out += _part(
+        "Balanced average",
+        report is not None,
+        "balanced_average",
+        off_keys,
+        "balanced_average.json missing (no BalancedAverage in this run)",
+    )
+    if report is not None:
         facts = training.average_summary(report)
         out += _render(
             "<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>",
@@ -402,16 +486,23 @@ def _training(run_dir, history, efr, ctx) -> str:
                 "balanced_average.ckpt</code> scores them).</p>"
             )
             out += _table(dice, "{:.4f}")
-    out += Markup("<h3>EMA</h3>")
-    out += (
-        Markup(
+    ema = training.has_ema(run_dir)
+    out += _part("EMA", ema, "ema", off_keys, "ema.ckpt missing (no EMACheckpoint in this run)")
+    if ema:
+        out += Markup(
             "<p><code>ema.ckpt</code> holds the EMA weights (score them with <code>robusttrain validate "
             "ckpt=RUN/ema.ckpt</code>).</p>"
         )
-        if training.has_ema(run_dir)
-        else _na("ema.ckpt missing (no EMACheckpoint in this run)")
-    )
     return out
+
+
+def _part(title: str, present: bool, key: str, off_keys: set[str], missing: str) -> Markup:
+    """A training-side part's heading; its file missing is news (not available) unless the recipe left
+    the feature off (then the part is left out: the section's first line lists it)."""
+    if not present and key in off_keys:
+        return Markup("")
+    head = _render("<h3>{{ title }}</h3>", title=title)
+    return head if present else head + _na(missing)
 
 
 BUILDERS: dict[str, Callable[..., str]] = {

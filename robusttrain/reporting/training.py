@@ -19,7 +19,6 @@ reads as missing, never as code), and rendered by the caller with autoescape.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -32,7 +31,7 @@ from robusttrain.rundir import layout
 from robusttrain.rundir import metamorphic_training as mt_file
 from robusttrain.rundir import mining as mining_file
 from robusttrain.rundir.history import dice_columns
-from robusttrain.rundir.paths import RunDirFileError, locate, read_text
+from robusttrain.rundir.paths import locate
 
 WORST = 0.1  # the worst-case Dice: mean of the worst 10 % of cases (CVaR), as BalancedCheckpoint's
 
@@ -119,18 +118,8 @@ def read_mining(run_dir: str | os.PathLike) -> pd.DataFrame | None:
 
 
 def read_average(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """``balanced_average.json`` through the run-directory reader (no symlinks); None when absent."""
-    text = read_text(run_dir, average_file.NAME)
-    if text is None:
-        return None
-    try:
-        obj = json.loads(text)
-    except ValueError as err:
-        raise RunDirFileError(
-            f"run-directory file '{os.path.realpath(run_dir)}{os.sep}{average_file.NAME}' is not valid JSON "
-            f"({err})"
-        ) from None
-    return obj if isinstance(obj, dict) else None
+    """``balanced_average.json`` through its run-directory reader (values no run writes refused)."""
+    return average_file.read_checked(run_dir)
 
 
 def _epochs(value: Any) -> list[int]:
@@ -149,9 +138,7 @@ def average_summary(report: dict[str, Any]) -> dict[str, str]:
     flags: dict[str, Any] = report["outlier_epochs"] if isinstance(report.get("outlier_epochs"), dict) else {}
     return {
         "status": str(report.get("status", "?")),
-        "window": f"last {100 * window:g} % of the validated epochs"
-        if isinstance(window, (int, float)) and not isinstance(window, bool)
-        else "?",
+        "window": _window(window, report.get("rule")),
         "window epochs": ", ".join(map(str, _epochs(report.get("window_epochs")))) or "none",
         "averaged epochs": ", ".join(map(str, _epochs(report.get("averaged_epochs")))) or "none",
         "excluded (ECOD-flagged)": ", ".join(map(str, _epochs(report.get("excluded_epochs")))) or "none",
@@ -161,6 +148,17 @@ def average_summary(report: dict[str, Any]) -> dict[str, str]:
         "checkpoint": str(report.get("checkpoint") or "none"),
         "reason": str(report.get("reason", "")),
     }
+
+
+def _window(window: Any, rule: Any) -> str:
+    """The window setting in words; ``lr_tail`` falls back to the last half when the run had no tail."""
+    if window == "lr_tail":
+        if rule == "fraction":
+            return "lr_tail: the run had no constant-LR tail, so the last 50 % of the validated epochs"
+        return "lr_tail: the epochs of the constant-LR tail"
+    if isinstance(window, (int, float)) and not isinstance(window, bool):
+        return f"last {100 * window:g} % of the validated epochs"
+    return "not recorded"
 
 
 def window_dice(history: pd.DataFrame, report: dict[str, Any]) -> pd.DataFrame | None:
@@ -190,7 +188,8 @@ def window_dice(history: pd.DataFrame, report: dict[str, Any]) -> pd.DataFrame |
                 by_epoch.apply(lambda s: worst_fraction_mean(s, WORST)).mean()
             ),
         }
-    return pd.DataFrame(rows).T if rows else None
+    # one row per group, each column its own dtype: the counts stay integers (a transpose made them floats)
+    return pd.DataFrame.from_dict(rows, orient="index") if rows else None
 
 
 def has_ema(run_dir: str | os.PathLike) -> bool:

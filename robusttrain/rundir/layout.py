@@ -65,7 +65,7 @@ PLOTS = "plots"
 REPORT = "report.html"
 GALLERY = "gallery.png"
 EFR_TABLE_MD = "efr_table.md"
-BALANCED_CKPT = "balanced.ckpt"
+BALANCED_CKPT = corner_cases.CHECKPOINT
 CANDIDATES = "balanced_candidates"
 EMA_CKPT = ema.CHECKPOINT
 EARLIER = "before-"  # a fresh API fit's folder for an earlier fit's results: before-<time>/
@@ -114,6 +114,13 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(corner_cases.NAME, "BalancedCheckpoint: corner cases and the chosen epoch", result=True),
     Entry(BALANCED_CKPT, "BalancedCheckpoint: the chosen epoch's checkpoint", result=True),
+    Entry(
+        corner_cases.PICKS_DIR,
+        "BalancedCheckpoint: the epochs the other policies pick (policy_checkpoints of corner_cases.json)",
+        True,
+        ("epoch=*.ckpt",),
+        True,
+    ),
     Entry(
         CANDIDATES,
         "BalancedCheckpoint: per-epoch candidates until the fit ends",

@@ -32,6 +32,7 @@ import pandas as pd
 
 from robusttrain.io import atomic_write_csv, atomic_write_text
 
+from . import values
 from .csv_table import read_csv
 from .paths import read_text
 
@@ -53,8 +54,16 @@ def write_stats(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:
     return atomic_write_csv(Path(run_dir) / STATS, frame)
 
 
+COUNTS = ("epoch", "candidates", "chosen", "rejected")
+
+
 def read_stats(run_dir: str | os.PathLike) -> pd.DataFrame | None:
-    return read_csv(run_dir, STATS)
+    """The table, None when absent; a torn row or a count no run writes (``candidates=1e308``, ``-3``,
+    ``2.5``) is refused with one line naming the file, line and column."""
+    frame = read_csv(run_dir, STATS)
+    if frame is not None:
+        values.counts(f"{os.path.realpath(run_dir)}{os.sep}{STATS}", frame, COUNTS)
+    return frame
 
 
 def write_samples(run_dir: str | os.PathLike, records: Sequence[dict[str, Any]]) -> Path:

@@ -337,10 +337,11 @@ def test_report_shows_the_training_side(trained, tmp_path, capsys):
     assert "kept / drawn (rejected)" in html and "Balanced average" in html
     assert "averaged epochs (mean)" in html and "last epoch (1)" in html and "worst 10 % Dice" in html
     assert "<code>ema.ckpt</code> holds the EMA weights" in html
-    # hostile values: a family name with markup, a window that is not a list
+    # hostile values: a family name with markup is text; a window that is not a list is a value no run
+    # writes, refused in one line (issue 46 finding 7; tests/bad_inputs/test_trust_v5_report.py has more)
     (run / "metamorphic_training.csv").write_text(stats.replace(families[0], "<script>x</script>"))
-    (run / "balanced_average.json").write_text('{"window": "<b>w</b>", "averaged_epochs": "all"}')
     _run(["report", str(run)], capsys)
     html = (run / "report.html").read_text()
     assert "<script>x" not in html and "&lt;script&gt;x&lt;/script&gt;" in html
-    assert "<b>w</b>" not in html
+    (run / "balanced_average.json").write_text('{"window": "<b>w</b>", "averaged_epochs": "all"}')
+    _run(["report", str(run)], capsys, code=2, text="balanced_average.json': averaged_epochs holds 'all'")
