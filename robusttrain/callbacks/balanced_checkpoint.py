@@ -436,7 +436,7 @@ class BalancedCheckpoint(UsesContext, Callback):
                 where[policy] = report["checkpoint"]
             elif self._candidate(epoch).is_file():
                 rel = self._pick(epoch)
-                if not (self.fit_dir / rel).is_file():
+                if rel not in where.values():  # several policies often pick one epoch: one copy
                     (self.fit_dir / PICKS).mkdir(exist_ok=True)
                     atomic_copy(self._candidate(epoch), self.fit_dir / rel)
                 where[policy] = rel
