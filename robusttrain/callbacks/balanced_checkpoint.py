@@ -475,11 +475,11 @@ class BalancedCheckpoint(UsesContext, Callback):
                 "dice": {},
             }
         h = load_history(raw)
-        epochs = set(h["epoch"].tolist())
-        sel = select_balanced_epoch(
+        # every policy on the same history and candidates (the report's trade-off table); this run's
+        # policy's selection is the one balanced.ckpt holds
+        others = policy_tradeoff(
             h,
-            self.policy,
-            reference_epoch=best if best in epochs else None,
+            reference_epoch=best,
             candidates=[e for e in self._saved if self._candidate(e).is_file()],
             contamination=self.contamination,
             tail=self.tail,
@@ -487,17 +487,7 @@ class BalancedCheckpoint(UsesContext, Callback):
             min_epoch=self.min_epoch,
             worst_fraction=self.worst_fraction,
         )
-        self.selection = sel
-        others = policy_tradeoff(
-            h,
-            reference_epoch=best,
-            candidates=sel.candidates,
-            contamination=self.contamination,
-            tail=self.tail,
-            metric=self.metric,
-            min_epoch=self.min_epoch,
-            worst_fraction=self.worst_fraction,
-        )
+        sel = self.selection = others.selections[self.policy]
         cc = sel.corner_cases
         margin = selection_margin(h, sel, metric=self.metric)  # diagnostics: how sure is the choice?
         if margin["warning"]:
