@@ -238,10 +238,24 @@ def set_rng_state(state: dict[str, Any], generator: Any = None) -> None:
 
 def checkpoint_epoch(path: str | os.PathLike) -> int | None:
     """The ``epoch`` a checkpoint was saved at (weights-only, memory-mapped), None if unreadable."""
+    epoch, _ = checkpoint_progress(path)
+    return None if epoch < 0 else epoch
+
+
+def checkpoint_progress(path: str | os.PathLike) -> tuple[int, int]:
+    """``(epoch, global_step)`` a checkpoint was saved at (weights-only, memory-mapped); ``(-1, -1)``
+    if unreadable, so any readable checkpoint sorts after it.
+
+    >>> import tempfile, torch
+    >>> path = tempfile.mkdtemp() + "/c.ckpt"
+    >>> torch.save({"epoch": 2, "global_step": 12, "state_dict": {}}, path)
+    >>> checkpoint_progress(path), checkpoint_progress(path + ".missing")
+    ((2, 12), (-1, -1))
+    """
     import torch
 
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return int(ckpt["epoch"])
-    except Exception:  # noqa: BLE001 -- any unreadable file simply has no epoch
-        return None
+        return int(ckpt["epoch"]), int(ckpt.get("global_step", 0))
+    except Exception:  # noqa: BLE001 -- any unreadable file simply has no progress
+        return -1, -1

@@ -318,8 +318,8 @@ def test_each_robustness_callback_can_be_switched_off():
         "FailureMiningCallback",
         "MetamorphicCallback",
         "MetamorphicTraining",
-        "ModelCheckpoint",
         "RobustnessReporter",
+        "RunCheckpoint",
     ]
     off = names(
         build_callbacks(
@@ -335,4 +335,4 @@ def test_each_robustness_callback_can_be_switched_off():
             )
         )
     )
-    assert off == ["BalancedCheckpoint", "MetamorphicCallback", "ModelCheckpoint"]
+    assert off == ["BalancedCheckpoint", "MetamorphicCallback", "RunCheckpoint"]

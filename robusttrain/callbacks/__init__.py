@@ -33,6 +33,7 @@ from .failure_mining import FailureMiningCallback
 from .metamorphic import MetamorphicCallback
 from .metamorphic_training import MetamorphicTraining, metamorphic_forward, metamorphic_loss
 from .reporting import RobustnessReporter
+from .run_checkpoint import RunCheckpoint
 
 
 def robustness(
@@ -119,6 +120,7 @@ __all__ = [
     "EMACheckpoint",
     "FailureMiningCallback",
     "RobustnessReporter",
+    "RunCheckpoint",
     "RobustnessContext",
     "RobustnessConfigError",
     "robustness",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import traceback
 from pathlib import Path
 
@@ -21,15 +22,34 @@ def _resolve_ckpt(ckpt: str | Path, run_dir: Path | None) -> Path:
     if ckpt == "last":
         assert run_dir is not None  # ckpt=last is resolved once the run directory is known
         path = run_dir / "checkpoints" / "last.ckpt"
-        if not path.is_file():
+        newest = _newest_last(path.parent)
+        if newest is None:
             raise UsageError(
                 f"checkpoint not found: ckpt=last -> '{path}' (no fit has saved a checkpoint "
                 "in this run_dir yet)"
             )
-        return check_file(path)
+        if newest != path:
+            _say(f"[robusttrain] ckpt=last: {newest.name} holds a later epoch than last.ckpt; resuming from it")
+        return check_file(newest)
     if not Path(ckpt).expanduser().exists():
         raise UsageError(f"checkpoint not found: ckpt={ckpt} -> '{Path(ckpt).expanduser()}'")
     return check_file(ckpt)
+
+
+LAST = re.compile(r"last(-v\d+)?\.ckpt")  # Lightning's names for the last checkpoint (-vN: a copy beside it)
+
+
+def _newest_last(folder: Path) -> Path | None:
+    """The ``last*.ckpt`` of ``folder`` with the latest epoch and step (``last.ckpt`` on a tie), None if none.
+
+    A resume that Lightning's ModelCheckpoint could not match to its folder (a run directory moved
+    before RunCheckpoint) saved its later epochs as ``last-v1.ckpt``: ``ckpt=last`` goes on from those."""
+    from robusttrain.checkpoints import checkpoint_progress
+
+    found = [p for p in folder.glob("last*.ckpt") if LAST.fullmatch(p.name) and p.is_file()]
+    if not found:
+        return None
+    return max(found, key=lambda p: (checkpoint_progress(p), p.name == "last.ckpt"))
 
 
 def _dice_line(metrics: dict, prefix: str) -> str:

