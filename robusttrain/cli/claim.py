@@ -9,8 +9,9 @@ and what a ``fit`` may find there before it starts.
   of the run directory) are removed and a message says so.
 * A fresh ``fit`` (no ``ckpt=``) into a run directory that holds anything is refused, unless
   ``overwrite=true`` (which removes robusttrain's own files there -- :mod:`robusttrain.rundir.layout`'s
-  list --, nothing else) or the previous
-  fit there was killed before it saved ``checkpoints/last.ckpt`` (nothing to resume: it starts clean).
+  list --, nothing else) or the previous fit there stopped (killed, or in order) before it saved
+  ``checkpoints/last.ckpt``: nothing to resume, so ``fit`` and ``fit ckpt=last`` start clean, with the
+  earlier files moved to ``before-<time>/`` (:func:`start_clean`).
 * Under DDP the other ranks re-run the command in child processes (``LOCAL_RANK``/``NODE_RANK`` set):
   rank 0 holds the lock for all of them.
 """
@@ -122,14 +123,30 @@ def _remove_outputs(run_dir: Path) -> list[str]:
 
 
 def starts_clean(run_dir: Path) -> bool:
-    """True when the previous fit in ``run_dir`` was killed before it saved ``checkpoints/last.ckpt``."""
+    """True when a fit began in ``run_dir`` and saved no ``checkpoints/last.ckpt``: nothing to resume.
+
+    A kill leaves the fit's owner record (:mod:`robusttrain.rundir.lock`); a stop in order (SIGTERM,
+    Ctrl-C), or a kill whose record a later command has cleared, leaves the fit's ``config.yaml``
+    and no checkpoint at all."""
     if is_child_rank():
         return False
+    ckpts = run_dir / layout.CHECKPOINTS
+    if ckpts.is_dir() and any(ckpts.glob("last*.ckpt")):
+        return False
     owner = lock.hold(run_dir, "fit").interrupted
-    return (
-        owner is not None
-        and owner.get("command") == "fit"
-        and not (run_dir / "checkpoints" / "last.ckpt").exists()
+    if owner is not None and owner.get("command") == "fit":
+        return True
+    return (run_dir / layout.CONFIG).is_file() and not (ckpts.is_dir() and any(ckpts.glob("*.ckpt")))
+
+
+def start_clean(run_dir: Path) -> None:
+    """A fit that stopped before its first checkpoint (:func:`starts_clean`): its files go to
+    ``before-<time>/`` (kept, said in one line) and the new fit starts in an empty run directory."""
+    dest, moved = layout.set_aside(run_dir, FIT_OUTPUTS)
+    kept = f"; its files ({', '.join(moved)}) moved to {dest.name}/" if dest is not None else ""
+    _say(
+        f"[robusttrain] run_dir {run_dir}: the fit there stopped before its first checkpoint (nothing to "
+        f"resume); starting clean{kept}"
     )
 
 
@@ -137,19 +154,15 @@ def prepare_fresh_fit(run_dir: Path, overwrite: bool) -> None:
     """A ``fit`` without ``ckpt=``: refuse a run directory with content, or empty it (see module doc)."""
     if is_child_rank() or not (found := _contents(run_dir)):
         return
-    if starts_clean(run_dir):
-        gone = _remove_outputs(run_dir)
-        _say(
-            f"[robusttrain] run_dir {run_dir}: the interrupted fit there saved no last.ckpt; starting clean "
-            f"(removed {', '.join(gone) or 'nothing'})"
-        )
-    elif overwrite:
+    if overwrite:
         gone = _remove_outputs(run_dir)
         _say(f"[robusttrain] run_dir {run_dir}: overwrite=true: removed {', '.join(gone) or 'nothing'}")
+    elif starts_clean(run_dir):
+        start_clean(run_dir)
     else:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         if not any((run_dir / layout.CHECKPOINTS).glob("*.ckpt")):
-            # a fit stopped before its first checkpoint (or no fit at all): nothing to resume
+            # no fit's config.yaml either: files of the user's own (robusttrain's would be set aside)
             raise UsageError(
                 f"run_dir '{run_dir}' is not empty ({shown}) but holds no checkpoint: nothing was "
                 "trained there yet; pass overwrite=true to start over (it replaces robusttrain's "

@@ -6,7 +6,8 @@ depends on knowing the run directory derives from here, never from a copied list
 
 * ``fit overwrite=true`` and a fresh fit after a kill remove :func:`own_names` (``cli/claim.py``);
 * the clean-up after a killed command removes :func:`is_temp` names in :data:`TEMP_FOLDERS`;
-* a fresh fit in the API sets an earlier fit's :func:`result_names` aside (:func:`set_aside_results`);
+* a fresh fit in the API sets an earlier fit's :func:`result_names` aside (:func:`set_aside_results`), and
+  a CLI fit finding one that stopped before its first checkpoint sets all of it aside (:func:`set_aside`);
 * a file where robusttrain writes a folder is refused up front (:func:`folder_names`);
 * the test that runs every callback fails when one writes a name :func:`known` does not know.
 
@@ -259,24 +260,32 @@ def unknown_files(run_dir: str | os.PathLike) -> list[str]:
     return out
 
 
-def set_aside_results(run_dir: str | os.PathLike) -> Path | None:
-    """A fresh fit in the API (no ``ckpt_path``) finding an earlier fit's results in its run directory
-    moves them to ``before-<time>/`` and says so: a fit never silently replaces another's files. The
-    CLI refuses such a directory instead (``fit overwrite=true`` replaces it)."""
+def set_aside(run_dir: str | os.PathLike, names: tuple[str, ...]) -> tuple[Path | None, list[str]]:
+    """Move the entries of ``run_dir`` named in ``names`` (fixed names of the list) to a new
+    ``before-<time>/`` folder; returns it and the names moved (``(None, [])`` when none is there).
+    Nothing is deleted: an earlier run's files stay readable there."""
     root = Path(run_dir)
-    results = {e.name for e in ENTRIES if e.result}
-    found = [p for p in own_paths(root) if p.name in results]
+    found = [p for p in own_paths(root) if p.name in names]
     if not found:
-        return None
+        return None, []
     dest = root / f"{EARLIER}{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
     dest.mkdir()
     for p in found:
         os.replace(p, dest / p.name)
-    log.warning(
-        "robusttrain: %s held an earlier fit's files (%s); moved them to %s/ (a fresh fit never replaces "
-        "another's results; resume that fit with trainer.fit(..., ckpt_path=...) to continue it)",
-        root,
-        ", ".join(p.name for p in found),
-        dest.name,
-    )
+    return dest, [p.name for p in found]
+
+
+def set_aside_results(run_dir: str | os.PathLike) -> Path | None:
+    """A fresh fit in the API (no ``ckpt_path``) finding an earlier fit's results in its run directory
+    moves them to ``before-<time>/`` and says so: a fit never silently replaces another's files. The
+    CLI refuses such a directory instead (``fit overwrite=true`` replaces it)."""
+    dest, moved = set_aside(run_dir, result_names())
+    if dest is not None:
+        log.warning(
+            "robusttrain: %s held an earlier fit's files (%s); moved them to %s/ (a fresh fit never replaces "
+            "another's results; resume that fit with trainer.fit(..., ckpt_path=...) to continue it)",
+            Path(run_dir),
+            ", ".join(moved),
+            dest.name,
+        )
     return dest

@@ -421,7 +421,7 @@ SCENARIOS = [
         code=0,
         prep=_killed_owner("fit", drop_last=True),
         then=_fresh_epochs([0]),
-        stderr="the interrupted fit there saved no last.ckpt; starting clean",
+        stderr="the fit there stopped before its first checkpoint (nothing to resume); starting clean",
     ),
     S(
         "resume-after-kill-before-first-last-ckpt",

@@ -190,26 +190,24 @@ def test_corners_refuses_a_history_row_torn_mid_number(trained, tmp_path, capsys
     )
 
 
-def test_a_plain_rerun_after_a_stop_before_the_first_checkpoint_says_nothing_was_trained(
+def test_a_plain_rerun_after_a_stop_before_the_first_checkpoint_starts_clean_keeping_its_files(
     trained, tmp_path, capsys
 ):
     """A fit stopped in order (SIGTERM, Ctrl-C: no owner record left) before its first checkpoint leaves
-    config.yaml and logs/: a plain re-run is refused, and the line says nothing was trained yet and how to
-    start over (before: only "not empty ... resume its fit with ckpt=last", which cannot work)."""
+    config.yaml and logs/. Issue 32 made the re-run refuse and name ``overwrite=true``; issue 46 (finding
+    15) asks that it start cleanly instead, keeping what the stopped fit wrote: it is moved to
+    ``before-<time>/``, bytes unchanged, and one line says so."""
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(trained / "config.yaml", run / "config.yaml")
     (run / "logs").mkdir()
     (run / "logs" / "metrics.csv").write_text("epoch,step,train/loss\n0,0,0.7\n")
-    _run(
-        ["fit", *TINY, f"run_dir={run}", "trainer.max_epochs=1"],
-        capsys,
-        code=2,
-        text="holds no checkpoint: nothing was trained there yet; pass overwrite=true to start over",
-    )
-    # and the advice works
-    _run(["fit", *TINY, f"run_dir={run}", "trainer.max_epochs=1", "overwrite=true"], capsys)
+    out, err = _run(["fit", *TINY, f"run_dir={run}", "trainer.max_epochs=1"], capsys)
+    assert "stopped before its first checkpoint (nothing to resume); starting clean" in out + err
     assert (run / "checkpoints" / "last.ckpt").is_file()
+    (aside,) = run.glob("before-*")
+    assert (aside / "config.yaml").read_bytes() == (trained / "config.yaml").read_bytes()
+    assert (aside / "logs" / "metrics.csv").read_text() == "epoch,step,train/loss\n0,0,0.7\n"
 
 
 def _folder(root: Path, sizes: dict[str, int]) -> Path:

@@ -9,7 +9,10 @@ line holding the expected text when the code is not 0, no traceback.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning  # noqa: F401 -- imported here, its log handler writes to the real stderr, not a test's capture
@@ -100,3 +103,49 @@ def test_ckpt_last_resumes_a_later_last_copy_and_never_deletes_it(tmp_path, caps
     assert (ckpts / "last-v1.ckpt").is_file()  # kept (the fit goes on in its state's last_model_path)
     assert max(_epoch(p) for p in ckpts.glob("last*.ckpt")) == 2
     assert _logged_epochs(run) == [0, 1, 2]
+
+
+# --- 15: a fit stopped before its first checkpoint --------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _killed_before_first_checkpoint(run: Path) -> None:
+    """A real ``fit`` SIGKILLed in epoch 0's MR check (history.csv written, efr.csv not, no checkpoint)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", WANDB_MODE="offline")
+    env["ROBUSTTRAIN_TEST_KILL_AT"] = "write:efr.csv:1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "robusttrain", "fit", *TINY, f"run_dir={run}", "trainer.max_epochs=1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert (run / "history.csv").is_file() and not (run / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("resume", ["ckpt=last", "plain"])
+def test_a_fit_killed_before_its_first_checkpoint_starts_clean_and_keeps_what_it_wrote(
+    resume, tmp_path, capsys
+):
+    """kill -9 before the first last.ckpt; then a command that stopped in order in the run directory (here
+    a resume with a bad value, refused: it took the killed fit's lock over and cleared its owner record);
+    then ``fit ckpt=last`` (or a plain ``fit``) starts the run cleanly, the killed fit's files kept in
+    ``before-<time>/``. Before: ``ckpt=last`` ended in "checkpoint not found ... no fit has saved a
+    checkpoint" and a plain re-run in "... holds no checkpoint ...; pass overwrite=true to start over"."""
+    run = tmp_path / "run"
+    _killed_before_first_checkpoint(run)
+    killed = {n: (run / n).read_bytes() for n in ("config.yaml", "history.csv")}
+    _fit(run, 1, capsys, "ckpt=last", "callbacks.metamorphic.suite.severities=[6]", code=2, text="severities")
+    assert not (run / ".robusttrain.owner").exists()  # the kill's trace is gone; the files are not
+    extra = ["ckpt=last"] if resume == "ckpt=last" else []
+    out, err = _fit(run, 1, capsys, *extra)
+    assert "stopped before its first checkpoint (nothing to resume); starting clean" in err
+    assert _epoch(run / "checkpoints" / "last.ckpt") == 0 and _logged_epochs(run) == [0]
+    (aside,) = run.glob("before-*")
+    for name, data in killed.items():
+        assert (aside / name).read_bytes() == data, f"{name} of the killed fit was changed"
+    assert (run / "corner_cases.json").is_file()  # the new fit ran to its end (same seed: same history)
+    from robusttrain.rundir import layout
+
+    assert layout.unknown_files(run) == []
