@@ -14,6 +14,7 @@ from robusttrain.checkpoints import check_file, check_fits, load_checkpoint
 from robusttrain.cli.build import build_run, write_config
 from robusttrain.cli.claim import prepare_fresh_fit, starts_clean
 from robusttrain.cli.errors import UsageError
+from robusttrain.cli.resume import check_resume, record_resume, run_config
 from robusttrain.errors import InputError
 
 
@@ -108,16 +109,22 @@ def run_stage(stage: str, cfg: DictConfig, overwrite: bool = False, split: str =
         if stage == "fit":
             with _restoring(ckpt):
                 _check_callback_states(run.trainer, state)
+    resuming = stage == "fit" and ckpt is not None and run_config(run.run_dir) is not None
+    # a resume keeps the run's config.yaml; it may change only a few settings (cli/resume.py)
+    changed = check_resume(run.run_dir, cfg) if resuming else []
     if stage == "fit" and ckpt is None:
         prepare_fresh_fit(run.run_dir, overwrite)
     # every check passed: only now is anything in the run directory changed
-    write_config(cfg, run.run_dir, stage)
+    if not resuming:
+        write_config(cfg, run.run_dir, stage)
     if stage == "fit" and ckpt is None:
         _record_weights(run)
     if ckpt is not None:
         assert state is not None
         if stage == "fit":
-            _forget_epochs_after(run.trainer, Path(ckpt), int(state.get("epoch", -1)), resume_last)
+            epoch = int(state.get("epoch", -1))
+            record_resume(run.run_dir, changed, Path(ckpt), epoch)
+            _forget_epochs_after(run.trainer, Path(ckpt), epoch, resume_last)
         ckpt = str(ckpt)
     trainer = run.trainer
     assert trainer is not None  # build_run(with_trainer=True)

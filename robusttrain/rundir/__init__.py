@@ -2,7 +2,8 @@
 
 ``history`` (history.csv), ``efr`` (efr.csv, efr_table.csv), ``mr_cases`` (mr_cases.csv), ``corner_cases``
 (corner_cases.json), ``balanced_average`` (balanced_average.json), ``failures`` (failures/failures.jsonl),
-``sampling`` (failures/sampling.json), ``mining`` (failures/mining.csv) and ``metamorphic_training``
+``sampling`` (failures/sampling.json), ``mining`` (failures/mining.csv), ``resumes`` (resumes.jsonl: what
+each resume of a CLI fit changed) and ``metamorphic_training``
 (metamorphic_training.csv / _samples.jsonl); ``pretrained`` (pretrained.json) is written by ``fit``; ``check`` (what
 ``robusttrain check`` writes: ``checks/<name>/`` or a check-only run directory). Writers are the callbacks (and the bank); replay, reporting,
 ``robusttrain corners`` and ``robusttrain report`` read only through these modules, and they read only
@@ -31,6 +32,7 @@ from . import (
     mining,
     mr_cases,
     pretrained,
+    resumes,
     sampling,
 )
 
@@ -46,5 +48,6 @@ __all__ = [
     "mining",
     "mr_cases",
     "pretrained",
+    "resumes",
     "sampling",
 ]

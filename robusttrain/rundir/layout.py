@@ -53,6 +53,7 @@ from . import (
     mining,
     mr_cases,
     pretrained,
+    resumes,
     sampling,
 )
 
@@ -99,6 +100,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(CONFIG, "fit (CLI): the resolved recipe"),
     Entry(pretrained.NAME, "fit (CLI): the pretrained weight file the network started from"),
     *(Entry(f"config.{c}.yaml", f"{c} (CLI): its resolved recipe") for c in COMMANDS),
+    Entry(resumes.NAME, "fit ckpt=... (CLI): the settings each resume changed (config.yaml keeps the first)"),
     Entry(LOGS, "the loggers (CSV, TensorBoard); logs/<command>/ for validate, test, check", True, ("**",)),
     Entry("wandb", "the W&B logger (offline runs)", True, ("**",)),
     Entry(CHECKPOINTS, "Lightning's ModelCheckpoint: last.ckpt, epochNNN.ckpt", True, ("*.ckpt",)),
@@ -110,7 +112,7 @@ ENTRIES: tuple[Entry, ...] = (
         failures.DIR,
         "MetamorphicCallback / FailureMiningCallback: the failure bank",
         True,
-        (failures.LOG_NAME, sampling.NAME, mining.NAME, f"{failures.THUMB_DIR}/*.png"),
+        (failures.LOG_NAME, sampling.NAME, mining.NAME, mining.CONDITIONS, f"{failures.THUMB_DIR}/*.png"),
         result=True,
     ),
     Entry(corner_cases.NAME, "BalancedCheckpoint: corner cases and the chosen epoch", result=True),

@@ -78,6 +78,11 @@ def test_a_moved_or_copied_run_resumes_from_its_newest_state_and_keeps_every_che
     assert "removed" not in out + err, out[-2000:]
     assert _epoch(b / "checkpoints" / "last.ckpt") == 2
     assert _logged_epochs(b) == [0, 1, 2]
+    # config.yaml keeps the folder the run started in; each resume in B recorded the move
+    from robusttrain.rundir import resumes
+
+    moves = [r["changed"]["run_dir"] for r in resumes.read(b)]
+    assert moves == [{"was": str(a.resolve()), "now": str(b.resolve())}] * 2
     # the copy resumes on its own, from its own epoch 0
     before = (c / "checkpoints" / "last.ckpt").read_bytes()
     _fit(c, 2, capsys, "ckpt=last")
@@ -149,3 +154,44 @@ def test_a_fit_killed_before_its_first_checkpoint_starts_clean_and_keeps_what_it
     from robusttrain.rundir import layout
 
     assert layout.unknown_files(run) == []
+
+
+# --- 2: a resume with other training settings -----------------------------------------------------------
+def test_a_resume_may_change_only_how_long_and_where_and_keeps_the_first_settings(tmp_path, capsys):
+    """``fit ckpt=last callbacks.metamorphic_training.q=0.25 ...epsilon=0.3`` (the issue's ``k=4`` is now
+    refused for another reason: the smoke recipe's mining steers k=1 draws) is refused in one line naming
+    the key, the run's value and the new one, and changes nothing; a resume that extends the
+    run (``trainer.max_epochs``) and changes the console keeps ``config.yaml`` as the run started and
+    records what it changed in ``resumes.jsonl``. Before: the first was accepted without a word,
+    metamorphic_training.csv mixed both regimes and config.yaml was rewritten."""
+    run = tmp_path / "run"
+    _fit(run, 1, capsys)
+    kept = ("config.yaml", "metamorphic_training.csv", "history.csv", "logs/metrics.csv", "checkpoints/last.ckpt")
+    first = {n: (run / n).read_bytes() for n in kept}
+    _fit(
+        run,
+        2,
+        capsys,
+        "ckpt=last",
+        "callbacks.metamorphic_training.q=0.25",
+        "callbacks.metamorphic_training.epsilon=0.3",
+        code=2,
+        text="cannot resume with other training settings: callbacks.metamorphic_training.epsilon is 1.0 in the "
+        "run's config.yaml, 0.3 now (and 1 more: callbacks.metamorphic_training.q); a resume may change only "
+        "trainer.max_epochs",
+    )
+    for name, data in first.items():
+        assert (run / name).read_bytes() == data, f"{name} changed by a refused resume"
+    assert not (run / "resumes.jsonl").exists()
+    out, _ = _fit(run, 2, capsys, "ckpt=last", "trainer.log_every_n_steps=1")
+    from robusttrain.rundir import layout, resumes
+
+    assert "resume changes trainer.log_every_n_steps: 5 -> 1, trainer.max_epochs: 1 -> 2" in out
+    assert (run / "config.yaml").read_bytes() == first["config.yaml"]  # the settings the run started with
+    (record,) = resumes.read(run)
+    assert record["from_epoch"] == 0 and record["ckpt"].endswith("last.ckpt")
+    assert record["changed"] == {
+        "trainer.log_every_n_steps": {"was": 5, "now": 1},
+        "trainer.max_epochs": {"was": 1, "now": 2},
+    }
+    assert _epoch(run / "checkpoints" / "last.ckpt") == 1 and layout.unknown_files(run) == []
