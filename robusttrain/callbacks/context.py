@@ -142,19 +142,21 @@ class RobustnessContext:
                 + "); give them the same dirpath (one run directory)"
             )
         d = next(iter(distinct), None) or default_run_dir(trainer)
-        self.run_dir = Path(broadcast_object(trainer, str(d)))
+        run_dir = Path(broadcast_object(trainer, str(d)))
         if getattr(trainer, "is_global_zero", True):
-            rank_zero_info(f"robusttrain: writing the robustness files of this run to {self.run_dir}")
-            # the CLI's run-directory lock, also in the API (re-entrant)
+            rank_zero_info(f"robusttrain: writing the robustness files of this run to {run_dir}")
+            # the CLI's run-directory lock, also in the API: shared with the CLI command that runs this
+            # trainer, refused to another process or another trainer of this one
             from robusttrain.rundir.lock import hold
 
-            hold(self.run_dir, "fit", holder=trainer)
+            hold(run_dir, "fit", holder=trainer)
             if getattr(trainer, "ckpt_path", None) is None:
                 # a fresh fit: an earlier fit's results there go aside, said in one warning (the CLI
                 # has refused or emptied such a directory before this point)
                 from robusttrain.rundir.layout import set_aside_results
 
-                set_aside_results(self.run_dir)
+                set_aside_results(run_dir)
+        self.run_dir = run_dir
         return self.run_dir
 
     @property
@@ -169,7 +171,8 @@ class RobustnessContext:
         return self.run_dir
 
     def release_lock(self, trainer: Any, member: str) -> None:
-        """Let go of this trainer's run-directory lock when the fit is over (``teardown``, rank 0).
+        """Let go of this trainer's run-directory lock when the fit is over (``teardown``, or
+        ``on_exception`` of a fit that failed: Lightning runs no ``teardown`` then; rank 0).
 
         RobustnessReporter (whose teardown still writes the final plots) or else BalancedCheckpoint does it
         when they are members; any other member only when neither is."""
@@ -288,6 +291,12 @@ class UsesContext:
                 "callbacks and run fit/validate (setup joins the shared RobustnessContext)"
             )
         return self._ctx
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """A fit that failed lets go of the run directory (Lightning calls no ``teardown`` then): the
+        same process can fit again there, with this trainer or another."""
+        if self._ctx is not None:
+            self._ctx.release_lock(trainer, type(self).__name__)
 
     def join_context(self, trainer: Any) -> RobustnessContext:
         """Join the trainer's shared context (``setup``); returns it."""

@@ -6,16 +6,22 @@ Beside it, ``.robusttrain.owner`` (JSON: pid, host, command, since) says who hol
 on every orderly release, so finding one when the lock is free means the previous owner was killed
 (:attr:`RunLock.interrupted`).
 
-Within one process the lock is shared by its holders (the CLI command, each trainer whose callbacks
-ask for it); it is released when the last of them lets go.
+Within one process the lock is shared by the CLI command and the trainer it runs; a second trainer
+(another object) asking while one holds it is refused like another process. It is released when the
+last holder lets go.
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
->>> lock = hold(d, "fit"); lock.interrupted, hold(d, "fit", holder="trainer") is lock
+>>> first, second = object(), object()
+>>> lock = hold(d, "fit"); lock.interrupted, hold(d, "fit", holder=first) is lock
 (None, True)
+>>> hold(d, "fit", holder=second)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+robusttrain.rundir.lock.RunDirBusyError: run_dir '...' is in use by another trainer in this process (its fit has not ended); ...
 >>> release(d); (Path(d) / OWNER_NAME).exists()
 True
->>> release(d, holder="trainer"); (Path(d) / OWNER_NAME).exists()
+>>> release(d, holder=first); (Path(d) / OWNER_NAME).exists()
 False
 """
 
@@ -131,14 +137,21 @@ def hold(run_dir: str | os.PathLike, command: str, holder: object = "cli") -> Ru
 
     The CLI calls it (holder ``"cli"``) before writing anything; the callbacks'
     :class:`~robusttrain.callbacks.context.RobustnessContext` calls it with the trainer as holder, so
-    two trainers in two processes cannot write one ``dirpath``. Released by :func:`release` (the
+    two trainers, in two processes or in one, cannot write one ``dirpath`` at once. Released by :func:`release` (the
     last holder), :func:`release_all`, at the latest when the process exits.
     """
     key = str(Path(run_dir).resolve())
+    me = id(holder) if not isinstance(holder, str) else holder
     if key not in _held:
         Path(key).mkdir(parents=True, exist_ok=True)
         _held[key] = RunLock(key, command).acquire()
-    _held[key].holders.add(id(holder) if not isinstance(holder, str) else holder)
+    elif not isinstance(me, str) and any(not isinstance(h, str) and h != me for h in _held[key].holders):
+        # the kernel's lock cannot tell two trainers of one process apart: the holders can
+        raise RunDirBusyError(
+            f"run_dir '{key}' is in use by another trainer in this process (its fit has not ended); "
+            "give this trainer another dirpath / default_root_dir, or let that fit end first"
+        )
+    _held[key].holders.add(me)
     return _held[key]
 
 

@@ -195,3 +195,94 @@ def test_a_resume_may_change_only_how_long_and_where_and_keeps_the_first_setting
         "trainer.max_epochs": {"was": 1, "now": 2},
     }
     assert _epoch(run / "checkpoints" / "last.ckpt") == 1 and layout.unknown_files(run) == []
+
+
+# --- 16: two API trainers, one run directory -----------------------------------------------------------
+def _api_trainer(run: Path, epochs: int, *extra):
+    from lightning.pytorch import Trainer
+
+    from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback
+    from robusttrain.metamorphic.suite import MRSuite
+
+    return Trainer(
+        max_epochs=epochs,
+        callbacks=[
+            MetamorphicCallback(suite=MRSuite(["contrast"], severities=(4,))),
+            BalancedCheckpoint(monitor="val_loss"),
+            *extra,
+        ],
+        default_root_dir=run,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+def test_a_second_api_trainer_on_a_run_directory_in_use_is_refused_in_one_line(tmp_path):
+    """Two plain ``Trainer``s in one process (a notebook, a thread pool), one ``default_root_dir``: while
+    the first fits, the second's fit stops before writing anything with one RunDirBusyError line, and the
+    first ends with its files intact; once the first has ended the lock is free again. Before: the lock was
+    shared by every trainer of the process, so the second set the first's history.csv / corner_cases.json
+    aside mid-fit and wrote its own, without a word."""
+    import threading
+
+    from user_project import make
+
+    from robusttrain.errors import InputError
+
+    from .hold_callback import HoldAtEpoch
+
+    L, Net, Data = make()
+    run, paused, release = tmp_path / "run", tmp_path / "paused", tmp_path / "release"
+    first = _api_trainer(run, 2, HoldAtEpoch(1, str(paused), str(release), timeout_s=300))
+    failed: list[BaseException] = []
+
+    def fit_first() -> None:
+        try:
+            first.fit(Net(), datamodule=Data())
+        except BaseException as e:  # noqa: BLE001 -- reported by the assertion below
+            failed.append(e)
+
+    thread = threading.Thread(target=fit_first)
+    thread.start()
+    try:
+        for _ in range(3000):
+            if paused.exists() or not thread.is_alive():
+                break
+            threading.Event().wait(0.1)
+        assert paused.exists(), failed
+        before = sorted(p.name for p in run.iterdir())
+        history = (run / "history.csv").read_bytes()
+        with pytest.raises(InputError, match="is in use by another trainer in this process") as err:
+            _api_trainer(run, 1).fit(Net(), datamodule=Data())
+        assert "\n" not in str(err.value)
+        assert sorted(p.name for p in run.iterdir()) == before  # nothing set aside, nothing written
+        assert (run / "history.csv").read_bytes() == history
+    finally:
+        release.write_text("go")
+        thread.join(600)
+    assert not failed, failed
+    assert (run / "corner_cases.json").is_file() and not list(run.glob("before-*"))
+    # the first fit has ended: its lock is free, and a fresh fit sets its results aside as before
+    _api_trainer(run, 1).fit(Net(), datamodule=Data())
+    assert len(list(run.glob("before-*"))) == 1 and not (run / ".robusttrain.owner").exists()
+
+
+def test_a_fit_that_fails_lets_go_of_the_run_directory(tmp_path):
+    """A fit that raises (Lightning runs no ``teardown`` then) releases the lock in ``on_exception``:
+    the same process fits again in that run directory with a new trainer."""
+    from user_project import make
+
+    L, Net, Data = make()
+
+    class Broken(Net):
+        def training_step(self, batch, i):
+            raise ValueError("a bug in the user's step")
+
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match="a bug in the user's step"):
+        _api_trainer(run, 1).fit(Broken(), datamodule=Data())
+    assert not (run / ".robusttrain.owner").exists()
+    _api_trainer(run, 1).fit(Net(), datamodule=Data())
+    assert (run / "corner_cases.json").is_file()
