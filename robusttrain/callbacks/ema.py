@@ -145,6 +145,11 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
         self._dir = self.context.finalize(trainer)
         self._finished = False
 
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        if stage == "fit" and self._ctx is not None:  # alone on a trainer, it lets go of the run directory
+            self._ctx.release_lock(trainer, type(self).__name__)
+
     # ------------------------------------------------------------------ the decay
     def planned_updates(self, trainer) -> int:
         """EMA updates the whole run makes: every ``update_every_n_steps``-th of the run's optimizer steps

@@ -286,3 +286,33 @@ def test_a_fit_that_fails_lets_go_of_the_run_directory(tmp_path):
     assert not (run / ".robusttrain.owner").exists()
     _api_trainer(run, 1).fit(Net(), datamodule=Data())
     assert (run / "corner_cases.json").is_file()
+
+
+@pytest.mark.parametrize("alone", ["MetamorphicCallback", "EMACheckpoint", "MetamorphicTraining"])
+def test_each_robustness_callback_alone_lets_go_of_the_run_directory_at_the_end(alone, tmp_path):
+    """With the lock no longer shared between trainers of one process, every callback that takes it must
+    let go when its fit ends: a second fit in the same process and run directory is not refused."""
+    from lightning.pytorch import Trainer
+    from user_project import make
+
+    from robusttrain import callbacks
+    from robusttrain.metamorphic.suite import MRSuite
+
+    L, Net, Data = make()
+    make_one = {
+        "MetamorphicCallback": lambda: callbacks.MetamorphicCallback(suite=MRSuite(["contrast"], severities=(4,))),
+        "EMACheckpoint": lambda: callbacks.EMACheckpoint(decay=0.5),
+        "MetamorphicTraining": lambda: callbacks.MetamorphicTraining(perturbations=["contrast"]),
+    }[alone]
+    for _ in range(2):
+        trainer = Trainer(
+            max_epochs=1,
+            callbacks=[make_one()],
+            default_root_dir=tmp_path,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(Net(), datamodule=Data())
+    assert not (tmp_path / ".robusttrain.owner").exists()
