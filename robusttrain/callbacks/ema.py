@@ -145,6 +145,7 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
         self._dir = self.context.finalize(trainer)
         self._finished = False
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         if stage == "fit" and self._ctx is not None:  # alone on a trainer, it lets go of the run directory
