@@ -19,26 +19,10 @@ import lightning  # noqa: F401 -- imported here, its log handler writes to the r
 import pytest
 import torch
 
-from robusttrain.cli import main
-
 from .test_cli import TINY
+from .test_trust_v4 import _run
 
 pytestmark = pytest.mark.slow
-
-
-def _run(argv: list[str], capsys, code: int = 0, text: str | None = None) -> tuple[str, str]:
-    capsys.readouterr()
-    got = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err, err[-3000:]
-    assert got == code, err[-2000:]
-    errors = [x for x in err.splitlines() if x.startswith(f"robusttrain {argv[0]}: error:")]
-    if code == 0:
-        assert not errors, errors
-    else:
-        assert len(errors) == 1, err[-2000:]
-        assert text in errors[0], errors[0]
-    return out, err
 
 
 def _fit(run: Path, epochs: int, capsys, *extra: str, code: int = 0, text: str | None = None):
