@@ -349,18 +349,23 @@ def partial_label(s: dict) -> str:
     return "" if s["finished"] >= s["planned"] else f"partial: {s['finished']} of {s['planned']} runs"
 
 
-def write_tables_v4(s: dict, args) -> str:
+def table_head(title: str, preface: str, s: dict) -> tuple[list[str], str]:
+    """The tables' first lines (title with the partial label, the preface) and the label's " (partial ...)"
+    tag the section titles repeat; one home for v4's and v5's."""
     part = partial_label(s)
     tag = f" ({part})" if part else ""
-    L = [
-        f"# Evidence v4 — held-out families and unseen centres{tag}",
-        "",
+    return [f"{title}{tag}", "", preface, ""], tag
+
+
+def write_tables_v4(s: dict, args) -> str:
+    L, tag = table_head(
+        "# Evidence v4 — held-out families and unseen centres",
         f"{args.epochs} epochs, {args.size} px, BasicUNet {args.features}, batch {args.batch_size}, lr {args.lr}; "
         f"runs finished: {json.dumps(s['conditions_run'])}. Protocol: docs/evidence_v4/PROTOCOL.md. "
         "Numbers in % (Dice, EFR); Δ vs random in points with [seed-level 95 % t-interval] and "
         "[95 % case bootstrap; ClinicDB by sequence].",
-        "",
-    ]
+        s,
+    )
     if not s["finished"]:
         return "\n".join(L + ["(no finished runs yet)"])
     L += [

@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks.evidence import report_v4 as v4
 from benchmarks.evidence.conditions import mean_std
-from benchmarks.evidence.report_v4 import Endpoint, _ci, _mr_keys, _ms, _runs, compare, partial_label
+from benchmarks.evidence.report_v4 import Endpoint, _ci, _mr_keys, _ms, _runs, compare
 
 AT = "ema"  # the decisions' checkpoint
 ALSO_AT = ("least_loss",)
@@ -246,16 +246,13 @@ DECISION_TEXT = {
 def write_tables_v5(s: dict, args) -> str:
     from benchmarks.evidence.validity import validity_lines
 
-    part = partial_label(s)
-    tag = f" ({part})" if part else ""
-    L = [
-        f"# Evidence v5 — the model users ship{tag}",
-        "",
+    L, tag = v4.table_head(
+        "# Evidence v5 — the model users ship",
         f"Runs finished: {json.dumps(s['conditions_run'])}. Protocol: docs/evidence_v5/PROTOCOL.md. Numbers in % "
         "(Dice, EFR); Δ in points with [seed-level 95 % t-interval] (the decisions') and [95 % case bootstrap; "
         "ClinicDB by sequence].",
-        "",
-    ]
+        s,
+    )
     if not s["finished"]:
         return "\n".join(L + ["(no finished runs yet)"])
     L += [
