@@ -166,5 +166,5 @@ def test_a_fit_records_the_verified_weights_and_check_reads_its_run(tmp_path, ca
     )
     # check loads the checkpoint's weights (pretrained off: nothing to verify twice)
     assert main(["check", *common, f"ckpt={run / 'checkpoints' / 'last.ckpt'}"]) == 0
-    assert (run / "efr_table.csv").is_file()
+    assert (run / "checks" / "last-val" / "efr_table.csv").is_file()  # a run's check goes into RUN/checks/
     shutil.rmtree(run)

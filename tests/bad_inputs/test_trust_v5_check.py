@@ -202,27 +202,61 @@ def test_check_labels_a_family_the_run_trained_on_as_trained(trained, tmp_path, 
     assert _table(other / "checks" / "last-val").loc["blur", "held out"] == ""
 
 
-def test_resume_that_adds_heldout_does_not_call_a_trained_family_held_out(tmp_path, capsys, caplog):
-    """A resume adding ``callbacks.metamorphic.heldout=[blur]`` after an epoch that trained on blur: efr.csv
-    said blur was not held out at epoch 0 and held out at epoch 1 (before). The MetamorphicCallback now
-    applies the same rule as check: trained on is never held out, said in one warning."""
+def test_resume_that_adds_heldout_is_refused_by_the_cli_in_one_line(tmp_path, capsys):
+    """``fit ... ckpt=last callbacks.metamorphic.heldout=[blur]`` after an epoch that trained on blur: a
+    resume may not change the training settings (issue 43's resume guard), so the CLI refuses in one line
+    naming the key, before any epoch, and efr.csv keeps only epoch 0."""
     run = tmp_path / "run"
     assert main(["fit", *TINY, f"run_dir={run}", "trainer.max_epochs=1"]) == 0
+    before = (run / "efr.csv").read_text()
     capsys.readouterr()
+    code = main(
+        ["fit", *TINY, f"run_dir={run}", "ckpt=last", "trainer.max_epochs=2", "callbacks.metamorphic.heldout=[blur]"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "callbacks.metamorphic.heldout" in lines[0], err[-2000:]
+    assert "Traceback" not in err
+    assert (run / "efr.csv").read_text() == before
+
+
+def test_a_library_resume_that_adds_heldout_does_not_call_a_trained_family_held_out(tmp_path):
+    """A Lightning user resuming with ``MetamorphicCallback(heldout=["blur"])`` after an epoch whose
+    MetamorphicTraining drew blur: efr.csv said blur was not held out at epoch 0 and held out at epoch 1
+    (before). The callback applies the same rule as check: trained on is never held out, said in one
+    warning."""
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader
+    from toys import Blobs, Tiny
+
+    from robusttrain.callbacks import MetamorphicCallback, MetamorphicTraining, RobustnessContext
+    from robusttrain.metamorphic.suite import MRSuite
+
+    def fit(epochs, heldout=None, ckpt=None):
+        ds, ctx = Blobs(n=8), RobustnessContext()
+        callbacks = [
+            MetamorphicTraining(perturbations=["blur", "contrast"], k=1, q=1.0, dirpath=tmp_path, context=ctx),
+            MetamorphicCallback(
+                suite=MRSuite(["blur", "contrast"], (2,), seed=5), heldout=heldout, dirpath=tmp_path,
+                verbose=False, context=ctx,
+            ),
+            ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True),
+        ]  # fmt: skip
+        trainer = L.Trainer(
+            max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=callbacks, accelerator="cpu", devices=1, deterministic=True,
+        )  # fmt: skip
+        trainer.fit(Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
+
+    fit(1)
+    stats = pd.read_csv(tmp_path / "metamorphic_training.csv")
+    assert stats.loc[stats["family"] == "blur", "chosen"].sum() > 0  # epoch 0 trained on blur
     with pytest.warns(UserWarning, match="'blur' is reported as a trained family"):
-        code = main(
-            [
-                "fit",
-                *TINY,
-                f"run_dir={run}",
-                "ckpt=last",
-                "trainer.max_epochs=2",
-                "callbacks.metamorphic.heldout=[blur]",
-            ]
-        )
-    assert code == 0, capsys.readouterr().err[-2000:]
-    efr = pd.read_csv(run / "efr.csv")
-    blur = efr[(efr["perturbation"] == "blur")]
+        fit(2, heldout=["blur"], ckpt=tmp_path / "checkpoints" / "last.ckpt")
+    efr = pd.read_csv(tmp_path / "efr.csv")
+    blur = efr[efr["perturbation"] == "blur"]
     assert sorted(set(blur["epoch"])) == [0, 1]
     assert not blur["heldout"].astype(bool).any(), blur[["epoch", "heldout"]]
 
