@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from robusttrain.errors import InputError
 from robusttrain.models import SegmentationModule, build_network, lite0
 from robusttrain.models.lite0 import Lite0Classifier, WeightsError
 
@@ -137,7 +138,7 @@ def test_the_encoder_learns_at_a_fraction_of_the_lr_and_the_schedule_keeps_the_r
     m.trainer = L.Trainer(max_epochs=4, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     conf = m.configure_optimizers()
     opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
-    enc, rest = opt.param_groups
+    rest, enc = opt.param_groups
     assert {id(p) for p in enc["params"]} == {id(p) for p in m.net.encoder.parameters()}
     assert len(enc["params"]) + len(rest["params"]) == len(list(m.parameters()))
     for _ in range(4):
@@ -168,3 +169,43 @@ def test_a_fit_records_the_verified_weights_and_check_reads_its_run(tmp_path, ca
     assert main(["check", *common, f"ckpt={run / 'checkpoints' / 'last.ckpt'}"]) == 0
     assert (run / "checks" / "last-val" / "efr_table.csv").is_file()  # a run's check goes into RUN/checks/
     shutil.rmtree(run)
+
+
+def _fit_tiny(train, **loader_kw):
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader
+    from toys import Blobs
+
+    torch.manual_seed(0)
+    model = SegmentationModule(network="lite0_unet", features=[16, 8, 8, 8, 8], class_names=["fg"])
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer.fit(model, DataLoader(Blobs(train, size=64), **loader_kw))
+    return trainer
+
+
+def test_a_batchnorm_model_refuses_a_training_batch_of_one_before_the_first_step():
+    with pytest.raises(InputError) as e:
+        _fit_tiny(4, batch_size=1)
+    assert str(e.value) == (
+        "model.network=lite0_unet has BatchNorm layers, which cannot train on a batch of one case, and the "
+        "training loader gives one: its batch size is 1; set data.batch_size to 2 or more"
+    )
+    with pytest.raises(InputError, match="its 5 training cases in batches of 4 leave a last batch of 1 case; set "
+                       "another data.batch_size, or drop_last=True in your own DataLoader"):  # fmt: skip
+        _fit_tiny(5, batch_size=4)
+    assert _fit_tiny(5, batch_size=4, drop_last=True).global_step == 1  # what the message says to set works
+    assert _fit_tiny(6, batch_size=4).global_step == 2
+
+
+def test_the_packaged_datamodule_never_gives_a_batch_of_one_and_batch_size_1_is_one_line(tmp_path, capsys):
+    from robusttrain.cli import main
+
+    run = tmp_path / "run"
+    args = ["fit", "recipe=polyp", "model=lite0_unet", "model.pretrained=false", "model.features=[16,8,8,8,8]",
+            "data.image_size=64", "data.n_train=4", "data.n_val=2", "data.batch_size=1", f"run_dir={run}",
+            "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "callbacks.metamorphic.enabled=false"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("its batch size is 1; set data.batch_size to 2 or more"), err
+    assert not (run / "checkpoints" / "last.ckpt").exists()

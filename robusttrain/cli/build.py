@@ -194,10 +194,14 @@ def build_run(cfg: DictConfig, with_trainer: bool = True, command: str = "fit", 
 
 
 def _without_download(cfg: DictConfig) -> Any:
-    """The model node; with a checkpoint to load (resume, validate, check) ``pretrained`` is off: the
-    checkpoint's weights replace the encoder's, so nothing is downloaded (and nothing fails offline)."""
+    """The model node; with a checkpoint to load (resume, validate, check) ``pretrained`` is off for a
+    network that would download its weights: the checkpoint's weights replace the encoder's, so nothing
+    is downloaded (and nothing fails offline). ``lite0_unet`` reads its weights from an installed package
+    and keeps ``pretrained`` as given, so a resumed run records the same hyperparameters as the
+    uninterrupted one."""
     node = cfg.model
-    if cfg.get("ckpt") and isinstance(node, DictConfig) and node.get("pretrained"):
+    local = isinstance(node, DictConfig) and node.get("network") == "lite0_unet"
+    if cfg.get("ckpt") and isinstance(node, DictConfig) and node.get("pretrained") and not local:
         node = OmegaConf.merge(node, {"pretrained": False})
     return node
 

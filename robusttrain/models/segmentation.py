@@ -14,6 +14,7 @@ from monai.losses import DiceCELoss
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 from torchmetrics.segmentation import DiceScore
 
+from robusttrain.models.batch_norm import check_batches
 from robusttrain.models.case_dice import CaseDice
 from robusttrain.models.networks import Normalised, build_network, check_sides, side_multiple
 from robusttrain.training.objective import metamorphic_forward, metamorphic_loss
@@ -216,7 +217,7 @@ class SegmentationModule(L.LightningModule):
 
         >>> m = SegmentationModule(network="lite0_unet", encoder_lr_mult=0.1, lr=1e-3)
         >>> [(g["name"], g.get("lr")) for g in m.param_groups()]
-        [('encoder', 0.0001), ('rest', None)]
+        [('rest', None), ('encoder', 0.0001)]
         """
         mult = float(self.hparams.get("encoder_lr_mult", 1.0) or 1.0)
         net = self.net.net if isinstance(self.net, Normalised) else self.net
@@ -224,12 +225,18 @@ class SegmentationModule(L.LightningModule):
         if mult == 1.0 or not isinstance(encoder, torch.nn.Module):
             return [{"params": list(self.parameters()), "name": "all"}]
         own = {id(p) for p in encoder.parameters()}
-        return [
-            {"params": list(encoder.parameters()), "lr": self.hparams["lr"] * mult, "name": "encoder"},
+        return [  # the module's lr first: group 0 is what LR logs and the averages' windows report
             {"params": [p for p in self.parameters() if id(p) not in own], "name": "rest"},
+            {"params": list(encoder.parameters()), "lr": self.hparams["lr"] * mult, "name": "encoder"},
         ]
 
     def on_train_start(self) -> None:
+        # a BatchNorm network refuses a batch of one case before the first step (one line, not a
+        # mid-epoch error or silently noisy statistics)
+        trainer = self.trainer
+        if trainer.train_dataloader is not None:
+            name = f"model.network={self.hparams['network']}"
+            check_batches(self, trainer.train_dataloader, trainer.world_size, trainer.num_training_batches, name)
         # A run resumed with a larger trainer.max_epochs gets back the schedule it was saved with:
         # the cosine's T_max is the old length, so every added epoch would train at the final LR (0).
         # Stretch the cosine to the new length and set the LR to where the longer cosine is now.
