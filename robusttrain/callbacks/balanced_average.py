@@ -87,6 +87,28 @@ from .context import RobustnessContext, UsesContext
 
 log = logging.getLogger(__name__)
 
+
+def seeded_loader(loader: Any, seed: int) -> Any:
+    """A new in-process loader over ``loader``'s dataset, batch size and collate whose order depends on
+    ``seed`` only (shuffled when ``loader`` shuffles): the trained loader's own shuffle state at the end of
+    a fit is not the same in a run and in its resumption after a kill at the end of the fit (measured:
+    the same generator state, other batches), so re-estimating on it gave other BN statistics. Under DDP
+    every rank reads the same first batches. A loader without a batch size (a batch sampler) is used as is.
+    """
+    from torch.utils.data import DataLoader, RandomSampler
+
+    if getattr(loader, "batch_size", None) is None or not hasattr(loader, "dataset"):
+        return loader
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        shuffle=isinstance(getattr(loader, "sampler", None), RandomSampler),
+        generator=torch.Generator().manual_seed(int(seed)),
+        collate_fn=loader.collate_fn,
+        drop_last=bool(getattr(loader, "drop_last", False)),
+    )
+
+
 class BalancedAverage(UsesContext, Callback):
     """Write ``balanced_average.ckpt`` (see module docstring for the rule and why).
 
@@ -355,7 +377,9 @@ class BalancedAverage(UsesContext, Callback):
         )
         return state, report
 
-    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def _save(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, state: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
         own = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
         try:
             pl_module.load_state_dict(state)
@@ -383,8 +407,10 @@ class BalancedAverage(UsesContext, Callback):
         hooks = self.hooks or self.context.hooks or BatchHooks()
         seen = [0]
 
+        fresh = seeded_loader(loader, self.seed)
+
         def images():
-            for batch in itertools.islice(iter(loader), self.bn_batches):
+            for batch in itertools.islice(iter(fresh), self.bn_batches):
                 seen[0] += 1
                 yield hooks.get_images(batch)
 

@@ -155,3 +155,51 @@ def test_killed_and_resumed_run_equals_uninterrupted(base, where, cpu_hog):
                 assert a.read_bytes() == b.read_bytes(), f"{name} differs after a kill at {KILLS[where]}"
     finally:
         shutil.rmtree(run)
+
+
+# a pretrained BatchNorm network (its verified ImageNet weights at the start, recorded in pretrained.json)
+# with every callback of the smoke recipe on, the EMA too: its weights and BN statistics, the balanced
+# average's re-estimated statistics and every file end as in an uninterrupted run
+BN_MODEL = [
+    "model=lite0_unet",
+    "model.features=[16,8,8,8,8]",
+    "data.image_size=64",
+    "callbacks.ema.enabled=true",
+]
+BN_KILLS = {"mid-epoch": "log:metrics.csv:5", "end-of-fit-balanced-ckpt": "write:balanced.ckpt:1"}
+
+
+@pytest.fixture(scope="module")
+def bn_base(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("kill_bn")
+    proc = _fit(base / "run", *BN_MODEL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pretrained weights: efficientnet-lite0-57934424.pth" in proc.stdout
+    (base / "run").rename(base / "reference")
+    return base
+
+
+@pytest.mark.parametrize("where", list(BN_KILLS))
+def test_a_pretrained_batchnorm_model_killed_and_resumed_equals_uninterrupted(bn_base, where):
+    run, ref = bn_base / "run", bn_base / "reference"
+    killed = _fit(run, *BN_MODEL, kill=BN_KILLS[where])
+    assert killed.returncode == -9, (
+        f"not killed at {BN_KILLS[where]}: rc={killed.returncode}\n{killed.stderr[-2000:]}"
+    )
+    resumed = _fit(run, *BN_MODEL, "ckpt=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    try:
+        assert _files(run) == _files(ref)
+        assert {"ema.ckpt", "balanced_average.ckpt", "pretrained.json"} <= _files(ref)
+        for name in sorted(_files(ref)):
+            a, b = ref / name, run / name
+            if name.endswith(".ckpt"):
+                _same_checkpoint(a, b)
+            elif name == "logs/metrics.csv":
+                assert _without_timings(a) == _without_timings(b), name
+            elif name != "config.yaml":
+                assert a.read_bytes() == b.read_bytes(), f"{name} differs after a kill at {BN_KILLS[where]}"
+        state = torch.load(ref / "ema.ckpt", weights_only=True)["state_dict"]
+        assert any(k.endswith("running_var") for k in state)  # the EMA carries BatchNorm statistics
+    finally:
+        shutil.rmtree(run)
