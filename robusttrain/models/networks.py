@@ -260,9 +260,8 @@ def _flexible_unet(
             "internet once (torch caches them under ~/.cache/torch) or set model.pretrained=false"
         ) from None
     if pretrained:
-        net.weights = downloaded_weights(
-            backbone
-        )  # the run directory's pretrained.json, when the file is found
+        # the file for pretrained.json, when it is found (an attribute beside the modules, not a module)
+        net.weights = downloaded_weights(backbone)  # type: ignore[assignment]
     if efficientnet and in_channels == 3:
         return Normalised(net, ImageNetNorm())
     return net
