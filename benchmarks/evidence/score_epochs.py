@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.evidence.artifacts import load_weights
 from benchmarks.evidence.conditions import v5_model
-from benchmarks.evidence.run import per_case_dice
+from benchmarks.evidence.run.recorder import per_case_dice
 from benchmarks.paths import DATA_ROOT
 from robusttrain.datamodules.polyp import PolypDataModule
 from robusttrain.models import SegmentationModule
