@@ -4,6 +4,11 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# model=smp_unet's packages for its tests (tests/test_models_smp.py), apart from the venv: the registry's
+# torchvision is a CUDA build that imports beside the CPU torch only through robusttrain/_torchvision.py,
+# which the rest of the suite must not lean on. Pinned, no dependencies (the venv has the rest).
+SMP_EXTRA := segmentation-models-pytorch==0.6.0 timm==1.0.31 torchvision==0.28.0 huggingface_hub==2.4.0 \
+	safetensors==0.8.0 httpx2==2.16.2 httpcore2==2.16.2 hf-xet==1.8.0 truststore==0.10.5
 
 .PHONY: demo test test-grid fast lint install clean
 
@@ -16,6 +21,7 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/smp-extra $(SMP_EXTRA)
 	touch $(STAMP)
 
 install: $(STAMP)

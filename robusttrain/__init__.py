@@ -6,4 +6,10 @@ import os as _os
 # imported unless this is set, and every robusttrain module imports before it does.
 _os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
+# before anything imports torchmetrics (which imports torchvision when installed): a torchvision built for
+# another torch would otherwise break every import (see robusttrain/_torchvision.py)
+from robusttrain import _torchvision  # noqa: E402
+
+_torchvision.ensure()
+
 __version__ = "0.1.0"

