@@ -29,9 +29,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m robusttrain fit recipe=polyp
 
-# the static gate: ruff (rules in pyproject.toml) and mypy (default strictness, the folders in [tool.mypy])
+# the static gate: ruff (rules and format, pyproject.toml) and mypy (default strictness, the folders in [tool.mypy])
 lint: $(STAMP)
 	$(VENV)/bin/ruff check robusttrain tests benchmarks
+	$(VENV)/bin/ruff format --check robusttrain tests benchmarks
 	$(PY) -m mypy
 
 # the static gate, the docstring examples of the package and the benchmarks, then the test suite: two worker

@@ -116,7 +116,11 @@ class Results:
         self, name: str, columns: list[str], rows: list[list[Any]], formats: dict[str, str] | None = None
     ) -> str:
         """Record a table (raw values) and return its markdown."""
-        self.tables[name] = {"columns": list(columns), "rows": [list(r) for r in rows], "formats": formats or {}}
+        self.tables[name] = {
+            "columns": list(columns),
+            "rows": [list(r) for r in rows],
+            "formats": formats or {},
+        }
         return markdown_table(columns, rows, formats)
 
     def payload(self) -> dict[str, Any]:

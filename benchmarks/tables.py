@@ -23,10 +23,14 @@ def load(path: Path) -> dict:
     try:
         payload = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SystemExit(f"benchmarks.tables: {path}: not a readable JSON file ({type(e).__name__}: {e})") from None
+        raise SystemExit(
+            f"benchmarks.tables: {path}: not a readable JSON file ({type(e).__name__}: {e})"
+        ) from None
     missing = [k for k in KEYS if not isinstance(payload, dict) or k not in payload]
     if missing:
-        raise SystemExit(f"benchmarks.tables: {path}: no {missing[0]!r} key; expected the --json of a perf script")
+        raise SystemExit(
+            f"benchmarks.tables: {path}: no {missing[0]!r} key; expected the --json of a perf script"
+        )
     return payload
 
 

@@ -18,7 +18,10 @@ def test_a_tiny_launch_count_run_writes_json_that_renders_to_its_printed_table(t
     payload = json.loads(out.read_text())
     assert [p.name for p in out.parent.iterdir()] == ["launch_count.json"]  # atomic: no temp file left
     head = payload["header"]
-    assert head["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert (
+        head["commit"]
+        == subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
     assert head["device"] == "cpu" and head["torch_threads"] >= 1 and len(head["load_1_5_15"]) == 3
     assert printed.splitlines()[0] == header_line(head)  # the header is what the script prints first
     rows = payload["tables"]["cpu"]["rows"]

@@ -97,6 +97,7 @@ def test_acdc_shape_mismatch(tmp_path):
 
 def test_acdc_nifti_layout(tmp_path):
     import nibabel as nib  # a declared dependency: a missing one is a broken install, not a skip
+
     d = tmp_path / "patient005"
     d.mkdir()
     (d / "Info.cfg").write_text("ED: 1\nES: 9\nGroup: NOR\n")

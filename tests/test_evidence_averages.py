@@ -1,7 +1,6 @@
 """benchmarks/evidence/averages.py: the EMA the evidence keeps beside a run, and the balanced average
 it builds from the per-epoch weights (real Lightning trainers; no data folder needed)."""
 
-
 import lightning.pytorch as L
 import pytest
 import torch

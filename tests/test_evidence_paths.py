@@ -11,7 +11,11 @@ from benchmarks.evidence.artifacts import write_config, write_rescore
 
 def _args(tmp_path):
     return argparse.Namespace(
-        dataset="synthetic", size=32, data_seed=0, out=str(tmp_path / "runs"), data_root=str(tmp_path / "data")
+        dataset="synthetic",
+        size=32,
+        data_seed=0,
+        out=str(tmp_path / "runs"),
+        data_root=str(tmp_path / "data"),
     )
 
 
@@ -36,5 +40,7 @@ def test_rescore_sh_runs_the_checkpoint_beside_it_wherever_the_run_moved(tmp_pat
     # the checkpoint path as the shell expands it (the CLI replaced by echo): the moved folder's
     script = (moved / "rescore.sh").read_text().replace("python -m robusttrain", "echo")
     (moved / "echo.sh").write_text(script)
-    out = subprocess.run(["sh", str(moved / "echo.sh"), "F", "O"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", str(moved / "echo.sh"), "F", "O"], capture_output=True, text=True, check=True
+    ).stdout
     assert f"ckpt={moved}/checkpoints/least_loss.ckpt" in out

@@ -127,7 +127,9 @@ def test_a_family_that_cannot_take_the_batch_is_refused_at_the_first_call_whatev
     # later step first drew it (here the first draw gives both follow-ups to blur and passed)
     score = lambda c, m: c.mean(tuple(range(1, c.ndim)))  # noqa: E731
     grey, rgb = torch.rand(8, 1, 32, 32), torch.rand(8, 3, 32, 32)
-    with pytest.raises(ValueError, match=r"families \['saturation'\] cannot take 1-channel images .*\['blur'\]"):
+    with pytest.raises(
+        ValueError, match=r"families \['saturation'\] cannot take 1-channel images .*\['blur'\]"
+    ):
         WorstOfK(["saturation", "blur"], k=1, q=0.25, seed=0)(grey, None, score, step=0)
     with pytest.raises(ValueError, match=r"families \['gibbs'\] cannot take 3-channel images"):
         WorstOfK(["gibbs", "blur"], k=1, q=0.25, seed=0)(rgb, None, score, step=0)
@@ -224,7 +226,13 @@ def test_scoring_leaves_batchnorm_buffers_train_mode_and_rng_untouched():
 def test_gradients_flow_only_through_the_chosen_follow_up_and_clean_batch(tmp_path):
     model = BNNet()
     mt = MetamorphicTraining(
-        perturbations=COLOUR, k=4, q=0.5, objective="paired", consistency=1.0, ramp=0.0, score_scale=0.5,
+        perturbations=COLOUR,
+        k=4,
+        q=0.5,
+        objective="paired",
+        consistency=1.0,
+        ramp=0.0,
+        score_scale=0.5,
         dirpath=tmp_path,
     )
     _fit(model, [mt], tmp_path, epochs=1, tuples=True)
@@ -258,7 +266,12 @@ class GradProbe(BNNet):
 def test_detach_source_keeps_the_consistency_gradient_off_the_clean_prediction(tmp_path, detach):
     model = GradProbe()
     mt = MetamorphicTraining(
-        perturbations=COLOUR, k=2, objective="paired", consistency=1.0, ramp=0.0, detach_source=detach,
+        perturbations=COLOUR,
+        k=2,
+        objective="paired",
+        consistency=1.0,
+        ramp=0.0,
+        detach_source=detach,
         dirpath=tmp_path,
     )
     _fit(model, [mt], tmp_path, epochs=1, tuples=True)
@@ -330,7 +343,12 @@ def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
     def run(d, ckpt=None, crash=None):
         model = BNNet(dropout=0.0)  # Lightning does not checkpoint the global RNG that dropout draws from
         mt = MetamorphicTraining(
-            perturbations=COLOUR + ["blur"], k=3, objective="paired", consistency=1.0, record_every=1, dirpath=d
+            perturbations=COLOUR + ["blur"],
+            k=3,
+            objective="paired",
+            consistency=1.0,
+            record_every=1,
+            dirpath=d,
         )
         mr = MetamorphicCallback(
             suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, verbose=False, class_names=["polyp"]

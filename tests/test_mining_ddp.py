@@ -113,8 +113,13 @@ def test_failure_conditions_steer_both_ranks_draws_in_the_next_epoch(tmp_path):
     rows = pd.read_csv(run_dir / "failures" / "mining.csv")
     assert rows["steered"].tolist()[0] == 0 and rows["steered_share"].tolist()[1] == 1.0
     assert rows["perturbed"].tolist() == [8, 8]  # q=0.5 of 8 samples per rank, both ranks counted
-    samples = [json.loads(line) for line in (run_dir / "metamorphic_training_samples.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(line) for line in (run_dir / "metamorphic_training_samples.jsonl").read_text().splitlines()
+    ]
     steered_ranks = {s["rank"] for s in samples if s["epoch"] == 1}
     assert steered_ranks == {0, 1}
-    failing = {c["family"] for c in json.loads((run_dir / "failures" / "conditions.json").read_text())["conditions"].values()}
+    failing = {
+        c["family"]
+        for c in json.loads((run_dir / "failures" / "conditions.json").read_text())["conditions"].values()
+    }
     assert {s["family"] for s in samples if s["epoch"] == 1} <= failing

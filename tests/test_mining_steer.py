@@ -25,8 +25,17 @@ from robusttrain.training.steering import SteeredDraws
 
 
 def _cond(case, family, severity=3, placement=None):
-    return {"family": family, "severity": severity, "weight": 1.0, "placement": placement, "params": {},
-            "case_id": case, "drop": 0.5, "epoch": 0, "first_epoch": 0}
+    return {
+        "family": family,
+        "severity": severity,
+        "weight": 1.0,
+        "placement": placement,
+        "params": {},
+        "case_id": case,
+        "drop": 0.5,
+        "epoch": 0,
+        "first_epoch": 0,
+    }
 
 
 def _batch(n=4, size=48, seed=0):
@@ -153,8 +162,20 @@ def _fit(run, epochs=3, *, mining=None, mt=None, ckpt=None, crash=None, extra=()
     dm = PolypDataModule(image_size=48, n_train=16, n_val=4, batch_size=4, num_workers=0)
     fams = ["contrast", "instrument"]
     cbs = [MetamorphicCallback(suite=MRSuite(fams, severities=(5,)), max_cases=4, dirpath=run, verbose=False)]
-    cbs.append(MetamorphicTraining(**{"perturbations": fams, "k": 1, "q": 0.5, "epsilon": 1.0,
-                                      "record_every": 1, "record_per_step": 4, "dirpath": run, **(mt or {})}))
+    cbs.append(
+        MetamorphicTraining(
+            **{
+                "perturbations": fams,
+                "k": 1,
+                "q": 0.5,
+                "epsilon": 1.0,
+                "record_every": 1,
+                "record_per_step": 4,
+                "dirpath": run,
+                **(mt or {}),
+            }
+        )
+    )
     if mining is not None:
         mine = FailureMiningCallback(dirpath=run, train_probe_size=8, **mining)
         dm.wrap_train(mine.wrap)
@@ -166,10 +187,18 @@ def _fit(run, epochs=3, *, mining=None, mt=None, ckpt=None, crash=None, extra=()
     elif ckpt is not None:
         cbs.append(ModelCheckpoint(dirpath=run / "ckpt", save_last=True, save_top_k=-1))
     model = BrightnessModel()
-    trainer = L.Trainer(max_epochs=epochs, callbacks=[*cbs, *extra], logger=False, default_root_dir=run,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        enable_checkpointing=crash is not None or ckpt is not None, accelerator="cpu",
-                        devices=devices)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=[*cbs, *extra],
+        logger=False,
+        default_root_dir=run,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        enable_checkpointing=crash is not None or ckpt is not None,
+        accelerator="cpu",
+        devices=devices,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=None if ckpt is True else ckpt)
     return model
 
@@ -186,7 +215,10 @@ def test_steering_in_a_fit_keeps_the_loaders_stream_and_steers_the_share_asked(t
     samples = mt_files.read_samples(tmp_path)
     late = [s for s in samples if s["epoch"] >= 1]
     assert late and {s["family"] for s in late} <= {"contrast", "instrument"}
-    failing = {c["family"] for c in json.loads((tmp_path / "failures" / "conditions.json").read_text())["conditions"].values()}
+    failing = {
+        c["family"]
+        for c in json.loads((tmp_path / "failures" / "conditions.json").read_text())["conditions"].values()
+    }
     assert {s["family"] for s in late} <= failing
     # the report's training section shows the mining curves
     from robusttrain.reporting.html import write_report
@@ -200,10 +232,14 @@ def test_steering_in_a_fit_keeps_the_loaders_stream_and_steers_the_share_asked(t
 def test_an_empty_bank_fit_trains_on_exactly_the_random_augmentations_images(tmp_path):
     plain = _fit(tmp_path / "plain", epochs=2)
     # min_clean_dice=1: nothing is ever mined, the bank stays empty: the same draws, the same images
-    steered = _fit(tmp_path / "steer", epochs=2, mining={"mode": "steer", "steer": 1.0, "min_clean_dice": 1.0})
+    steered = _fit(
+        tmp_path / "steer", epochs=2, mining={"mode": "steer", "steer": 1.0, "min_clean_dice": 1.0}
+    )
     for e in plain.seen:
         assert all(c1 == c2 and torch.equal(a, b) for (c1, a), (c2, b) in zip(plain.seen[e], steered.seen[e]))
-    assert (tmp_path / "plain" / mt_files.SAMPLES).read_bytes() == (tmp_path / "steer" / mt_files.SAMPLES).read_bytes()
+    assert (tmp_path / "plain" / mt_files.SAMPLES).read_bytes() == (
+        tmp_path / "steer" / mt_files.SAMPLES
+    ).read_bytes()
 
 
 @pytest.mark.slow
@@ -234,7 +270,9 @@ def test_the_benchmark_conditions_are_random_augmentation_with_and_without_steer
     for cond, steer in (("random_probed", 0.0), ("steered", 0.5)):
         dm = PolypDataModule(image_size=32, batch_size=4, n_train=20, n_val=4)
         dm.setup("fit")
-        cbs, _ = training_callbacks(cond, dm, ["blur", "contrast"], (2, 4), seed=0, ratio=0.0, probe=4, train_seed=3)
+        cbs, _ = training_callbacks(
+            cond, dm, ["blur", "contrast"], (2, 4), seed=0, ratio=0.0, probe=4, train_seed=3
+        )
         (mt,) = [c for c in cbs if isinstance(c, MetamorphicTraining)]
         (mine,) = [c for c in cbs if isinstance(c, FailureMiningCallback)]
         assert {k: getattr(mt, k) for k in V4_RANDOM} == V4_RANDOM and mt.seed == 3

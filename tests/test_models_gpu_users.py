@@ -66,7 +66,9 @@ def test_eval_state_leaves_batchnorm_statistics_and_every_mode_as_they_were():
 def test_an_input_size_the_network_cannot_take_is_refused_in_one_line():
     # MONAI's own outcome at these sizes: a size mismatch deep in the decoder (swin_unetr, segresnet,
     # attention_unet), or, for FlexibleUNet at an odd side, no error and an output one pixel short
-    flex = SegmentationModule(network="flexible_unet", backbone="efficientnet-b0", features=TINY_DECODER).eval()
+    flex = SegmentationModule(
+        network="flexible_unet", backbone="efficientnet-b0", features=TINY_DECODER
+    ).eval()
     with torch.no_grad():
         assert flex.net(torch.rand(1, 3, 65, 64)).shape[-2:] == (64, 64)  # what the check stops
     cases = [

@@ -20,7 +20,9 @@ def _tracked() -> list[str]:
         out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
-    return [f for f in out.splitlines() if not f.startswith(RAW_LOGS) and f != "tests/test_no_machine_paths.py"]
+    return [
+        f for f in out.splitlines() if not f.startswith(RAW_LOGS) and f != "tests/test_no_machine_paths.py"
+    ]
 
 
 def test_no_committed_file_names_a_machine_path():

@@ -26,8 +26,15 @@ def _cases(rates: dict[str, float], n: int = 20) -> pd.DataFrame:
             for i in range(n):
                 bad = i < round(r * n)
                 rows.append(
-                    {"case_id": f"c{i}", "perturbation": p, "severity": sev, "src_dice": 0.9,
-                     "fol_dice": 0.4 if bad else 0.9, "src_iou": 0.8, "fol_iou": 0.3 if bad else 0.8}
+                    {
+                        "case_id": f"c{i}",
+                        "perturbation": p,
+                        "severity": sev,
+                        "src_dice": 0.9,
+                        "fol_dice": 0.4 if bad else 0.9,
+                        "src_iou": 0.8,
+                        "fol_iou": 0.3 if bad else 0.8,
+                    }
                 )
     return pd.DataFrame(rows)
 
@@ -62,7 +69,11 @@ def test_a_table_without_pooled_rows_gives_the_training_the_mining_rates():
     # before: the training read only the pooled (severity 0) rows, the mining summed every row
     efr = _efr({"val": {"blur": 0.25, "contrast": 0.5}})
     per_severity = efr[efr["severity"] != 0]
-    assert _training_rates(per_severity) == rates_from_efr(per_severity, "val") == {"blur": 0.25, "contrast": 0.5}
+    assert (
+        _training_rates(per_severity)
+        == rates_from_efr(per_severity, "val")
+        == {"blur": 0.25, "contrast": 0.5}
+    )
 
 
 def test_the_thresholds_have_one_home():
@@ -101,8 +112,15 @@ def test_the_pure_parts_import_no_lightning():
 
 @pytest.mark.parametrize(
     "cls",
-    [cbs.MetamorphicCallback, cbs.MetamorphicTraining, cbs.FailureMiningCallback, cbs.BalancedCheckpoint,
-     cbs.BalancedAverage, cbs.EMACheckpoint, cbs.RobustnessReporter],
+    [
+        cbs.MetamorphicCallback,
+        cbs.MetamorphicTraining,
+        cbs.FailureMiningCallback,
+        cbs.BalancedCheckpoint,
+        cbs.BalancedAverage,
+        cbs.EMACheckpoint,
+        cbs.RobustnessReporter,
+    ],
 )
 def test_every_lightning_hook_a_callback_overrides_is_marked_override(cls):
     hooks = {n for n in dir(Callback) if not n.startswith("_")}

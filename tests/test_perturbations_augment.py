@@ -253,7 +253,9 @@ def test_a_batch_with_the_wrong_channels_is_refused_whole_whatever_the_draw_pick
     # batch, and at p=0 (nothing picked) a grey batch passed a colour family silently
     with pytest.raises(ValueError, match=re.escape("needs RGB images") + ".*" + re.escape("(4, 1, 64, 64)")):
         BatchAugmentation("saturation", severity=(1, 5), p=p)(torch.rand(4, 1, 64, 64))
-    with pytest.raises(ValueError, match=re.escape("needs single-channel (grey) images") + ".*" + re.escape("(4, 3, 64, 64)")):
+    with pytest.raises(
+        ValueError, match=re.escape("needs single-channel (grey) images") + ".*" + re.escape("(4, 3, 64, 64)")
+    ):
         BatchAugmentation("gibbs", severity=(1, 5), p=p)(torch.rand(4, 3, 64, 64))
     assert BatchAugmentation("blur", severity=(1, 5), p=p)(torch.rand(4, 1, 64, 64)).shape == (4, 1, 64, 64)
 

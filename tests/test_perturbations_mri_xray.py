@@ -166,6 +166,7 @@ def test_kspace_families_behave_like_their_physics():
 # --------------------------------------------------------------------------------------
 def _acdc_slices(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
     import h5py  # a declared dependency: a missing one is a broken install, not a skip
+
     files = sorted((root / "acdc" / "volumes").glob("*.h5"))[:6]
     if not files:
         pytest.skip("no ACDC volumes in shared data")

@@ -129,4 +129,3 @@ def test_the_tradeoff_table_says_where_each_policys_weights_are(tmp_path):
     assert "<td>balanced.ckpt (this run" in section
     assert f"<td>balanced_picks/epoch={e:04d}.ckpt</td>" in section
     assert "<td>not kept</td>" in _text(html, "tradeoff")  # before the files were there
-

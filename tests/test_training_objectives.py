@@ -155,7 +155,10 @@ def test_eligible_rows_only():
             dict(perturbations=["blur"], severity_caps={"contrast": 2}),
             r"severity_caps names \['contrast'\], not families of this run; expected keys among \['blur'\]",
         ),
-        (dict(objective="consistency"), r"objective='consistency' trains through the consistency term: give consistency > 0"),
+        (
+            dict(objective="consistency"),
+            r"objective='consistency' trains through the consistency term: give consistency > 0",
+        ),
         (dict(objective="paired"), r"give consistency > 0"),
         (dict(objective="replace", consistency=1.0), r"objective='replace' has no consistency term"),
         (dict(objective="both"), r"objective"),
@@ -195,7 +198,10 @@ class Probe(L.LightningModule):
         super().__init__()
         torch.manual_seed(0)
         self.net = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 2, 1)
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 2, 1),
         )
         self.line = line
         self.forwards, self.supervised, self.grads = [], [], []
@@ -280,8 +286,15 @@ def test_consistency_with_replace_q_supervises_exactly_what_random_augmentation_
     )
     cons = Probe()
     mt = MetamorphicTraining(
-        perturbations=COLOUR, objective="consistency", consistency=1.0, replace_q=0.5, q=0.5, k=3,
-        epsilon=1.0, selection="augmax", dirpath=tmp_path / "c",
+        perturbations=COLOUR,
+        objective="consistency",
+        consistency=1.0,
+        replace_q=0.5,
+        q=0.5,
+        k=3,
+        epsilon=1.0,
+        selection="augmax",
+        dirpath=tmp_path / "c",
     )
     _fit(cons, [mt], tmp_path / "c")
     assert len(cons.supervised) == len(random_aug.supervised) == 2
@@ -318,8 +331,15 @@ def test_later_batches_out_of_range_get_the_same_one_line_error(tmp_path):
             return (x * 3 if i >= 4 else x), y  # the second batch leaves [0, 1]
 
     mt = MetamorphicTraining(perturbations=COLOUR, k=1, dirpath=tmp_path)
-    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[mt],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
     with pytest.raises(RobustnessConfigError, match=r"training images at step 1 span \[0.\d+, 2.\d+\]"):
         trainer.fit(Probe(line="plain"), DataLoader(Drift(8, slices=1, size=32, tuples=True), batch_size=4))
 
@@ -338,11 +358,21 @@ def test_consistency_chains_same_seed_same_files_and_resume_equals_uninterrupted
     def run(d, ckpt=None, crash=None):
         model = Probe()
         mt = MetamorphicTraining(
-            perturbations=COLOUR + ["blur"], objective="consistency", consistency=1.0, replace_q=0.5, k=2,
-            mix="augmix", chain_depth=2, width=2, selection="augmax", record_every=1, dirpath=d,
+            perturbations=COLOUR + ["blur"],
+            objective="consistency",
+            consistency=1.0,
+            replace_q=0.5,
+            k=2,
+            mix="augmix",
+            chain_depth=2,
+            width=2,
+            selection="augmax",
+            record_every=1,
+            dirpath=d,
         )
-        mr = MetamorphicCallback(suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, verbose=False,
-                                 class_names=["polyp"])
+        mr = MetamorphicCallback(
+            suite=MRSuite(COLOUR, (2, 4)), dirpath=d, budget=0.5, verbose=False, class_names=["polyp"]
+        )
         cbs = [mt, mr, ModelCheckpoint(dirpath=d / "ckpt", save_last=True, save_top_k=-1)]
         cbs += [CrashAt(crash)] if crash is not None else []
         _fit(model, cbs, d, epochs=3, ckpt=ckpt, val=True)
@@ -390,15 +420,37 @@ def test_3d_volumes_with_the_consistency_objective(tmp_path):
             return torch.optim.Adam(self.parameters(), 1e-2)
 
     g = torch.Generator().manual_seed(0)
-    vols = [{"image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g), "mask": torch.zeros(16, 16, 8, dtype=torch.long)}
-            for _ in range(4)]
+    vols = [
+        {
+            "image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g),
+            "mask": torch.zeros(16, 16, 8, dtype=torch.long),
+        }
+        for _ in range(4)
+    ]
     for v in vols:
         v["image"][:, 4:10, 4:10, 2:6] += 0.4
         v["mask"][4:10, 4:10, 2:6] = 1
-    mt = MetamorphicTraining(perturbations=["blur", "contrast", "gamma"], objective="consistency", consistency=1.0,
-                             k=2, q=0.5, mix="augmix", chain_depth=2, width=2, record_every=1, dirpath=tmp_path)
-    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    mt = MetamorphicTraining(
+        perturbations=["blur", "contrast", "gamma"],
+        objective="consistency",
+        consistency=1.0,
+        k=2,
+        q=0.5,
+        mix="augmix",
+        chain_depth=2,
+        width=2,
+        record_every=1,
+        dirpath=tmp_path,
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[mt],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
     model = Vol()
     trainer.fit(model, DataLoader(vols, batch_size=2))
     assert model.sizes == [2, 3, 2, 3]  # scoring 1 x 2 candidates (no grad), then batch + follow-up
@@ -448,10 +500,21 @@ def test_ddp_each_rank_draws_its_own_chains(tmp_path):
         for s in recs:
             rows = shard[2 * s["step"] : 2 * s["step"] + 2]
             pos = rows[s["position"]]
-            wok = WorstOfK(["contrast", "saturation", "blur"], k=1, q=0.5, mix="augmix", chain_depth=2, width=2,
-                           severity_caps=4, seed=0, stream="consistency")
+            wok = WorstOfK(
+                ["contrast", "saturation", "blur"],
+                k=1,
+                q=0.5,
+                mix="augmix",
+                chain_depth=2,
+                width=2,
+                severity_caps=4,
+                seed=0,
+                stream="consistency",
+            )
             f = wok(ds.x[rows], ds.m[rows], None, step=s["step"], rank=rank)
-            assert torch.equal(recreate_followup(s["recipe"], ds.x[pos : pos + 1], ds.m[pos : pos + 1])[0], f.images[0])
+            assert torch.equal(
+                recreate_followup(s["recipe"], ds.x[pos : pos + 1], ds.m[pos : pos + 1])[0], f.images[0]
+            )
     assert [s["recipe"] for s in by_rank[0]] != [s["recipe"] for s in by_rank[1]]
 
 
@@ -471,8 +534,13 @@ def test_paired_objective_still_runs_by_name(tmp_path):
 
 @pytest.mark.slow
 def test_held_out_families_of_the_check_are_never_trained_on(tmp_path):
-    mr = MetamorphicCallback(suite=MRSuite(COLOUR + ["blur"], (2, 4)), heldout=["blur"], dirpath=tmp_path,
-                             verbose=False, class_names=["polyp"])
+    mr = MetamorphicCallback(
+        suite=MRSuite(COLOUR + ["blur"], (2, 4)),
+        heldout=["blur"],
+        dirpath=tmp_path,
+        verbose=False,
+        class_names=["polyp"],
+    )
     mt = MetamorphicTraining(k=1, q=1.0, epsilon=1.0, record_every=1, record_per_step=4, dirpath=tmp_path)
     _fit(Probe(line="plain"), [mr, mt], tmp_path, epochs=1, val=True)
     assert mt.wok is not None and "blur" not in mt.wok.families and set(mt.wok.families) == set(COLOUR)

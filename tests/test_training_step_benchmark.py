@@ -28,6 +28,8 @@ def test_the_step_time_includes_the_callbacks_batch_start(monkeypatch, tmp_path)
     monkeypatch.setattr(training_step.tempfile, "tempdir", str(tmp_path))
     plain = statistics.median(training_step.time_setting(None, loader, 3, "cpu"))
     k1 = statistics.median(
-        training_step.time_setting(training_step.SETTINGS["DEFAULT random aug (replace, k=1, q=.5)"], loader, 3, "cpu")
+        training_step.time_setting(
+            training_step.SETTINGS["DEFAULT random aug (replace, k=1, q=.5)"], loader, 3, "cpu"
+        )
     )
     assert k1 >= 0.3 and k1 > plain + 0.15, (plain, k1)

@@ -405,5 +405,7 @@ def test_balanced_checkpoint_alone_on_3d_volumes(tmp_path, batches):
     least = corners["least_loss_epoch"]
     assert least in (0, 1, 2)  # the monitored key was found
     # the choice is the pure decision on the volume history written beside it
-    assert corners["balanced_epoch"] == select_balanced_epoch(hist, "last_inlier", reference_epoch=least).epoch
+    assert (
+        corners["balanced_epoch"] == select_balanced_epoch(hist, "last_inlier", reference_epoch=least).epoch
+    )
     assert (tmp_path / "balanced.ckpt").is_file()

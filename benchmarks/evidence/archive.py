@@ -138,7 +138,9 @@ def restore(archive: Path, out: Path) -> list[str]:
         for t in TABLES:
             src = archive / f"{name}.{_archived(t)}"
             if src.is_file() and not (dst.parent / t).exists():
-                atomic_write_bytes(dst.parent / t, src.read_bytes() if t.endswith(".gz") else _gunzip(src, "table"))
+                atomic_write_bytes(
+                    dst.parent / t, src.read_bytes() if t.endswith(".gz") else _gunzip(src, "table")
+                )
         _restore_weights(archive / name, dst.parent / "fp16")
         atomic_write_text(dst, text)
         names.append(name)

@@ -90,7 +90,11 @@ def overrides(args, features, network: str = "basic_unet") -> list[str]:
         "recipe=polyp",
         *([] if network == "basic_unet" else [f"model={network}"]),
         f"data.image_size={args.size}",
-        *(["model.features=[" + ",".join(str(int(f)) for f in features) + "]"] if features is not None else []),
+        *(
+            ["model.features=[" + ",".join(str(int(f)) for f in features) + "]"]
+            if features is not None
+            else []
+        ),
     ]
 
 
@@ -123,11 +127,19 @@ def write_config(
             "seed": int(seed),
             "condition_kwargs": condition_kwargs or {},
             "args": {
-                k: v for k, v in sorted(portable_args(vars(args), run_dir).items()) if isinstance(v, (int, float, str))
+                k: v
+                for k, v in sorted(portable_args(vars(args), run_dir).items())
+                if isinstance(v, (int, float, str))
             },
         },
         # the v4 key order kept (same run, same bytes): network first, then the data's, then the widths
-        "model": {"network": net.pop("network"), "in_channels": 3, "num_classes": 2, "class_names": ["polyp"], **net},
+        "model": {
+            "network": net.pop("network"),
+            "in_channels": 3,
+            "num_classes": 2,
+            "class_names": ["polyp"],
+            **net,
+        },
         "data": {"image_size": int(args.size)},
         "callbacks": {
             "metamorphic": {
@@ -156,7 +168,12 @@ def rescore_commands(
 
     ``data.val_fraction=0`` makes the whole folder the evaluated split (nothing is split off)."""
     ckpt = run_dir / "checkpoints" / f"{policy}.ckpt"
-    common = [*overrides(args, features, network), f"data.root={folder}", "data.val_fraction=0", f"ckpt={ckpt}"]
+    common = [
+        *overrides(args, features, network),
+        f"data.root={folder}",
+        "data.val_fraction=0",
+        f"ckpt={ckpt}",
+    ]
     py = "python -m robusttrain"
     return [
         f"{py} test "
@@ -180,5 +197,7 @@ def write_rescore(run_dir: Path, args, features, policies, network: str = "basic
         'RUN=$(cd "$(dirname "$0")" && pwd)',
     ]
     cmds = rescore_commands(Path("$RUN"), args, features, "$POLICY", '"$FOLDER"', '"$OUT"', network)
-    lines += [c.replace("ckpt=$RUN/checkpoints/$POLICY.ckpt", 'ckpt="$RUN/checkpoints/$POLICY.ckpt"') for c in cmds]
+    lines += [
+        c.replace("ckpt=$RUN/checkpoints/$POLICY.ckpt", 'ckpt="$RUN/checkpoints/$POLICY.ckpt"') for c in cmds
+    ]
     return atomic_write_text(run_dir / "rescore.sh", "\n".join(lines) + "\n")

@@ -61,7 +61,7 @@ class EMATracker(Callback):
             # resumed from a checkpoint with no step left (a run stopped while it was scoring): the
             # checkpoint's average is the run's average; AveragedModel keys its copy as "module.<name>"
             return {
-                f"net.{k[len('module.'):]}": v.detach().cpu().clone()
+                f"net.{k[len('module.') :]}": v.detach().cpu().clone()
                 for k, v in self._pending.items()
                 if k.startswith("module.")
             }

@@ -58,7 +58,14 @@ from robusttrain.mining import RandomPerturbationDataset
 # JS lambda=1 through the paired objective, candidates scored at half size -- spelled out, since the
 # class's defaults moved in robust training v2: consistency > 0 now means the consistency objective and
 # scoring is at full size)
-MT_DEFAULTS = {"k": 4, "q": 0.5, "epsilon": 0.3, "consistency": 1.0, "objective": "paired", "score_scale": 0.5}
+MT_DEFAULTS = {
+    "k": 4,
+    "q": 0.5,
+    "epsilon": 0.3,
+    "consistency": 1.0,
+    "objective": "paired",
+    "score_scale": 0.5,
+}
 MT_CONDITIONS = {
     "mt_random": {"k": 1, "epsilon": 1.0, "consistency": 0.0, "objective": "replace"},
     "metamorphic": {},
@@ -213,7 +220,11 @@ def training_callbacks(
             mode="steer", train_probe_size=probe, every_n_epochs=mine_every, dirpath=run_dir, **steer
         )
         kw = {**V4_RANDOM, **(mt or {})}
-        return [mr, mining_cb, _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw)], mr
+        return [
+            mr,
+            mining_cb,
+            _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw),
+        ], mr
     if cond in MT_CONDITIONS:
         kw = {**MT_DEFAULTS, **(mt or {}), **MT_CONDITIONS[cond]}
         if kw["k"] == 1 and "score_scale" not in (mt or {}):
@@ -362,7 +373,15 @@ def v5_callbacks(
         steer = {k: v for k, v in V5_STEER.items() if k not in ("train_probe_size", "every_n_epochs")}
         kw = {**kw, "probe": V5_STEER["train_probe_size"], "mine_every": V5_STEER["every_n_epochs"]}
         return training_callbacks(
-            "steered", dm, perturbations, severities, seed=seed, ratio=ratio, train_seed=train_seed, mining=steer, **kw
+            "steered",
+            dm,
+            perturbations,
+            severities,
+            seed=seed,
+            ratio=ratio,
+            train_seed=train_seed,
+            mining=steer,
+            **kw,
         )
     cbs, mr = training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
     if training == "plain":

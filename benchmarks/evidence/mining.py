@@ -127,7 +127,9 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
         res["new_failures"] = int(sum(r.get("new_failures", 0) for r in mining.rows))
         res["repaired"] = int(sum(r.get("repaired", 0) for r in mining.rows))
         res["steered_share"] = round(
-            sum(r.get("steered", 0) for r in mining.rows) / max(1, sum(r.get("perturbed", 0) for r in mining.rows)), 4
+            sum(r.get("steered", 0) for r in mining.rows)
+            / max(1, sum(r.get("perturbed", 0) for r in mining.rows)),
+            4,
         )
         res["mining_log"] = mining.rows
     if cond == "mined":
@@ -168,7 +170,9 @@ def main() -> None:
     ap.add_argument("--clean-mix", type=float, default=0.0)
     ap.add_argument("--fresh-image", type=float, default=0.0)
     ap.add_argument("--perturbations", default="", help="comma list of families ('' = the five above)")
-    ap.add_argument("--steer", type=float, default=0.5, help="steered share of the random follow-ups (steered)")
+    ap.add_argument(
+        "--steer", type=float, default=0.5, help="steered share of the random follow-ups (steered)"
+    )
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seeds", default="0,1,2", help="training seeds")
     ap.add_argument("--data-seed", type=int, default=0, help="split + MR-suite seed (fixed)")

@@ -525,7 +525,9 @@ def _main(argv=None) -> None:
     if a.n_boot < 1:
         raise SystemExit(f"report_v4: --n-boot {a.n_boot}: expected a positive number of resamples")
     if a.out is not None and a.out.is_dir():  # checked before the tables are computed, not at the write
-        raise SystemExit(f"report_v4: --out {a.out}: is a folder; give the file to write, e.g. {a.out / 'evidence_v4.md'}")
+        raise SystemExit(
+            f"report_v4: --out {a.out}: is a folder; give the file to write, e.g. {a.out / 'evidence_v4.md'}"
+        )
     try:
         s, md = report_archive(a.archive, a.conditions, a.seeds, a.n_boot)
     except (KeyError, TypeError, ValueError, IndexError) as e:  # an archived result without what we read

@@ -42,7 +42,9 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
     try:
         cfg = yaml.safe_load(where.read_text())
         size = int(cfg["data"]["image_size"])
-        network = str(cfg["model"].get("network", "basic_unet"))  # v5: the pretrained U-Net's own recipe group
+        network = str(
+            cfg["model"].get("network", "basic_unet")
+        )  # v5: the pretrained U-Net's own recipe group
         if network not in ("basic_unet", "lite0_unet"):
             raise ValueError(f"model.network {network!r} is not an evidence model")
         widths = cfg["model"].get("features") if network != "basic_unet" else cfg["model"]["features"]

@@ -164,7 +164,9 @@ def main(argv=None) -> None:
     }
     rows = {key: v[0] for key, v in both.items()}
     images = "a round black border" if args.border else "uniform noise, no border"
-    print(f"# {args.size} px, q=0.5, endoscopy families, severities 1..4; {images}; mean of {args.calls} calls")
+    print(
+        f"# {args.size} px, q=0.5, endoscopy families, severities 1..4; {images}; mean of {args.calls} calls"
+    )
     cols = ["batch", "k", "aten ops per call", "of which launch a kernel on a GPU"]
     table = [[b, k, v, n] for (b, k), (v, n) in both.items()]
     print(results.table("cpu", cols, table, {cols[2]: "{:,.0f}", cols[3]: "{:,.0f}"}))
@@ -178,22 +180,36 @@ def main(argv=None) -> None:
         print(f"target k=1, batch 64: <= {lim:.0f}: {'met' if ok64 else 'NOT met'} ({rows[(64, 1)]:,.0f})")
     if args.device:
         print("\n# the same draws on an emulated accelerator (robusttrain.testing.emulated_device), per call")
-        print("| batch | k | aten ops on the device | of which launch a kernel | host-to-device copies "
-              "(blocking) | device-to-host syncs | aten ops on the host |")
+        print(
+            "| batch | k | aten ops on the device | of which launch a kernel | host-to-device copies "
+            "(blocking) | device-to-host syncs | aten ops on the host |"
+        )
         print("|---|---|---|---|---|---|---|")
-        dev = {(b, k): device_counts(k, args.size, b, args.calls, border=args.border)
-               for b in args.batches for k in (1, 4)}
+        dev = {
+            (b, k): device_counts(k, args.size, b, args.calls, border=args.border)
+            for b in args.batches
+            for k in (1, 4)
+        }
         for (b, k), d in dev.items():
-            print(f"| {b} | {k} | {d['device_ops']:,.0f} | {d['launches']:,.0f} | {d['to_device']:.1f} "
-                  f"({d['blocking']:.1f}) | {d['syncs']:.1f} | {d['host_ops']:,.0f} |")
+            print(
+                f"| {b} | {k} | {d['device_ops']:,.0f} | {d['launches']:,.0f} | {d['to_device']:.1f} "
+                f"({d['blocking']:.1f}) | {d['syncs']:.1f} | {d['host_ops']:,.0f} |"
+            )
         keys = ["device_ops", "launches", "to_device", "blocking", "syncs", "host_ops"]  # one value a column
         fmt = {"device_ops": "{:,.0f}", "launches": "{:,.0f}", "host_ops": "{:,.0f}"}
         fmt |= {c: "{:.1f}" for c in ("to_device", "blocking", "syncs")}
-        results.table("emulated_device", ["batch", "k", *keys], [[b, k, *(d[c] for c in keys)] for (b, k), d in dev.items()], fmt)
+        results.table(
+            "emulated_device",
+            ["batch", "k", *keys],
+            [[b, k, *(d[c] for c in keys)] for (b, k), d in dev.items()],
+            fmt,
+        )
         for b, lim in ((16, TARGET_K1), (64, TARGET_GROWTH * TARGET_K1)):
             if b in args.batches:
                 v = dev[(b, 1)]["device_ops"]
-                print(f"device target k=1, batch {b}: <= {lim:.0f}: {'met' if v <= lim else 'NOT met'} ({v:,.0f})")
+                print(
+                    f"device target k=1, batch {b}: <= {lim:.0f}: {'met' if v <= lim else 'NOT met'} ({v:,.0f})"
+                )
     if args.old_fov:
         current = border.fov_from_cells
         # the accelerator path before 2026-11-26: every dilation on the device, no early exit

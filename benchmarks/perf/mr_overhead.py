@@ -108,10 +108,22 @@ def main(argv: list[str] | None = None) -> None:
             )
             overheads = (100 * (t_check - t_fwd) / t_fwd, in_check[0], rest, 100 * rest / in_check[0])
             rows.append([label, t_check, t_fwd, len(inputs), *overheads])
-    cols = ["check", "check (s)", "forwards alone (s)", "batches", "overhead vs alone (%)",
-            "forwards inside (s)", "rest (s)", "overhead vs inside (%)"]
-    results.table("checks", cols, rows, {c: "{:.2f}" for c in cols[1:3] + cols[5:7]} | {
-        cols[4]: "{:.1f}", cols[7]: "{:.1f}"})
+    cols = [
+        "check",
+        "check (s)",
+        "forwards alone (s)",
+        "batches",
+        "overhead vs alone (%)",
+        "forwards inside (s)",
+        "rest (s)",
+        "overhead vs inside (%)",
+    ]
+    results.table(
+        "checks",
+        cols,
+        rows,
+        {c: "{:.2f}" for c in cols[1:3] + cols[5:7]} | {cols[4]: "{:.1f}", cols[7]: "{:.1f}"},
+    )
     results.write(args.json)
 
 

@@ -174,7 +174,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     cols = ["repeat", "callbacks", "wall (s)", "CPU (s)"]
-    rows = [[r, "on" if on else "off", walls[on][r], cpus[on][r]] for r in range(args.repeats) for on in (False, True)]
+    rows = [
+        [r, "on" if on else "off", walls[on][r], cpus[on][r]]
+        for r in range(args.repeats)
+        for on in (False, True)
+    ]
     results.table("runs", cols, rows, {"wall (s)": "{:.1f}", "CPU (s)": "{:.1f}"})
     results.notes["ratio_wall_best_of"] = min(walls[True]) / min(walls[False])
     results.notes["ratio_cpu_best_of"] = min(cpus[True]) / min(cpus[False])

@@ -51,8 +51,15 @@ SETTINGS = {
         k=4, q=0.5, epsilon=1.0, objective="consistency", consistency=1.0, replace_q=0.5, selection="augmax"
     ),
     "random + consistency, AugMix chains": dict(
-        k=1, q=0.5, epsilon=1.0, objective="consistency", consistency=1.0, replace_q=0.5, mix="augmix",
-        chain_depth=3, width=3,
+        k=1,
+        q=0.5,
+        epsilon=1.0,
+        objective="consistency",
+        consistency=1.0,
+        replace_q=0.5,
+        mix="augmix",
+        chain_depth=3,
+        width=3,
     ),
     "paired worst-of-4, half-size scoring (v3 method)": dict(
         k=4, q=0.5, objective="paired", consistency=1.0, score_scale=0.5
@@ -62,7 +69,9 @@ MODELS = {  # what the recipes train: recipe=polyp (BasicUNet) and recipe=polyp_
     "basic_unet": dict(network="basic_unet", features=(16, 16, 32, 64, 128, 16)),
     "flexible_unet": dict(network="flexible_unet", backbone="efficientnet-b0", pretrained=False),
     # model=lite0_unet with its ImageNet weights and the recipe's encoder LR multiplier
-    "lite0_unet": dict(network="lite0_unet", features=(128, 64, 32, 16, 8), pretrained=True, encoder_lr_mult=0.1),
+    "lite0_unet": dict(
+        network="lite0_unet", features=(128, 64, 32, 16, 8), pretrained=True, encoder_lr_mult=0.1
+    ),
 }
 
 
@@ -205,7 +214,9 @@ def main(argv=None) -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--only", default="", help="comma-separated setting names (substring match)")
     ap.add_argument("--model", choices=sorted(MODELS), default="basic_unet")
-    ap.add_argument("--models", default="", help="comma-separated models: the plain step of each, side by side")
+    ap.add_argument(
+        "--models", default="", help="comma-separated models: the plain step of each, side by side"
+    )
     ap.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed")
     ap.add_argument("--mr-budget", type=float, default=None, help="also time the MR check at this budget")
     ap.add_argument("--mr-epochs", type=int, default=3)

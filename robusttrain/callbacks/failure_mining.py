@@ -144,7 +144,9 @@ class FailureMiningCallback(UsesContext, Callback):
     ):
         if replay_ratio is not None:
             check_fraction("replay_ratio", replay_ratio, 0.0, MAX_REPLAY_RATIO)
-        self.mode = check_choice("mode", "replay" if mode is None and replay_ratio is not None else mode or "steer", MODES)
+        self.mode = check_choice(
+            "mode", "replay" if mode is None and replay_ratio is not None else mode or "steer", MODES
+        )
         if self.mode == "steer" and replay_ratio not in (None, 0):
             raise ValueError(
                 f"replay_ratio={replay_ratio!r} replays failing images (mode='replay'); mode='steer' replays "
@@ -407,7 +409,9 @@ class FailureMiningCallback(UsesContext, Callback):
             if self.mode == "steer":
                 self._update_conditions()
         if self.mode == "steer":  # every rank steers by rank 0's bank
-            state = broadcast_object(trainer, self.conditions.state_dict() if is_global_zero(trainer) else None)
+            state = broadcast_object(
+                trainer, self.conditions.state_dict() if is_global_zero(trainer) else None
+            )
             if not is_global_zero(trainer) and state is not None:
                 self.conditions.load_state_dict(state)
         barrier(trainer, "failure_mining_sync")
@@ -423,7 +427,9 @@ class FailureMiningCallback(UsesContext, Callback):
         for e in epochs:
             at = train[(train["epoch"] == e) & (train["src_dice"] >= self.min_clean_dice)]
             at = at[~at["perturbation"].isin(heldout)]
-            tested = list(zip(at["case_id"].astype(str), at["perturbation"].astype(str), at["severity"].astype(int)))
+            tested = list(
+                zip(at["case_id"].astype(str), at["perturbation"].astype(str), at["severity"].astype(int))
+            )
             row = self.conditions.update(e, self._cond_pending.pop(e, []), tested)
             if row["new_failures"]:
                 log.info(
@@ -487,9 +493,13 @@ class FailureMiningCallback(UsesContext, Callback):
             "conditions": self.conditions.state_dict(),
             "cond_epoch": self._cond_epoch,
             "cond_pending": {
-                str(e): [(r.to_dict(), a) for r, a in items] for e, items in self._cond_pending.items() if items
+                str(e): [(r.to_dict(), a) for r, a in items]
+                for e, items in self._cond_pending.items()
+                if items
             },
-            "steer_counts": {str(e): list(c) for e, c in (self.steering.counts if self.steering else {}).items()},
+            "steer_counts": {
+                str(e): list(c) for e, c in (self.steering.counts if self.steering else {}).items()
+            },
         }
 
     @override

@@ -180,7 +180,9 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             self.wok, self.replacer = self._build(images)
         if self.wok.n_selected(images.shape[0]) == 0 and self.replacer is None:
             return
-        check_training_images(images, int(trainer.global_step))  # every batch: a later one can be out of range too
+        check_training_images(
+            images, int(trainer.global_step)
+        )  # every batch: a later one can be out of range too
         step, rank = int(trainer.global_step), int(trainer.global_rank)
         rates = self._rates()
         eligible = None
@@ -309,7 +311,9 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         pl_module.log("mt/lambda", lam, on_step=False, on_epoch=True, batch_size=n)
         return lam * cons
 
-    def consistency_forward(self, pl_module: L.LightningModule, images: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    def consistency_forward(
+        self, pl_module: L.LightningModule, images: torch.Tensor
+    ) -> tuple[Any, torch.Tensor]:
         """The ``"consistency"`` objective's forward (:func:`metamorphic_forward`): one forward over
         ``images`` and this step's follow-ups; ``images``' outputs and ``lambda * D`` (0 without follow-ups)."""
         self._consumed = True
@@ -338,7 +342,9 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             seg = seg_loss(out_f, select_rows(target, idx))
         else:
             spec = self._hooks().to_probabilities
-            seg = soft_dice_loss(probabilities(out_f, spec), normalise_mask(select_rows(target, idx), fol.images)).mean()
+            seg = soft_dice_loss(
+                probabilities(out_f, spec), normalise_mask(select_rows(target, idx), fol.images)
+            ).mean()
         n = int(idx.numel())
         pl_module.log("mt/followup_loss", seg.detach(), on_step=False, on_epoch=True, batch_size=n)
         return seg + self._consistency(pl_module, select_rows(outputs, idx), out_f, n)
@@ -354,9 +360,13 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         """The follow-up sampler (and, for ``replace_q``, the in-place random one), from the first batch."""
         suite = getattr(self._ctx, "suite", None)
         heldout = getattr(self._ctx, "heldout_families", None) or ()
-        families, dropped = self.families_for(getattr(suite, "names", None), int(images.shape[1]), list(heldout))
+        families, dropped = self.families_for(
+            getattr(suite, "names", None), int(images.shape[1]), list(heldout)
+        )
         caps = self.caps_for(families, max(suite.severities) if suite is not None else DEFAULT_CAP)
-        wok, replacer = self.samplers(families, caps, getattr(suite, "slice_axis", -1) if suite is not None else -1)
+        wok, replacer = self.samplers(
+            families, caps, getattr(suite, "slice_axis", -1) if suite is not None else -1
+        )
         rank_zero_info(self.describe(families, dropped, replacer is not None))
         return wok, replacer
 
@@ -405,7 +415,9 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             ids = self._hooks().get_case_ids(batch)
         except Exception:  # noqa: BLE001 -- case ids are optional
             ids = None
-        rows = sample_rows(fol, ids, step, int(trainer.current_epoch), int(trainer.global_rank), self.record_per_step)
+        rows = sample_rows(
+            fol, ids, step, int(trainer.current_epoch), int(trainer.global_rank), self.record_per_step
+        )
         self._epoch_samples.extend(rows)
 
     # -- checkpoint state --------------------------------------------------------------

@@ -255,7 +255,11 @@ def _dry_forward(datamodule: Any, model: Any) -> None:
     from robusttrain.models import SegmentationModule
 
     size, channels = getattr(datamodule, "image_size", None), getattr(datamodule, "in_channels", None)
-    if not isinstance(model, SegmentationModule) or not isinstance(size, int) or not isinstance(channels, int):
+    if (
+        not isinstance(model, SegmentationModule)
+        or not isinstance(size, int)
+        or not isinstance(channels, int)
+    ):
         return
     if getattr(datamodule, "resize", "stretch") == "none":
         return  # the images keep their own sizes: the forward checks each new shape

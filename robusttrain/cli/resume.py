@@ -62,7 +62,11 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def _moved(value: Any, old_dir: str, new_dir: str) -> Any:
     """A path below the run's old folder read as the same path below its new one."""
-    if isinstance(value, str) and old_dir and (value == old_dir or value.startswith(old_dir.rstrip("/") + "/")):
+    if (
+        isinstance(value, str)
+        and old_dir
+        and (value == old_dir or value.startswith(old_dir.rstrip("/") + "/"))
+    ):
         return new_dir + value[len(old_dir) :]
     if isinstance(value, list):
         return [_moved(v, old_dir, new_dir) for v in value]
@@ -151,7 +155,9 @@ def record_resume(run_dir: Path, found: list[tuple[str, Any, Any]], ckpt: Path, 
         {
             "ckpt": str(ckpt),
             "from_epoch": epoch,
-            "changed": {k: {"was": None if w == ABSENT else w, "now": None if n == ABSENT else n} for k, w, n in found},
+            "changed": {
+                k: {"was": None if w == ABSENT else w, "now": None if n == ABSENT else n} for k, w, n in found
+            },
         },
     )
     shown = ", ".join(f"{k}: {_shown(w)} -> {_shown(n)}" for k, w, n in found[:4])

@@ -30,7 +30,9 @@ def _resolve_ckpt(ckpt: str | Path, run_dir: Path | None) -> Path:
                 "in this run_dir yet)"
             )
         if newest != path:
-            _say(f"[robusttrain] ckpt=last: {newest.name} holds a later epoch than last.ckpt; resuming from it")
+            _say(
+                f"[robusttrain] ckpt=last: {newest.name} holds a later epoch than last.ckpt; resuming from it"
+            )
         return check_file(newest)
     if not Path(ckpt).expanduser().exists():
         raise UsageError(f"checkpoint not found: ckpt={ckpt} -> '{Path(ckpt).expanduser()}'")

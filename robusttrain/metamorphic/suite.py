@@ -227,7 +227,9 @@ class MRSuite:
         for i, (cid, si) in enumerate(zip(case_ids, slice_indices)):
             key = (split, cid, name, sev, int(si))
             if key not in self._cache:
-                if host is None:  # the batch read back once (on an accelerator each read waits), not per image
+                if (
+                    host is None
+                ):  # the batch read back once (on an accelerator each read waits), not per image
                     host = (images.detach().float().cpu(), None if masks is None else masks.detach().cpu())
                 g = torch.Generator().manual_seed(self.slice_seed(cid, k, si))
                 img = host[0][i : i + 1]

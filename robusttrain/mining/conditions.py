@@ -210,7 +210,12 @@ class ConditionBank:
             return 0
         order = sorted(
             self.conditions,
-            key=lambda k: (-self.conditions[k]["weight"], -self.conditions[k]["epoch"], -self.conditions[k]["drop"], k),
+            key=lambda k: (
+                -self.conditions[k]["weight"],
+                -self.conditions[k]["epoch"],
+                -self.conditions[k]["drop"],
+                k,
+            ),
         )
         n = len(order) - self.max_size
         for key in order[self.max_size :]:
@@ -243,7 +248,9 @@ class ConditionBank:
         if tot <= 0:
             return {}
         n = len(mass)
-        return {f: round((1 - self.balance) * m / tot + self.balance / n, 12) for f, m in sorted(mass.items())}
+        return {
+            f: round((1 - self.balance) * m / tot + self.balance / n, 12) for f, m in sorted(mass.items())
+        }
 
     def draw(self, rng: np.random.Generator, families: Iterable[str] | None = None) -> dict[str, Any] | None:
         """One condition (a copy), drawn as the module doc says; None when no condition of ``families``."""

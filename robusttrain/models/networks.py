@@ -21,7 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-NETWORKS = ("basic_unet", "attention_unet", "flexible_unet", "lite0_unet", "smp_unet", "segresnet", "swin_unetr")
+NETWORKS = (
+    "basic_unet",
+    "attention_unet",
+    "flexible_unet",
+    "lite0_unet",
+    "smp_unet",
+    "segresnet",
+    "swin_unetr",
+)
 NORMS = ("batch", "instance", "group")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -151,7 +159,9 @@ def build_network(
 
         if spatial_dims != 2:
             raise ValueError(f"smp_unet is a 2-D network: set model.spatial_dims=2, got {spatial_dims!r}")
-        return build_smp_unet(in_channels, out_channels, feats, dropout, backbone or "resnet34", pretrained, norm, **kwargs)
+        return build_smp_unet(
+            in_channels, out_channels, feats, dropout, backbone or "resnet34", pretrained, norm, **kwargs
+        )
     if name == "segresnet":
         from monai.networks.nets import SegResNet
 
@@ -200,7 +210,9 @@ def side_multiple(name: str, features: Sequence[int] | None = None) -> int:
     """
     if name == "attention_unet":
         return 2 ** (len(features or (16, 32, 64, 128)) - 1)
-    return {"segresnet": 8, "swin_unetr": 32, "flexible_unet": 32, "lite0_unet": 32, "smp_unet": 32}.get(name, 1)
+    return {"segresnet": 8, "swin_unetr": 32, "flexible_unet": 32, "lite0_unet": 32, "smp_unet": 32}.get(
+        name, 1
+    )
 
 
 def check_sides(name: str, multiple: int, sides: Sequence[int]) -> None:

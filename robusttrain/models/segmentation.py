@@ -64,8 +64,10 @@ class SegmentationModule(L.LightningModule):
         encoder_lr_mult: float = 1.0,
     ) -> None:
         super().__init__()
-        if isinstance(encoder_lr_mult, bool) or not isinstance(encoder_lr_mult, (int, float)) or not (
-            0 < encoder_lr_mult <= 1
+        if (
+            isinstance(encoder_lr_mult, bool)
+            or not isinstance(encoder_lr_mult, (int, float))
+            or not (0 < encoder_lr_mult <= 1)
         ):
             raise ValueError(
                 f"model.encoder_lr_mult must be a number in (0, 1] (the encoder's LR is lr times it), "
@@ -189,7 +191,9 @@ class SegmentationModule(L.LightningModule):
         ``lr_tail > 0`` the LR stays constant over the last ``lr_tail`` of the epochs (the value the cosine
         has where the tail starts: SWA/SWAD average under a constant LR, see
         :mod:`robusttrain.training.schedules`)."""
-        opt = torch.optim.AdamW(self.param_groups(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
+        opt = torch.optim.AdamW(
+            self.param_groups(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"]
+        )
         warmup = int(self.hparams["warmup_epochs"] or 0)
         total = max(1, int(self.trainer.max_epochs or 1))
         lr_tail = float(self.hparams.get("lr_tail", 0.0) or 0.0)
@@ -236,7 +240,9 @@ class SegmentationModule(L.LightningModule):
         trainer = self.trainer
         if trainer.train_dataloader is not None:
             name = f"model.network={self.hparams['network']}"
-            check_batches(self, trainer.train_dataloader, trainer.world_size, trainer.num_training_batches, name)
+            check_batches(
+                self, trainer.train_dataloader, trainer.world_size, trainer.num_training_batches, name
+            )
         # A run resumed with a larger trainer.max_epochs gets back the schedule it was saved with:
         # the cosine's T_max is the old length, so every added epoch would train at the final LR (0).
         # Stretch the cosine to the new length and set the LR to where the longer cosine is now.

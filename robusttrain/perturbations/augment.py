@@ -167,7 +167,9 @@ class BatchAugmentation(torch.nn.Module):
             return self.perturbation(s).apply_batch(images, mask, params=self._family_params(params, s))[0]
         out = images.clone()
         # a placed family's renders read the field of view of their rows: from one computation per call
-        shared = SharedMaps(images, mask) if isinstance(self.perturbation(groups[0][0]), PlacedSampling) else None
+        shared = (
+            SharedMaps(images, mask) if isinstance(self.perturbation(groups[0][0]), PlacedSampling) else None
+        )
         with shared if shared is not None else contextlib.nullcontext():
             for s, idx in groups:
                 i = idx.to(images.device, non_blocking=True)

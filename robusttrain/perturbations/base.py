@@ -589,7 +589,9 @@ class Perturbation:
     rgb: bool = True  # needs 3-channel RGB input
     grey_only: bool = False  # needs 1-channel input (MRI / X-ray physics)
     occludes: bool = False  # covers image content with something opaque (worst-of-k caps its cover)
-    trainable: bool = True  # may be drawn as a training augmentation (not: needs the model, or deletes content)
+    trainable: bool = (
+        True  # may be drawn as a training augmentation (not: needs the model, or deletes content)
+    )
     # The param keys of this family, when fixed: replaying params with other keys (e.g. pixel-unit
     # params recorded by an older version) is refused with one clear error instead of misread.
     PARAM_KEYS: tuple[str, ...] | None = None
@@ -667,9 +669,7 @@ class Perturbation:
     def _sample_torch(
         self, images: torch.Tensor, masks: torch.Tensor | None, generator: torch.Generator | None
     ) -> Params:
-        draws = {
-            k: _tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()
-        }
+        draws = {k: _tensor(v) for k, v in self._draw(TorchRandom(generator), images.shape[0]).items()}
         params = params_to(draws, images.device)
         params.update(self._content_torch(images, masks, params))
         return params

@@ -376,9 +376,7 @@ def add_noise_torch(
         for i, (lv, (oy, ox)) in enumerate(zip(level.tolist(), offset.tolist())):
             if lv > 0:
                 oy, ox = _shift(int(oy), p), _shift(int(ox), p)
-                np.add(
-                    xn[i], _noise_tile_np(int(lv), h, w)[:c, oy : oy + h, ox : ox + w], out=xn[i]
-                )
+                np.add(xn[i], _noise_tile_np(int(lv), h, w)[:c, oy : oy + h, ox : ox + w], out=xn[i])
             np.clip(xn[i], 0.0, 1.0, out=xn[i])
         return x
     tex = _texture_on(x.device, p)[:c]
@@ -629,7 +627,8 @@ def kernel_filter_np(image: np.ndarray, k: np.ndarray) -> np.ndarray:
         out = cv2.filter2D(image, -1, k, borderType=cv2.BORDER_REFLECT_101)
     else:  # large kernels: float planes, direct pieces instead of OpenCV's (slow) DFT path
         planes = [
-            filter2d_pieces(np.ascontiguousarray(image[:, :, c], np.float32), k) for c in range(image.shape[2])
+            filter2d_pieces(np.ascontiguousarray(image[:, :, c], np.float32), k)
+            for c in range(image.shape[2])
         ]
         out = cv2.merge(planes) if len(planes) > 1 else planes[0]
         out = cv2.convertScaleAbs(out) if image.dtype == np.uint8 else out  # rounds, saturates

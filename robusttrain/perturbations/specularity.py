@@ -56,6 +56,7 @@ def _probe_consts(h: int, w: int, hc: int, wc: int, s: int, device: torch.device
         _PROBES[spots] = {"arange": torch.arange(s, device=device)[None]}
     return {**_PROBES[key], **_PROBES[spots]}
 
+
 # Sub-pixel grid cap: 2 x 2 samples per pixel keep a 128-px image within 0.05 of the downsized 512-px
 # rendering (tests/test_perturbations_calibration.py) at a quarter of the cost of 4 x 4.
 SUPERSAMPLE = 2
@@ -133,7 +134,7 @@ class Specularity(PlacedSampling, Perturbation):
         the same values from the same stream as the loop it replaced, so a seed gives the same spots."""
         if not isinstance(luma, torch.Tensor):
             return self._place_np(luma, free, k, h, w, r)
-        dev = (lambda t: t if t.device == luma.device else t.to(luma.device))  # noqa: E731
+        dev = lambda t: t if t.device == luma.device else t.to(luma.device)  # noqa: E731
         b, side = luma.shape[0], short_side(h, w)
         rows = [self.severity] * b if sev is None else list(sev)
         hi = max(self.SPOTS[s][1] for s in rows)
@@ -166,7 +167,14 @@ class Specularity(PlacedSampling, Perturbation):
             lo = self.SPOTS[self.severity][0]
             n = dev(r.integers(lo, hi + 1, (b,)))
         else:  # spot count in the row's own range (torch has no per-row randint bound)
-            lo_span = torch.from_numpy(np.asarray([[self.SPOTS[s][0] for s in rows], [self.SPOTS[s][1] - self.SPOTS[s][0] + 1 for s in rows]]))
+            lo_span = torch.from_numpy(
+                np.asarray(
+                    [
+                        [self.SPOTS[s][0] for s in rows],
+                        [self.SPOTS[s][1] - self.SPOTS[s][0] + 1 for s in rows],
+                    ]
+                )
+            )
             n = dev(lo_span[0] + (r.uniform(0, 1, (b,)) * lo_span[1]).long())
         # the centre and the corners of the spot's bounding box (plus a cell) must be inside and free
         c = _probe_consts(h, w, hc, wc, hi, luma.device)

@@ -36,7 +36,15 @@ SUITES: dict[str, tuple[str, ...]] = {
     "shift": ("randconv", "fourier_mix"),
     # endoscopy artifacts outside the "endoscopy" suite: held-out families for a robustness test that no
     # training condition draws (Evidence v4)
-    "endoscopy_heldout": ("motion_blur", "gamma", "exposure", "sensor_noise", "jpeg", "defocus", "vignetting"),
+    "endoscopy_heldout": (
+        "motion_blur",
+        "gamma",
+        "exposure",
+        "sensor_noise",
+        "jpeg",
+        "defocus",
+        "vignetting",
+    ),
 }
 
 

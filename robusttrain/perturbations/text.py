@@ -127,8 +127,9 @@ def _atlas_on(font_px: int, device: torch.device) -> torch.Tensor:
     return _ATLAS_ON[key]
 
 
-
-def _blend(images: torch.Tensor, masks: torch.Tensor | None, canvas: torch.Tensor, level, n: int) -> torch.Tensor:
+def _blend(
+    images: torch.Tensor, masks: torch.Tensor | None, canvas: torch.Tensor, level, n: int
+) -> torch.Tensor:
     """The text's (B,1,nH,nW) fine-grid coverage ``canvas`` averaged to pixels, kept off the lesion, and
     blended towards each row's ``level``."""
     if n > 1:
@@ -137,6 +138,7 @@ def _blend(images: torch.Tensor, masks: torch.Tensor | None, canvas: torch.Tenso
         canvas = canvas * (masks[:, None] == 0)
     level = cast(level, images.dtype).reshape(images.shape[0], 1, 1, 1)
     return torch.lerp(images, level.expand_as(images), canvas)
+
 
 class Layout(NamedTuple):
     """Where a severity's blocks go on an HxW image. ``n``: supersampling factor (the block is drawn on an
@@ -270,7 +272,10 @@ class Text(Perturbation):
 
     def _sample_torch(self, images, masks, generator):
         b, _, h, w = images.shape
-        p = {k: (v if v.device == images.device else v.to(images.device)) for k, v in self._draw(TorchRandom(generator), b).items()}
+        p = {
+            k: (v if v.device == images.device else v.to(images.device))
+            for k, v in self._draw(TorchRandom(generator), b).items()
+        }
         if masks is not None:
             free = self._free_corners(masks, h, w)
         else:

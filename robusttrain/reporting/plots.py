@@ -205,7 +205,9 @@ def plot_clean_dice(history: pd.DataFrame, corners: Corners | None = None) -> Fi
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.subplots()
     for col in dice.columns:
-        style: dict[str, Any] = dict(color="black", linewidth=2.5) if col == "mean" else dict(marker="o", ms=3)
+        style: dict[str, Any] = (
+            dict(color="black", linewidth=2.5) if col == "mean" else dict(marker="o", ms=3)
+        )
         ax.plot(dice.index, dice[col], label=col if col != "mean" else "mean over classes", **style)
     if corners is not None:
         _mark_epochs(ax, corners.least_loss_epoch, corners.balanced_epoch)

@@ -106,7 +106,11 @@ def mining_epochs(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     epochs = pd.to_numeric(frame["epoch"], errors="coerce")
     keep = epochs.notna()
     out = pd.DataFrame(
-        {label: pd.to_numeric(frame[c], errors="coerce")[keep] for c, label in MINING_COLUMNS.items() if c in frame}
+        {
+            label: pd.to_numeric(frame[c], errors="coerce")[keep]
+            for c, label in MINING_COLUMNS.items()
+            if c in frame
+        }
     )
     out.index = epochs[keep].astype(int).rename("epoch")
     return out

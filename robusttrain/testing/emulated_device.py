@@ -112,11 +112,15 @@ class _Factories(TorchFunctionMode):
             # a list index becomes an index tensor on the indexed tensor's device below the dispatcher (it
             # would come out empty): hand it over as a host index tensor, which CUDA copies over too
             args = (args[0], _list_index_to_tensor(args[1]), *args[2:])
-        if func in (torch.Tensor.data_ptr, torch.Tensor.untyped_storage) and isinstance(args[0], DeviceTensor):
+        if func in (torch.Tensor.data_ptr, torch.Tensor.untyped_storage) and isinstance(
+            args[0], DeviceTensor
+        ):
             # the address of the data (the wrapper itself has none: every device tensor would read 0, and
             # memos keyed by address would mix up images)
             return func(args[0].elem)
-        if func is torch.Tensor.tolist and isinstance(args[0], DeviceTensor):  # a read back the host waits for
+        if func is torch.Tensor.tolist and isinstance(
+            args[0], DeviceTensor
+        ):  # a read back the host waits for
             self.owner.syncs += 1
             return args[0].elem.tolist()
         if func in (torch.tensor, torch.as_tensor) and _is_fake(kwargs.get("device")):

@@ -121,7 +121,9 @@ def merge_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
-def with_epoch(stats: pd.DataFrame, merged: list[dict[str, Any]], epoch: int, columns: Sequence[str]) -> pd.DataFrame:
+def with_epoch(
+    stats: pd.DataFrame, merged: list[dict[str, Any]], epoch: int, columns: Sequence[str]
+) -> pd.DataFrame:
     """``stats`` with the rows of ``epoch`` replaced by ``merged`` (a re-run epoch never duplicates)."""
     new = pd.DataFrame(merged, columns=list(columns))
     keep = stats[stats["epoch"] != epoch] if len(stats) else stats

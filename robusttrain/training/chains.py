@@ -54,12 +54,18 @@ def unused_chain_argument(mix: str, chain_depth: int, width: int, alpha: float) 
             f"mix='augmix' or leave alpha at {DEFAULT_ALPHA}"
         )
     return None
+
+
 LABEL = "augmix"  # the family name a chain follow-up is counted and recorded under
 
-Apply = Callable[[str, int, torch.Tensor, "torch.Tensor | None"], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+Apply = Callable[
+    [str, int, torch.Tensor, "torch.Tensor | None"], "tuple[torch.Tensor, dict[str, torch.Tensor]]"
+]
 
 
-def mix_chains(src: torch.Tensor, chains: Sequence[torch.Tensor], m: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def mix_chains(
+    src: torch.Tensor, chains: Sequence[torch.Tensor], m: torch.Tensor, w: torch.Tensor
+) -> torch.Tensor:
     """``m * src + (1 - m) * sum_c w[:, c] * chains[c]`` per image (the one formula draw and replay share)."""
     shape = (-1,) + (1,) * (src.ndim - 1)
     acc = w[:, 0].view(shape) * chains[0]
@@ -81,11 +87,15 @@ class ChainSampler:
         mix: ``"augmix"`` or ``"none"``.
     """
 
-    def __init__(self, families: Sequence[str], depth: int = 3, width: int = 3, alpha: float = 1.0, mix: str = "augmix"):
+    def __init__(
+        self, families: Sequence[str], depth: int = 3, width: int = 3, alpha: float = 1.0, mix: str = "augmix"
+    ):
         if mix not in MIXES:
             raise ValueError(f"mix must be one of {MIXES}, got {mix!r}")
         if mix == "none" and width != 1:
-            raise ValueError(f"width={width} chains need mix='augmix' to be mixed; with mix='none' use width=1")
+            raise ValueError(
+                f"width={width} chains need mix='augmix' to be mixed; with mix='none' use width=1"
+            )
         self.families = list(families)
         self.depth, self.width, self.alpha, self.mix = int(depth), int(width), float(alpha), mix
 
@@ -141,7 +151,13 @@ class ChainSampler:
                     # (no read back per param on an accelerator)
                     host = {k: v.detach().cpu() for k, v in (host_params(p) or p).items()}
                     for j, i in enumerate(rows):
-                        ops[i].append({"family": fam, "severity": sev, "params": {k: v[j : j + 1] for k, v in host.items()}})
+                        ops[i].append(
+                            {
+                                "family": fam,
+                                "severity": sev,
+                                "params": {k: v[j : j + 1] for k, v in host.items()},
+                            }
+                        )
             outs.append(cur)
             for i in range(n):
                 recipes[i]["chains"].append(ops[i])
@@ -160,7 +176,9 @@ def recreate(
     recipe: Mapping[str, Any],
     image: torch.Tensor,
     mask: torch.Tensor | None,
-    replay_op: Callable[[str, int, torch.Tensor, torch.Tensor | None, Mapping[str, torch.Tensor]], torch.Tensor],
+    replay_op: Callable[
+        [str, int, torch.Tensor, torch.Tensor | None, Mapping[str, torch.Tensor]], torch.Tensor
+    ],
 ) -> torch.Tensor:
     """Re-create a chain follow-up of ``image`` (1, C, ...) from its recipe (exact: the draw's arithmetic)."""
     outs = []

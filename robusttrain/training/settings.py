@@ -124,8 +124,10 @@ class MTSettings:
         alpha: float = 1.0,
     ) -> None:
         self.family_weights = checked_weights(perturbations)
-        self.perturbations = None if perturbations is None else resolve(
-            list(perturbations) if isinstance(perturbations, Mapping) else perturbations
+        self.perturbations = (
+            None
+            if perturbations is None
+            else resolve(list(perturbations) if isinstance(perturbations, Mapping) else perturbations)
         )
         self.k = check_int("k", k, 1)
         self.q = check_fraction("q", q)
@@ -158,7 +160,11 @@ class MTSettings:
             raise ValueError(f"detach_source must be true or false, got {detach_source!r}")
         self.detach_source = detach_source
         self.ramp = check_fraction("ramp", ramp)
-        if isinstance(score_scale, bool) or not isinstance(score_scale, (int, float)) or not 0 < score_scale <= 1:
+        if (
+            isinstance(score_scale, bool)
+            or not isinstance(score_scale, (int, float))
+            or not 0 < score_scale <= 1
+        ):
             raise ValueError(f"score_scale must be in (0, 1] (1 = score at full size), got {score_scale!r}")
         self.score_scale = float(score_scale)
         self.replace_q = check_fraction("replace_q", replace_q)
@@ -213,7 +219,9 @@ class MTSettings:
             return f"record_every={self.record_every} has nothing to record with record_per_step=0 (give record_per_step > 0)"
         if self.max_cover != 0.1 and self.perturbations is not None:
             chains = self.chain_depth > 1 or self.mix != "none"  # chains never draw an occluding family
-            covers = set(self.perturbations) & set(occluding()) if (not chains or self.replace_q > 0) else set()
+            covers = (
+                set(self.perturbations) & set(occluding()) if (not chains or self.replace_q > 0) else set()
+            )
             if not covers:
                 return (
                     f"max_cover={self.max_cover:g} caps the lesion cover of occluding families, and none of "
@@ -234,7 +242,9 @@ class MTSettings:
         single = self.chain_depth == 1 and self.mix == "none"
         return (self.objective == "replace" and self.k == 1 and single) or self.replace_q > 0
 
-    def families_for(self, suite_names: Sequence[str] | None, channels: int, heldout: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    def families_for(
+        self, suite_names: Sequence[str] | None, channels: int, heldout: Sequence[str] = ()
+    ) -> tuple[list[str], list[str]]:
         """(the families trained on, those asked for but not trained on here): the settings' (else the
         MR suite's, else the endoscopy suite's) that run on ``channels``-channel images and may be trained
         on (not adversarial / melt), minus the check's test-only ``heldout`` families.

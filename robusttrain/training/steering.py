@@ -135,7 +135,12 @@ class SteeredDraws:
             anchor = None if m is None or x.ndim != 4 else lesion_anchor(on_device(m, _CPU).numpy())
             _place(p, cond.get("placement"), anchor, self.jitter, rng)
             out, _ = _apply_family(
-                op, x, m, at, [(torch.tensor([0]), {k: on_device(v, x.device) for k, v in p.items()})], wok.slice_axis
+                op,
+                x,
+                m,
+                at,
+                [(torch.tensor([0]), {k: on_device(v, x.device) for k, v in p.items()})],
+                wok.slice_axis,
             )
             rejected = bool(wok._rejected(x, m, out.unsqueeze(1), [[fam]])[0, 0])
             kept[i] = x[0] if rejected else out[0].to(kept.dtype)

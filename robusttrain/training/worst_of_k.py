@@ -359,7 +359,12 @@ class WorstOfK:
             scores = score(flat, fm).reshape(n, k).float() if n else torch.zeros(0, k)
             scores = scores.to(dev)
             sel = select_candidates(
-                scores, rejected, self.selection, quantile=self.quantile, temperature=self.temperature, generator=g
+                scores,
+                rejected,
+                self.selection,
+                quantile=self.quantile,
+                temperature=self.temperature,
+                generator=g,
             )
             scores = scores.masked_fill(rejected, float("-inf"))
         chosen = sel.chosen
@@ -390,7 +395,13 @@ class WorstOfK:
 
     def _draw_single(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
-    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], Sequence[Sequence[dict[str, torch.Tensor]]], list[list[int]]]:
+    ) -> tuple[
+        torch.Tensor,
+        list[list[str]],
+        list[list[int]],
+        Sequence[Sequence[dict[str, torch.Tensor]]],
+        list[list[int]],
+    ]:
         """k single-family candidates per image: (n, k, C, ...) images, families, severities, params and
         the severity each family call was applied at (a family that batches severities applies a call at
         its largest severity present; replaying one image exactly needs it)."""
@@ -488,13 +499,13 @@ class WorstOfK:
                 x, m = shared.take(torch.from_numpy(np.asarray([f // k for f in flat_all], dtype=np.int64)))
                 late = [it for it in items if it.drawn is not None]
                 if late:
-                    placed = type(late[0].op).sample_together(x, m, [(it.op, it.sev, it.drawn) for it in late])
+                    placed = type(late[0].op).sample_together(
+                        x, m, [(it.op, it.sev, it.drawn) for it in late]
+                    )
                     for it, p in zip(late, placed):
                         it.groups = [(all_rows(len(it.flat)), p)]
                         parts.append((it.flat, it.groups))
-                out = type(items[0].op).render_together(
-                    x, m, [it.render_part() for it in items]
-                )
+                out = type(items[0].op).render_together(x, m, [it.render_part() for it in items])
                 outs.append(out if out.dtype == src.dtype else out.to(src.dtype))
                 order.extend(flat_all)
         params = LazyParams(n, k, parts)
@@ -509,12 +520,23 @@ class WorstOfK:
 
     def _draw_chains(
         self, src: torch.Tensor, src_m: torch.Tensor | None, k: int, probs_np: np.ndarray, g: torch.Generator
-    ) -> tuple[torch.Tensor, list[list[str]], list[list[int]], list[list[dict[str, torch.Tensor]]], list[list[dict[str, Any]]]]:
+    ) -> tuple[
+        torch.Tensor,
+        list[list[str]],
+        list[list[int]],
+        list[list[dict[str, torch.Tensor]]],
+        list[list[dict[str, Any]]],
+    ]:
         """k chain candidates per image (AugMix-style), with each one's recipe."""
         assert self.chains is not None
         n = src.shape[0]
-        def apply(fam: str, sev: int, x: torch.Tensor, m: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            out, groups = _apply_family(self._op(fam, sev), x, m, torch.full((len(x),), sev), None, self.slice_axis, g)
+
+        def apply(
+            fam: str, sev: int, x: torch.Tensor, m: torch.Tensor | None
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            out, groups = _apply_family(
+                self._op(fam, sev), x, m, torch.full((len(x),), sev), None, self.slice_axis, g
+            )
             return out, _row_ordered(groups, len(x))
 
         probs = probs_np[[self.families.index(f) for f in self.chains.families]]
@@ -598,7 +620,9 @@ class _Deferred:
         return self.op, _row_ordered(self.groups, len(self.flat)), len(self.flat)
 
 
-def _take(x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _take(
+    x: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     rows = on_device(rows, x.device)
     return x[rows], None if m is None else m[rows]
 
@@ -695,8 +719,10 @@ def _apply_family(
 
 def _row_ordered(groups: FamilyParams, n: int) -> dict[str, torch.Tensor]:
     """The params of ``n`` rows as one dict in row order (from ``apply_family``'s groups)."""
-    if len(groups) == 1 and groups[0][0].numel() == n and (
-        groups[0][0] is all_rows(n) or bool((groups[0][0] == torch.arange(n)).all())
+    if (
+        len(groups) == 1
+        and groups[0][0].numel() == n
+        and (groups[0][0] is all_rows(n) or bool((groups[0][0] == torch.arange(n)).all()))
     ):
         return with_host(dict(groups[0][1]), host_params(groups[0][1]))
     order = torch.cat([rows for rows, _ in groups]).argsort()

@@ -40,4 +40,6 @@ def test_bad_training_values_stop_before_any_epoch(tmp_path, override, text):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"bad value for '{KEY}{override.split('=')[0]}'" in lines[0] and text in lines[0]
-    assert not run.exists() or not any(run.iterdir())  # no config.yaml, no logs: a corrected re-run just works
+    assert not run.exists() or not any(
+        run.iterdir()
+    )  # no config.yaml, no logs: a corrected re-run just works

@@ -303,7 +303,10 @@ def test_check_and_validate_on_a_folder_score_every_case_and_say_how_many(traine
     common = [*TINY, f"data.root={root}", "callbacks.metamorphic.max_cases=null", ck]
     out, err = _run(["check", *common, f"run_dir={tmp_path / 'c'}"], capsys)
     # the whole folder is "folder" (issue 48: "all" collided with the row pooling every family)
-    assert "check scores every case of data.root (split=val: its validation split only): folder: 10 images" in out
+    assert (
+        "check scores every case of data.root (split=val: its validation split only): folder: 10 images"
+        in out
+    )
     assert "Rests on 10 case(s) of folder." in (tmp_path / "c" / "efr_table.md").read_text()
     assert "check folder" in err  # the progress bar (tqdm, on stderr)
     out, _ = _run(["check", *common, f"run_dir={tmp_path / 'v'}", "split=val"], capsys)

@@ -45,7 +45,9 @@ def test_a_perturbations_mapping_draws_the_families_by_its_weights():
     share = drawn.count("blur") / len(drawn)  # 240 draws: uniform would give ~0.5
     assert 0.82 < share < 0.97, share
     # with the check's rates, the weights take the uniform share's place: (1 - eps) * rates + eps * weights
-    half = MetamorphicTraining(perturbations={"blur": 3, "contrast": 1}, epsilon=0.5).samplers(["blur", "contrast"], 4)[0]
+    half = MetamorphicTraining(perturbations={"blur": 3, "contrast": 1}, epsilon=0.5).samplers(
+        ["blur", "contrast"], 4
+    )[0]
     assert half.family_probs({"blur": 0.0, "contrast": 1.0}).tolist() == pytest.approx([0.375, 0.625])
     # a family dropped for the data (here: a colour family on grey images) leaves the others' weights
     wok1, _ = MetamorphicTraining(perturbations={"blur": 1, "saturation": 8, "contrast": 3}, k=1).samplers(
@@ -74,7 +76,17 @@ def test_a_bad_perturbations_mapping_is_refused_in_one_line(weights, text):
 @pytest.mark.slow
 def test_cli_perturbation_weights_reach_the_draws(tmp_path, capsys):
     run = tmp_path / "run"
-    _run(["fit", *TINY, f"run_dir={run}", "trainer.max_epochs=1", MT + "perturbations={blur: 0.9, contrast: 0.1}"], capsys, 0)
+    _run(
+        [
+            "fit",
+            *TINY,
+            f"run_dir={run}",
+            "trainer.max_epochs=1",
+            MT + "perturbations={blur: 0.9, contrast: 0.1}",
+        ],
+        capsys,
+        0,
+    )
     rows = pd.read_csv(run / "metamorphic_training.csv")
     assert dict(zip(rows["family"], rows["weight"])) == pytest.approx({"blur": 0.9, "contrast": 0.1})
 
@@ -94,7 +106,10 @@ UNUSED = [
     (dict(k=1, selection="augmax"), "selection='augmax' picks among k > 1 scored candidates"),
     (dict(k=1, selection="quantile"), "selection='quantile' picks among k > 1 scored candidates"),
     (dict(k=1, temperature=2.0), "temperature=2.0 samples among k > 1 scored candidates"),
-    (dict(k=4, selection="quantile", temperature=2.0), "temperature=2.0 has no effect with selection='quantile'"),
+    (
+        dict(k=4, selection="quantile", temperature=2.0),
+        "temperature=2.0 has no effect with selection='quantile'",
+    ),
     (dict(k=4, quantile=0.5), "quantile=0.5 is read only with selection='quantile'"),
     (dict(k=4, mix="none", width=5), "width=5 chains are mixed only with mix='augmix'"),
     (dict(k=4, alpha=0.5), "alpha=0.5 is AugMix's mixing concentration, read only with mix='augmix'"),
@@ -102,11 +117,20 @@ UNUSED = [
 MT_ONLY = [
     (dict(k=1, warmup=0.2), "warmup=0.2 delays the selection among k > 1 candidates"),
     (dict(k=1, score_scale=0.5), "score_scale=0.5 is the size candidates are scored at"),
-    (dict(divergence="kl"), "divergence='kl' shapes the consistency term; objective='replace' has no consistency term"),
+    (
+        dict(divergence="kl"),
+        "divergence='kl' shapes the consistency term; objective='replace' has no consistency term",
+    ),
     (dict(detach_source=True), "detach_source=True shapes the consistency term"),
     (dict(ramp=0.5), "ramp=0.5 shapes the consistency term"),
-    (dict(record_per_step=0, record_every=10), "record_every=10 has nothing to record with record_per_step=0"),
-    (dict(perturbations=["blur"], max_cover=0.3), "max_cover=0.3 caps the lesion cover of occluding families"),
+    (
+        dict(record_per_step=0, record_every=10),
+        "record_every=10 has nothing to record with record_per_step=0",
+    ),
+    (
+        dict(perturbations=["blur"], max_cover=0.3),
+        "max_cover=0.3 caps the lesion cover of occluding families",
+    ),
 ]
 
 
@@ -127,8 +151,14 @@ def test_the_recipes_and_the_evidence_conditions_stay_valid():
     from benchmarks.evidence.conditions import MT_CONDITIONS, MT_DEFAULTS, V4_MT
     from robusttrain.recipes import __file__ as recipes
 
-    node = OmegaConf.load(Path(recipes).parent / "callbacks" / "metamorphic_training.yaml").metamorphic_training
-    kw = {k: v for k, v in OmegaConf.to_container(node, resolve=False).items() if k not in ("_target_", "enabled")}
+    node = OmegaConf.load(
+        Path(recipes).parent / "callbacks" / "metamorphic_training.yaml"
+    ).metamorphic_training
+    kw = {
+        k: v
+        for k, v in OmegaConf.to_container(node, resolve=False).items()
+        if k not in ("_target_", "enabled")
+    }
     kw.update(dirpath=None, seed=0)
     assert MetamorphicTraining(**kw).k == 1
     for cond in MT_CONDITIONS:
@@ -141,7 +171,9 @@ def test_the_recipes_and_the_evidence_conditions_stay_valid():
     # and an argument set away from its default where it acts is accepted
     MetamorphicTraining(k=4, selection="quantile", quantile=0.5, warmup=0.1, score_scale=0.5, temperature=0.0)
     MetamorphicTraining(k=4, temperature=1.0, selection="augmax")
-    MetamorphicTraining(objective="consistency", consistency=1.0, divergence="kl", ramp=0.0, detach_source=True)
+    MetamorphicTraining(
+        objective="consistency", consistency=1.0, divergence="kl", ramp=0.0, detach_source=True
+    )
     MetamorphicTraining(mix="augmix", width=2, alpha=0.5, chain_depth=2)
     MetamorphicTraining(perturbations=["blur", "instrument"], max_cover=0.3)
 
@@ -149,9 +181,18 @@ def test_the_recipes_and_the_evidence_conditions_stay_valid():
 @pytest.mark.parametrize(
     ("override", "text"),
     [
-        ("temperature=nan", "bad value for 'callbacks.metamorphic_training.temperature' (nan): temperature must be a number >= 0"),
-        ("selection=augmax", "bad value for 'callbacks.metamorphic_training.selection' ('augmax'): selection='augmax' picks among k > 1"),
-        ("temperature=2.0", "bad value for 'callbacks.metamorphic_training.temperature' (2.0): temperature=2.0 samples among k > 1"),
+        (
+            "temperature=nan",
+            "bad value for 'callbacks.metamorphic_training.temperature' (nan): temperature must be a number >= 0",
+        ),
+        (
+            "selection=augmax",
+            "bad value for 'callbacks.metamorphic_training.selection' ('augmax'): selection='augmax' picks among k > 1",
+        ),
+        (
+            "temperature=2.0",
+            "bad value for 'callbacks.metamorphic_training.temperature' (2.0): temperature=2.0 samples among k > 1",
+        ),
     ],
     ids=["temperature-nan", "k1-augmax", "k1-temperature"],
 )

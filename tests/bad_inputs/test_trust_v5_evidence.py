@@ -42,7 +42,9 @@ def _one_line_exit_2(capsys, run, text: str) -> None:
 def test_a_truncated_archive_is_one_line_for_the_report_and_for_restore(tmp_path, capsys):
     arc = _archive(tmp_path, truncate=True)
     text = "random_s0.json.gz: not a gzip JSON result (EOFError"
-    _one_line_exit_2(capsys, lambda: report_v4.main([str(arc), "--conditions", "random", "--seeds", "0"]), text)
+    _one_line_exit_2(
+        capsys, lambda: report_v4.main([str(arc), "--conditions", "random", "--seeds", "0"]), text
+    )
     out = tmp_path / "restored"
     _one_line_exit_2(capsys, lambda: archive.main(["restore", str(arc), str(out)]), text)
     assert not (out / "random_s0" / "result.json").exists()

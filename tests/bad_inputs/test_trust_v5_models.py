@@ -29,16 +29,26 @@ SMALL = ["data.n_train=8", "data.n_val=4", "trainer.max_epochs=1", "trainer.enab
             "network (Expected more than 1 spatial element when training",
         ),
         (
-            ["recipe=smoke", "model=segresnet", "model.features=[16]", "model.spatial_dims=3", "data.image_size=32"],
+            [
+                "recipe=smoke",
+                "model=segresnet",
+                "model.features=[16]",
+                "model.spatial_dims=3",
+                "data.image_size=32",
+            ],
             "the data gives 2-D images: set model.spatial_dims=2",
         ),
     ],
     ids=["swin-unetr-1x1-bottleneck", "segresnet-3d-on-2d"],
 )
-def test_a_model_that_cannot_run_on_the_data_is_refused_before_anything_is_written(tmp_path, capsys, overrides, text):
+def test_a_model_that_cannot_run_on_the_data_is_refused_before_anything_is_written(
+    tmp_path, capsys, overrides, text
+):
     run = tmp_path / "run"
     _run(["fit", *overrides, *SMALL, f"run_dir={run}"], capsys, 2, text)
-    assert not run.exists() or not any(run.iterdir())  # no config.yaml, no logs/: a corrected re-run just works
+    assert not run.exists() or not any(
+        run.iterdir()
+    )  # no config.yaml, no logs/: a corrected re-run just works
 
 
 def test_the_dry_forward_leaves_the_model_and_the_random_state_as_they_were():

@@ -100,7 +100,9 @@ def test_every_adapter_passes_bboxes_and_keypoints_through_as_albumentations_pix
         assert np.array_equal(np.asarray(ours[key]), np.asarray(theirs[key])), key
     assert np.array_equal(ours["masks"][0], data["masks"][0]) and not np.array_equal(ours["image"], img)
     # ReplayCompose replays the same image with the boxes as given
-    rc = A.ReplayCompose([TRANSFORMS[family](p=1.0)], bbox_params=A.BboxParams(format="coco", label_fields=["labels"]))
+    rc = A.ReplayCompose(
+        [TRANSFORMS[family](p=1.0)], bbox_params=A.BboxParams(format="coco", label_fields=["labels"])
+    )
     first = rc(image=img, bboxes=[[1, 2, 10, 12]], labels=[1])
     again = A.ReplayCompose.replay(first["replay"], image=img, bboxes=[[1, 2, 10, 12]], labels=[1])
     assert np.array_equal(first["image"], again["image"]) and np.allclose(again["bboxes"], [[1, 2, 10, 12]])

@@ -150,7 +150,13 @@ def test_a_resume_may_change_only_how_long_and_where_and_keeps_the_first_setting
     metamorphic_training.csv mixed both regimes and config.yaml was rewritten."""
     run = tmp_path / "run"
     _fit(run, 1, capsys)
-    kept = ("config.yaml", "metamorphic_training.csv", "history.csv", "logs/metrics.csv", "checkpoints/last.ckpt")
+    kept = (
+        "config.yaml",
+        "metamorphic_training.csv",
+        "history.csv",
+        "logs/metrics.csv",
+        "checkpoints/last.ckpt",
+    )
     first = {n: (run / n).read_bytes() for n in kept}
     _fit(
         run,
@@ -284,7 +290,9 @@ def test_each_robustness_callback_alone_lets_go_of_the_run_directory_at_the_end(
 
     L, Net, Data = make()
     make_one = {
-        "MetamorphicCallback": lambda: callbacks.MetamorphicCallback(suite=MRSuite(["contrast"], severities=(4,))),
+        "MetamorphicCallback": lambda: callbacks.MetamorphicCallback(
+            suite=MRSuite(["contrast"], severities=(4,))
+        ),
         "EMACheckpoint": lambda: callbacks.EMACheckpoint(decay=0.5),
         "MetamorphicTraining": lambda: callbacks.MetamorphicTraining(perturbations=["contrast"]),
     }[alone]

@@ -130,7 +130,9 @@ def test_numpy_and_torch_paths_agree_and_keep_shape_dtype_range(name, channels, 
                 cpu, _ = p.apply_batch(x.cpu(), m.cpu(), params={k: v.cpu() for k, v in params.items()})
                 assert float((out.cpu() - cpu).abs().max()) <= 1 / 255
                 if device.type != "meta":  # the emulated device has no generator of its own
-                    _, on = p.apply_batch(x, m, generator=torch.Generator(device=device).manual_seed(severity))
+                    _, on = p.apply_batch(
+                        x, m, generator=torch.Generator(device=device).manual_seed(severity)
+                    )
                     assert all(v.device == x.device for v in on.values())
         # every severity is visible, except where it cannot be: melt finds nothing to remove on some frames,
         # a severity-1 blur is sub-pixel on a 64-px image (relative units: calibrated at 512 px), as is the

@@ -214,11 +214,19 @@ def test_worst_of_k_on_an_accelerator_draws_the_cpu_s_followups(kw):
             assert float((on_host(b.images) - a.images).abs().max()) < 1e-5
             assert torch.equal(on_host(b.index), a.index)
             if a.chains is not None:  # each chain step's recorded params are the CPU's, on the host
-                steps = [(o, p) for row_a, row_b in zip(a.chains, b.chains) for ca, cb in zip(row_a, row_b)
-                         for la, lb in zip(ca["chains"], cb["chains"]) for o, p in zip(la, lb)]
+                steps = [
+                    (o, p)
+                    for row_a, row_b in zip(a.chains, b.chains)
+                    for ca, cb in zip(row_a, row_b)
+                    for la, lb in zip(ca["chains"], cb["chains"])
+                    for o, p in zip(la, lb)
+                ]
                 assert steps and all(o["family"] == p["family"] for o, p in steps)
-                assert all(v.device.type == "cpu" and torch.allclose(v.float(), o["params"][key].float())
-                           for o, p in steps for key, v in p["params"].items())
+                assert all(
+                    v.device.type == "cpu" and torch.allclose(v.float(), o["params"][key].float())
+                    for o, p in steps
+                    for key, v in p["params"].items()
+                )
         # per call: the placement maps read once (AugMix chains: once per chain step with a placed family)
         assert dev.syncs <= (3 if "mix" not in kw else 3 * 8)
 
@@ -233,7 +241,9 @@ def test_the_emulated_device_refuses_what_cuda_refuses_and_counts_copies():
         assert float(x[torch.tensor([1]), [0, 2]].sum()) == 8.0  # host indices: CUDA copies them over
         y = x * torch.tensor(2.0)  # a 0-dim host tensor is a scalar
         copies = dev.to_device
-        moved = P.base.params_to({"a": torch.ones(2, 2), "b": torch.zeros(2), "n": torch.arange(2)}, dev.device)
+        moved = P.base.params_to(
+            {"a": torch.ones(2, 2), "b": torch.zeros(2), "n": torch.arange(2)}, dev.device
+        )
         assert dev.to_device - copies == 2  # one copy per dtype
         assert torch.equal(on_host(moved["a"]), torch.ones(2, 2)) and moved["a"].device == dev.device
         assert torch.equal(on_host(y), torch.arange(6.0).view(2, 3) * 2)

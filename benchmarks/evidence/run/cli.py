@@ -39,7 +39,10 @@ def main(argv=None, prog: str | None = None) -> dict:
         "--curve-cases validation cases (the check's validity across epochs)",
     )
     ap.add_argument(
-        "--curve-cases", type=_int_at_least(1), default=32, help="v5: validation cases of the curve's MR suite"
+        "--curve-cases",
+        type=_int_at_least(1),
+        default=32,
+        help="v5: validation cases of the curve's MR suite",
     )
     ap.add_argument(
         "--test-perturbations",
@@ -163,7 +166,9 @@ def main(argv=None, prog: str | None = None) -> dict:
     if args.test_perturbations is None:
         from benchmarks.evidence.conditions import V4_TEST_SUITE
 
-        args.test_perturbations = ",".join(V4_TEST_SUITE) if args.protocol in ("v4", "v5") else args.perturbations
+        args.test_perturbations = (
+            ",".join(V4_TEST_SUITE) if args.protocol in ("v4", "v5") else args.perturbations
+        )
     check_args(ap, args)
     if args.check_only:
         print(f"evidence: arguments OK ({args.conditions} x seeds {args.seeds}, --dataset {args.dataset})")

@@ -46,5 +46,12 @@ def pick_checkpoints(run: RunState) -> None:
         )
         extra_weights["ema"] = run.ema.weights()
         averages["ema"] = {"decay": run.ema.decay, "steps": int(run.trainer.global_step)}
-    run.cols, run.losses, run.least, run.trade, run.choices, run.cohort = cols, losses, least, trade, choices, cohort
+    run.cols, run.losses, run.least, run.trade, run.choices, run.cohort = (
+        cols,
+        losses,
+        least,
+        trade,
+        choices,
+        cohort,
+    )
     run.extra_weights, run.averages = extra_weights, averages

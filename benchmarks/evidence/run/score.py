@@ -37,7 +37,6 @@ def per_case_mr(cases: pd.DataFrame) -> dict:
     return mr
 
 
-
 def score_heldout(run: RunState) -> None:
     """Step 3, report on held-out data: the clean per-case Dice of every pick (``--heldout-curve``:
     of every validated epoch) and of the weight averages, from the weights kept for that epoch."""
@@ -58,7 +57,9 @@ def score_heldout(run: RunState) -> None:
         picks[pol] = {
             "epoch": int(e),
             "val_cohort": float(run.cohort[e]),
-            "val_worst_k": float(run.trade.table["cvar"].get(e, np.nan)) if e in run.trade.table.index else None,
+            "val_worst_k": float(run.trade.table["cvar"].get(e, np.nan))
+            if e in run.trade.table.index
+            else None,
             "dice": {s: dict(zip(g["case_id"], g["dice"].round(6))) for s, g in at.groupby("split")},
         }
     for pol, weights in run.extra_weights.items():  # the weight averages
@@ -110,9 +111,9 @@ def score_mr(run: RunState) -> None:
         mr_by[pol] = per_case_mr(cases)
         # the audit's clean source scores must be the pick's own (same weights, same data)
         src = cases.groupby(["split", "case_id"])["src_dice"].first()
-        ref = pd.Series({(sp, c): d for sp, by in run.picks[pol]["dice"].items() for c, d in by.items()}).reindex(
-            src.index
-        )
+        ref = pd.Series(
+            {(sp, c): d for sp, by in run.picks[pol]["dice"].items() for c, d in by.items()}
+        ).reindex(src.index)
         consistency = max(consistency, float((src - ref).abs().max()))
         if run.v4:
             followups.append(cases[list(FOLLOWUP_COLUMNS[1:])].assign(policy=pol))

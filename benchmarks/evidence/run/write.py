@@ -77,7 +77,9 @@ def write_run(run: RunState) -> dict:
             out.update(
                 curve=run.curve,
                 params=sum(p.numel() for p in model.parameters()),
-                pretrained_weights=getattr(model, "pretrained_weights", None),  # file + sha256 it started from
+                pretrained_weights=getattr(
+                    model, "pretrained_weights", None
+                ),  # file + sha256 it started from
             )
         out["ema_decay"] = run.ema.decay
     if run.v3:
