@@ -25,21 +25,15 @@ def section_blocks() -> list[str]:
 
 
 def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
+    """The first example is the recipes' default set (issue 47: one default for the README, robustness()
+    and the recipes): the check, random augmentation, the balanced checkpoint and average, the reporter."""
     blocks = section_blocks()
-    assert len(blocks) == 2 and "mining.wrap(self.train_set)" in blocks[1]
+    assert len(blocks) == 2 and "mining.wrap(self.train_set)" in blocks[1]  # the second: the frozen replay's
     L, Net, Data = make("lightning.pytorch")
-
-    ns: dict = {}
-    exec(textwrap.dedent(blocks[1]), {"DataLoader": DataLoader}, ns)  # the README's method, as written
-
-    class MyDataModule(Data):
-        train_dataloader = ns["train_dataloader"]
-
     code = blocks[0].replace("max_epochs=20", "max_epochs=2, enable_progress_bar=False, logger=False")
-    code = code.replace("train_probe_size=32", "train_probe_size=8")
     monkeypatch.chdir(tmp_path)
     L.seed_everything(0, workers=True)
-    scope = {"my_model": Net(), "MyDataModule": MyDataModule}
+    scope = {"my_model": Net(), "MyDataModule": Data}
     exec(compile(code, "README.md", "exec"), scope)
     run = tmp_path / "runs" / "mine"
     for name in (
@@ -48,11 +42,62 @@ def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
         "mr_cases.csv",
         "corner_cases.json",
         "balanced.ckpt",
-        "failures/failures.jsonl",
-        "failures/mining.csv",
+        "balanced_average.ckpt",
+        "metamorphic_training.csv",
     ):
         assert (run / name).is_file(), name
-    assert scope["mining"].replay is not None  # the datamodule's loader read the wrapper
+    stats = pd.read_csv(run / "metamorphic_training.csv")
+    assert set(stats.family[stats.chosen > 0]) <= {"blur", "contrast"} and stats.chosen.sum() > 0
+    assert not (run / "failures").exists()  # mining off, as in the recipes
+
+
+def test_readme_replay_wrapper_runs_as_written(tmp_path, monkeypatch):
+    """The frozen replay's one datamodule line, as the README gives it, feeds mined failures to training."""
+    from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
+    from robusttrain.metamorphic.suite import MRSuite
+
+    ns: dict = {}
+    exec(textwrap.dedent(section_blocks()[1]), {"DataLoader": DataLoader}, ns)  # the README's method
+    L, Net, Data = make("lightning.pytorch")
+
+    class MyDataModule(Data):
+        train_dataloader = ns["train_dataloader"]
+
+    monkeypatch.chdir(tmp_path)
+    L.seed_everything(0, workers=True)
+    mining = FailureMiningCallback(replay_ratio=0.2, train_probe_size=8)
+    check = MetamorphicCallback(suite=MRSuite(["blur", "contrast"], severities=(2, 4)), verbose=False)
+    trainer = L.Trainer(
+        max_epochs=2, callbacks=[check, mining], default_root_dir="runs/replay", enable_progress_bar=False,
+        logger=False, enable_checkpointing=False,
+    )  # fmt: skip
+    trainer.fit(Net(), datamodule=MyDataModule(mining=mining))
+    assert mining.replay is not None  # the datamodule's loader read the wrapper
+    assert (tmp_path / "runs" / "replay" / "failures" / "mining.csv").is_file()
+
+
+def test_readme_robustness_is_the_recipes_default_set():
+    from omegaconf import OmegaConf
+
+    from robusttrain.callbacks import robustness
+
+    recipes = Path(__file__).resolve().parents[1] / "robusttrain" / "recipes" / "callbacks"
+    on = set()
+    for path in recipes.glob("*.yaml"):
+        node = OmegaConf.load(path)
+        (name,) = [k for k in node if k != "defaults"] or [None]
+        if name is not None and name != "checkpoint" and node[name].get("enabled", True):
+            on.add(name)
+    names = {
+        "MetamorphicCallback": "metamorphic", "MetamorphicTraining": "metamorphic_training",
+        "BalancedCheckpoint": "balanced", "BalancedAverage": "balanced_average",
+        "RobustnessReporter": "reporting", "FailureMiningCallback": "mining", "EMACheckpoint": "ema",
+    }  # fmt: skip
+    assert {names[type(c).__name__] for c in robustness(perturbations=["blur"])} == on
+    code = section_blocks()[0]
+    assert {n for n in names if f"{n}(" in code} == {
+        type(c).__name__ for c in robustness(perturbations=["blur"])
+    }
 
 
 def test_readme_metamorphic_training_examples_run_on_a_user_project(tmp_path, monkeypatch):

@@ -84,7 +84,7 @@ def test_four_callbacks_on_a_user_project_any_order(tmp_path):
     assert "train_dataloader" not in vars(trainer.datamodule)  # the user's datamodule is never patched
 
 
-def test_convenience_returns_the_four_configured(tmp_path):
+def test_convenience_returns_the_recipes_default_set_and_mining_on_request(tmp_path):
     run = tmp_path / "run"
     cbs = robustness(
         run_dir=run,
@@ -92,12 +92,17 @@ def test_convenience_returns_the_four_configured(tmp_path):
         severities=(5,),
         monitor="val_loss",
         train_probe_size=8,
+        mining=True,
         replay_ratio=0.5,
         metamorphic__verbose=False,
         reporter__console=False,
     )
-    _fit(run, cbs, datamodule_mining=cbs[2], epochs=1)
+    (mining,) = [c for c in cbs if isinstance(c, FailureMiningCallback)]
+    assert mining.mode == "replay" and mining.replay_ratio == 0.5
+    _fit(run, cbs, datamodule_mining=mining, epochs=1)
     assert (run / "history.csv").is_file() and (run / "corner_cases.json").is_file()
+    assert (run / "metamorphic_training.csv").is_file() and (run / "failures" / "mining.csv").is_file()
+    assert len({id(c.context) for c in cbs if hasattr(c, "context")}) == 1  # one shared context
     with pytest.raises(TypeError, match="unexpected argument 'nope'"):
         robustness(nope=1)
 

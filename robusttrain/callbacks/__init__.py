@@ -9,10 +9,14 @@ curves (PNG, W&B). They share one
 :class:`RobustnessContext` (explicit composition); their order in ``trainer.callbacks`` does not
 matter, and each works alone except FailureMiningCallback, which needs a MetamorphicCallback, and
 BalancedAverage, which needs a BalancedCheckpoint (its ECOD flags).
-:func:`robustness` returns the four configured (five with ``average=True``).
+:func:`robustness` returns them configured as the recipes have them on by default (the check, random
+augmentation with the suite's families, the balanced checkpoint and average, the reporter; mining and the
+EMA off: what the evidence supports, docs/results.md):
 
->>> cbs = robustness(run_dir="runs/x", perturbations=["blur"], severities=(2,), replay_ratio=0.2)
+>>> cbs = robustness(run_dir="runs/x", perturbations=["blur"], severities=(2,))
 >>> [type(c).__name__ for c in cbs]
+['MetamorphicCallback', 'MetamorphicTraining', 'BalancedCheckpoint', 'BalancedAverage', 'RobustnessReporter']
+>>> [type(c).__name__ for c in robustness(perturbations=["blur"], training=False, average=False, mining=True)]
 ['MetamorphicCallback', 'BalancedCheckpoint', 'FailureMiningCallback', 'RobustnessReporter']
 """
 
@@ -46,26 +50,26 @@ def robustness(
     policy: str = "last_inlier",
     contamination: float = 0.1,
     monitor: str = "val/loss",
-    replay_ratio: float = 0.2,
+    training: bool = True,
+    average: bool = True,
+    mining: bool = False,
+    replay_ratio: float | None = None,
     train_probe_size: int = 32,
-    mining: bool = True,
-    average: bool = False,
     **kwargs: Any,
 ) -> list:
-    """The four robustness callbacks, configured, sharing one :class:`RobustnessContext`.
+    """The robustness callbacks the recipes switch on by default, configured, sharing one
+    :class:`RobustnessContext`, in this order: :class:`MetamorphicCallback` (the check, ``budget=0.25``),
+    :class:`MetamorphicTraining` (``training``: random augmentation, ``k=1, q=0.5``, the suite's families),
+    :class:`BalancedCheckpoint`, :class:`BalancedAverage` (``average``), :class:`FailureMiningCallback`
+    (``mining``, off by default as in the recipes: mining v2 steers the random draws; with ``replay_ratio``
+    the frozen replay, whose train loader must read ``mining.wrap(train_dataset)``) and
+    :class:`RobustnessReporter` last. Find one by type, not by index.
 
-    ``kwargs`` of the form ``<callback>__<arg>`` go to one callback (``metamorphic__``,
-    ``balanced__``, ``mining__``, ``reporter__``, ``average__``), e.g. ``metamorphic__every_n_epochs=2``.
-    With ``mining=True`` (and ``replay_ratio > 0``) build the train loader over
-    ``callbacks[2].wrap(train_dataset)``. ``average=True`` appends a :class:`BalancedAverage`
-    (``balanced_average.ckpt``) last, so the indices above stay.
+    ``kwargs`` of the form ``<callback>__<arg>`` go to one callback (``metamorphic__``, ``training__``,
+    ``balanced__``, ``average__``, ``mining__``, ``reporter__``), e.g. ``metamorphic__every_n_epochs=2``.
     """
     groups: dict[str, dict[str, Any]] = {
-        "metamorphic": {},
-        "balanced": {},
-        "mining": {},
-        "reporter": {},
-        "average": {},
+        name: {} for name in ("metamorphic", "training", "balanced", "average", "mining", "reporter")
     }
     for key, value in kwargs.items():
         name, _, arg = key.partition("__")
@@ -76,15 +80,20 @@ def robustness(
             )
         groups[name][arg] = value
     ctx = RobustnessContext()
-    out = [
+    out: list = [
         MetamorphicCallback(
             suite=MRSuite(perturbations, severities, seed),
             hooks=hooks,
             max_cases=max_cases,
             dirpath=None if run_dir is None else os.fspath(run_dir),
             context=ctx,
-            **groups["metamorphic"],
-        ),
+            **{"budget": 0.25, **groups["metamorphic"]},
+        )
+    ]
+    if training:
+        training_args = {"objective": "replace", "k": 1, "q": 0.5, "seed": seed, **groups["training"]}
+        out.append(MetamorphicTraining(dirpath=run_dir, hooks=hooks, context=ctx, **training_args))
+    out.append(
         BalancedCheckpoint(
             dirpath=run_dir,
             policy=policy,
@@ -92,21 +101,23 @@ def robustness(
             monitor=monitor,
             context=ctx,
             **groups["balanced"],
-        ),
-    ]
+        )
+    )
+    if average:
+        out.append(BalancedAverage(dirpath=run_dir, hooks=hooks, seed=seed, context=ctx, **groups["average"]))
     if mining:
+        mining_args = (
+            {"replay_ratio": replay_ratio} if replay_ratio else {}
+        )  # replay_ratio: the frozen replay
         out.append(
             FailureMiningCallback(
-                replay_ratio=replay_ratio,
                 train_probe_size=train_probe_size,
                 dirpath=run_dir,
                 context=ctx,
-                **groups["mining"],
+                **{**mining_args, **groups["mining"]},
             )
         )
     out.append(RobustnessReporter(dirpath=run_dir, context=ctx, **groups["reporter"]))
-    if average:
-        out.append(BalancedAverage(dirpath=run_dir, hooks=hooks, seed=seed, context=ctx, **groups["average"]))
     return out
 
 
