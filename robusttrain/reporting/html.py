@@ -276,7 +276,7 @@ def _tradeoff(run_dir, history, efr, ctx) -> str:
         _render(
             "<p>The epoch each checkpoint policy picks on these validation cases; worst-k = mean Dice "
             "of the worst {{ pct }} % of cases. A policy only helps if it also holds on held-out data "
-            "(<code>benchmarks/evidence/run.py</code>).</p>"
+            "(<code>python -m benchmarks.evidence.run</code>).</p>"
             '{% if c %}<p class="basis">This run\'s policy is <b>{{ c.policy }}</b>: '
             "{% if c.checkpoint %}<code>{{ c.checkpoint }}</code> holds its epoch {{ c.balanced_epoch }}"
             "{% else %}it picked epoch {{ c.balanced_epoch }} (no balanced.ckpt was written){% endif %}. "
