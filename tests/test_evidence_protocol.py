@@ -132,15 +132,16 @@ def test_the_v3_conditions_are_the_issue_s_settings_at_the_same_step_budget():
         if cond in expected:
             (mt,) = mts
             k, eps, lam, *detach = expected[cond]
-            assert (mt.k, mt.epsilon, mt.consistency, mt.q, mt.seed) == (k, eps, lam, 0.5, 3)
-            assert mt.detach_source == bool(detach)
+            s = mt.settings
+            assert (s.k, s.epsilon, s.consistency, s.q, s.seed) == (k, eps, lam, 0.5, 3)
+            assert s.detach_source == bool(detach)
             # v3 meant the paired objective by consistency > 0, and scored at half size (the class's
             # defaults moved in robust training v2; the conditions spell v3 out); k=1 scores nothing, so
             # its conditions leave the scoring size at the default (an unused argument is refused)
             objective = (
                 "consistency" if cond == "metamorphic_consistency" else ("paired" if lam else "replace")
             )
-            assert (mt.objective, mt.score_scale) == (objective, 0.5 if k > 1 else 1.0)
+            assert (s.objective, s.score_scale) == (objective, 0.5 if k > 1 else 1.0)
         else:
             assert not mts
         lengths[cond] = len(dm.train_dataloader().dataset)

@@ -275,7 +275,7 @@ def test_the_benchmark_conditions_are_random_augmentation_with_and_without_steer
         )
         (mt,) = [c for c in cbs if isinstance(c, MetamorphicTraining)]
         (mine,) = [c for c in cbs if isinstance(c, FailureMiningCallback)]
-        assert {k: getattr(mt, k) for k in V4_RANDOM} == V4_RANDOM and mt.seed == 3
+        assert {k: getattr(mt.settings, k) for k in V4_RANDOM} == V4_RANDOM and mt.settings.seed == 3
         assert (mine.mode, mine.steer, mine.train_probe_size) == ("steer", steer, 4)
 
 

@@ -46,9 +46,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import lightning.pytorch as L
 import pandas as pd
@@ -67,7 +68,7 @@ from robusttrain.training.accounting import FamilyCounts, merge_rows, sample_row
 from robusttrain.training.objective import metamorphic_forward as metamorphic_forward
 from robusttrain.training.objective import metamorphic_loss as metamorphic_loss
 from robusttrain.training.objective import select_rows, zero_like_outputs
-from robusttrain.training.settings import DEFAULT_CAP, SETTINGS, MTSettings, check_training_images
+from robusttrain.training.settings import DEFAULT_CAP, MTSettings, check_training_images, setting_names
 from robusttrain.training.steering import SteeredDraws, Steering
 from robusttrain.training.worst_of_k import Followups
 
@@ -75,50 +76,33 @@ from ._dist import gather_objects
 from .context import RobustnessConfigError, RobustnessContext, UsesContext
 
 
-class MetamorphicTraining(MTSettings, UsesContext, Callback):
+class MetamorphicTraining(UsesContext, Callback):
     """Metamorphic training for any Lightning model: follow-ups drawn (and selected) online, trained on
     through one of three objectives (module doc).
 
     Args:
-        perturbations, k, q, epsilon, ...: the settings, checked when built and documented at
-            :class:`~robusttrain.training.settings.MTSettings`.
+        perturbations, k, q, epsilon, ...: the settings, keyword arguments checked when built and
+            documented at :class:`~robusttrain.training.settings.MTSettings`; the callback holds them as
+            ``settings`` (``mt.settings.k``).
+        settings: the same as one :class:`~robusttrain.training.settings.MTSettings` (instead of its values).
         hooks: how batches are read (default: the MetamorphicCallback's, else dict / tuple batches).
         dirpath: run directory (default: the context's).
         context: a shared :class:`RobustnessContext` (default: the trainer's).
     """
 
+    # what the recipe keys callbacks.metamorphic_training.* are (robusttrain.cli.settings_keys)
+    settings_type: ClassVar[type[MTSettings]] = MTSettings
+
     def __init__(
         self,
-        perturbations: str | Sequence[str] | Mapping[str, float] | None = None,
-        k: int = 4,
-        q: float = 0.5,
-        epsilon: float = 0.3,
-        temperature: float = 0.0,
-        severity_caps: int | Mapping[str, int] | None = None,
-        max_cover: float = 0.1,
-        consistency: float = 0.0,
-        divergence: str = "js",
-        detach_source: bool = False,
-        ramp: float = 0.2,
-        score_scale: float = 1.0,
+        *,
+        settings: MTSettings | None = None,
         hooks: BatchHooks | None = None,
-        seed: int = 0,
-        record_every: int = 50,
-        record_per_step: int = 2,
         dirpath: str | None = None,
         context: RobustnessContext | None = None,
-        objective: str | None = None,
-        replace_q: float = 0.0,
-        selection: str = "worst",
-        quantile: float = 0.75,
-        warmup: float = 0.0,
-        chain_depth: int = 1,
-        mix: str = "none",
-        width: int = 3,
-        alpha: float = 1.0,
+        **values: Any,
     ):
-        # MTSettings: every value checked, one line naming a bad one
-        MTSettings.__init__(self, **{k: v for k, v in locals().items() if k in SETTINGS})
+        self.settings = _settings(settings, values)  # every value checked, one line naming a bad one
         if hooks is not None and not isinstance(hooks, BatchHooks):
             raise ValueError(f"hooks must be a BatchHooks, got {type(hooks).__name__}")
         self.hooks = hooks
@@ -193,7 +177,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             keep = torch.ones(images.shape[0], dtype=torch.bool)
             keep[rep.index.cpu()] = False
             eligible = keep.nonzero().view(-1)
-        warming = self.warmup > 0 and step < self.warmup * _total_steps(trainer)
+        warming = self.settings.warmup > 0 and step < self.settings.warmup * _total_steps(trainer)
         fol = self.wok(
             images.detach(),
             masks,
@@ -208,17 +192,17 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             fol = self._steered(trainer, fol, images, masks, self.wok)
         self._counts.add(self.wok, fol, rates)
         self._record(trainer, batch, fol)
-        if self.pair:
+        if self.settings.pair:
             self._pending = (fol, hooks.get_masks(batch))
             return
         self._write_into(batch, images, fol)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._steering() is not None and not self.steerable:
+        if self._steering() is not None and not self.settings.steerable:
             raise RobustnessConfigError(
                 "FailureMiningCallback(mode='steer') steers MetamorphicTraining's random draws, but "
-                f"{self.describe_draw()} with objective={self.objective!r} has none to steer; use "
+                f"{self.settings.describe_draw()} with objective={self.settings.objective!r} has none to steer; use "
                 "objective='replace', k=1 without chains (random augmentation) or objective='consistency' with "
                 "replace_q > 0"
             )
@@ -235,7 +219,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         if st is None:
             return fol
         if self.steerer is None:
-            self.steerer = SteeredDraws(st.steer, st.jitter, self.seed)
+            self.steerer = SteeredDraws(st.steer, st.jitter, self.settings.seed)
         step, rank = int(trainer.global_step), int(trainer.global_rank)
         fol = self.steerer(fol, images.detach(), masks, st.bank, sampler, step=step, rank=rank)
         st.count(int(trainer.current_epoch), fol)
@@ -253,15 +237,15 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.pair and self._pending is not None and not self._consumed and self._steps_seen == 0:
+        if self.settings.pair and self._pending is not None and not self._consumed and self._steps_seen == 0:
             line = (
                 "logits, mr = metamorphic_forward(self, images)` in place of `self(images)` and add `mr` to the loss"
-                if self.objective == "consistency"
+                if self.settings.objective == "consistency"
                 else "loss = loss + metamorphic_loss(self, batch, logits, loss_fn)`"
             )
             raise RobustnessConfigError(
-                f"MetamorphicTraining(objective={self.objective!r}) prepared follow-ups but training_step never "
-                f"called {'metamorphic_forward' if self.objective == 'consistency' else 'metamorphic_loss'}; "
+                f"MetamorphicTraining(objective={self.settings.objective!r}) prepared follow-ups but training_step never "
+                f"called {'metamorphic_forward' if self.settings.objective == 'consistency' else 'metamorphic_loss'}; "
                 f"add `{line} to training_step, or use objective='replace' (follow-ups then replace images in place)"
             )
         self._steps_seen += 1
@@ -297,15 +281,17 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
     # -- the objectives' terms (called from training_step through robusttrain.training.objective) ---
     def _lambda(self, pl_module: L.LightningModule) -> float:
         trainer = pl_module.trainer
-        return self.consistency * ramp(int(trainer.global_step), _total_steps(trainer), self.ramp)
+        return self.settings.consistency * ramp(
+            int(trainer.global_step), _total_steps(trainer), self.settings.ramp
+        )
 
     def _consistency(self, pl_module: L.LightningModule, source: Any, followup: Any, n: int) -> torch.Tensor:
         """``lambda * D(p(source), p(followup))``, logged; the source detached with ``detach_source``."""
         spec = self._hooks().to_probabilities
         p_src = probabilities(source, spec)
-        if self.detach_source:  # the source is the reference: only the follow-up moves to agree
+        if self.settings.detach_source:  # the source is the reference: only the follow-up moves to agree
             p_src = p_src.detach()
-        cons = divergence(p_src, probabilities(followup, spec), self.divergence)
+        cons = divergence(p_src, probabilities(followup, spec), self.settings.divergence)
         lam = self._lambda(pl_module)
         pl_module.log("mt/consistency", cons.detach(), on_step=False, on_epoch=True, batch_size=n)
         pl_module.log("mt/lambda", lam, on_step=False, on_epoch=True, batch_size=n)
@@ -317,7 +303,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         """The ``"consistency"`` objective's forward (:func:`metamorphic_forward`): one forward over
         ``images`` and this step's follow-ups; ``images``' outputs and ``lambda * D`` (0 without follow-ups)."""
         self._consumed = True
-        if self.objective != "consistency" or self._pending is None or not len(self._pending[0]):
+        if self.settings.objective != "consistency" or self._pending is None or not len(self._pending[0]):
             out = pl_module(images)
             return out, zero_like_outputs(out)
         fol = self._pending[0]
@@ -333,7 +319,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         for this step's follow-ups (0 for the other objectives, or when there are none)."""
         self._consumed = True
         zero = zero_like_outputs(outputs)
-        if self.objective != "paired" or self._pending is None:
+        if self.settings.objective != "paired" or self._pending is None:
             return zero
         fol, target = self._pending
         idx = fol.index
@@ -360,14 +346,14 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         """The follow-up sampler (and, for ``replace_q``, the in-place random one), from the first batch."""
         suite = getattr(self._ctx, "suite", None)
         heldout = getattr(self._ctx, "heldout_families", None) or ()
-        families, dropped = self.families_for(
+        families, dropped = self.settings.families_for(
             getattr(suite, "names", None), int(images.shape[1]), list(heldout)
         )
-        caps = self.caps_for(families, max(suite.severities) if suite is not None else DEFAULT_CAP)
-        wok, replacer = self.samplers(
+        caps = self.settings.caps_for(families, max(suite.severities) if suite is not None else DEFAULT_CAP)
+        wok, replacer = self.settings.samplers(
             families, caps, getattr(suite, "slice_axis", -1) if suite is not None else -1
         )
-        rank_zero_info(self.describe(families, dropped, replacer is not None))
+        rank_zero_info(self.settings.describe(families, dropped, replacer is not None))
         return wok, replacer
 
     def _rates(self) -> dict[str, float] | None:
@@ -393,7 +379,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         def score(candidates: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
             if masks is None:  # normalise_mask always gives masks; scoring needs them
                 raise RobustnessConfigError("MetamorphicTraining scores candidates against masks; got none")
-            x, m = scaled_for_scoring(candidates, masks, self.score_scale)
+            x, m = scaled_for_scoring(candidates, masks, self.settings.score_scale)
             assert m is not None
             with scoring_state(pl_module), _forward_context(trainer):
                 out = pl_module(x)
@@ -408,7 +394,7 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
 
     def _record(self, trainer: L.Trainer, batch: Any, fol: Followups) -> None:
         step = int(trainer.global_step)
-        if self.record_per_step == 0 or step % self.record_every:
+        if self.settings.record_per_step == 0 or step % self.settings.record_every:
             return
         ids = None
         try:
@@ -416,7 +402,12 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
         except Exception:  # noqa: BLE001 -- case ids are optional
             ids = None
         rows = sample_rows(
-            fol, ids, step, int(trainer.current_epoch), int(trainer.global_rank), self.record_per_step
+            fol,
+            ids,
+            step,
+            int(trainer.current_epoch),
+            int(trainer.global_rank),
+            self.settings.record_per_step,
         )
         self._epoch_samples.extend(rows)
 
@@ -438,6 +429,38 @@ class MetamorphicTraining(MTSettings, UsesContext, Callback):
             else pd.DataFrame(columns=records_file.STATS_COLUMNS)
         )
         self.samples = list(state_dict.get("samples", []))
+
+
+def _settings(settings: MTSettings | None, values: dict[str, Any]) -> MTSettings:
+    """The callback's settings: ``settings`` itself, or built (and so checked) from ``values``."""
+    unknown = [name for name in values if name not in setting_names()]
+    if unknown:
+        raise TypeError(
+            f"MetamorphicTraining() got an unexpected keyword argument {unknown[0]!r}; its settings are "
+            f"{', '.join(setting_names())} (and hooks, dirpath, context)"
+        )
+    if settings is None:
+        return MTSettings(**values)
+    if not isinstance(settings, MTSettings) or values:
+        raise TypeError(
+            "MetamorphicTraining takes settings=MTSettings(...) or the settings' values, not both"
+        )
+    return settings
+
+
+def _signature() -> inspect.Signature:
+    """``MetamorphicTraining(perturbations=..., k=..., ...)`` as help() and IDEs show it: the settings'
+    fields (written once, in :class:`MTSettings`), then the callback's own arguments."""
+    own = inspect.signature(MetamorphicTraining.__init__).parameters
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    fields = [
+        inspect.Parameter(p.name, keyword, default=p.default, annotation=p.annotation)
+        for p in inspect.signature(MTSettings).parameters.values()
+    ]
+    return inspect.Signature(fields + [p for name, p in own.items() if name not in ("self", "values")])
+
+
+MetamorphicTraining.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _total_steps(trainer: Any) -> int:

@@ -19,6 +19,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from robusttrain.cli.errors import UsageError
+from robusttrain.cli.settings_keys import settings_of
 
 PACKAGE_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 GROUPS = ("data", "model", "trainer", "callbacks", "logger")
@@ -166,7 +167,8 @@ def _check_group_choices(overrides: list[str]) -> None:
 
 def _allow_new_keys_in_open_mappings(recipe: str, overrides: list[str]) -> list[str]:
     """``data.extra_val.etis=PATH`` adds a key: name -> value mappings that are empty in the recipe
-    (e.g. ``data.extra_val: {}``) are open, so such keys get Hydra's ``+`` instead of an error."""
+    (e.g. ``data.extra_val: {}``) are open, so such keys get Hydra's ``+`` instead of an error. So does
+    a setting of the node's class that the recipe leaves out (:mod:`robusttrain.cli.settings_keys`)."""
     candidates = [o for o in overrides if not o.startswith(("+", "~")) and "." in o.split("=", 1)[0]]
     if not candidates:
         return overrides
@@ -179,10 +181,11 @@ def _allow_new_keys_in_open_mappings(recipe: str, overrides: list[str]) -> list[
         key = o.split("=", 1)[0]
         parent = key.rpartition(".")[0]
         node = OmegaConf.select(base, parent, default=None) if o in candidates else None
+        leaf = key.rpartition(".")[2]
         if (
             isinstance(node, DictConfig)
-            and len(node) == 0
-            and OmegaConf.select(base, key, default=None) is None
+            and leaf not in node
+            and (len(node) == 0 or leaf in settings_of(node))
         ):
             o = "+" + o
         out.append(o)
@@ -207,7 +210,7 @@ def _unknown_key_message(recipe: str, key: str) -> str:
     while parent and not isinstance(OmegaConf.select(base, parent, default=None), DictConfig):
         parent = parent.rpartition(".")[0]  # report the deepest group that does exist
     node = OmegaConf.select(base, parent) if parent else base
-    valid = ", ".join(str(k) for k in node)
+    valid = ", ".join([str(k) for k in node] + [k for k in settings_of(node) if k not in node])
     where = f"under '{parent}'" if parent else "at the top level"
     return (
         f"unknown key '{key}'; valid keys {where}: {valid} "
@@ -227,6 +230,9 @@ def _check_value_types(recipe: str, cfg: DictConfig, overrides: list[str]) -> No
         if key in GROUPS or key.startswith("hydra"):
             continue
         default = OmegaConf.select(base, key, default=None, throw_on_missing=False)
+        if default is None:  # a setting the recipe leaves out: its class's default
+            parent, _, leaf = key.rpartition(".")
+            default = settings_of(OmegaConf.select(base, parent, default=None)).get(leaf) if parent else None
         value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
         if default is None or value is None:
             continue

@@ -8,15 +8,30 @@ never names one that is not there.
 True
 >>> command_help("nope") is None
 True
+>>> "record_every, record_per_step" in command_help("fit")   # read from MetamorphicTraining's settings
+True
 """
 
 from __future__ import annotations
 
+import textwrap
+
+from omegaconf import OmegaConf
+
 from robusttrain.cli.compose import PACKAGE_RECIPES, available_recipes
+from robusttrain.cli.settings_keys import settings_of
 
 
 def _group(name: str) -> str:
     return "|".join(sorted(p.stem for p in (PACKAGE_RECIPES / name).glob("*.yaml")))
+
+
+def _settings(callback: str) -> str:
+    """The setting keys of a callback's recipe node, read from the class it builds."""
+    node = OmegaConf.select(OmegaConf.load(PACKAGE_RECIPES / "callbacks" / f"{callback}.yaml"), callback)
+    return textwrap.fill(
+        ", ".join(settings_of(node)), 110, initial_indent=" " * 25, subsequent_indent=" " * 25
+    )
 
 
 def _callbacks() -> str:
@@ -43,6 +58,8 @@ Trains a recipe; the run's files (checkpoints, history.csv, efr.csv, ...) go to 
   callbacks.metamorphic.heldout=FAMILIES   test-only families (e.g. endoscopy_heldout), never trained on
   callbacks.metamorphic.suite.perturbations=[...]  callbacks.metamorphic.suite.severities=[2,4]
   callbacks.<name>.enabled=true|false      {callbacks}
+  callbacks.metamorphic_training.KEY=...   metamorphic training's settings (robusttrain.training.settings):
+{mt_keys}
 
 Then: python -m robusttrain check recipe=NAME ckpt=RUN/checkpoints/last.ckpt heldout=endoscopy_heldout
       python -m robusttrain report RUN
@@ -103,6 +120,7 @@ def command_help(command: str) -> str | None:
         "callbacks": _callbacks(),
     }
     if command == "fit":
+        values["mt_keys"] = _settings("metamorphic_training")
         return FIT.format(**values)
     if command == "check":
         return CHECK.format(**values)

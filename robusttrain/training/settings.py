@@ -27,9 +27,9 @@ ValueError: score_scale must be in (0, 1] (1 = score at full size), got 0
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -53,9 +53,13 @@ def _number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
+@dataclass(frozen=True)
 class MTSettings:
     """The validated settings of metamorphic training (module doc), the arguments of
-    :class:`~robusttrain.callbacks.MetamorphicTraining` but its ``hooks``, ``dirpath`` and ``context``.
+    :class:`~robusttrain.callbacks.MetamorphicTraining` but its ``hooks``, ``dirpath`` and ``context``:
+    written once, here. Frozen: checked once when built (``__post_init__``, which also normalises them:
+    ``perturbations`` a list of families, ``objective`` chosen, numbers as floats); the callback, the CLI's
+    recipe keys (:func:`setting_names`) and the docs read this class.
 
     Args:
         perturbations: families or a suite name (default: the MetamorphicCallback's suite, else the
@@ -96,55 +100,63 @@ class MTSettings:
         ValueError: a bad value, named in the message.
     """
 
-    def __init__(
-        self,
-        perturbations: str | Sequence[str] | Mapping[str, float] | None = None,
-        k: int = 4,
-        q: float = 0.5,
-        epsilon: float = 0.3,
-        temperature: float = 0.0,
-        severity_caps: int | Mapping[str, int] | None = None,
-        max_cover: float = 0.1,
-        consistency: float = 0.0,
-        divergence: str = "js",
-        detach_source: bool = False,
-        ramp: float = 0.2,
-        score_scale: float = 1.0,
-        seed: int = 0,
-        record_every: int = 50,
-        record_per_step: int = 2,
-        objective: str | None = None,
-        replace_q: float = 0.0,
-        selection: str = "worst",
-        quantile: float = 0.75,
-        warmup: float = 0.0,
-        chain_depth: int = 1,
-        mix: str = "none",
-        width: int = 3,
-        alpha: float = 1.0,
-    ) -> None:
-        self.family_weights = checked_weights(perturbations)
-        self.perturbations = (
+    perturbations: str | Sequence[str] | Mapping[str, float] | None = None
+    k: int = 4
+    q: float = 0.5
+    epsilon: float = 0.3
+    temperature: float = 0.0
+    severity_caps: int | Mapping[str, int] | None = None
+    max_cover: float = 0.1
+    consistency: float = 0.0
+    divergence: str = "js"
+    detach_source: bool = False
+    ramp: float = 0.2
+    score_scale: float = 1.0
+    seed: int = 0
+    record_every: int = 50
+    record_per_step: int = 2
+    objective: str | None = None
+    replace_q: float = 0.0
+    selection: str = "worst"
+    quantile: float = 0.75
+    warmup: float = 0.0
+    chain_depth: int = 1
+    mix: str = "none"
+    width: int = 3
+    alpha: float = 1.0
+    # from ``perturbations`` when it is a mapping (None: families drawn uniformly)
+    family_weights: dict[str, float] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        # frozen: each value is checked (and normalised) once, here, in the order the messages are raised
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        perturbations, temperature, consistency = self.perturbations, self.temperature, self.consistency
+        put("family_weights", checked_weights(perturbations))
+        families = (
             None
             if perturbations is None
             else resolve(list(perturbations) if isinstance(perturbations, Mapping) else perturbations)
         )
-        self.k = check_int("k", k, 1)
-        self.q = check_fraction("q", q)
-        self.epsilon = check_fraction("epsilon", epsilon)
+        put("perturbations", families)
+        put("k", check_int("k", self.k, 1))
+        put("q", check_fraction("q", self.q))
+        put("epsilon", check_fraction("epsilon", self.epsilon))
         if not _number(temperature) or temperature < 0:  # NaN compared as "not < 0" and was read as 0
             raise ValueError(f"temperature must be a number >= 0 (0 = keep the worst), got {temperature!r}")
-        self.temperature = float(temperature)
-        self.severity_caps = checked_caps(severity_caps, self.perturbations)
-        self.max_cover = check_fraction("max_cover", max_cover)
+        put("temperature", float(temperature))
+        put("severity_caps", checked_caps(self.severity_caps, families))
+        put("max_cover", check_fraction("max_cover", self.max_cover))
         if not _number(consistency) or consistency < 0:
             raise ValueError(
                 f"consistency must be a weight >= 0 (0 = no consistency term), got {consistency!r}"
             )
-        self.consistency = float(consistency)
+        put("consistency", float(consistency))
+        objective = self.objective
         if objective is None:
             objective = "consistency" if self.consistency > 0 else "replace"
-        self.objective = check_choice("objective", objective, OBJECTIVES)
+        put("objective", check_choice("objective", objective, OBJECTIVES))
         if self.objective != "replace" and self.consistency <= 0:
             raise ValueError(
                 f"objective={self.objective!r} trains through the consistency term: give consistency > 0 "
@@ -155,40 +167,43 @@ class MTSettings:
                 f"objective='replace' has no consistency term, but consistency={consistency!r}; use "
                 "objective='consistency' (hard copies only through the consistency term) or consistency=0"
             )
-        self.divergence = check_choice("divergence", divergence, DIVERGENCES)
-        if not isinstance(detach_source, bool):
-            raise ValueError(f"detach_source must be true or false, got {detach_source!r}")
-        self.detach_source = detach_source
-        self.ramp = check_fraction("ramp", ramp)
+        put("divergence", check_choice("divergence", self.divergence, DIVERGENCES))
+        if not isinstance(self.detach_source, bool):
+            raise ValueError(f"detach_source must be true or false, got {self.detach_source!r}")
+        put("ramp", check_fraction("ramp", self.ramp))
+        score_scale = self.score_scale
         if (
             isinstance(score_scale, bool)
             or not isinstance(score_scale, (int, float))
             or not 0 < score_scale <= 1
         ):
             raise ValueError(f"score_scale must be in (0, 1] (1 = score at full size), got {score_scale!r}")
-        self.score_scale = float(score_scale)
-        self.replace_q = check_fraction("replace_q", replace_q)
+        put("score_scale", float(score_scale))
+        replace_q = self.replace_q
+        put("replace_q", check_fraction("replace_q", replace_q))
         if self.replace_q > 0 and self.objective != "consistency":
             raise ValueError(
                 f"replace_q={replace_q!r} is for objective='consistency' (random in-place draws the supervised "
                 f"loss sees); with objective={self.objective!r} use q"
             )
-        self.selection = check_choice("selection", selection, SELECTIONS)
-        self.quantile = check_fraction("quantile", quantile)
-        self.warmup = check_fraction("warmup", warmup)
+        put("selection", check_choice("selection", self.selection, SELECTIONS))
+        put("quantile", check_fraction("quantile", self.quantile))
+        warmup = self.warmup
+        put("warmup", check_fraction("warmup", warmup))
         if self.warmup >= 1:
             raise ValueError(f"warmup must be a fraction of the training steps in [0, 1), got {warmup!r}")
-        self.chain_depth = check_int("chain_depth", chain_depth, 1)
+        chain_depth = self.chain_depth
+        put("chain_depth", check_int("chain_depth", chain_depth, 1))
         if self.chain_depth > 5:
             raise ValueError(f"chain_depth must be 1..5 (AugMix uses up to 3), got {chain_depth!r}")
-        self.mix = check_choice("mix", mix, MIXES)
-        self.width = check_int("width", width, 1)
-        if not _number(alpha) or alpha <= 0:
-            raise ValueError(f"alpha must be a number > 0 (AugMix: 1.0), got {alpha!r}")
-        self.alpha = float(alpha)
-        self.seed = check_int("seed", seed, None)
-        self.record_every = check_int("record_every", record_every, 1)
-        self.record_per_step = check_int("record_per_step", record_per_step, 0)
+        put("mix", check_choice("mix", self.mix, MIXES))
+        put("width", check_int("width", self.width, 1))
+        if not _number(self.alpha) or self.alpha <= 0:
+            raise ValueError(f"alpha must be a number > 0 (AugMix: 1.0), got {self.alpha!r}")
+        put("alpha", float(self.alpha))
+        put("seed", check_int("seed", self.seed, None))
+        put("record_every", check_int("record_every", self.record_every, 1))
+        put("record_per_step", check_int("record_per_step", self.record_per_step, 0))
         unused = self._unused_argument()
         if unused:
             raise ValueError(unused)
@@ -360,8 +375,14 @@ def check_training_images(images: Any, step: int = 0) -> None:
         )
 
 
-# the arguments MTSettings takes (MetamorphicTraining passes its own of these names through)
-SETTINGS = frozenset(inspect.signature(MTSettings).parameters)
+def setting_names() -> tuple[str, ...]:
+    """The settings' names in order: the arguments of :class:`MTSettings` (and so the keyword arguments
+    of MetamorphicTraining beside ``hooks``, ``dirpath``, ``context``, and the recipe's keys).
+
+    >>> setting_names()[:3], len(setting_names())
+    (('perturbations', 'k', 'q'), 24)
+    """
+    return tuple(f.name for f in fields(MTSettings) if f.init)
 
 
 def checked_caps(caps: Any, families: Sequence[str] | None) -> int | dict[str, int] | None:

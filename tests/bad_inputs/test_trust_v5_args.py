@@ -37,22 +37,22 @@ def _batch(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 # ------------------------------------------------------------------------ 4: per-family weights
 def test_a_perturbations_mapping_draws_the_families_by_its_weights():
     mt = MetamorphicTraining(perturbations={"blur": 0.9, "contrast": 0.1}, k=1, q=1.0, epsilon=1.0)
-    assert mt.perturbations == ["blur", "contrast"]
-    wok, _ = mt.samplers(["blur", "contrast"], 4)
+    assert mt.settings.perturbations == ["blur", "contrast"]
+    wok, _ = mt.settings.samplers(["blur", "contrast"], 4)
     assert wok.family_probs().tolist() == pytest.approx([0.9, 0.1])
     x, m = _batch()
     drawn = [f for step in range(30) for row in wok(x, m, None, step=step).families for f in row]
     share = drawn.count("blur") / len(drawn)  # 240 draws: uniform would give ~0.5
     assert 0.82 < share < 0.97, share
     # with the check's rates, the weights take the uniform share's place: (1 - eps) * rates + eps * weights
-    half = MetamorphicTraining(perturbations={"blur": 3, "contrast": 1}, epsilon=0.5).samplers(
+    half = MetamorphicTraining(perturbations={"blur": 3, "contrast": 1}, epsilon=0.5).settings.samplers(
         ["blur", "contrast"], 4
     )[0]
     assert half.family_probs({"blur": 0.0, "contrast": 1.0}).tolist() == pytest.approx([0.375, 0.625])
     # a family dropped for the data (here: a colour family on grey images) leaves the others' weights
-    wok1, _ = MetamorphicTraining(perturbations={"blur": 1, "saturation": 8, "contrast": 3}, k=1).samplers(
-        ["blur", "contrast"], 4
-    )
+    wok1, _ = MetamorphicTraining(
+        perturbations={"blur": 1, "saturation": 8, "contrast": 3}, k=1
+    ).settings.samplers(["blur", "contrast"], 4)
     assert wok1.family_probs().tolist() == pytest.approx([0.25, 0.75])
 
 
@@ -160,7 +160,7 @@ def test_the_recipes_and_the_evidence_conditions_stay_valid():
         if k not in ("_target_", "enabled")
     }
     kw.update(dirpath=None, seed=0)
-    assert MetamorphicTraining(**kw).k == 1
+    assert MetamorphicTraining(**kw).settings.k == 1
     for cond in MT_CONDITIONS:
         kwc = {**MT_DEFAULTS, **MT_CONDITIONS[cond]}
         if kwc["k"] == 1:
