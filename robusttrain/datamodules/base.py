@@ -19,6 +19,7 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
 from robusttrain.validate import check_choice, check_fraction, check_int
 
@@ -286,6 +287,7 @@ class BaseSegDataModule(L.LightningDataModule):
             source, indices, tf, self.image_size, self.resize, seed=self.seed + (not train)
         )
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         if self.train_dataset is not None:
             return  # idempotent: Lightning calls setup for fit, validate and test
@@ -325,6 +327,7 @@ class BaseSegDataModule(L.LightningDataModule):
         return {**self.train_dataset.hard_cases, **self.val_dataset.hard_cases}
 
     # --- resume: the training RNG travels in the checkpoint --------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Saved in every Lightning checkpoint: the shuffle generator and the global RNG states, as
         they are when the checkpoint is written (end of an epoch), so a resumed run draws the next
@@ -337,6 +340,7 @@ class BaseSegDataModule(L.LightningDataModule):
             state["augment"] = {"numpy": gen.bit_generator.state, "python": py.getstate()}
         return state
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume_rng = state  # applied when the resumed run builds its train loader
 
@@ -385,17 +389,20 @@ class BaseSegDataModule(L.LightningDataModule):
         which replays mined failures); ``train_dataset`` itself stays the plain dataset."""
         self._train_wrap = wrap
 
+    @override
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
         ds = self.train_dataset if self._train_wrap is None else self._train_wrap(self.train_dataset)
         return self._loader(ds, shuffle=True)
 
+    @override
     def val_dataloader(self) -> DataLoader:
         self.setup("fit")
         if self.eval_split == "all":  # validate / test scoring a whole folder (never during fit)
             return self._loader(self.whole_dataset(), shuffle=False)
         return self._loader(self.val_dataset, shuffle=False)
 
+    @override
     def test_dataloader(self) -> DataLoader:
         """The validation split (there is no separate held-out split)."""
         return self.val_dataloader()
@@ -410,6 +417,7 @@ class BaseSegDataModule(L.LightningDataModule):
             return self.val_dataset
         return self._view(self.train_dataset.source, None, False)
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         return self.val_dataloader()
 

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from monai.losses import DiceCELoss
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 from torchmetrics.segmentation import DiceScore
+from typing_extensions import override
 
 from robusttrain.models.batch_norm import check_batches
 from robusttrain.models.case_dice import CaseDice
@@ -111,6 +112,7 @@ class SegmentationModule(L.LightningModule):
         )
         self.case_dice = CaseDice()  # the headline val/dice: per case, then the mean over cases
 
+    @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         sides = tuple(images.shape[2:])
         if sides != self._sides_ok:
@@ -122,6 +124,7 @@ class SegmentationModule(L.LightningModule):
         logits = self(batch["image"])
         return self.loss_fn(logits, batch["mask"].unsqueeze(1)), logits
 
+    @override
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # the MR as a training objective: both terms are 0 without a MetamorphicTraining callback (or
         # with objective="replace", whose follow-ups are already in the batch)
@@ -133,6 +136,7 @@ class SegmentationModule(L.LightningModule):
     def _seg_loss(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(logits, masks.unsqueeze(1))
 
+    @override
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch["image"].shape[0])
@@ -143,6 +147,7 @@ class SegmentationModule(L.LightningModule):
         rank = self._trainer.global_rank if self._trainer is not None else 0
         self.case_dice.update(batch, logits, batch["mask"], rank)
 
+    @override
     def on_validation_epoch_end(self) -> None:
         metrics = self._dice_metrics("val")
         head = metrics.pop("val/dice", None)
@@ -174,18 +179,22 @@ class SegmentationModule(L.LightningModule):
             metrics.update({f"{prefix}/dice_pooled_{c}": d for c, d in zip(self.class_names, pooled)})
         return metrics
 
+    @override
     def test_step(self, batch: dict, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         self.log("test/loss", loss, sync_dist=True, batch_size=batch["image"].shape[0])
         self._score(batch, logits)
 
+    @override
     def on_test_epoch_end(self) -> None:
         self.log_dict(self._dice_metrics("test"))
 
+    @override
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         images = batch["image"] if isinstance(batch, dict) else batch[0]
         return self(images).softmax(1)
 
+    @override
     def configure_optimizers(self) -> OptimizerLRScheduler:
         """AdamW over :meth:`param_groups`; cosine decay over ``trainer.max_epochs`` after ``warmup_epochs`` of linear warm-up; with
         ``lr_tail > 0`` the LR stays constant over the last ``lr_tail`` of the epochs (the value the cosine
@@ -234,6 +243,7 @@ class SegmentationModule(L.LightningModule):
             {"params": list(encoder.parameters()), "lr": self.hparams["lr"] * mult, "name": "encoder"},
         ]
 
+    @override
     def on_train_start(self) -> None:
         # a BatchNorm network refuses a batch of one case before the first step (one line, not a
         # mid-epoch error or silently noisy statistics)
