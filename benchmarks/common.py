@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -82,13 +83,20 @@ def _cell(value: Any, fmt: str | None) -> str:
     return fmt.format(value) if fmt else str(value)
 
 
+def markdown_row(columns: list[str], row: list[Any], formats: dict[str, str] | None = None) -> str:
+    """One row of :func:`markdown_table`, for a script that prints each row as it is measured.
+
+    >>> markdown_row(["family", "ms"], ["blur", 3.14159], {"ms": "{:.1f}"})
+    '| blur | 3.1 |'
+    """
+    formats = formats or {}
+    return "| " + " | ".join(_cell(v, formats.get(c)) for c, v in zip(columns, row)) + " |"
+
+
 def markdown_table(columns: list[str], rows: list[list[Any]], formats: dict[str, str] | None = None) -> str:
     """A markdown table; ``formats`` maps a column to a ``str.format`` pattern (``"{:.2f}x"``)."""
-    formats = formats or {}
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(v, formats.get(c)) for c, v in zip(columns, row)) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + [markdown_row(columns, row, formats) for row in rows])
 
 
 class Results:
@@ -172,7 +180,7 @@ def add_json_argument(ap: argparse.ArgumentParser) -> None:
 
 def render(payload: dict[str, Any]) -> str:
     """The markdown of one results JSON: the script, its header line, each table under its name."""
-    command = " ".join(["python -m", payload["script"], *(payload.get("argv") or [])])
+    command = "python -m " + shlex.join([payload["script"], *(payload.get("argv") or [])])
     out = [f"`{command}`", "", header_line(payload["header"])]
     for name, t in payload["tables"].items():
         out += ["", f"**{name}**", "", markdown_table(t["columns"], t["rows"], t.get("formats"))]

@@ -62,3 +62,26 @@ def test_results_md_publishes_the_committed_perf_json_as_generated():
         assert header_line(payload["header"]) in results, f"{f.name}: its run header is not in results.md"
         for name, t in payload["tables"].items():
             assert markdown_table(t["columns"], t["rows"], t["formats"]) in results, f"{f.name}: table {name}"
+
+
+def test_the_perturbation_benchmark_prints_the_header_first_and_its_json_holds_the_printed_numbers(
+    tmp_path, capsys
+):
+    """perturbations.py --adapter (its fastest mode: numpy only, one family, 32 px): the printed row and the
+    JSON's raw numbers formatted by the table's formats are the same figures."""
+    from benchmarks.perf import perturbations
+
+    out = tmp_path / "perturbations.json"
+    argv = ["--adapter", "--quick", "--size", "32", "--repeats", "1", "--only", "saturation"]
+    perturbations.main([*argv, "--json", str(out)])
+    printed = capsys.readouterr().out.splitlines()
+    payload = tables.load(out)
+    assert printed[0] == header_line(payload["header"]) and payload["argv"] == argv
+    t = payload["tables"]["adapter 32x32"]
+    (row,) = t["rows"]
+    cells = [t["formats"].get(c, "{}").format(v) for c, v in zip(t["columns"], row)]
+    assert row[0] == "saturation" and row[1] == 3 and row[2] > 0 and row[3] > 0
+    (line,) = [p for p in printed if p.startswith("saturation ")]
+    at = 0
+    for cell in cells:  # each JSON cell, formatted, stands in the printed row, in the columns' order
+        at = line.index(cell, at) + len(cell)

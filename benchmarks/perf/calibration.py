@@ -14,8 +14,9 @@ a few highlights or a text line — or lowers SSIM by >= 0.01). With ``--downsiz
 prints the resolution-independence ratios of issue 11 §1 (mean |down(P(x_512)) - P(down(x_512))|
 over the mean effect, at 128 and 256 px).
 
-Run: ``python -m benchmarks.perf.calibration [--frames 2] [--sizes 128 256 512] [--markdown] [--downsize]``
-(about a minute on 2 cores with the defaults).
+Run: ``python -m benchmarks.perf.calibration [--frames 2] [--sizes 128 256 512] [--markdown] [--downsize]
+[--json PATH]`` (about a minute on 2 cores with the defaults). No timing: the figures depend on the code, the
+frames and the seed, not on the machine's load; the run header still says at which commit they were taken.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import cv2
 import numpy as np
 
 import robusttrain.perturbations as P
+from benchmarks.common import Results, add_json_argument
 from benchmarks.paths import DATA_ROOT
 from robusttrain.perturbations.suites import SUITES
 
@@ -165,7 +167,7 @@ def checks(res: dict, name: str, sizes) -> tuple[str, str]:
     return "".join(mono), "".join(vis)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--frames", type=int, default=2, help="frames per modality (default 2)")
     ap.add_argument("--sizes", type=int, nargs="*", default=[128, 256, 512])
@@ -174,9 +176,12 @@ def main() -> None:
         "--markdown", action="store_true", help="print markdown tables (for docs/perturbations.md)"
     )
     ap.add_argument("--downsize", action="store_true", help="also print the downsize-consistency ratios")
-    args = ap.parse_args()
+    add_json_argument(ap)
+    args = ap.parse_args(argv)
     if not DATA.is_dir():
         sys.exit(f"no shared data at {DATA}: the calibration needs real frames")
+    results = Results("benchmarks.perf.calibration", args, argv=argv)
+    print(results.header_line())
     t0 = time.perf_counter()
     for mod in args.modalities:
         if mod not in LOADERS:
@@ -187,6 +192,7 @@ def main() -> None:
             continue
         names = [n for n in SUITES[mod] + EXTRA.get(mod, ()) if n in P.available()]
         res = measure(frames, names, args.sizes)
+        results.notes[f"{mod}_frames"] = len(frames)
         head = ["family", "sev"] + [f"{m}@{s}" for s in args.sizes for m in ("SSIM", "PSNR", "chg%")]
         print(
             f"\n## {mod} ({len(frames)} frames; SSIM / PSNR dB / % pixels changed > {CHANGED} grey levels)\n"
@@ -196,13 +202,17 @@ def main() -> None:
             print("|" + "---|" * len(head))
         else:
             print(f"{'family':<14}{'sev':>4}" + "".join(f"{h:>10}" for h in head[2:]))
+        rows, flags = [], []
         for name in names:
             mono, vis = checks(res, name, args.sizes)
+            flags.append([name, mono, vis])
             for sev in range(1, 6):
-                cells = []
+                cells, raw = [], []
                 for size in args.sizes:
                     s, p, c = res[(name, sev, size)]
                     cells += [f"{s:.3f}", f"{p:.1f}", f"{100 * c:.1f}"]
+                    raw += [float(s), float(p), 100 * float(c)]
+                rows.append([name, sev, *raw])
                 label = name if sev == 1 else ""
                 if args.markdown:
                     print("| " + " | ".join([label, str(sev)] + cells) + " |")
@@ -210,6 +220,13 @@ def main() -> None:
                     print(f"{label:<14}{sev:>4}" + "".join(f"{c:>10}" for c in cells))
             flag = f"# {name}: monotone per size {mono} ({'/'.join(map(str, args.sizes))}), severity 1 visible {vis}"
             print(flag if not args.markdown else f"| {flag[2:]} |" + " |" * (len(head) - 1))
+        # the JSON names the family on every row (the printed tables on its first); the checks apart
+        fmts = {h: "{:.3f}" if h.startswith("SSIM") else "{:.1f}" for h in head[2:]}
+        results.table(mod, head, rows, fmts)
+        sizes = "/".join(map(str, args.sizes))
+        results.table(
+            f"{mod} checks", ["family", f"monotone per size ({sizes})", "severity 1 visible"], flags
+        )
         if args.downsize:
             ratios = downsize_ratios(frames, names)
             print(f"\n## {mod}: mean |down(P(x_512)) - P(down(x_512))| / mean effect (target <= 0.3)\n")
@@ -220,6 +237,13 @@ def main() -> None:
             )
             if args.markdown:
                 print("|" + "---|" * 11)
+            down = [f"s{v}@{s}" for v in range(1, 6) for s in (128, 256)]
+            results.table(
+                f"{mod} downsize",
+                ["family", *down],
+                [[name] + [ratios[(name, v)][s] for v in range(1, 6) for s in (128, 256)] for name in names],
+                {c: "{:.2f}" for c in down},
+            )
             for name in names:
                 cells = [f"{ratios[(name, v)][s]:.2f}" for v in range(1, 6) for s in (128, 256)]
                 print(
@@ -228,6 +252,8 @@ def main() -> None:
                     else f"{name:<14}" + "".join(f"{c:>9}" for c in cells)
                 )
     print(f"\n# {time.perf_counter() - t0:.0f} s")
+    results.notes["seconds"] = time.perf_counter() - t0
+    results.write(args.json)
 
 
 if __name__ == "__main__":

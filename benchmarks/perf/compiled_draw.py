@@ -9,7 +9,7 @@ frequent graph-break reasons over all steps. The backend is ``aot_eager`` (dynam
 without Inductor's C++ compile, which takes minutes a graph on this CPU): it says how the draw splits
 into graphs, not what the graphs' kernels would cost.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.perf.compiled_draw [--steps 4] [--batch 16] [--size 256]
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.compiled_draw [--steps 4] [--batch 16] [--size 256] [--json PATH]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.common import Results, add_json_argument, markdown_row, markdown_table
 from benchmarks.perf.launch_count import warmed_draw
 
 
@@ -40,7 +41,10 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--size", type=int, default=256)
+    add_json_argument(ap)
     args = ap.parse_args(argv)
+    results = Results("benchmarks.perf.compiled_draw", args, argv=argv)
+    print(results.header_line())
     dynamo.config.cache_size_limit = 64  # let it recompile rather than fall back to eager after 8
     b, s = args.batch, args.size
     w, x, m, score = warmed_draw(1, s, b)  # launch_count's setting
@@ -51,8 +55,10 @@ def main(argv=None) -> None:
         eager[step] = time.perf_counter() - t0
     fn = torch.compile(w.__call__, backend="aot_eager")
     print(f"# torch.compile(WorstOfK.__call__, backend='aot_eager'), {s} px, batch {b}, k=1")
-    print("| step | eager call (s) | compiled: first call (s) | compiled pieces a second call runs |")
-    print("|---|---|---|---|")
+    cols = ["step", "eager call (s)", "compiled: first call (s)", "compiled pieces a second call runs"]
+    fmts = {cols[1]: "{:.2f}", cols[2]: "{:.1f}"}
+    print(markdown_table(cols, [], fmts))
+    rows = []
     for step in range(2, 2 + args.steps):
         t0 = time.perf_counter()
         fn(x, m, score, step=step)
@@ -60,13 +66,21 @@ def main(argv=None) -> None:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             fn(x, m, score, step=step)
         pieces = sum(1 for e in prof.events() if e.name.startswith("Torch-Compiled Region"))
-        print(f"| {step} | {eager[step]:.2f} | {first:.1f} | {pieces} |")
+        rows.append([step, eager[step], first, pieces])
+        print(markdown_row(cols, rows[-1], fmts), flush=True)
+    results.table("steps", cols, rows, fmts)
     reasons: Counter = Counter()
     for text, n in counters["graph_break"].items():
         reasons[_reason(text)] += n
     print("\nmost frequent graph breaks (all steps):")
     for reason, n in reasons.most_common(6):
         print(f"  {n:4d}  {reason}")
+    results.table(
+        "graph breaks",
+        ["count", "reason (the 6 most frequent, all steps)"],
+        [[n, reason] for reason, n in reasons.most_common(6)],
+    )
+    results.write(args.json)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ today: for each endoscopy family (severity 3, one call's params sampled eagerly)
 - the first call's compile seconds (a ratio to the eager call, same run) and the largest difference from
   the eager image (fused float32 arithmetic is not bit-identical).
 
-    OMP_NUM_THREADS=1 python -m benchmarks.perf.compiled_render [--size 256] [--batch 8] [--families ...]
+    OMP_NUM_THREADS=1 python -m benchmarks.perf.compiled_render [--size 256] [--batch 8] [--families ...] [--json PATH]
 
 CPU only says what fuses; whether a compiled renderer pays for its compile time and for its recompiles
 (a new row count, a new window size) needs a GPU. The samplers are not compiled here: a
@@ -28,6 +28,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.common import Results, add_json_argument, markdown_row, markdown_table
 from benchmarks.perf.launch_count import count_ops, top_level_aten
 from robusttrain.perturbations.registry import get
 from robusttrain.perturbations.suites import SUITES
@@ -78,26 +79,39 @@ def measure(family: str, size: int, batch: int) -> dict:
     }
 
 
+COLUMNS = {  # the table's column: measure()'s key
+    "family": "family",
+    "eager aten ops": "ops",
+    "eager launches": "launches",
+    "compiled graphs": "graphs",
+    "compiled kernels + aten ops": "kernels",
+    "first compiled call / eager call": "compile_x",
+    "max abs diff": "max_diff",
+}
+FORMATS = {"first compiled call / eager call": "{:,.0f}x", "max abs diff": "{:.1e}"}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--families", nargs="+", default=list(SUITES["endoscopy"]))
+    add_json_argument(ap)
     args = ap.parse_args(argv)
+    results = Results("benchmarks.perf.compiled_render", args, argv=argv)
+    print(results.header_line())
     print(
         f"# {args.size} px, batch {args.batch}, severity 3, Inductor CPU backend, torch {torch.__version__}"
     )
-    print(
-        "| family | eager aten ops | eager launches | compiled graphs | compiled kernels + aten ops "
-        "| first compiled call / eager call | max abs diff |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for fam in args.families:
+    cols = list(COLUMNS)
+    print(markdown_table(cols, [], FORMATS))
+    rows = []
+    for fam in args.families:  # each row as it is measured (a cold compile takes seconds to minutes)
         r = measure(fam, args.size, args.batch)
-        print(
-            f"| {fam} | {r['ops']} | {r['launches']} | {r['graphs']} | {r['kernels']} "
-            f"| {r['compile_x']:,.0f}x | {r['max_diff']:.1e} |"
-        )
+        rows.append([r[k] for k in COLUMNS.values()])
+        print(markdown_row(cols, rows[-1], FORMATS), flush=True)
+    results.table("renders", cols, rows, FORMATS)
+    results.write(args.json)
 
 
 if __name__ == "__main__":

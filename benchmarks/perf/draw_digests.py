@@ -10,6 +10,10 @@ one md5 of the follow-up images per combination. Run it on two checkouts and dif
     diff before.txt after.txt && echo identical
 
 (The digests are of float32 bytes: compare checkouts on one machine and torch build, not across them.)
+
+Not on :mod:`benchmarks.common` (no run header, no ``--json``), on purpose: it measures nothing (no time,
+no count that a load or a device moves), and its whole output is meant to be diffed between checkouts, so
+a first line naming the commit and the time would make every such diff differ.
 """
 
 from __future__ import annotations

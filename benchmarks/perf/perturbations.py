@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 import robusttrain.perturbations as P
+from benchmarks.common import Results, add_json_argument
 from benchmarks.paths import DATA_ROOT
 
 FONT = next(
@@ -96,6 +97,33 @@ def rate(
             dt = time.perf_counter() - t0
             if dt >= min_time or calls >= 200:
                 return calls * n_images / dt
+
+
+RATE, RATIO = "{:,.0f}", "{:.2f}x"  # images/s; a ratio of two of them
+
+
+def fixed_width(label: str, values: list, widths: list[int], formats: list[str]) -> str:
+    """One row as printed: the label left-aligned in 15 characters, each value right-aligned in its width
+    (``-`` where there is none), formatted as the JSON table's column is.
+
+    >>> fixed_width("blur", [1234.4, None, 2.345], [9, 9, 9], [RATE, RATE, RATIO])
+    'blur               1,234        -    2.35x'
+    """
+    cells = ("-" if v is None else f.format(v) for v, f in zip(values, formats))
+    return f"{label:<15}" + "".join(c.rjust(w) for c, w in zip(cells, widths))
+
+
+def ratio(med: dict[str, float], a: str, c: str) -> float | None:
+    return med[a] / med[c] if a in med and c in med else None
+
+
+def medians(fns: dict, repeats: int, min_time: float) -> dict[str, float]:
+    """Median images/s of each variant over ``repeats`` rounds, the variants back to back in a round."""
+    res: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, (fn, n, s) in fns.items():
+            res[k].append(rate(fn, n, min_time, s))
+    return {k: statistics.median(v) for k, v in res.items()}
 
 
 def cases(size: int):
@@ -187,7 +215,7 @@ class _blur_fixed(P.Blur):
         return d
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run: 2 repeats, 0.3 s per figure, B=8")
     ap.add_argument(
@@ -205,20 +233,33 @@ def main() -> None:
     ap.add_argument(
         "--adapter", action="store_true", help="Albumentations adapter vs bare kernel (issue 19.3)"
     )
-    args = ap.parse_args()
-    if args.adapter:
-        return main_adapter(args)
-    if args.modality != "endoscopy":
-        return main_grey(args)
-    args.size = args.size or 512
-    repeats = args.repeats or (2 if args.quick else 5)
-    min_time = 0.3 if args.quick else 1.0
-    b = args.batch or (8 if args.quick else 32)
+    add_json_argument(ap)
+    args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     if args.cuda_only and not cuda:
         raise SystemExit(
             "perturbations.py --cuda-only: no CUDA device here (torch.cuda.is_available() is False)"
         )
+    # the adapter is measured on the CPU alone (numpy kernels), the other modes on the GPU too when there is one
+    device = "cuda" if cuda and not args.adapter else "cpu"
+    results = Results("benchmarks.perf.perturbations", args, device=device, argv=argv)
+    print(results.header_line())
+    if args.adapter:
+        main_adapter(args, results)
+    elif args.modality != "endoscopy":
+        main_grey(args, results)
+    else:
+        main_colour(args, results)
+    results.write(args.json)
+
+
+def main_colour(args: argparse.Namespace, results: Results) -> None:
+    """The endoscopy families vs Albumentations (numpy) and Kornia (torch, CPU and CUDA)."""
+    args.size = args.size or 512
+    repeats = args.repeats or (2 if args.quick else 5)
+    min_time = 0.3 if args.quick else 1.0
+    b = args.batch or (8 if args.quick else 32)
+    cuda = torch.cuda.is_available()
 
     _blur_fixed.size = args.size
     img, mask = frame(args.size)
@@ -237,13 +278,18 @@ def main() -> None:
         buf = torch.empty_like(xc)
         bw = statistics.median(rate(lambda: buf.copy_(xc), b, min_time, sync) for _ in range(3))
         print(f"# CUDA copy bound (one read + one write of the batch): {bw:,.0f} img/s")
-
-    head = (
-        f"{'perturbation':<15}{'numpy':>9}{'albu':>9}{'np/albu':>9}{'torch':>9}{'kornia':>9}{'t/kornia':>9}"
-    )
+    results.notes |= {"batch": b, "size": args.size, "repeats": repeats, "cv2_threads": cv2.getNumThreads()}
     if cuda:
-        head += f"{'cuda':>10}{'k-cuda':>10}{'c/k':>7}{'%copy':>7}"
-    print(head)
+        results.notes |= {"cuda_device": torch.cuda.get_device_name(), "cuda_copy_bound_img_s": bw}
+
+    # images/s (numpy, albu, torch, kornia, cuda, k-cuda) and their ratios; %copy: cuda / the copy bound
+    cols = ["numpy", "albu", "np/albu", "torch", "kornia", "t/kornia"]
+    widths, fmts = [9] * 6, [RATE, RATE, RATIO, RATE, RATE, RATIO]
+    if cuda:
+        cols, widths = cols + ["cuda", "k-cuda", "c/k", "%copy"], widths + [10, 10, 7, 7]
+        fmts = fmts + [RATE, RATE, RATIO, "{:.0f}%"]
+    print(f"{'perturbation':<15}" + "".join(c.rjust(w) for c, w in zip(cols, widths)))
+    rows = []
     for label, pert, albu, kornia_f, extra in cases(args.size):
         if args.only and label not in args.only:
             continue
@@ -266,28 +312,16 @@ def main() -> None:
             if kor is not None:
                 korc = kornia_f().cuda()
                 fns["k-cuda"] = (lambda: korc(xc), b, sync)
-        res: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(repeats):
-            for k, (fn, n, s) in fns.items():
-                res[k].append(rate(fn, n, min_time, s))
-        med = {k: statistics.median(v) for k, v in res.items()}
-
-        def f(k: str, w: int = 9) -> str:
-            return f"{med[k]:>{w},.0f}" if k in med else f"{'-':>{w}}"
-
-        def r(a: str, c: str, w: int = 9) -> str:
-            return f"{med[a] / med[c]:>{w - 1}.2f}x" if a in med and c in med else f"{'-':>{w}}"
-
-        line = f"{label:<15}{f('numpy')}{f('albu')}{r('numpy', 'albu')}{f('torch')}{f('kornia')}{r('torch', 'kornia')}"
+        med = medians(fns, repeats, min_time)
+        row = [med.get("numpy"), med.get("albu"), ratio(med, "numpy", "albu")]
+        row += [med.get("torch"), med.get("kornia"), ratio(med, "torch", "kornia")]
         if cuda:
-            pct = (
-                f"{100 * med['cuda'] / bw:>6.0f}%"
-                if bw and "cuda" in med and label in ("saturation", "contrast", "white_balance")
-                else f"{'-':>7}"
-            )
-            line += f"{f('cuda', 10)}{f('k-cuda', 10)}{r('cuda', 'k-cuda', 7)}{pct}"
-        print(line, flush=True)
-    return None
+            colour = label in ("saturation", "contrast", "white_balance")
+            row += [med.get("cuda"), med.get("k-cuda"), ratio(med, "cuda", "k-cuda")]
+            row += [100 * med["cuda"] / bw if colour and bw and "cuda" in med else None]
+        print(fixed_width(label, row, widths, fmts), flush=True)
+        rows.append([label, *row])
+    results.table("endoscopy", ["perturbation", *cols], rows, dict(zip(cols, fmts)))
 
 
 # --------------------------------------------------------------------------------------
@@ -426,7 +460,7 @@ def grey_cases(modality: str):
     ]
 
 
-def main_grey(args: argparse.Namespace) -> None:
+def main_grey(args: argparse.Namespace, results: Results) -> None:
     size = args.size or 256
     repeats = args.repeats or (2 if args.quick else 5)
     min_time = 0.3 if args.quick else 1.0
@@ -446,8 +480,11 @@ def main_grey(args: argparse.Namespace) -> None:
         f"# {args.modality}: {size}x{size} grey, torch batch B={b}, {torch.get_num_threads()} torch threads, "
         f"medians of {repeats} rounds; MONAI / TorchIO per sample; {'CUDA' if cuda else 'no CUDA'}"
     )
-    head = f"{'perturbation':<15}{'numpy':>9}{'monai':>9}{'tio':>9}{'torch':>9}{'t/monai':>9}{'t/tio':>9}"
-    print(head + (f"{'cuda':>10}" if cuda else ""))
+    results.notes |= {"batch": b, "size": size, "repeats": repeats}
+    cols = ["numpy", "monai", "tio", "torch", "t/monai", "t/tio"] + (["cuda"] if cuda else [])
+    widths, fmts = [9] * 6 + [10], [RATE] * 4 + [RATIO] * 2 + [RATE]
+    print(f"{'perturbation':<15}" + "".join(c.rjust(w) for c, w in zip(cols, widths)))
+    rows = []
     for label, pert, monai_f, tio_f in grey_cases(args.modality):
         if args.only and label not in args.only:
             continue
@@ -468,20 +505,13 @@ def main_grey(args: argparse.Namespace) -> None:
             fns["tio"] = (lambda: tt(ones4[nxt()]), 1, lambda: None)
         if cuda:
             fns["cuda"] = (lambda: pert.apply_batch(xc, mc, generator=gen), b, sync)
-        res: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(repeats):
-            for k, (fn, n, s) in fns.items():
-                res[k].append(rate(fn, n, min_time, s))
-        med = {k: statistics.median(v) for k, v in res.items()}
-
-        def f(k: str, w: int = 9) -> str:
-            return f"{med[k]:>{w},.0f}" if k in med else f"{'-':>{w}}"
-
-        def r(a: str, c: str, w: int = 9) -> str:
-            return f"{med[a] / med[c]:>{w - 1}.2f}x" if a in med and c in med else f"{'-':>{w}}"
-
-        line = f"{label:<15}{f('numpy')}{f('monai')}{f('tio')}{f('torch')}{r('torch', 'monai')}{r('torch', 'tio')}"
-        print(line + (f("cuda", 10) if cuda else ""), flush=True)
+        med = medians(fns, repeats, min_time)
+        row = [med.get(k) for k in ("numpy", "monai", "tio", "torch")]
+        row += [ratio(med, "torch", "monai"), ratio(med, "torch", "tio")]
+        row += [med.get("cuda")] if cuda else []
+        print(fixed_width(label, row, widths, fmts), flush=True)
+        rows.append([label, *row])
+    results.table(args.modality, ["perturbation", *cols], rows, dict(zip(cols, fmts)))
 
 
 # --------------------------------------------------------------------------------------
@@ -551,7 +581,7 @@ def adapter_rounds(
     return res
 
 
-def main_adapter(args: argparse.Namespace) -> None:
+def main_adapter(args: argparse.Namespace, results: Results) -> None:
     from robusttrain.perturbations import albu as PA
 
     repeats = args.repeats or (3 if args.quick else 7)
@@ -571,6 +601,20 @@ def main_adapter(args: argparse.Namespace) -> None:
     )
     refs = colour_references()
     misses: list[str] = []
+    cols = [
+        "family",
+        "ch",
+        "bare us",
+        "adapter us",
+        "overhead",
+        "albumentations ref",
+        "ref us",
+        "adapter x ref",
+    ]
+    fmts = {"bare us": "{:.1f}", "adapter us": "{:.1f}", "overhead": "{:+.1%}", "ref us": "{:.1f}"}
+    fmts["adapter x ref"] = RATIO
+    results.notes |= {"repeats": repeats, "min_time_s": min_time, "load_start": list(load0)}
+    results.notes |= {"opencv": cv2.__version__, "numpy": np.__version__, "albumentations": A.__version__}
     for size in sizes:
         rgb, mask64 = frame(size)
         mask = mask64.astype(np.uint8)
@@ -581,6 +625,8 @@ def main_adapter(args: argparse.Namespace) -> None:
             f"\n## {size}x{size}: Albumentations' own cost of a call, in a tight loop (A.NoOp, image+mask): "
             f"{call:.1f} us"
         )
+        results.notes[f"noop_call_us_{size}"] = call
+        rows = []
         print(
             f"{'family':<15}{'ch':>3}{'bare us':>10}{'adapter us':>12}{'overhead':>10}  "
             f"{'albumentations ref':<20}{'ref us':>9}{'adapter x ref':>14}"
@@ -596,6 +642,7 @@ def main_adapter(args: argparse.Namespace) -> None:
             over = statistics.median(a / b for a, b in zip(res["adapter"], res["bare"])) - 1
             flag = "" if over <= ADAPTER_MAX_OVERHEAD else " >15%"
             line = f"{family:<15}{img.shape[2]:>3}{bare:>10.1f}{ad:>12.1f}{over:>+9.1%}{flag:<5}  {name:<20}"
+            refus = speed = None
             if ref is not None:
                 refus = statistics.median(res["ref"])
                 speed = statistics.median(r / a for r, a in zip(res["ref"], res["adapter"]))
@@ -605,8 +652,11 @@ def main_adapter(args: argparse.Namespace) -> None:
             if over > ADAPTER_MAX_OVERHEAD:
                 misses.append(f"{family}@{size}: {over:+.1%}")
             print(line, flush=True)
+            rows.append([family, img.shape[2], bare, ad, over, None if ref is None else name, refus, speed])
+        results.table(f"adapter {size}x{size}", cols, rows, fmts)
     load1 = os.getloadavg()
     print(f"\n# load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    results.notes |= {"load_end": list(load1), "targets_missed": misses}
     print(
         f"# targets (overhead <= {ADAPTER_MAX_OVERHEAD:.0%}, colour >= {COLOUR_MIN_SPEEDUP:.0f}x Albumentations): "
         + ("all met" if not misses else f"{len(misses)} missed: " + "; ".join(misses))
