@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_grid import rescore_on_etis
 
 from benchmarks.evidence import run as evidence
 from benchmarks.evidence.conditions import (
@@ -462,19 +463,6 @@ def test_grid_dry_run_is_breadth_first_and_bad_options_exit_2(tmp_path):
     assert r.returncode == 2 and "unknown 'nosuch'" in r.stderr and not (tmp_path / "g").exists()
 
 
-def _write_folder(ds, root: Path) -> None:
-    """A dataset view written as an image folder (images/*.png, masks/*.png 0/255)."""
-    from PIL import Image
-
-    (root / "images").mkdir(parents=True)
-    (root / "masks").mkdir()
-    src = ds.source
-    for i in range(len(src)):
-        img, mask = src.load(i)
-        Image.fromarray(img).save(root / "images" / f"{src.case_id(i)}.png")
-        Image.fromarray((mask > 0).astype(np.uint8) * 255).save(root / "masks" / f"{src.case_id(i)}.png")
-
-
 @pytest.mark.grid
 def test_tiny_grid_runs_resumes_and_its_fp16_weights_rescore_through_the_cli(tmp_path):
     out = tmp_path / "grid"
@@ -504,33 +492,12 @@ def test_tiny_grid_runs_resumes_and_its_fp16_weights_rescore_through_the_cli(tmp
 
     state = torch.load(ckpt, weights_only=True)["state_dict"]
     assert all(v.dtype == torch.float16 for v in state.values() if v.is_floating_point())
-    ns = argparse.Namespace(
-        size=32, batch_size=4, data_seed=0, test_fraction=0.25, val_fraction=0.25, dataset="synthetic"
-    )
-    _, held, _ = evidence.build_data(ns)
-    _write_folder(held["etis"], tmp_path / "etis")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.evidence.rescore",
-            str(ckpt),
-            str(tmp_path / "etis"),
-            str(tmp_path / "check"),
-        ],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "python -m robusttrain check recipe=polyp data.image_size=32" in r.stdout
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("[robusttrain] clean"))
-    cli = float(line.split("Dice=")[1].split()[0])
+    printed, cli = rescore_on_etis(ckpt, tmp_path, "check")
+    assert "python -m robusttrain check recipe=polyp data.image_size=32" in printed
     mine = float(np.mean(list(res["picks"]["least_loss"]["dice"]["etis"].values())))
     assert cli == pytest.approx(mine, abs=5e-3)  # fp16 weights: the rounding moves the third decimal at most
     # the run's held-out families go with it: the re-scored tables pool them apart, as the endpoints do
-    assert f"heldout={','.join(res['heldout_families'])}" in r.stdout
+    assert f"heldout={','.join(res['heldout_families'])}" in printed
     assert "| held-out families | yes |" in (tmp_path / "check" / "efr_table.md").read_text()
 
 

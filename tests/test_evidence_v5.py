@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -330,34 +329,13 @@ def test_tiny_v5_grid_trains_both_models_and_scores_the_ema_and_the_curve(tmp_pa
     assert [r["epoch"] for r in pre["mining_rows"]] == [0, 1] and "steered_share" in pre["mining_rows"][-1]
     assert "grid end: status=0" in (out / "grid.log").read_text()
     # the pretrained net's EMA (its BatchNorm buffers averaged too), re-scored by the product's CLI
-    from test_evidence_v4 import _write_folder
+    from tiny_grid import rescore_on_etis
 
-    ns = argparse.Namespace(
-        size=32, batch_size=4, data_seed=0, test_fraction=0.25, val_fraction=0.25, dataset="synthetic"
-    )
-    _, held, _ = evidence.build_data(ns)
-    _write_folder(held["etis"], tmp_path / "etis")
     ckpt = out / "synthetic_v5" / "pretrained_steer_s0" / "fp16" / "ema.ckpt"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.evidence.rescore",
-            str(ckpt),
-            str(tmp_path / "etis"),
-            str(tmp_path / "c"),
-        ],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=600,
-    )
-    assert r.returncode == 0 and "check recipe=polyp model=lite0_unet data.image_size=32" in r.stdout, (
-        r.stderr[-2000:]
-    )
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("[robusttrain] clean"))
+    printed, cli = rescore_on_etis(ckpt, tmp_path, "c")
+    assert "check recipe=polyp model=lite0_unet data.image_size=32" in printed
     mine = float(np.mean(list(pre["picks"]["ema"]["dice"]["etis"].values())))
-    assert float(line.split("Dice=")[1].split()[0]) == pytest.approx(mine, abs=5e-3)
+    assert cli == pytest.approx(mine, abs=5e-3)
 
 
 @pytest.mark.slow

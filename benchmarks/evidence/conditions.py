@@ -252,34 +252,6 @@ def _mt_callback(dm, perturbations, severities, ratio, train_seed, run_dir, kw):
     )
 
 
-def v4_callbacks(
-    cond: str,
-    dm: Any,
-    perturbations: Sequence[str],
-    severities: Sequence[int],
-    *,
-    seed: int,
-    train_seed: int,
-    ratio: float = 0.2,
-    **kw: Any,
-) -> tuple[list, MetamorphicCallback]:
-    """Callbacks of the Evidence v4 condition ``cond`` (:data:`V4_CONDITIONS`); ``perturbations`` are the
-    in-family training families; the other keywords as :func:`training_callbacks`."""
-    if cond not in V4_CONDITIONS:
-        raise ValueError(f"v4 condition must be one of {V4_CONDITIONS}, got {cond!r}")
-    if cond == "plain":
-        return training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
-    if cond == "mined_dose":
-        mining = {k: v for k, v in V4_MINED.items() if k != "replay_ratio"}
-        ratio = V4_MINED["replay_ratio"]
-        return training_callbacks(
-            "mined", dm, perturbations, severities, seed=seed, ratio=ratio, mining=mining, **kw
-        )
-    cbs, mr = training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
-    fams = v4_training_families(cond, perturbations)
-    return [*cbs, _mt_callback(dm, fams, severities, ratio, train_seed, kw.get("run_dir"), V4_MT[cond])], mr
-
-
 def mean_std(values: Sequence[float], digits: int = 2) -> dict[str, float]:
     """Mean and sample std (0 for one value), rounded."""
     v = np.asarray(list(values), dtype=np.float64)
@@ -353,7 +325,24 @@ def v5_condition_kwargs(cond: str) -> dict[str, Any]:
 V5_STEER: dict[str, Any] = {**STEER_DEFAULTS, "train_probe_size": 32, "every_n_epochs": 1}
 
 
-def v5_callbacks(
+def _condition_recipe(protocol: str, cond: str) -> tuple[str, dict | None, dict[str, Any]]:
+    """What a pre-registered condition trains with: the :func:`training_callbacks` condition, the
+    ``MetamorphicTraining`` keywords (None: none) and the keywords it sets for :func:`training_callbacks`."""
+    if protocol == "v4":
+        if cond == "mined_dose":  # mined replay at random augmentation's dose
+            mining = {k: v for k, v in V4_MINED.items() if k != "replay_ratio"}
+            return "mined", None, {"mining": mining, "ratio": V4_MINED["replay_ratio"]}
+        return "plain", None if cond == "plain" else V4_MT[cond], {}
+    training = V5_TRAINING[cond]
+    if training == "steer":  # the MR callback's suite (training families only) probes training cases
+        steer = {k: v for k, v in V5_STEER.items() if k not in ("train_probe_size", "every_n_epochs")}
+        probe = {"probe": V5_STEER["train_probe_size"], "mine_every": V5_STEER["every_n_epochs"]}
+        return "steered", None, {"mining": steer, **probe}
+    return "plain", None if training == "plain" else dict(V4_RANDOM), {}
+
+
+def condition_callbacks(
+    protocol: str,
     cond: str,
     dm: Any,
     perturbations: Sequence[str],
@@ -364,28 +353,20 @@ def v5_callbacks(
     ratio: float = 0.2,
     **kw: Any,
 ) -> tuple[list, MetamorphicCallback]:
-    """Callbacks of the Evidence v5 condition ``cond`` (:data:`V5_CONDITIONS`); the keywords as
-    :func:`v4_callbacks`. ``random`` is v4's ``random`` (in-place random augmentation, q = 0.5)."""
-    if cond not in V5_CONDITIONS:
-        raise ValueError(f"v5 condition must be one of {V5_CONDITIONS}, got {cond!r}")
-    training = V5_TRAINING[cond]
-    if training == "steer":  # the MR callback's suite (training families only) probes training cases
-        steer = {k: v for k, v in V5_STEER.items() if k not in ("train_probe_size", "every_n_epochs")}
-        kw = {**kw, "probe": V5_STEER["train_probe_size"], "mine_every": V5_STEER["every_n_epochs"]}
-        return training_callbacks(
-            "steered",
-            dm,
-            perturbations,
-            severities,
-            seed=seed,
-            ratio=ratio,
-            train_seed=train_seed,
-            mining=steer,
-            **kw,
-        )
-    cbs, mr = training_callbacks("plain", dm, perturbations, severities, seed=seed, ratio=ratio, **kw)
-    if training == "plain":
+    """Callbacks of the pre-registered condition ``cond`` of Evidence ``protocol``: ``"v4"``
+    (:data:`V4_CONDITIONS`) or ``"v5"`` (:data:`V5_CONDITIONS`; its ``random`` is v4's, in-place random
+    augmentation at q = 0.5). ``perturbations`` are the in-family training families; the other keywords as
+    :func:`training_callbacks`. A ``MetamorphicTraining`` condition trains over the ``plain`` layout's clean
+    slots (:func:`_mt_callback`), on the families :func:`v4_training_families` gives it.
+    """
+    conditions = {"v4": V4_CONDITIONS, "v5": V5_CONDITIONS}[protocol]
+    if cond not in conditions:
+        raise ValueError(f"{protocol} condition must be one of {conditions}, got {cond!r}")
+    kind, mt, own = _condition_recipe(protocol, cond)
+    # train_seed reaches training_callbacks for every kind; only its steered and MT conditions draw with it
+    args = {"seed": seed, "ratio": ratio, "train_seed": train_seed, **kw, **own}
+    cbs, mr = training_callbacks(kind, dm, perturbations, severities, **args)
+    if mt is None:
         return cbs, mr
     fams = v4_training_families(cond, perturbations)
-    mt = _mt_callback(dm, fams, severities, ratio, train_seed, kw.get("run_dir"), dict(V4_RANDOM))
-    return [*cbs, mt], mr
+    return [*cbs, _mt_callback(dm, fams, severities, ratio, train_seed, kw.get("run_dir"), mt)], mr

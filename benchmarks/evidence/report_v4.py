@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,34 +232,30 @@ def _runs(results, cond, seeds=None):
     return [r for r in rs if seeds is None or r["seed"] in seeds]
 
 
-def summarise_v4(results: list[dict], args) -> dict:
-    """The v4 summary of the finished runs among ``args.conditions`` x ``args.seeds``."""
-    conds = [c for c in args.conditions.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
-    named = {(c, s) for c in conds for s in seeds}
+RUN_KEYS = ("least_loss_epoch", "train_seconds", "heldout_seconds", "optimizer_steps", "ema_decay")
+
+
+def summary_head(results: list[dict], args, run_keys: tuple[str, ...] = RUN_KEYS) -> tuple[list[dict], dict]:
+    """The finished runs among ``args.conditions`` x ``args.seeds`` (the protocol's grid, v4 and v5) and the
+    summary's head: planned and finished runs, the seeds run per condition, ``run_keys`` of each run."""
+    conds = args.conditions.split(",")
+    seeds = [int(x) for x in args.seeds.split(",")]
+    named = {(c, x) for c in conds for x in seeds}
     results = [r for r in results if (r["condition"], int(r["seed"])) in named]
-    s: dict = {
+    return results, {
         "planned": len(named),
         "finished": len(results),
         "conditions_run": {c: [r["seed"] for r in _runs(results, c)] for c in conds},
-        "families": {},
-        "endpoints": {},
-        "paired": {},
-        "decision": {},
-        "runs": {
-            f"{r['condition']}_s{r['seed']}": {
-                k: r.get(k)
-                for k in (
-                    "least_loss_epoch",
-                    "train_seconds",
-                    "heldout_seconds",
-                    "optimizer_steps",
-                    "ema_decay",
-                )
-            }
-            for r in results
-        },
+        "runs": {f"{r['condition']}_s{r['seed']}": {k: r.get(k) for k in run_keys} for r in results},
     }
+
+
+def summarise_v4(results: list[dict], args) -> dict:
+    """The v4 summary of the finished runs among ``args.conditions`` x ``args.seeds``."""
+    conds = args.conditions.split(",")
+    results, head = summary_head(results, args)
+    runs = head.pop("runs")  # last, as results.json has always listed it
+    s: dict = {**head, "families": {}, "endpoints": {}, "paired": {}, "decision": {}, "runs": runs}
     if not results:
         return s
     r0 = results[0]
@@ -286,7 +282,7 @@ def summarise_v4(results: list[dict], args) -> dict:
                 if common and _available(ra + rb, ep, policy):
                     pairs.setdefault(c, {})[ep.name] = compare(ra, rb, ep, policy, args.n_boot)
         s["endpoints"][policy], s["paired"][policy] = per_ep, pairs
-    s["decision"] = decide(s["paired"].get(PRIMARY_AT, {}), len(seeds))
+    s["decision"] = decide(s["paired"].get(PRIMARY_AT, {}), len(args.seeds.split(",")))
     s["worst_families"] = worst_families(results, conds)
     s["rules"] = rules_vs_least_loss(results, conds, args.n_boot)
     return s
@@ -493,56 +489,78 @@ def report_archive(archive, conditions: str, seeds: str, n_boot: int) -> tuple[d
 
 def main(argv=None) -> None:
     """The CLI; a bad argument or archive is one line on stderr and exit 2."""
+    from benchmarks.evidence.conditions import V4_CONDITIONS
+
+    report_cli(
+        "v4",
+        argv,
+        V4_CONDITIONS,
+        "0,1,2,3,4",
+        lambda a: report_archive(a.archive, a.conditions, a.seeds, a.n_boot),
+    )
+
+
+def report_cli(
+    protocol: str,
+    argv: list[str] | None,
+    conditions: Iterable[str],
+    seeds: str,
+    report: Callable[[argparse.Namespace], tuple[dict, str]],
+) -> None:
+    """``report_<protocol> ARCHIVE [--out F] [--conditions ...] [--seeds ...] [--n-boot N]``, the command line
+    of each protocol's report (v4, v5): the arguments checked before any work, ``report(args)`` -> (summary,
+    markdown), the tables printed or written to ``--out`` (atomic). A bad argument, an archived run without
+    what the report reads, or a file it cannot write is one line on stderr and exit 2."""
     from benchmarks.evidence.archive import one_line_exit_2
 
-    one_line_exit_2("report_v4", lambda: _main(argv))
+    tool = f"report_{protocol}"
+    one_line_exit_2(tool, lambda: _report_cli(tool, protocol, argv, list(conditions), seeds, report))
 
 
-def _main(argv=None) -> None:
-    from benchmarks.evidence.conditions import V4_CONDITIONS
+def _report_cli(tool, protocol, argv, conditions, seeds, report) -> None:
     from robusttrain.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(description="Evidence v4 tables of an archive (docs/evidence_v4/runs)")
+    ap = argparse.ArgumentParser(
+        description=f"Evidence {protocol} tables of an archive (docs/evidence_{protocol}/runs)"
+    )
     ap.add_argument("archive", type=Path)
     ap.add_argument("--out", type=Path, help="write the tables here (atomic) instead of printing them")
-    ap.add_argument("--conditions", default=",".join(V4_CONDITIONS))
-    ap.add_argument("--seeds", default="0,1,2,3,4", help="the pre-registered seeds")
+    ap.add_argument("--conditions", default=",".join(conditions))
+    ap.add_argument("--seeds", default=seeds, help="the pre-registered seeds")
     ap.add_argument("--n-boot", type=int, default=2000, help="case-bootstrap resamples (the protocol: 2000)")
     a = ap.parse_args(argv)
     if not a.archive.is_dir():
         raise SystemExit(
-            f"report_v4: {a.archive}: not a folder (expected an archive such as docs/evidence_v4/runs)"
+            f"{tool}: {a.archive}: not a folder (expected an archive such as docs/evidence_{protocol}/runs)"
         )
     try:
         [int(x) for x in a.seeds.split(",")]
     except ValueError:
-        raise SystemExit(f"report_v4: --seeds {a.seeds!r}: expected integers separated by commas") from None
-    unknown = [c for c in a.conditions.split(",") if c not in V4_CONDITIONS]
+        raise SystemExit(f"{tool}: --seeds {a.seeds!r}: expected integers separated by commas") from None
+    unknown = [c for c in a.conditions.split(",") if c not in conditions]
     if unknown:
-        raise SystemExit(
-            f"report_v4: --conditions: unknown {unknown}; expected some of {list(V4_CONDITIONS)}"
-        )
+        raise SystemExit(f"{tool}: --conditions: unknown {unknown}; expected some of {conditions}")
     if a.n_boot < 1:
-        raise SystemExit(f"report_v4: --n-boot {a.n_boot}: expected a positive number of resamples")
+        raise SystemExit(f"{tool}: --n-boot {a.n_boot}: expected a positive number of resamples")
     if a.out is not None and a.out.is_dir():  # checked before the tables are computed, not at the write
         raise SystemExit(
-            f"report_v4: --out {a.out}: is a folder; give the file to write, e.g. {a.out / 'evidence_v4.md'}"
+            f"{tool}: --out {a.out}: is a folder; give the file to write, e.g. {a.out / f'evidence_{protocol}.md'}"
         )
     try:
-        s, md = report_archive(a.archive, a.conditions, a.seeds, a.n_boot)
+        s, md = report(a)
     except (KeyError, TypeError, ValueError, IndexError) as e:  # an archived result without what we read
         raise SystemExit(
-            f"report_v4: {a.archive}: a run lacks what the report reads ({type(e).__name__}: {e}); "
-            "expected results written by benchmarks.evidence.run --protocol v4"
+            f"{tool}: {a.archive}: a run lacks what the report reads ({type(e).__name__}: {e}); "
+            f"expected results written by benchmarks.evidence.run --protocol {protocol}"
         ) from None
     if not s["finished"]:
-        raise SystemExit(f"report_v4: {a.archive}: no archived run among {a.conditions} x seeds {a.seeds}")
+        raise SystemExit(f"{tool}: {a.archive}: no archived run among {a.conditions} x seeds {a.seeds}")
     if a.out:
         try:
             atomic_write_text(a.out, md)
         except OSError as e:
-            raise SystemExit(f"report_v4: --out {a.out}: cannot write ({e.strerror or e})") from None
-        print(f"report_v4: {s['finished']} of {s['planned']} runs -> {a.out}")
+            raise SystemExit(f"{tool}: --out {a.out}: cannot write ({e.strerror or e})") from None
+        print(f"{tool}: {s['finished']} of {s['planned']} runs -> {a.out}")
     else:
         print(md)
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -168,28 +166,7 @@ def summarise_v5(results: list[dict], args) -> dict:
     from benchmarks.evidence.validity import validity
 
     conds = args.conditions.split(",")
-    seeds = [int(x) for x in args.seeds.split(",")]
-    named = {(c, x) for c in conds for x in seeds}
-    results = [r for r in results if (r["condition"], int(r["seed"])) in named]
-    s: dict = {
-        "planned": len(named),
-        "finished": len(results),
-        "conditions_run": {c: [r["seed"] for r in _runs(results, c)] for c in conds},
-        "runs": {
-            f"{r['condition']}_s{r['seed']}": {
-                k: r.get(k)
-                for k in (
-                    "least_loss_epoch",
-                    "train_seconds",
-                    "heldout_seconds",
-                    "optimizer_steps",
-                    "ema_decay",
-                    "params",
-                )
-            }
-            for r in results
-        },
-    }
+    results, s = v4.summary_head(results, args, (*v4.RUN_KEYS, "params"))
     if not results:
         return s
     s["families"] = {
@@ -214,7 +191,7 @@ def summarise_v5(results: list[dict], args) -> dict:
     }
     s["ema_vs_least_loss"] = _within(results, "ema", "least_loss", [e.name for e in ENDPOINTS], args.n_boot)
     s["secondary_vs_ema"] = {p: _within(results, p, "ema", CLEAN, args.n_boot) for p in SECONDARY_RULES}
-    s["decision"] = decide(s["paired"][AT], s["ema_vs_least_loss"], len(seeds), len(named))
+    s["decision"] = decide(s["paired"][AT], s["ema_vs_least_loss"], len(args.seeds.split(",")), s["planned"])
     s["validity"] = validity(results, n_boot=args.n_boot)
     return s
 
@@ -311,57 +288,12 @@ def main(argv=None) -> None:
     """``report_v5 ARCHIVE [--out F]``: the tables of an archive; a bad argument is one line, exit 2."""
     from benchmarks.evidence.archive import load
     from benchmarks.evidence.conditions import V5_CONDITIONS
-    from robusttrain.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(description="Evidence v5 tables of an archive (docs/evidence_v5/runs)")
-    ap.add_argument("archive", type=Path)
-    ap.add_argument("--out", type=Path, help="write the tables here (atomic) instead of printing them")
-    ap.add_argument("--conditions", default=",".join(V5_CONDITIONS))
-    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7", help="the pre-registered seeds")
-    ap.add_argument("--n-boot", type=int, default=2000)
-    a = ap.parse_args(argv)
-    try:
-        if not a.archive.is_dir():
-            raise SystemExit(
-                f"report_v5: {a.archive}: not a folder (expected an archive such as docs/evidence_v5/runs)"
-            )
-        if a.out is not None and a.out.is_dir():
-            raise SystemExit(f"report_v5: --out {a.out}: a folder; expected a file path")
-        unknown = [c for c in a.conditions.split(",") if c not in V5_CONDITIONS]
-        if unknown:
-            raise SystemExit(
-                f"report_v5: --conditions: unknown {unknown}; expected some of {list(V5_CONDITIONS)}"
-            )
-        try:
-            [int(x) for x in a.seeds.split(",")]
-        except ValueError:
-            raise SystemExit(
-                f"report_v5: --seeds {a.seeds!r}: expected integers separated by commas"
-            ) from None
-        if a.n_boot < 1:
-            raise SystemExit(f"report_v5: --n-boot {a.n_boot}: expected a positive number of resamples")
-        try:
-            s = summarise_v5([r for r, _ in load(a.archive)], a)
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise SystemExit(
-                f"report_v5: {a.archive}: a run lacks what the report reads ({type(e).__name__}: {e}); "
-                "expected results written by benchmarks.evidence.run --protocol v5"
-            ) from None
-        if not s["finished"]:
-            raise SystemExit(
-                f"report_v5: {a.archive}: no archived run among {a.conditions} x seeds {a.seeds}"
-            )
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-            raise SystemExit(2) from None
-        raise
-    md = write_tables_v5(s, a)
-    if a.out:
-        atomic_write_text(a.out, md)
-        print(f"report_v5: {s['finished']} of {s['planned']} runs -> {a.out}")
-    else:
-        print(md)
+    def report(a: argparse.Namespace) -> tuple[dict, str]:
+        s = summarise_v5([r for r, _ in load(a.archive)], a)
+        return s, write_tables_v5(s, a)
+
+    v4.report_cli("v5", argv, V5_CONDITIONS, "0,1,2,3,4,5,6,7", report)
 
 
 if __name__ == "__main__":

@@ -429,71 +429,88 @@ def _training(run_dir, history, efr, ctx) -> str:
         if off
         else Markup("")
     )
-    stats = training.read_stats(run_dir)
-    out += _part(
-        "Metamorphic training",
-        stats is not None,
-        "metamorphic_training",
-        off_keys,
-        "metamorphic_training.csv missing (no MetamorphicTraining in this run)",
-    )
-    if stats is not None:
-        out += _render(
-            "<p>Follow-ups drawn (candidates), kept (trained on) and rejected (occluders over the lesion) "
-            "per family, over {{ n }} epoch(s).</p>",
-            n=stats["epoch"].nunique(),
-        )
-        out += _table(training.family_totals(stats), "{:.2f}")
-        out += Markup("<p>Per epoch: kept / drawn (rejected).</p>")
-        out += _table(training.per_epoch(stats), "{}")
-    mining = training.read_mining(run_dir)
-    out += _part(
-        "Failure mining",
-        mining is not None,
-        "mining",
-        off_keys,
-        "failures/mining.csv missing (no FailureMiningCallback in this run)",
-    )
-    if mining is not None:
-        out += Markup(
-            "<p>Per epoch. Steer mode: failure conditions in the bank, those the check failed, those it no "
-            "longer failed (repaired), failures on cases that passed their previous check (new failures: "
-            "overfitting) and the share of the random follow-ups steered to the conditions. Replay mode: "
-            "failures in the bank and replayed samples.</p>"
-        )
-        out += _table(mining, "{:g}")
-    report = training.read_average(run_dir)
-    out += _part(
-        "Balanced average",
-        report is not None,
-        "balanced_average",
-        off_keys,
-        "balanced_average.json missing (no BalancedAverage in this run)",
-    )
-    if report is not None:
-        facts = training.average_summary(report)
-        out += _render(
-            "<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>",
-            facts=facts,
-        )
-        dice = training.window_dice(history, report) if history is not None else None
-        if dice is None:
-            out += _na("history.csv missing: no per-epoch Dice for the window")
-        else:
-            out += Markup(
-                "<p>Per-case Dice of the epochs the average holds, from history.csv (the averaged weights "
-                "themselves are not scored in the run directory: <code>robusttrain check ckpt=RUN/"
-                "balanced_average.ckpt</code> scores them).</p>"
-            )
-            out += _table(dice, "{:.4f}")
-    ema = training.has_ema(run_dir)
-    out += _part("EMA", ema, "ema", off_keys, "ema.ckpt missing (no EMACheckpoint in this run)")
-    if ema:
-        out += Markup(
-            "<p><code>ema.ckpt</code> holds the EMA weights (score them with <code>robusttrain validate "
-            "ckpt=RUN/ema.ckpt</code>).</p>"
-        )
+    # each part: (heading, what its file holds or None when it is missing, the config key that switches the
+    # feature on, the line shown when the file is missing, what the part shows of it)
+    parts: list[tuple[str, Any, str, str, Callable[[Any], Markup]]] = [
+        (
+            "Metamorphic training",
+            training.read_stats(run_dir),
+            "metamorphic_training",
+            "metamorphic_training.csv missing (no MetamorphicTraining in this run)",
+            _training_stats,
+        ),
+        (
+            "Failure mining",
+            training.read_mining(run_dir),
+            "mining",
+            "failures/mining.csv missing (no FailureMiningCallback in this run)",
+            _mining,
+        ),
+        (
+            "Balanced average",
+            training.read_average(run_dir),
+            "balanced_average",
+            "balanced_average.json missing (no BalancedAverage in this run)",
+            lambda report: _balanced_average(report, history),
+        ),
+        (
+            "EMA",
+            training.has_ema(run_dir) or None,
+            "ema",
+            "ema.ckpt missing (no EMACheckpoint in this run)",
+            _ema,
+        ),
+    ]
+    for title, found, key, missing, show in parts:
+        out += _part(title, found is not None, key, off_keys, missing)
+        if found is not None:
+            out += show(found)
     return out
+
+
+def _training_stats(stats) -> Markup:
+    out = _render(
+        "<p>Follow-ups drawn (candidates), kept (trained on) and rejected (occluders over the lesion) "
+        "per family, over {{ n }} epoch(s).</p>",
+        n=stats["epoch"].nunique(),
+    )
+    out += _table(training.family_totals(stats), "{:.2f}")
+    out += Markup("<p>Per epoch: kept / drawn (rejected).</p>")
+    return out + _table(training.per_epoch(stats), "{}")
+
+
+def _mining(mining) -> Markup:
+    out = Markup(
+        "<p>Per epoch. Steer mode: failure conditions in the bank, those the check failed, those it no "
+        "longer failed (repaired), failures on cases that passed their previous check (new failures: "
+        "overfitting) and the share of the random follow-ups steered to the conditions. Replay mode: "
+        "failures in the bank and replayed samples.</p>"
+    )
+    return out + _table(mining, "{:g}")
+
+
+def _balanced_average(report, history) -> Markup:
+    facts = training.average_summary(report)
+    out = _render(
+        "<table>{% for k, v in facts.items() %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>",
+        facts=facts,
+    )
+    dice = training.window_dice(history, report) if history is not None else None
+    if dice is None:
+        return out + _na("history.csv missing: no per-epoch Dice for the window")
+    out += Markup(
+        "<p>Per-case Dice of the epochs the average holds, from history.csv (the averaged weights "
+        "themselves are not scored in the run directory: <code>robusttrain check ckpt=RUN/"
+        "balanced_average.ckpt</code> scores them).</p>"
+    )
+    return out + _table(dice, "{:.4f}")
+
+
+def _ema(_: bool) -> Markup:
+    return Markup(
+        "<p><code>ema.ckpt</code> holds the EMA weights (score them with <code>robusttrain validate "
+        "ckpt=RUN/ema.ckpt</code>).</p>"
+    )
 
 
 def _part(title: str, present: bool, key: str, off_keys: set[str], missing: str) -> Markup:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.evidence import archive, report_v4, rescore
+from benchmarks.evidence import archive, report_v4, report_v5, rescore
 from robusttrain.cli.compose import compose_recipe
 
 RUNS = Path(__file__).resolve().parents[2] / "docs" / "evidence_v4" / "runs"
@@ -97,3 +97,22 @@ def test_rescore_with_comma_paths_reaches_the_checkpoint(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "Ambiguous value" not in proc.stderr and str(ckpt) in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("report", [report_v4, report_v5], ids=["v4", "v5"])
+def test_both_reports_refuse_a_bad_argument_in_one_line_before_any_work(tmp_path, capsys, report):
+    """report_v4 and report_v5 share one command line (report_v4.report_cli): the same checks, in one line."""
+    tool = report.__name__.rsplit(".", 1)[1]
+    arc, folder, missing = tmp_path / "runs", tmp_path / "tables", tmp_path / "missing"
+    arc.mkdir()
+    folder.mkdir()
+    for argv, text in [
+        ([str(missing)], f"{tool}: {missing}: not a folder"),
+        ([str(arc), "--out", str(folder)], f"{tool}: --out {folder}: is a folder; give the file to write"),
+        ([str(arc), "--seeds", "0,x"], f"{tool}: --seeds '0,x': expected integers"),
+        ([str(arc), "--conditions", "nope"], f"{tool}: --conditions: unknown ['nope']"),
+        ([str(arc), "--n-boot", "0"], f"{tool}: --n-boot 0: expected a positive number"),
+        ([str(arc)], f"{tool}: {arc}: no archived run among"),
+    ]:
+        _one_line_exit_2(capsys, lambda argv=argv: report.main(argv), text)
+    assert list(folder.iterdir()) == []

@@ -56,9 +56,9 @@ def train_run(run: RunState, profile: int = 0) -> dict | None:
         train_seed=seed,
     )
     if v4:  # the pre-registered conditions (conditions.V4_* / V5_*): no per-invocation overrides
-        from benchmarks.evidence.conditions import v4_callbacks, v5_callbacks
+        from benchmarks.evidence.conditions import condition_callbacks
 
-        cbs, _ = (v5_callbacks if run.v5 else v4_callbacks)(cond, dm, perts, sevs, **common)
+        cbs, _ = condition_callbacks("v5" if run.v5 else "v4", cond, dm, perts, sevs, **common)
         test_fams = usable_families(args.test_perturbations.split(","), dm.in_channels)
         v4_sets = v4_family_sets(args, cond, perts, test_fams)
     else:
