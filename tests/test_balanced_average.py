@@ -9,10 +9,9 @@ import pandas as pd
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch import nn
 from torch.optim.swa_utils import update_bn
-from torch.utils.data import DataLoader, Dataset
-from toys import Snapshots
+from torch.utils.data import DataLoader
+from toys import LevelCases, Snapshots, TinyBN
 
 from robusttrain.callbacks import BalancedAverage, BalancedCheckpoint, EMACheckpoint, RobustnessContext
 from robusttrain.callbacks.context import RobustnessConfigError, context_for
@@ -24,51 +23,6 @@ from robusttrain.training.schedules import warmup_cosine_tail
 pytestmark = pytest.mark.slow
 
 BN_BATCHES = 2
-
-
-class Cases(Dataset):
-    """12 samples of 16×16 (6 cases × 2 slices); the mask is where the image is bright."""
-
-    def __init__(self, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.items = []
-        for c in range(6):
-            for s in range(2):
-                mask = torch.zeros(16, 16, dtype=torch.long)
-                y, x = torch.randint(0, 10, (2,), generator=g).tolist()
-                mask[y : y + 6, x : x + 6] = 1
-                img = (
-                    mask.float()[None] + 0.3 * torch.randn(1, 16, 16, generator=g) + c
-                )  # cases differ in level
-                self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
-
-
-class TinyBN(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)
-        )
-
-    def forward(self, x):
-        return self.net(x)
-
-    def training_step(self, b, _):
-        return nn.functional.cross_entropy(self(b["image"]), b["mask"])
-
-    def validation_step(self, b, _):
-        self.log(
-            "val/loss", nn.functional.cross_entropy(self(b["image"]), b["mask"]), batch_size=len(b["mask"])
-        )
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 class TinyBNTail(TinyBN):
@@ -126,7 +80,7 @@ class Crash(pl.Callback):
 
 
 def train_loader():
-    return DataLoader(Cases(), batch_size=4, shuffle=False)
+    return DataLoader(LevelCases(), batch_size=4, shuffle=False)
 
 
 def fit(run, max_epochs, collapse_epoch=4, extra=(), ckpt_path=None, window=0.5, lr_tail=None):
@@ -152,7 +106,7 @@ def fit(run, max_epochs, collapse_epoch=4, extra=(), ckpt_path=None, window=0.5,
         devices=1,
     )
     model = TinyBN() if lr_tail is None else TinyBNTail(lr_tail)
-    trainer.fit(model, train_loader(), DataLoader(Cases(seed=1), batch_size=4), ckpt_path=ckpt_path)
+    trainer.fit(model, train_loader(), DataLoader(LevelCases(seed=1), batch_size=4), ckpt_path=ckpt_path)
     return trainer, model, avg
 
 
@@ -305,7 +259,7 @@ def test_without_balanced_checkpoint_fit_is_refused_before_training(tmp_path):
         match=r"BalancedAverage needs BalancedCheckpoint corner cases: "
         r"add BalancedCheckpoint\(\.\.\.\)",
     ):
-        trainer.fit(model, train_loader(), DataLoader(Cases(seed=1), batch_size=4))
+        trainer.fit(model, train_loader(), DataLoader(LevelCases(seed=1), batch_size=4))
     assert trainer.global_step == 0
 
 
@@ -330,7 +284,7 @@ def test_ema_checkpoint_is_lightnings_averaged_model(tmp_path):
         accelerator="cpu",
     )
     model = TinyBN()
-    trainer.fit(model, train_loader(), DataLoader(Cases(seed=1), batch_size=4))
+    trainer.fit(model, train_loader(), DataLoader(LevelCases(seed=1), batch_size=4))
     state = load_checkpoint(tmp_path / "ema.ckpt", TinyBN())["state_dict"]
     averaged = ema._average_model.module.state_dict()
     assert ema._average_model.n_averaged.item() == trainer.global_step == 6

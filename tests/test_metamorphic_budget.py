@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
-from test_callback_metamorphic import COLOUR, Blobs, Tiny
 from torch.utils.data import DataLoader
+from toys import COLOUR, Blobs, Tiny
 
 from robusttrain.callbacks import MetamorphicCallback
 from robusttrain.metamorphic.batch import BatchHooks, iter_probe

@@ -8,8 +8,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from test_callback_metamorphic import COLOUR, Blobs, Tiny
 from torch.utils.data import DataLoader
+from toys import COLOUR, Blobs, Tiny
 
 from robusttrain.callbacks import MetamorphicCallback
 from robusttrain.metamorphic.efr import efr_table, wilson_interval

@@ -13,9 +13,8 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from test_callback_metamorphic import Blobs, Tiny
 from torch.utils.data import DataLoader
-from toys import square_batch
+from toys import Blobs, Tiny, cube_volumes, square_batch
 
 from robusttrain.callbacks import (
     MetamorphicCallback,
@@ -413,36 +412,15 @@ def test_family_weights_come_from_the_checks_violation_rates():
 
 @pytest.mark.slow
 def test_3d_monai_unet_with_consistency(tmp_path):
-    from monai.networks.nets import UNet
+    from toys import MonaiVol
 
-    class Vol(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = UNet(3, 1, 2, channels=(4, 8), strides=(2,), num_res_units=0)
-
-        def forward(self, x):
-            return self.net(x)
-
+    class Vol(MonaiVol):  # trains through metamorphic_loss
         def training_step(self, b, i):
             logits = self(b["image"])
             loss = F.cross_entropy(logits, b["mask"])
             return loss + metamorphic_loss(self, b, logits, F.cross_entropy)
 
-        def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), 1e-2)
-
-    g = torch.Generator().manual_seed(0)
-    vols = [
-        {
-            "image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g),
-            "mask": torch.zeros(16, 16, 8, dtype=torch.long),
-        }
-        for _ in range(4)
-    ]
-    for v in vols:
-        v["image"][:, 4:10, 4:10, 2:6] += 0.4
-        v["mask"][4:10, 4:10, 2:6] = 1
+    vols = cube_volumes()
     mt = MetamorphicTraining(
         perturbations=["blur", "contrast", "gamma"],
         k=2,
@@ -517,7 +495,7 @@ DDP_SCRIPT = textwrap.dedent("""
     import sys, torch, lightning.pytorch as L
     sys.path.insert(0, {tests!r})
     from torch.utils.data import DataLoader, DistributedSampler
-    from test_callback_metamorphic import Blobs, Tiny
+    from toys import Blobs, Tiny
     from robusttrain.callbacks import MetamorphicTraining
 
     class Shards(Tiny):  # rank r trains on samples r, r+2, ... in order (what the test recomputes)

@@ -15,12 +15,19 @@ import PIL.Image
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+from toys import Classes
 
 from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback, RobustnessReporter
 from robusttrain.metamorphic.suite import MRSuite
 
 pytestmark = pytest.mark.slow
+
+
+def cases() -> Classes:
+    """10 single-slice 48×48 cases, three classes in 14-px squares, the image clipped to [0, 1]."""
+    return Classes(n_cases=10, size=48, box=14, slices=1, clamp=True)
+
 
 # wandb's transaction log is LevelDB's log format behind a 7-byte file header (":W&B", magic
 # 0xBEE1, version): 32 KiB blocks of records, each with a 7-byte header (crc32, length, type);
@@ -95,30 +102,6 @@ def summary(records) -> dict:
     return out
 
 
-class Cases(Dataset):
-    """n_cases 2-D images of 48×48; class k lives where the image is ≈ k/3."""
-
-    def __init__(self, n_cases=10, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.items = []
-        for c in range(n_cases):
-            mask = torch.zeros(48, 48, dtype=torch.long)
-            for k in (1, 2, 3):
-                y, x = torch.randint(0, 34, (2,), generator=g).tolist()
-                mask[y : y + 14, x : x + 14] = k
-            img = (mask.float()[None] / 3 + 0.05 * torch.randn(1, 48, 48, generator=g)).clamp(0, 1)
-            self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": 0})
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
-
-    def case_ids(self):
-        return [it["case_id"] for it in self.items]
-
-
 class Tiny(pl.LightningModule):
     def __init__(self):
         super().__init__()
@@ -184,7 +167,7 @@ def fitted(tmp_path_factory):
     mp.setenv("WANDB_MODE", "offline")
     mp.setenv("WANDB_SILENT", "true")
     pl.seed_everything(0)
-    ds = Cases()
+    ds = cases()
     sink = Sink()
     from robusttrain.callbacks import RobustnessContext
     from robusttrain.metamorphic.suite import MRSuite
@@ -343,7 +326,7 @@ def test_plots_written_when_the_fit_ends(fitted):
 
 def test_plots_every_epoch_on_request(tmp_path):
     pl.seed_everything(0)
-    ds, run_dir = Cases(), tmp_path / "run"
+    ds, run_dir = cases(), tmp_path / "run"
     spy = PlotSpy(run_dir)
     mr = MetamorphicCallback(suite=MRSuite(["blur"], severities=(4,)), dirpath=str(run_dir), verbose=False)
     trainer = pl.Trainer(

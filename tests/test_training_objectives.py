@@ -399,13 +399,11 @@ def test_consistency_chains_same_seed_same_files_and_resume_equals_uninterrupted
 
 @pytest.mark.slow
 def test_3d_volumes_with_the_consistency_objective(tmp_path):
-    from monai.networks.nets import UNet
+    from toys import MonaiVol, cube_volumes
 
-    class Vol(L.LightningModule):
+    class Vol(MonaiVol):  # counts its forwards' batch sizes; trains through metamorphic_forward
         def __init__(self):
             super().__init__()
-            torch.manual_seed(0)
-            self.net = UNet(3, 1, 2, channels=(4, 8), strides=(2,), num_res_units=0)
             self.sizes = []
 
         def forward(self, x):
@@ -416,20 +414,7 @@ def test_3d_volumes_with_the_consistency_objective(tmp_path):
             logits, mr = metamorphic_forward(self, b["image"])
             return F.cross_entropy(logits, b["mask"]) + mr
 
-        def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), 1e-2)
-
-    g = torch.Generator().manual_seed(0)
-    vols = [
-        {
-            "image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g),
-            "mask": torch.zeros(16, 16, 8, dtype=torch.long),
-        }
-        for _ in range(4)
-    ]
-    for v in vols:
-        v["image"][:, 4:10, 4:10, 2:6] += 0.4
-        v["mask"][4:10, 4:10, 2:6] = 1
+    vols = cube_volumes()
     mt = MetamorphicTraining(
         perturbations=["blur", "contrast", "gamma"],
         objective="consistency",

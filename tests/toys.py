@@ -8,7 +8,13 @@ Extend here instead of copying a ``Tiny`` / ``Blobs`` into a new test file:
   ``out=1`` for a one-channel sigmoid head; ``head="dict"`` returns ``{"aux": ..., "out": logits}``
   (the main output under a key other than ``logits``, behind an auxiliary head).
 * :class:`Classes` / :class:`ClassNet` -- 1-channel 16x16 slices with three foreground classes
-  (class k where the image is about k/3) and a 4-class conv that learns them; logs ``val/loss``.
+  (class k where the image is about k/3; ``size``, ``box``, ``slices``, ``clamp`` for other shapes) and a
+  4-class conv that learns them; logs ``val/loss``.
+* :class:`LevelCases` / :class:`TinyBN` -- 1-channel 16x16 slices of six cases at different intensity
+  levels, the mask where the image is bright, and a conv + BatchNorm 2-class net (:class:`ClassNet`'s
+  steps): the weight-averaging tests (BatchNorm statistics to recompute).
+* :func:`cube_volumes` / :class:`MonaiVol` -- 3-D (1,16,16,8) volumes with a bright cube, and MONAI's
+  3-D UNet behind a LightningModule (each test writes its own ``training_step``).
 * :class:`Snapshots` -- records the weights at every fitting validation.
 * :func:`fit` -- a quiet deterministic CPU trainer on :class:`Blobs`.
 * :func:`square_batch` -- one (images, masks) batch: noisy mid-grey images, a square lesion in each.
@@ -119,18 +125,20 @@ def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
 
 
 class Classes(Dataset):
-    """n_cases × 2 slices of 16×16; class k lives where the image is ≈ k/3."""
+    """n_cases × ``slices`` slices of size×size; class k (1..3) is a box×box square where the image is
+    ≈ k/3 (``clamp``: the image clipped to [0, 1])."""
 
-    def __init__(self, n_cases=6, seed=0):
+    def __init__(self, n_cases=6, seed=0, size=16, box=4, slices=2, clamp=False):
         g = torch.Generator().manual_seed(seed)
         self.items = []
         for c in range(n_cases):
-            for s in range(2):
-                mask = torch.zeros(16, 16, dtype=torch.long)
+            for s in range(slices):
+                mask = torch.zeros(size, size, dtype=torch.long)
                 for k in (1, 2, 3):
-                    y, x = torch.randint(0, 12, (2,), generator=g).tolist()
-                    mask[y : y + 4, x : x + 4] = k
-                img = mask.float()[None] / 3 + 0.05 * torch.randn(1, 16, 16, generator=g)
+                    y, x = torch.randint(0, size - box, (2,), generator=g).tolist()
+                    mask[y : y + box, x : x + box] = k
+                img = mask.float()[None] / 3 + 0.05 * torch.randn(1, size, size, generator=g)
+                img = img.clamp(0, 1) if clamp else img
                 self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
 
     def __len__(self):
@@ -139,11 +147,17 @@ class Classes(Dataset):
     def __getitem__(self, i):
         return self.items[i]
 
+    def case_ids(self):
+        return [it["case_id"] for it in self.items]
+
 
 class ClassNet(L.LightningModule):
-    def __init__(self):
+    """Cross-entropy on dict batches; a 4-class conv for :class:`Classes` unless ``net`` is given."""
+
+    def __init__(self, net: nn.Module | None = None, lr: float = 0.5):
         super().__init__()
-        self.net = nn.Conv2d(1, 4, 3, padding=1)
+        self.net = net if net is not None else nn.Conv2d(1, 4, 3, padding=1)
+        self.lr = lr
 
     def forward(self, x):
         return self.net(x)
@@ -157,7 +171,72 @@ class ClassNet(L.LightningModule):
         )
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5)
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class LevelCases(Dataset):
+    """12 samples of 16×16 (6 cases × 2 slices); the mask is where the image is bright."""
+
+    def __init__(self, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for c in range(6):
+            for s in range(2):
+                mask = torch.zeros(16, 16, dtype=torch.long)
+                y, x = torch.randint(0, 10, (2,), generator=g).tolist()
+                mask[y : y + 6, x : x + 6] = 1
+                img = (
+                    mask.float()[None] + 0.3 * torch.randn(1, 16, 16, generator=g) + c
+                )  # cases differ in level
+                self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class TinyBN(ClassNet):
+    """Conv + BatchNorm + ReLU + conv, two classes, SGD at 0.1: for :class:`LevelCases`."""
+
+    def __init__(self):
+        net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1))
+        super().__init__(net, lr=0.1)
+
+
+def cube_volumes(n=4, seed=0):
+    """``n`` dict samples of a (1,16,16,8) volume in [0.2, 0.5] with a brighter cube, the cube as the mask."""
+    g = torch.Generator().manual_seed(seed)
+    vols = [
+        {
+            "image": 0.2 + 0.3 * torch.rand(1, 16, 16, 8, generator=g),
+            "mask": torch.zeros(16, 16, 8, dtype=torch.long),
+        }
+        for _ in range(n)
+    ]
+    for v in vols:
+        v["image"][:, 4:10, 4:10, 2:6] += 0.4
+        v["mask"][4:10, 4:10, 2:6] = 1
+    return vols
+
+
+class MonaiVol(L.LightningModule):
+    """MONAI's 3-D UNet (one channel in, two classes, two levels), Adam 1e-2; a test adds its
+    ``training_step`` (the volumes' tests each train through a different metamorphic helper)."""
+
+    def __init__(self):
+        from monai.networks.nets import UNet
+
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = UNet(3, 1, 2, channels=(4, 8), strides=(2,), num_res_units=0)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), 1e-2)
 
 
 class Snapshots(L.Callback):

@@ -22,8 +22,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from test_balanced_average import Cases, PlantedHistory, TinyBN, train_loader
+from test_balanced_average import PlantedHistory, train_loader
 from torch.utils.data import DataLoader
+from toys import LevelCases, TinyBN
 
 from robusttrain.callbacks import BalancedAverage, BalancedCheckpoint, EMACheckpoint, RobustnessContext
 from robusttrain.cli import main
@@ -76,7 +77,7 @@ def _fit(run, seed, max_epochs, first=(), ckpt_path=None, average=True, ema=Fals
         devices=1,
         plugins=list(plugins),
     )
-    trainer.fit(TinyBN(), train_loader(), DataLoader(Cases(seed=1), batch_size=4), ckpt_path=ckpt_path)
+    trainer.fit(TinyBN(), train_loader(), DataLoader(LevelCases(seed=1), batch_size=4), ckpt_path=ckpt_path)
 
 
 def _weights(path):
