@@ -92,7 +92,8 @@ def robustness(
     ]
     if training:
         training_args = {"objective": "replace", "k": 1, "q": 0.5, "seed": seed, **groups["training"]}
-        out.append(MetamorphicTraining(dirpath=run_dir, hooks=hooks, context=ctx, **training_args))
+        mt_dir = None if run_dir is None else os.fspath(run_dir)
+        out.append(MetamorphicTraining(dirpath=mt_dir, hooks=hooks, context=ctx, **training_args))
     out.append(
         BalancedCheckpoint(
             dirpath=run_dir,
