@@ -49,7 +49,7 @@ def test_help_lists_commands_and_recipes(capsys):
         ),
         (
             ("fit", "recipe=smoke", "model=foo"),
-            "unknown model 'foo'; valid choices: attention_unet, basic_unet, flexible_unet, lite0_unet, segresnet, swin_unetr",
+            "unknown model 'foo'; valid choices: attention_unet, basic_unet, flexible_unet, lite0_unet, segresnet, smp_unet, swin_unetr",
         ),
         (("validate", "recipe=smoke"), "validate needs ckpt=PATH"),
         (("frobnicate",), None),
