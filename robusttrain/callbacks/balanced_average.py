@@ -61,7 +61,6 @@ from typing import Any
 
 import lightning.pytorch as L
 import torch
-from lightning.pytorch import Callback
 from torch.nn.modules.batchnorm import _BatchNorm
 from typing_extensions import override
 
@@ -83,7 +82,8 @@ from robusttrain.validate import check_int
 from ._dist import barrier, broadcast_object
 from ._weights import save_weights
 from .compat import fitting
-from .context import RobustnessContext, UsesContext
+from .context import RobustnessContext
+from .lifecycle import ContextMember
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def seeded_loader(loader: Any, seed: int) -> Any:
     )
 
 
-class BalancedAverage(UsesContext, Callback):
+class BalancedAverage(ContextMember):
     """Write ``balanced_average.ckpt`` (see module docstring for the rule and why).
 
     Args:
@@ -162,20 +162,16 @@ class BalancedAverage(UsesContext, Callback):
         self.report: dict[str, Any] | None = None  # what balanced_average.json says, for programmatic use
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(window=self.window)
 
-    @override
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        self.join_context(trainer)
-        # the ECOD flags come from BalancedCheckpoint: without it fit stops before training, saying so
-        self.context.join(type(self).__name__, self.dirpath, requires=("corners",))
+    # the ECOD flags come from BalancedCheckpoint: without it fit stops before training, saying so
+    REQUIRES = ("corners",)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._dir = self.context.finalize(trainer)
+        super().on_fit_start(trainer, pl_module)
         self._finished = False
 
     @property

@@ -29,7 +29,6 @@ import lightning.pytorch as L
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch import Callback
 from typing_extensions import override
 
 from robusttrain.cornercases import POLICIES, Selection, load_history, max_flagged, select_balanced_epoch
@@ -48,7 +47,8 @@ from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import gather_objects
 from .compat import fitting
-from .context import RobustnessContext, UsesContext
+from .context import RobustnessContext
+from .lifecycle import ContextMember
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ CANDIDATES = "balanced_candidates"
 PICKS = corners_file.PICKS_DIR  # the other policies' epochs, kept after the fit
 
 
-class BalancedCheckpoint(UsesContext, Callback):
+class BalancedCheckpoint(ContextMember):
     """Save the balanced checkpoint of paper 004 (see module docstring).
 
     Args:
@@ -143,22 +143,23 @@ class BalancedCheckpoint(UsesContext, Callback):
         self.selection: Selection | None = None  # the last Selection, for programmatic use
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(policy=self.policy, monitor=self.monitor)
 
     # ------------------------------------------------------------------ setup / paths
+    PROVIDES = ("corners",)
+
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        self._finished = False
-        self.join_context(trainer)
-        self.context.join(type(self).__name__, self.dirpath, provides=("corners",))
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            self._finished = False
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
         # every setup has run: whether an MR callback provides the history is known now
-        self._dir = self.context.finalize(trainer)
         has_mr = self.context.provides("mr")
         self._computing = self.compute_dice if self.compute_dice is not None else not has_mr
         self._read = self.hooks or self.context.hooks or BatchHooks()
@@ -382,20 +383,6 @@ class BalancedCheckpoint(UsesContext, Callback):
         elif trainer.is_global_zero and not self.keep_candidates:
             # stopped while removing the candidates, after corner_cases.json was committed
             shutil.rmtree(self._dir / CANDIDATES, ignore_errors=True)
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # the fit is over: this trainer lets go of the run-directory lock its context took (the
-        # reporter does it when present: its teardown still writes the final plots)
-        if (
-            stage == "fit"
-            and self._dir is not None
-            and trainer.is_global_zero
-            and "RobustnessReporter" not in self.context.members
-        ):
-            from robusttrain.rundir.lock import release
-
-            release(self._dir, holder=trainer)
 
     def _finish(self, trainer) -> None:
         """Select, then write ``balanced.ckpt``, the fallback history and ``corner_cases.json`` (the

@@ -5,6 +5,9 @@ creates one and stores it on the trainer as ``trainer.robusttrain_context`` (the
 robusttrain sets on a trainer); the others join it. No callback looks for its siblings or touches
 their attributes: what one produces and another consumes goes through this object.
 
+The lifecycle below is written once, in :class:`robusttrain.callbacks.lifecycle.ContextMember`, the
+callbacks' base:
+
 * ``setup``: every callback :meth:`~RobustnessContext.join` s, naming what it provides
   (``"mr"``: MR results, hooks and failures; ``"corners"``: corner cases and the least-loss
   epoch) and what it requires, and its ``dirpath``.
@@ -72,7 +75,9 @@ class RobustnessContext:
     * FailureMiningCallback: ``train_probe`` and, in ``mode="steer"``, ``steering`` (a
       :class:`~robusttrain.training.steering.Steering`: the failure conditions MetamorphicTraining's
       random draws are steered by).
-    * MetamorphicTraining: ``trained_families`` (what it has trained on, from its records).
+    * MetamorphicTraining: ``trained_families`` (what it has trained on, from its records) and
+      ``followups``, this training step's follow-ups (a
+      :class:`~robusttrain.training.objective.StepFollowups`) for the model's ``training_step``.
     """
 
     run_dir: Path | None = None
@@ -92,6 +97,7 @@ class RobustnessContext:
     least_loss_epoch: int | None = None
     train_probe: TrainProbe | None = None
     steering: Any = None  # FailureMiningCallback(mode="steer"): what MetamorphicTraining steers its draws by
+    followups: Any = None  # MetamorphicTraining: this step's follow-ups (training.objective.StepFollowups)
     members: dict[str, dict[str, Any]] = field(default_factory=dict)
     sinks: list[Callable[..., None]] = field(default_factory=list)
     auto: bool = field(default=False, repr=False)  # made by context_for, not given by the user
@@ -195,6 +201,7 @@ class RobustnessContext:
             "heldout_families",
             "train_probe",
             "steering",
+            "followups",
         ):
             if getattr(self, f) is None:
                 setattr(self, f, getattr(other, f))
@@ -248,57 +255,3 @@ def context_for(trainer: Any, explicit: RobustnessContext | None = None) -> Robu
         current.auto = True
     setattr(trainer, ATTR, current)
     return current
-
-
-class UsesContext:
-    """Mixin of the robustness callbacks: ``context`` is the shared :class:`RobustnessContext` the
-    callback joined in ``setup`` (the one given as ``context=``, else the trainer's).
-
-    Hooks read ``self.context``, never an Optional field: used before ``setup`` it raises one clear
-    :class:`RobustnessConfigError` instead of an ``AttributeError`` on ``None`` deep in a hook.
-
-    ``fit_dir`` is the same for the run directory the callback's ``on_fit_start`` resolved (``_dir``).
-
-    >>> class Cb(UsesContext): pass
-    >>> Cb().context
-    Traceback (most recent call last):
-    ...
-    robusttrain.errors.RobustnessConfigError: Cb.context is used before setup(): ...
-    >>> Cb().fit_dir
-    Traceback (most recent call last):
-    ...
-    robusttrain.errors.RobustnessConfigError: Cb.fit_dir is used before on_fit_start(): ...
-    """
-
-    _ctx: RobustnessContext | None = None
-    _context_arg: RobustnessContext | None = None  # the constructor's context= (None: the trainer's)
-    _dir: Path | None = None  # the run directory: the dirpath= given, then on_fit_start's context.finalize()
-
-    @property
-    def fit_dir(self) -> Path:
-        if self._dir is None:
-            raise RobustnessConfigError(
-                f"{type(self).__name__}.fit_dir is used before on_fit_start(): add the callback to a Trainer's "
-                "callbacks and run fit (on_fit_start resolves the run directory)"
-            )
-        return self._dir
-
-    @property
-    def context(self) -> RobustnessContext:
-        if self._ctx is None:
-            raise RobustnessConfigError(
-                f"{type(self).__name__}.context is used before setup(): add the callback to a Trainer's "
-                "callbacks and run fit/validate (setup joins the shared RobustnessContext)"
-            )
-        return self._ctx
-
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """A fit that failed lets go of the run directory (Lightning calls no ``teardown`` then): the
-        same process can fit again there, with this trainer or another."""
-        if self._ctx is not None:
-            self._ctx.release_lock(trainer, type(self).__name__)
-
-    def join_context(self, trainer: Any) -> RobustnessContext:
-        """Join the trainer's shared context (``setup``); returns it."""
-        self._ctx = context_for(trainer, self._context_arg)
-        return self._ctx

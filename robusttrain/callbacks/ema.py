@@ -56,7 +56,8 @@ from robusttrain.validate import check_fraction, check_int
 
 from ._dist import barrier
 from ._weights import save_weights
-from .context import RobustnessContext, UsesContext
+from .context import RobustnessContext
+from .lifecycle import ContextMember
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def _check_optional_int(name: str, value: Any) -> int | None:
     return None if value is None else check_int(name, value, 0)
 
 
-class EMACheckpoint(UsesContext, EMAWeightAveraging):
+class EMACheckpoint(ContextMember, EMAWeightAveraging):
     """:class:`~lightning.pytorch.callbacks.EMAWeightAveraging` with a run-sized decay, plus
     ``<run_dir>/ema.ckpt`` and ``ema.json`` at the end of fit (see module docstring).
 
@@ -130,26 +131,18 @@ class EMACheckpoint(UsesContext, EMAWeightAveraging):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage == "fit":
-            self.join_context(trainer)
-            self.context.join(type(self).__name__, self.dirpath)
-            if not self._use_buffers and any(isinstance(m, _BatchNorm) for m in pl_module.modules()):
-                log.warning(
-                    "EMACheckpoint(use_buffers=False): the EMA model's BatchNorm statistics are not averaged "
-                    "and stay at their initial values in ema.ckpt; use use_buffers=True (the default)"
-                )
+        super().setup(trainer, pl_module, stage)  # joins the context on fit
+        averaged = self._use_buffers or stage != "fit"
+        if not averaged and any(isinstance(m, _BatchNorm) for m in pl_module.modules()):
+            log.warning(
+                "EMACheckpoint(use_buffers=False): the EMA model's BatchNorm statistics are not averaged "
+                "and stay at their initial values in ema.ckpt; use use_buffers=True (the default)"
+            )
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._dir = self.context.finalize(trainer)
+        super().on_fit_start(trainer, pl_module)
         self._finished = False
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().teardown(trainer, pl_module, stage)
-        if stage == "fit" and self._ctx is not None:  # alone on a trainer, it lets go of the run directory
-            self._ctx.release_lock(trainer, type(self).__name__)
 
     # ------------------------------------------------------------------ the decay
     def planned_updates(self, trainer) -> int:

@@ -49,7 +49,6 @@ from typing import Any
 
 import lightning.pytorch as L
 import pandas as pd
-from lightning.pytorch import Callback
 from typing_extensions import override
 
 from robusttrain.metamorphic.batch import iter_probe
@@ -67,14 +66,15 @@ from robusttrain.training.steering import Steering
 from robusttrain.validate import check_choice, check_fraction, check_int
 
 from ._dist import barrier, broadcast_object, gather_objects, is_global_zero
-from .context import RobustnessConfigError, RobustnessContext, TrainProbe, UsesContext
+from .context import RobustnessConfigError, RobustnessContext, TrainProbe
+from .lifecycle import ContextMember
 
 MAX_REPLAY_RATIO = 0.9
 MODES = ("steer", "replay")
 log = logging.getLogger(__name__)
 
 
-class FailureMiningCallback(UsesContext, Callback):
+class FailureMiningCallback(ContextMember):
     """Failure bank + replay + failure-driven sampling (see module doc).
 
     Args:
@@ -231,12 +231,19 @@ class FailureMiningCallback(UsesContext, Callback):
             self._probe.dataset = CleanDataset(replay.base)
 
     # ---- wiring -----------------------------------------------------------------------------
+    REQUIRES = ("mr",)
+
+    @property
+    @override
+    def joins(self) -> bool:
+        return bool(self.enabled)
+
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         if not self.enabled or stage != "fit":
             return
-        ctx = self.join_context(trainer)
-        ctx.join(type(self).__name__, self.dirpath, requires=("mr",))
+        ctx = self.context
         ctx.subscribe(self._sink)  # called on rank 0 with the gathered failures
         dm = getattr(trainer, "datamodule", None)
         self._val = getattr(dm, "val_dataset", None)
@@ -249,15 +256,11 @@ class FailureMiningCallback(UsesContext, Callback):
         )
 
     @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._ctx is not None:
-            self._ctx.release_lock(trainer, type(self).__name__)
-
-    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
         if not self.enabled:
             return
-        run_dir = self.context.finalize(trainer)
+        run_dir = self.fit_dir
         if self._restored is None:  # a fresh fit: its own, empty bank (never another run's, nor a
             self.bank = None  # previous fit's of this callback)
             self.rows, self._counts, self._weights_epoch = [], defaultdict(lambda: defaultdict(int)), -1

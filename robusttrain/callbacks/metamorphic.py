@@ -43,7 +43,6 @@ import lightning.pytorch as L
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
@@ -85,13 +84,14 @@ from robusttrain.validate import check_choice, check_fraction, check_int
 from ._dist import broadcast_object, gather_objects
 from ._mr_probe import decide_outputs, make_predict, make_to_probabilities, progress_bar
 from .compat import fitting
-from .context import RobustnessConfigError, RobustnessContext, TrainProbe, UsesContext
+from .context import RobustnessConfigError, RobustnessContext, TrainProbe
+from .lifecycle import ContextMember
 
 Sink = Callable[..., None]
 DEGENERATE_DICE = 0.05  # mean clean Dice below which the check's numbers are said to mean nothing
 
 
-class MetamorphicCallback(UsesContext, Callback):
+class MetamorphicCallback(ContextMember):
     """Metamorphic checks of the validation set (and, on request, of a training probe).
 
     Works on any trainer whose model's forward returns (B,1,H,W) (sigmoid) or (B,K,H,W)
@@ -215,17 +215,20 @@ class MetamorphicCallback(UsesContext, Callback):
         self._ctx: RobustnessContext | None = context
 
     @property
+    @override
     def state_key(self) -> str:
         # suite-independent, so a resume with a changed suite reaches load_state_dict and is refused
         return self._generate_state_key()
 
     # -- Lightning hooks ---------------------------------------------------------------
+    PROVIDES = ("mr",)
+
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        ctx = self.join_context(trainer)
-        ctx.join(type(self).__name__, self.dirpath, provides=("mr",))
+        ctx = self.context
         ctx.hooks, ctx.suite, ctx.violation_threshold = self.hooks, self.suite, self.violation_threshold
         ctx.every_n_epochs, ctx.class_names = self.every_n_epochs, self.class_names
         ctx.heldout_families = frozenset(self.heldout)
@@ -234,13 +237,8 @@ class MetamorphicCallback(UsesContext, Callback):
             next(iter_probe(ds, [0], 1, self.hooks))
 
     @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._ctx is not None:
-            self._ctx.release_lock(trainer, type(self).__name__)
-
-    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.context.finalize(trainer)
+        super().on_fit_start(trainer, pl_module)
         self._publish()
 
     @override

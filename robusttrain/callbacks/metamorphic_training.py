@@ -48,13 +48,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import lightning.pytorch as L
 import pandas as pd
 import torch
-from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -63,20 +63,21 @@ from robusttrain.metamorphic.check import eval_state as scoring_state  # eval, n
 from robusttrain.metamorphic.efr import VIOLATION_THRESHOLD, family_rates
 from robusttrain.metamorphic.heldout import trained_by_records
 from robusttrain.rundir import metamorphic_training as records_file
-from robusttrain.training import WorstOfK, divergence, probabilities, ramp, scaled_for_scoring, soft_dice_loss
+from robusttrain.training import WorstOfK, probabilities, ramp, scaled_for_scoring, soft_dice_loss
 from robusttrain.training.accounting import FamilyCounts, merge_rows, sample_rows, with_epoch
+from robusttrain.training.objective import StepFollowups
 from robusttrain.training.objective import metamorphic_forward as metamorphic_forward
 from robusttrain.training.objective import metamorphic_loss as metamorphic_loss
-from robusttrain.training.objective import select_rows, zero_like_outputs
 from robusttrain.training.settings import DEFAULT_CAP, MTSettings, check_training_images, setting_names
 from robusttrain.training.steering import SteeredDraws, Steering
 from robusttrain.training.worst_of_k import Followups
 
 from ._dist import gather_objects
-from .context import RobustnessConfigError, RobustnessContext, UsesContext
+from .context import RobustnessConfigError, RobustnessContext
+from .lifecycle import ContextMember
 
 
-class MetamorphicTraining(UsesContext, Callback):
+class MetamorphicTraining(ContextMember):
     """Metamorphic training for any Lightning model: follow-ups drawn (and selected) online, trained on
     through one of three objectives (module doc).
 
@@ -98,7 +99,7 @@ class MetamorphicTraining(UsesContext, Callback):
         *,
         settings: MTSettings | None = None,
         hooks: BatchHooks | None = None,
-        dirpath: str | None = None,
+        dirpath: str | os.PathLike | None = None,
         context: RobustnessContext | None = None,
         **values: Any,
     ):
@@ -114,28 +115,23 @@ class MetamorphicTraining(UsesContext, Callback):
         self.samples: list[dict[str, Any]] = []
         self._ctx: RobustnessContext | None = context
         self._counts = FamilyCounts()
-        self._pending: Any = None
+        # this training step's follow-ups, carried by the context to the model's training_step
+        s = self.settings
+        self._step = StepFollowups(s.objective, s.divergence, s.detach_source)
         self._epoch_samples: list[dict[str, Any]] = []
-        self._consumed = False
         self._steps_seen = 0
         self._rates_cache: tuple[Any, dict[str, float] | None] = (None, None)  # (efr table, its rates)
 
     # -- Lightning hooks ---------------------------------------------------------------
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        self.join_context(trainer)
-        self.context.join(type(self).__name__, self.dirpath)
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._ctx is not None:
-            self._ctx.release_lock(trainer, type(self).__name__)
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":  # metamorphic_forward / metamorphic_loss read each step's follow-ups there
+            self.context.followups = self._step
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.context.finalize(trainer)
+        super().on_fit_start(trainer, pl_module)
         self._steps_seen = 0
 
     @override
@@ -150,8 +146,8 @@ class MetamorphicTraining(UsesContext, Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._pending, self._consumed = None, False
         hooks = self._hooks()
+        self._step.start(hooks.to_probabilities)
         try:
             images = hooks.get_images(batch)
             masks = normalise_mask(hooks.get_masks(batch), images)
@@ -192,8 +188,10 @@ class MetamorphicTraining(UsesContext, Callback):
             fol = self._steered(trainer, fol, images, masks, self.wok)
         self._counts.add(self.wok, fol, rates)
         self._record(trainer, batch, fol)
-        if self.settings.pair:
-            self._pending = (fol, hooks.get_masks(batch))
+        if self.settings.pair:  # they wait beside the batch for the model's training_step
+            pending = self._step
+            pending.followups, pending.target = fol, hooks.get_masks(batch)
+            pending.weight = self._lambda(trainer)
             return
         self._write_into(batch, images, fol)
 
@@ -237,7 +235,8 @@ class MetamorphicTraining(UsesContext, Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.settings.pair and self._pending is not None and not self._consumed and self._steps_seen == 0:
+        step = self._step
+        if self.settings.pair and step.followups is not None and not step.used and self._steps_seen == 0:
             line = (
                 "logits, mr = metamorphic_forward(self, images)` in place of `self(images)` and add `mr` to the loss"
                 if self.settings.objective == "consistency"
@@ -249,7 +248,7 @@ class MetamorphicTraining(UsesContext, Callback):
                 f"add `{line} to training_step, or use objective='replace' (follow-ups then replace images in place)"
             )
         self._steps_seen += 1
-        self._pending = None
+        step.followups = step.target = None
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -278,62 +277,10 @@ class MetamorphicTraining(UsesContext, Callback):
         self.context.trained_families = trained_by_records(self.stats)
         records_file.write_samples(self.context.resolved_run_dir, self.samples)
 
-    # -- the objectives' terms (called from training_step through robusttrain.training.objective) ---
-    def _lambda(self, pl_module: L.LightningModule) -> float:
-        trainer = pl_module.trainer
-        return self.settings.consistency * ramp(
-            int(trainer.global_step), _total_steps(trainer), self.settings.ramp
-        )
-
-    def _consistency(self, pl_module: L.LightningModule, source: Any, followup: Any, n: int) -> torch.Tensor:
-        """``lambda * D(p(source), p(followup))``, logged; the source detached with ``detach_source``."""
-        spec = self._hooks().to_probabilities
-        p_src = probabilities(source, spec)
-        if self.settings.detach_source:  # the source is the reference: only the follow-up moves to agree
-            p_src = p_src.detach()
-        cons = divergence(p_src, probabilities(followup, spec), self.settings.divergence)
-        lam = self._lambda(pl_module)
-        pl_module.log("mt/consistency", cons.detach(), on_step=False, on_epoch=True, batch_size=n)
-        pl_module.log("mt/lambda", lam, on_step=False, on_epoch=True, batch_size=n)
-        return lam * cons
-
-    def consistency_forward(
-        self, pl_module: L.LightningModule, images: torch.Tensor
-    ) -> tuple[Any, torch.Tensor]:
-        """The ``"consistency"`` objective's forward (:func:`metamorphic_forward`): one forward over
-        ``images`` and this step's follow-ups; ``images``' outputs and ``lambda * D`` (0 without follow-ups)."""
-        self._consumed = True
-        if self.settings.objective != "consistency" or self._pending is None or not len(self._pending[0]):
-            out = pl_module(images)
-            return out, zero_like_outputs(out)
-        fol = self._pending[0]
-        b = images.shape[0]
-        out = pl_module(torch.cat([images, fol.images.to(images.dtype)]))
-        clean, follow = select_rows(out, slice(0, b)), select_rows(out, slice(b, None))
-        return clean, self._consistency(pl_module, select_rows(clean, fol.index), follow, len(fol))
-
-    def paired_loss(
-        self, pl_module: L.LightningModule, batch: Any, outputs: Any, seg_loss: Callable | None = None
-    ) -> torch.Tensor:
-        """The ``"paired"`` objective's term (:func:`metamorphic_loss`): ``L_seg(x*) + lambda * D(p(x), p(x*))``
-        for this step's follow-ups (0 for the other objectives, or when there are none)."""
-        self._consumed = True
-        zero = zero_like_outputs(outputs)
-        if self.settings.objective != "paired" or self._pending is None:
-            return zero
-        fol, target = self._pending
-        idx = fol.index
-        out_f = pl_module(fol.images)
-        if seg_loss is not None:
-            seg = seg_loss(out_f, select_rows(target, idx))
-        else:
-            spec = self._hooks().to_probabilities
-            seg = soft_dice_loss(
-                probabilities(out_f, spec), normalise_mask(select_rows(target, idx), fol.images)
-            ).mean()
-        n = int(idx.numel())
-        pl_module.log("mt/followup_loss", seg.detach(), on_step=False, on_epoch=True, batch_size=n)
-        return seg + self._consistency(pl_module, select_rows(outputs, idx), out_f, n)
+    def _lambda(self, trainer: L.Trainer) -> float:
+        """The consistency weight at this step (``consistency``, ramped over the first ``ramp`` of the steps)."""
+        s = self.settings
+        return s.consistency * ramp(int(trainer.global_step), _total_steps(trainer), s.ramp)
 
     # -- internals ---------------------------------------------------------------------
     def _hooks(self) -> BatchHooks:

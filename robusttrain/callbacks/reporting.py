@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as L
 import pandas as pd
-from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -47,7 +46,8 @@ from robusttrain.rundir.corner_cases import Corners
 from robusttrain.validate import check_choice, check_int
 
 from .compat import fitting, wandb_logger
-from .context import RobustnessContext, UsesContext
+from .context import RobustnessContext
+from .lifecycle import ContextMember
 
 if TYPE_CHECKING:  # imported where W&B logs (an optional logger)
     from wandb import Table as WandbTable
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # imported where W&B logs (an optional logger)
 log = logging.getLogger(__name__)
 
 
-class RobustnessReporter(UsesContext, Callback):
+class RobustnessReporter(ContextMember):
     """Plots, W&B charts and console summary after each robustness check (see module doc).
 
     Args:
@@ -107,15 +107,9 @@ class RobustnessReporter(UsesContext, Callback):
     # ------------------------------------------------------------------ wiring
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        self.join_context(trainer)
-        self.context.join(type(self).__name__, self.dirpath)
-        self.context.subscribe(self._on_failure)
-
-    @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.context.finalize(trainer)
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            self.context.subscribe(self._on_failure)
 
     def _on_failure(self, record: Any, images: dict | None = None) -> None:
         # called by the MR callback on rank 0 for every violation; keep only the worst per epoch
@@ -123,9 +117,6 @@ class RobustnessReporter(UsesContext, Callback):
         if len(self._pending) > 4 * max(self.max_failures_per_epoch, 1):
             self._pending.sort(key=lambda ri: -ri[0].drop)
             del self._pending[self.max_failures_per_epoch :]
-
-    def run_dir(self, trainer: Any) -> Path:
-        return self.context.finalize(trainer)
 
     # ------------------------------------------------------------------ hooks
     @override
@@ -151,19 +142,11 @@ class RobustnessReporter(UsesContext, Callback):
                 self._report(trainer, int(trainer.current_epoch) - 1, final=True)
             except Exception:  # reporting must never turn a finished fit into a failure
                 log.exception("RobustnessReporter: final report failed")
-        if (
-            stage == "fit"
-            and self._ctx is not None
-            and self._ctx.run_dir is not None
-            and trainer.is_global_zero
-        ):
-            from robusttrain.rundir.lock import release
-
-            release(self._ctx.run_dir, holder=trainer)  # this trainer lets go of the run-directory lock
+        super().teardown(trainer, pl_module, stage)  # then this trainer lets go of the run-directory lock
 
     # ------------------------------------------------------------------ one report
     def _report(self, trainer: Any, epoch: int, final: bool) -> None:
-        run_dir = self.run_dir(trainer)
+        run_dir = self.fit_dir
         ctx = self.context
         # the MR callback's tables in the context are the files' content, without re-reading them
         history = ctx.history if _rows(ctx.history) else history_file.read(run_dir)

@@ -32,6 +32,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
@@ -67,10 +68,12 @@ class RunCheckpoint(ModelCheckpoint):
     ``callbacks.checkpoint``. Arguments are ModelCheckpoint's."""
 
     @property
+    @override
     def state_key(self) -> str:
         # ModelCheckpoint's own key, so a run saved by either class resumes with the other
         return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.dirpath is None:  # no folder of its own yet: Lightning's behaviour
             super().load_state_dict(state_dict)
