@@ -12,7 +12,16 @@ import torch
 
 from robusttrain.datamodules import PolypDataModule
 
-TABLES = ("history.csv", "efr.csv", "mr_cases.csv", "corner_cases.json")
+TABLES = (
+    "history.csv",
+    "efr.csv",
+    "mr_cases.csv",
+    "corner_cases.json",
+    # MetamorphicTraining's ledger (issue 47): its counts and sampled recipes
+    "metamorphic_training.csv",
+    "metamorphic_training_samples.jsonl",
+    "balanced_average.json",
+)
 
 
 def _fit(run_dir: Path, *overrides: str) -> None:

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
+from robusttrain.cli.check_output import write_audit
 from robusttrain.metamorphic.audit import audit, format_efr_tables
 from robusttrain.metamorphic.suite import DEFAULT_PERTURBATIONS, MRSuite
 
@@ -35,7 +36,8 @@ def _data(n=4, size=64, c=3):  # text overlay needs >= 64 px (48 px crashes its 
 
 
 def test_audit_default_suite_paper_layout_and_files(tmp_path):
-    res = audit(RedDetector(), {"kvasir": _data(), "etis": _data(3)}, MRSuite(seed=0), out_dir=tmp_path)
+    res = audit(RedDetector(), {"kvasir": _data(), "etis": _data(3)}, MRSuite(seed=0))
+    write_audit(tmp_path, res)  # what `robusttrain check` writes
     t25 = res["tables"][0.25]
     per = ["Dice", "IoU", "perturbed Dice", "worst family", "worst family Dice"]
     assert list(t25.columns) == ["held out"] + [f"{d}/{c}" for d in ("kvasir", "etis") for c in per]
@@ -128,7 +130,9 @@ def test_the_tables_say_which_families_tracked_a_new_centre_in_the_project_s_evi
     fams = family_validity()["families"]
     tracked = next(f for f in ("jpeg", "instrument", "vignetting") if fams[f]["lo"] > 0)
     untracked = next(f for f in ("contrast", "blur", "gamma") if fams[f]["lo"] <= 0)
-    audit(RedDetector(), {"val": _data(2)}, MRSuite([tracked, untracked], (2,), seed=0), out_dir=tmp_path)
+    write_audit(
+        tmp_path, audit(RedDetector(), {"val": _data(2)}, MRSuite([tracked, untracked], (2,), seed=0))
+    )
     md = (tmp_path / "efr_table.md").read_text()
     note = md.split("tracked a new hospital in the project's evidence", 1)[1]
     said, rest = note.split("(interval above 0)", 1)

@@ -174,7 +174,7 @@ class BalancedCheckpoint(ContextMember):
     @property
     def case_history(self) -> pd.DataFrame:
         """The self-computed history (empty unless computing Dice itself)."""
-        return pd.DataFrame(self._rows)
+        return history_file.from_rows(self._rows)
 
     def _history(self) -> pd.DataFrame | None:
         h = self._ctx.history if self._ctx is not None else None

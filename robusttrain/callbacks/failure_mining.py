@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as L
-import pandas as pd
 from typing_extensions import override
 
 from robusttrain.metamorphic.batch import iter_probe
@@ -397,7 +396,7 @@ class FailureMiningCallback(ContextMember):
             rank_zero_only=True,
         )
         if is_global_zero(trainer):
-            mining_file.write(self.context.resolved_run_dir, pd.DataFrame(self.rows))
+            mining_file.write(self.context.resolved_run_dir, self.rows)
 
     def _sync(self, trainer: Any) -> None:
         # all ranks call this at the same hooks; only rank 0 has records (sinks run there)

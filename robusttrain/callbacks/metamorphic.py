@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as L
-import numpy as np
 import pandas as pd
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -62,18 +61,11 @@ from robusttrain.metamorphic.check import (
     probe_cases,
     run_check,
 )
-from robusttrain.metamorphic.efr import (
-    EFR_COLUMNS,
-    THRESHOLDS,
-    VIOLATION_THRESHOLD,
-    efr_metrics,
-    efr_table,
-    format_efr_console,
-)
+from robusttrain.metamorphic.efr import THRESHOLDS, VIOLATION_THRESHOLD, efr_metrics
 from robusttrain.metamorphic.failures import build_failures
 from robusttrain.metamorphic.heldout import heldout_families, label_heldout, trained_note, with_families
+from robusttrain.metamorphic.ledger import CheckEntry, CheckLedger
 from robusttrain.metamorphic.reuse import ValidationOutputs
-from robusttrain.metamorphic.rotation import latest_scores
 from robusttrain.metamorphic.runner import ProbeResult, aggregate
 from robusttrain.metamorphic.suite import MRSuite
 from robusttrain.rundir import efr as efr_file
@@ -208,9 +200,7 @@ class MetamorphicCallback(ContextMember):
         self.to_probabilities = make_to_probabilities(self.hooks.to_probabilities)
         self.reuse = ValidationOutputs(self.to_probabilities)  # the validation loop's clean labels
         self.verbose = verbose
-        self.history = pd.DataFrame(columns=["case_id", "epoch"])
-        self.efr = pd.DataFrame(columns=EFR_COLUMNS)
-        self.cases = pd.DataFrame()
+        self.ledger = CheckLedger(self.thresholds)  # history, efr, cases of every check (one object)
         self.last_failures: list = []
         self._ctx: RobustnessContext | None = context
 
@@ -352,7 +342,6 @@ class MetamorphicCallback(ContextMember):
                 progress=lambda split, n: progress_bar(trainer, n, f"MR check ({split})"),
             )
             for split, res in results.items():
-                n_cases = len(dict.fromkeys(probes[split].case_ids))
                 final = full and self.budget.enabled
                 basis = (
                     "rotation"
@@ -363,18 +352,7 @@ class MetamorphicCallback(ContextMember):
                 )
                 metrics.update(
                     self._record(
-                        trainer,
-                        pl_module,
-                        probes[split].dataset,
-                        res,
-                        epoch,
-                        split,
-                        predict,
-                        path,
-                        n_cases=n_cases,
-                        final=final,
-                        basis=basis,
-                        sinks=log,
+                        trainer, pl_module, res, probes[split], epoch, split, predict, path, final, basis, log
                     )
                 )
                 if split == "val":
@@ -417,7 +395,7 @@ class MetamorphicCallback(ContextMember):
                 max_epochs=trainer.max_epochs,
                 final=self.final,
                 full=full,
-                cases=self.cases,
+                cases=self.ledger.cases,
             )
         shared = broadcast_object(trainer, plan)
         assert shared is not None  # rank 0 always plans; the other ranks receive its plan
@@ -456,18 +434,17 @@ class MetamorphicCallback(ContextMember):
             rank_zero_warn(f"MetamorphicCallback: {trained_note(used)}")
         return held
 
-    def _warn_if_degenerate(self, trainer: Any, hist: pd.DataFrame, epoch: int, split: str) -> None:
+    def _warn_if_degenerate(self, trainer: Any, entry: CheckEntry) -> None:
         """Say once when the clean Dice is ~0: a case with no Dice cannot lose any, so EFR 0 %% and
         "no corner cases" then mean nothing (issue 23)."""
-        cols = [c for c in hist.columns if str(c).startswith("dice_")]
-        if split != "val" or not cols or not len(hist) or getattr(self, "_warned_degenerate", False):
+        if entry.split != "val" or getattr(self, "_warned_degenerate", False):
             return
-        clean = float(hist[cols].mean(axis=1).mean())
-        if clean < DEGENERATE_DICE and trainer.is_global_zero:
+        clean = entry.clean_dice()
+        if clean is not None and clean < DEGENERATE_DICE and trainer.is_global_zero:
             self._warned_degenerate = True
             rank_zero_warn(
-                f"MR check, epoch {epoch}: the validation probe's clean Dice is {clean:.3f}: the model "
-                "segments (almost) nothing yet, so its EFR and corner cases mean nothing (a case with no "
+                f"MR check, epoch {entry.label.epoch}: the validation probe's clean Dice is {clean:.3f}: the "
+                "model segments (almost) nothing yet, so its EFR and corner cases mean nothing (a case with no "
                 "Dice cannot lose any); they become informative once the clean Dice rises"
             )
 
@@ -490,55 +467,40 @@ class MetamorphicCallback(ContextMember):
 
     def _record(
         self,
-        trainer,
-        pl_module,
-        ds,
-        res,
-        epoch,
-        split,
-        predict,
-        path,
-        n_cases=None,
-        final=False,
-        basis="subset",
-        sinks=True,
+        trainer: Any,
+        pl_module: Any,
+        res: ProbeResult,
+        probe: Probe,
+        epoch: int,
+        split: str,
+        predict: Callable,
+        path: str,
+        final: bool = False,
+        basis: str = "subset",
+        sinks: bool = True,
     ) -> dict[str, float]:
+        """One split's check into the ledger; its failures to the context's sinks, its table to the console;
+        the metrics to log."""
         hist, scored = aggregate(res, self._names(trainer, res), epoch, self.suite)
-        self._warn_if_degenerate(trainer, hist, epoch, split)
-        cases = scored
-        if basis == "rotation" and len(self.cases):  # a top-up of an epoch already checked adds to it
-            old = self.cases[(self.cases["epoch"] == epoch) & (self.cases["split"] == split)]
-            if len(old):
-                new = set(map(tuple, scored[["case_id", "perturbation", "severity"]].astype(str).values))
-                keep = [
-                    tuple(r) not in new
-                    for r in old[["case_id", "perturbation", "severity"]].astype(str).values
-                ]
-                cases = pd.concat([old[keep], scored], ignore_index=True)
-        self.cases = _replace(self.cases, cases, epoch, split)
-        basis_cases, from_epoch = cases, epoch
-        if basis == "rotation":  # every pair once, its latest score (metamorphic/rotation.py)
-            basis_cases = latest_scores(self.cases[self.cases["split"] == split])
-            from_epoch = int(basis_cases["epoch"].min()) if len(basis_cases) else epoch
-        table = efr_table(basis_cases, self.thresholds, suite_cases=n_cases, heldout=self._labelled_heldout())
-        table.insert(0, "split", split)
-        table.insert(0, "epoch", epoch)
-        table["final"] = bool(final)
-        table["basis"] = basis
-        table["from_epoch"] = from_epoch
-        self.efr = _replace(self.efr, table, epoch, split)
-        if split == "val":  # history.csv is the clean validation history (corner-case input)
-            keep = self.history[self.history["epoch"] != epoch] if len(self.history) else self.history
-            self.history = pd.concat([keep, hist], ignore_index=True) if len(keep) else hist
+        entry = self.ledger.update(
+            hist,
+            scored,
+            epoch,
+            split,
+            suite_cases=len(dict.fromkeys(probe.case_ids)),
+            final=final,
+            basis=basis,
+            heldout=self._labelled_heldout(),
+        )
+        self._warn_if_degenerate(trainer, entry)
         if trainer.is_global_zero and sinks:
             # a held-out family's violations stay in the tables but never reach the sinks: the failure
             # bank would replay them into training, and training must never see a test-only family
-            mineable = scored[~scored["perturbation"].isin(self.heldout)] if len(scored) else scored
             self.last_failures = build_failures(
                 res,
-                mineable,
+                entry.without(self.heldout),
                 self.suite,
-                ds,
+                probe.dataset,
                 self.hooks,
                 self.reuse.predict_fn(pl_module, predict),
                 path,
@@ -551,47 +513,38 @@ class MetamorphicCallback(ContextMember):
             for rec, imgs in self.last_failures:
                 self.context.emit(rec, imgs)
         if trainer.is_global_zero and self.verbose:
-            n_all = table[(table.perturbation == "all")]
-            scored = (
-                f"{int(n_all.cases.iloc[0])}/{int(n_all.suite_cases.iloc[0])} test cases"
-                if len(n_all)
-                else "no test cases"
-            )
-            kind = (
-                {
-                    "rotation": f"final: every test case once, its latest score, weights of epochs "
-                    f"{from_epoch}-{epoch}",
-                    "suite": "final, whole suite",
-                }.get(basis, split)
-                if final
-                else split
-            )
-            rank_zero_info(
-                format_efr_console(
-                    table, f"MR check, epoch {epoch} ({kind}): EFR % over {len(hist)} cases, {scored}"
-                )
-            )
-        prefix = "mr/efr" if split == "val" else f"mr/{split}_efr"
-        return efr_metrics(table, prefix)
+            rank_zero_info(entry.console())
+        return efr_metrics(entry.table, "mr/efr" if split == "val" else f"mr/{split}_efr")
 
     def _publish(self) -> None:
         if self._ctx is not None:  # the other callbacks read the tables here, never from this object
-            self._ctx.history, self._ctx.efr, self._ctx.cases = self.history, self.efr, self.cases
+            self._ctx.history, self._ctx.efr, self._ctx.cases = self.ledger.tables()
 
     def _write(self) -> None:
-        d = self.context.resolved_run_dir
-        history_file.write(d, self.history)
-        efr_file.write(d, self.efr)
-        cases_file.write(d, self.cases)
+        d, tables = self.context.resolved_run_dir, self.ledger.tables()
+        history_file.write(d, tables.history)
+        efr_file.write(d, tables.efr)
+        cases_file.write(d, tables.cases)
+
+    # the run's tables so far: the ledger's (read-only here)
+    @property
+    def history(self) -> pd.DataFrame:
+        return self.ledger.history
+
+    @property
+    def efr(self) -> pd.DataFrame:
+        return self.ledger.efr
+
+    @property
+    def cases(self) -> pd.DataFrame:
+        return self.ledger.cases
 
     # -- checkpoint state --------------------------------------------------------------
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": 2,
-            "history": _to_state(self.history),
-            "efr": _to_state(self.efr),
-            "cases": _to_state(self.cases),
+            **self.ledger.state_dict(),  # history, efr, cases
             "suite": self.suite.state_dict(),
             "budget": self.budget.state_dict(),
             "train_pixels": int(self.work.pixels),
@@ -609,32 +562,7 @@ class MetamorphicCallback(ContextMember):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # a changed suite is refused before anything is replaced (its tables would not compare)
         self.suite.load_state_dict(state.get("suite", {}))
-        self.history = _from_state(state["history"])
-        self.efr = _from_state(state["efr"])
-        self.cases = _from_state(state["cases"])
+        self.ledger.load_state_dict(state)
         self.budget.load_state_dict(state.get("budget", {}))
         self.work.pixels = int(state.get("train_pixels", 0))  # a mid-epoch checkpoint: work since the check
         self._last_check_epoch, self._last_val_full = state.get("last_check", [-1, True])
-
-
-def _replace(frame: pd.DataFrame, new: pd.DataFrame, epoch: int, split: str) -> pd.DataFrame:
-    """``frame`` without rows of (epoch, split), plus ``new`` (a re-check replaces, never duplicates)."""
-    if len(frame) and "epoch" in frame:
-        frame = frame[~((frame["epoch"] == epoch) & (frame["split"] == split))]
-    return pd.concat([frame, new], ignore_index=True) if len(frame) else new.reset_index(drop=True)
-
-
-def _to_state(frame: pd.DataFrame) -> dict[str, list]:
-    # plain python lists: loadable with torch.load(weights_only=True)
-    return {
-        "columns": [str(c) for c in frame.columns],
-        "data": [[_py(v) for v in frame[c].tolist()] for c in frame.columns],
-    }
-
-
-def _py(v: Any) -> Any:
-    return v.item() if isinstance(v, np.generic) else v
-
-
-def _from_state(state: dict[str, list]) -> pd.DataFrame:
-    return pd.DataFrame(dict(zip(state["columns"], state["data"])), columns=state["columns"])

@@ -64,7 +64,7 @@ from robusttrain.metamorphic.efr import VIOLATION_THRESHOLD, family_rates
 from robusttrain.metamorphic.heldout import trained_by_records
 from robusttrain.rundir import metamorphic_training as records_file
 from robusttrain.training import WorstOfK, probabilities, ramp, scaled_for_scoring, soft_dice_loss
-from robusttrain.training.accounting import FamilyCounts, merge_rows, sample_rows, with_epoch
+from robusttrain.training.accounting import TrainingLedger, kept_shares
 from robusttrain.training.objective import StepFollowups
 from robusttrain.training.objective import metamorphic_forward as metamorphic_forward
 from robusttrain.training.objective import metamorphic_loss as metamorphic_loss
@@ -111,14 +111,12 @@ class MetamorphicTraining(ContextMember):
         self.wok: WorstOfK | None = None
         self.replacer: WorstOfK | None = None
         self.steerer: SteeredDraws | None = None
-        self.stats = pd.DataFrame(columns=records_file.STATS_COLUMNS)
-        self.samples: list[dict[str, Any]] = []
+        # what training drew and kept: per-family counts, sampled recipes, the run's stats (one object)
+        self.ledger = TrainingLedger(records_file.STATS_COLUMNS)
         self._ctx: RobustnessContext | None = context
-        self._counts = FamilyCounts()
         # this training step's follow-ups, carried by the context to the model's training_step
         s = self.settings
         self._step = StepFollowups(s.objective, s.divergence, s.detach_source)
-        self._epoch_samples: list[dict[str, Any]] = []
         self._steps_seen = 0
         self._rates_cache: tuple[Any, dict[str, float] | None] = (None, None)  # (efr table, its rates)
 
@@ -136,7 +134,7 @@ class MetamorphicTraining(ContextMember):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._counts.reset()
+        self.ledger.counts.reset()
         # what the weights have trained on so far (a resumed run's earlier epochs included): the MR check
         # never labels such a family held out
         self.context.trained_families = trained_by_records(self.stats)
@@ -186,7 +184,7 @@ class MetamorphicTraining(ContextMember):
         )
         if self.replacer is None:
             fol = self._steered(trainer, fol, images, masks, self.wok)
-        self._counts.add(self.wok, fol, rates)
+        self.ledger.add(self.wok, fol, rates)
         self._record(trainer, batch, fol)
         if self.settings.pair:  # they wait beside the batch for the model's training_step
             pending = self._step
@@ -253,29 +251,17 @@ class MetamorphicTraining(ContextMember):
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = int(trainer.current_epoch)
-        rows = self._counts.take(epoch, self._worst_of_k().labels) if self.wok is not None else []
-        parts = gather_objects(trainer, {"rows": rows, "samples": self._epoch_samples})
-        self._epoch_samples = []
-        merged = merge_rows([r for p in parts for r in p["rows"]])  # the same on every rank
-        kept = sum(r["chosen"] for r in merged)
-        if kept:  # which artifacts the model trained on this epoch: one curve per family (W&B, CSV)
-            pl_module.log_dict(
-                {f"mt/kept_share/{r['family']}": r["chosen"] / kept for r in merged},
-                on_step=False,
-                on_epoch=True,
-                sync_dist=False,
-            )
+        part = self.ledger.take(epoch, self._worst_of_k().labels if self.wok is not None else None)
+        record = self.ledger.combine(gather_objects(trainer, part))  # the same on every rank
+        shares = kept_shares(record.rows)
+        if shares:  # which artifacts the model trained on this epoch: one curve per family (W&B, CSV)
+            pl_module.log_dict(shares, on_step=False, on_epoch=True, sync_dist=False)
         if not trainer.is_global_zero:
             return
-        self.stats = with_epoch(self.stats, merged, epoch, records_file.STATS_COLUMNS)
-        self.samples.extend(
-            sorted(
-                (s for p in parts for s in p["samples"]), key=lambda r: (r["step"], r["rank"], r["position"])
-            )
-        )
-        records_file.write_stats(self.context.resolved_run_dir, self.stats)
-        self.context.trained_families = trained_by_records(self.stats)
-        records_file.write_samples(self.context.resolved_run_dir, self.samples)
+        self.ledger.update(epoch, record)
+        records_file.write_stats(self.context.resolved_run_dir, self.ledger.stats)
+        self.context.trained_families = trained_by_records(self.ledger.stats)
+        records_file.write_samples(self.context.resolved_run_dir, self.ledger.samples)
 
     def _lambda(self, trainer: L.Trainer) -> float:
         """The consistency weight at this step (``consistency``, ramped over the first ``ramp`` of the steps)."""
@@ -348,7 +334,7 @@ class MetamorphicTraining(ContextMember):
             ids = self._hooks().get_case_ids(batch)
         except Exception:  # noqa: BLE001 -- case ids are optional
             ids = None
-        rows = sample_rows(
+        self.ledger.sample(
             fol,
             ids,
             step,
@@ -356,26 +342,24 @@ class MetamorphicTraining(ContextMember):
             int(trainer.global_rank),
             self.settings.record_per_step,
         )
-        self._epoch_samples.extend(rows)
+
+    # the run's records so far: the ledger's (read-only here)
+    @property
+    def stats(self) -> pd.DataFrame:
+        return self.ledger.stats
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        return self.ledger.samples
 
     # -- checkpoint state --------------------------------------------------------------
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": 1,
-            "stats": {c: [_py(v) for v in self.stats[c].tolist()] for c in self.stats.columns},
-            "samples": list(self.samples),
-        }
+        return {"version": 1, **self.ledger.state_dict()}  # stats, samples
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        stats = state_dict.get("stats") or {}
-        self.stats = (
-            pd.DataFrame(stats, columns=records_file.STATS_COLUMNS)
-            if stats
-            else pd.DataFrame(columns=records_file.STATS_COLUMNS)
-        )
-        self.samples = list(state_dict.get("samples", []))
+        self.ledger.load_state_dict(state_dict)
 
 
 def _settings(settings: MTSettings | None, values: dict[str, Any]) -> MTSettings:
@@ -418,7 +402,3 @@ def _total_steps(trainer: Any) -> int:
 def _forward_context(trainer: Any) -> Any:
     plugin = getattr(trainer, "precision_plugin", None)
     return plugin.forward_context() if plugin is not None else contextlib.nullcontext()
-
-
-def _py(v: Any) -> Any:
-    return v.item() if hasattr(v, "item") else v

@@ -235,18 +235,7 @@ class RobustnessReporter(ContextMember):
                 f"Corner cases, epoch {epoch} (least-loss epoch {corners.least_loss_epoch}, "
                 f"provisional balanced epoch {corners.balanced_epoch}):"
             )
-            table = (
-                tables.corner_case_table(history, corners)
-                if history is not None
-                else pd.DataFrame({"case": corners.cases})
-            )
-            now = history[history["epoch"] == history["epoch"].max()] if history is not None else None
-            if now is not None:
-                cols = history_file.dice_columns(now)
-                dice_now = now.set_index("case_id")[cols].mean(axis=1)
-                table["dice now"] = [round(float(dice_now.get(c, float("nan"))), 3) for c in table["case"]]
-            keep = [c for c in ("case", "ECOD score", "outlier epochs", "dice now") if c in table]
-            lines.append(table[keep].to_string(index=False))
+            lines.append(tables.corner_console_table(history, corners).to_string(index=False))
         rank_zero_info("\n".join(lines))
 
     # ------------------------------------------------------------------ checkpoint state

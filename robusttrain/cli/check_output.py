@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from robusttrain.cli.errors import UsageError
+from robusttrain.io import atomic_write_csv, atomic_write_text
+from robusttrain.metamorphic.audit import long_table
 from robusttrain.rundir import check as check_file
-from robusttrain.rundir.layout import CONFIG
+from robusttrain.rundir import efr as efr_file
+from robusttrain.rundir.layout import CONFIG, EFR_TABLE_MD
 
 
 def training_run(ckpt: Path) -> Path | None:
@@ -142,3 +145,17 @@ def first_line(n_cases: dict[str, int], n_empty: dict[str, int], empty: Any) -> 
             text += "; none with an empty mask"
         parts.append(text)
     return "[robusttrain] check: " + " | ".join(parts)
+
+
+def write_audit(out_dir: str | os.PathLike, out: dict[str, Any]) -> None:
+    """An :func:`~robusttrain.metamorphic.audit.audit`'s files in ``out_dir``: ``efr_table.csv`` (column
+    ``threshold`` + the wide table), ``efr_table.md`` (which says how many cases each table rests on) and the
+    three per-case tables of :mod:`robusttrain.rundir.check`."""
+    atomic_write_csv(Path(out_dir) / efr_file.TABLE_NAME, long_table(out["tables"]))
+    atomic_write_text(Path(out_dir) / EFR_TABLE_MD, out["markdown"])
+    for file, key in (
+        (check_file.CASES, "per_case"),
+        (check_file.FOLLOWUPS, "followups"),
+        (check_file.EMPTY, "empty"),
+    ):
+        check_file.write(out_dir, file, out[key])

@@ -381,7 +381,6 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
         model,
         datasets,
         suite,
-        out_dir=run_dir,
         device=device,
         batch_size=int(mr.get("batch_size", 8)),
         max_cases=mr.get("max_cases"),
@@ -390,6 +389,7 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
         heldout=held,
         progress=progress_bar("check"),
     )  # as the training-time check
+    check_output.write_audit(run_dir, out)
     check_file.write_summary(
         run_dir,
         {

@@ -15,7 +15,7 @@ column, and pooled in the rows ``held-out families`` / ``trained families``.
 >>> from robusttrain.metamorphic.suite import MRSuite
 >>> ds = [(torch.rand(3, 32, 32), (torch.rand(32, 32) > 0.5).long()) for _ in range(2)]
 >>> model = torch.nn.Conv2d(3, 2, 1)
->>> out = audit(model, {"val": ds}, MRSuite(["contrast"], (2,)), out_dir=None)
+>>> out = audit(model, {"val": ds}, MRSuite(["contrast"], (2,)))
 >>> sorted(out["tables"]), list(out["tables"][0.25].columns)  # doctest: +NORMALIZE_WHITESPACE
 ([0.25, 0.5], ['held out', 'val/Dice', 'val/IoU', 'val/perturbed Dice', 'val/worst family',
  'val/worst family Dice'])
@@ -25,7 +25,6 @@ column, and pooled in the rows ``held-out families`` / ``trained families``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,9 +34,10 @@ from pandas.api.types import is_numeric_dtype
 
 from .batch import BatchHooks
 from .check import Probe, checking_state, id_prefix, predict_fn, probe_cases, run_check
-from .efr import THRESHOLDS, efr_table, family_rows, pool_families
+from .efr import THRESHOLDS, family_rows, pool_families
 from .empty_masks import case_scores, empty_summary, format_empty
 from .heldout import heldout_families, with_families
+from .ledger import efr_rows
 from .runner import aggregate
 from .suite import MRSuite
 from .validity import validity_note
@@ -47,7 +47,6 @@ def audit(
     model: torch.nn.Module,
     datasets: dict[str, Any],
     suite: MRSuite | None = None,
-    out_dir: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
     batch_size: int = 8,
     path: str = "auto",
@@ -77,9 +76,8 @@ def audit(
     Returns ``{"tables": {t: DataFrame}, "efr": long EFR DataFrame (split = dataset name),
     "cases": per-test-case rows (cases with a lesion), "per_case" / "followups" / "empty": the
     :mod:`robusttrain.rundir.check` tables, "clean": {name: {"dice", "iou"}} (over cases with a lesion),
-    "n_cases": {name: cases with a lesion}, "n_empty": {name: cases with an empty mask}, "markdown": str}``
-    and, with ``out_dir``, writes ``efr_table.csv`` (column ``threshold`` + the wide table), ``efr_table.md``
-    (which says how many cases each table rests on) and the three per-case tables.
+    "n_cases": {name: cases with a lesion}, "n_empty": {name: cases with an empty mask}, "markdown": str}``;
+    nothing is written (``robusttrain check`` writes them: :func:`robusttrain.cli.check_output.write_audit`).
     """
     held = heldout_families(heldout)
     suite = with_families(suite or MRSuite(), held)
@@ -110,9 +108,7 @@ def audit(
             hist, cases = aggregate(res, class_names or [], 0, suite)
             per_case, fol = case_scores(res, hist, cases, suite, held)
             lesion = ~fol["empty_mask"].astype(bool)  # empty-mask cases: scored apart, never in a Dice mean
-            t = efr_table(cases[lesion.to_numpy()], thresholds, heldout=held)
-            t.insert(0, "split", name)
-            efrs.append(t)
+            efrs.append(efr_rows(cases[lesion.to_numpy()], thresholds, name, heldout=held))
             cases_all.append(cases[lesion.to_numpy()])
             per_cases.append(per_case)
             followups.append(fol)
@@ -128,7 +124,7 @@ def audit(
     # what the project's own evidence says each family's number is worth for a new centre (metamorphic/validity)
     note = validity_note(suite.names)
     md = format_efr_tables(tables, n_cases, n_empty) + format_empty(empty) + (f"\n{note}\n" if note else "")
-    out = {
+    return {
         "tables": tables,
         "efr": efr,
         "cases": pd.concat(cases_all, ignore_index=True),
@@ -140,25 +136,12 @@ def audit(
         "n_empty": n_empty,
         "markdown": md,
     }
-    if out_dir is not None:
-        from robusttrain.io import atomic_write_csv, atomic_write_text
-        from robusttrain.rundir import check as check_file
-        from robusttrain.rundir import efr as efr_file  # here: rundir imports the EFR schema from metamorphic
-        from robusttrain.rundir import layout
 
-        long = pd.concat(
-            [t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True
-        )
-        long = long[["threshold"] + [c for c in long.columns if c != "threshold"]]
-        atomic_write_csv(os.path.join(out_dir, efr_file.TABLE_NAME), long)
-        atomic_write_text(os.path.join(out_dir, layout.EFR_TABLE_MD), md)
-        for file, key in (
-            (check_file.CASES, "per_case"),
-            (check_file.FOLLOWUPS, "followups"),
-            (check_file.EMPTY, "empty"),
-        ):
-            check_file.write(out_dir, file, out[key])
-    return out
+
+def long_table(tables: dict[float, pd.DataFrame]) -> pd.DataFrame:
+    """:func:`paper_tables`' tables as one frame, column ``threshold`` first (``efr_table.csv``)."""
+    long = pd.concat([t.reset_index().assign(threshold=th) for th, t in tables.items()], ignore_index=True)
+    return long[["threshold"] + [c for c in long.columns if c != "threshold"]]
 
 
 def with_model(suite: MRSuite, model: torch.nn.Module, device: torch.device) -> MRSuite:

@@ -29,8 +29,7 @@ from collections.abc import Collection
 
 import pandas as pd
 
-from robusttrain.rundir.check import CASE_COLUMNS, EMPTY_COLUMNS, FOLLOWUP_COLUMNS
-
+from .columns import CASE_COLUMNS, EMPTY_COLUMNS, FOLLOWUP_COLUMNS
 from .runner import ProbeResult, _case_sums, case_order
 from .suite import MRSuite
 

@@ -132,6 +132,19 @@ def corner_case_table(history: pd.DataFrame, corners: Corners) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def corner_console_table(history: pd.DataFrame | None, corners: Corners) -> pd.DataFrame:
+    """The flagged cases as the reporter prints them each epoch: case, ECOD score, outlier epochs and the
+    mean Dice now (the history's latest epoch); just the cases without a history."""
+    table = (
+        corner_case_table(history, corners) if history is not None else pd.DataFrame({"case": corners.cases})
+    )
+    now = history[history["epoch"] == history["epoch"].max()] if history is not None else None
+    if now is not None:
+        dice_now = now.set_index("case_id")[dice_columns(now)].mean(axis=1)
+        table["dice now"] = [round(float(dice_now.get(c, float("nan"))), 3) for c in table["case"]]
+    return table[[c for c in ("case", "ECOD score", "outlier epochs", "dice now") if c in table]]
+
+
 def epoch_comparison(history: pd.DataFrame, corners: Corners) -> pd.DataFrame:
     """Cohort-mean and worst-corner-case mean Dice at the least-loss vs the balanced epoch."""
     cols = dice_columns(history)

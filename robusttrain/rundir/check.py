@@ -37,6 +37,11 @@ import pandas as pd
 
 from robusttrain.io import atomic_write_csv, atomic_write_json
 
+# the tables' columns have their home beside what fills them (metamorphic/empty_masks.py)
+from robusttrain.metamorphic.columns import CASE_COLUMNS as CASE_COLUMNS
+from robusttrain.metamorphic.columns import EMPTY_COLUMNS as EMPTY_COLUMNS
+from robusttrain.metamorphic.columns import FOLLOWUP_COLUMNS as FOLLOWUP_COLUMNS
+
 from .csv_table import read_csv
 from .paths import RunDirFileError, read_text
 
@@ -45,33 +50,6 @@ SUMMARY = "check.json"
 CASES = "check_cases.csv"
 FOLLOWUPS = "check_followups.csv"
 EMPTY = "check_empty_frames.csv"
-CASE_COLUMNS = ["split", "case_id", "empty_mask", "lesion_px", "predicted_px", "dice", "iou"]
-FOLLOWUP_COLUMNS = [
-    "split",
-    "case_id",
-    "empty_mask",
-    "perturbation",
-    "severity",
-    "seed",
-    "heldout",
-    "src_dice",
-    "fol_dice",
-    "src_iou",
-    "fol_iou",
-    "drop_dice",
-    "drop_iou",
-    "consistency",
-    "predicted_px",
-]
-EMPTY_COLUMNS = [
-    "split",
-    "perturbation",
-    "severity",
-    "cases",
-    "predicted_nothing",
-    "specificity",
-    "mean_predicted_px",
-]
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 

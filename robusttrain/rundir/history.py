@@ -14,7 +14,9 @@ same schema to ``balanced_history.csv`` when it computed Dice itself (no MR call
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -26,6 +28,11 @@ from .paths import locate
 NAME = "history.csv"
 FALLBACK_NAME = "balanced_history.csv"
 REQUIRED = ("case_id", "epoch")
+
+
+def from_rows(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """A history table from its rows (``case_id, epoch, dice_<class>…, iou_<class>…`` each)."""
+    return pd.DataFrame(rows)
 
 
 def write(run_dir: str | os.PathLike, frame: pd.DataFrame, name: str = NAME) -> Path:

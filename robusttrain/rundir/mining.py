@@ -11,9 +11,9 @@ steered / drawn this epoch, all ranks) and ``steered_share``.
 ``failures/conditions.json``: the condition bank (:class:`~robusttrain.mining.conditions.ConditionBank`
 ``state_dict``), rewritten atomically after each check.
 
->>> import tempfile, pandas as pd
+>>> import tempfile
 >>> d = tempfile.mkdtemp()
->>> _ = write(d, pd.DataFrame([{"epoch": 0, "bank_size": 3, "trainable": 2, "new": 3, "replayed": 0}]))
+>>> _ = write(d, [{"epoch": 0, "bank_size": 3, "trainable": 2, "new": 3, "replayed": 0}])
 >>> read(d)["bank_size"].tolist()
 [3]
 """
@@ -21,6 +21,7 @@ steered / drawn this epoch, all ranks) and ``steered_share``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,9 @@ CONDITIONS = "conditions.json"
 COLUMNS = ["epoch", "bank_size", "trainable", "new", "replayed"]  # then weight/<perturbation>…
 
 
-def write(run_dir: str | os.PathLike, frame: pd.DataFrame) -> Path:
-    return atomic_write_csv(Path(run_dir) / DIR / NAME, frame)
+def write(run_dir: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """``mining.csv`` from its rows (one per epoch: :data:`COLUMNS`, then ``weight/<perturbation>``…)."""
+    return atomic_write_csv(Path(run_dir) / DIR / NAME, pd.DataFrame(rows))
 
 
 def read(run_dir: str | os.PathLike) -> pd.DataFrame | None:

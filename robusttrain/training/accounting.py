@@ -1,7 +1,7 @@
 """What metamorphic training drew and kept, per family and epoch: the counts behind
 ``metamorphic_training.csv`` and the rows of ``metamorphic_training_samples.jsonl``
-(:mod:`robusttrain.rundir.metamorphic_training`). No trainer here: the callback feeds each step's
-follow-ups in, gathers the ranks' rows and writes the files.
+(:mod:`robusttrain.rundir.metamorphic_training`), kept by one :class:`TrainingLedger`. No trainer here:
+the callback feeds each step's follow-ups in, gathers the ranks' parts and writes the files.
 
 >>> rows = [{"epoch": 0, "family": "blur", "candidates": 4, "chosen": 1, "rejected": 0, "score": 0.5,
 ...          "nscore": 4, "chosen_score": 0.2, "weight": 0.5}] * 2   # two ranks
@@ -11,8 +11,8 @@ follow-ups in, gathers the ranks' rows and writes the files.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import pandas as pd
 import torch
@@ -157,3 +157,104 @@ def sample_rows(
             row["recipe"] = jsonable(rec)
         rows.append(row)
     return rows
+
+
+# how the ranks' parts combine (TrainingLedger.combine; torchmetrics declares a reduction beside each state)
+RANK_MERGE = {
+    "counts": "summed per (epoch, family); means from the sums (merge_rows)",
+    "samples": "concatenated, ordered by (step, rank, position)",
+}
+
+
+class TrainingLedger:
+    """The run's record of metamorphic training: this epoch's per-family counts (:class:`FamilyCounts`) and
+    sampled recipes on each rank; the run's merged ``stats`` (one row per epoch and family:
+    ``metamorphic_training.csv``) and ``samples`` (``metamorphic_training_samples.jsonl``). Ranks combine
+    as :data:`RANK_MERGE` says.
+
+    Args:
+        columns: the stats table's columns (:data:`robusttrain.rundir.metamorphic_training.STATS_COLUMNS`).
+
+    >>> ledger = TrainingLedger(["epoch", "family", "candidates", "chosen", "rejected", "mean_score",
+    ...                          "mean_chosen_score", "weight"])
+    >>> row = {"epoch": 0, "family": "blur", "candidates": 4, "chosen": 1, "rejected": 0, "score": 0.5,
+    ...        "nscore": 4, "chosen_score": 0.2, "weight": 0.5}
+    >>> merged = ledger.combine([{"rows": [row], "samples": []}] * 2)   # two ranks' parts
+    >>> kept_shares(merged.rows), ledger.update(0, merged)
+    ({'mt/kept_share/blur': 1.0}, None)
+    >>> ledger.stats[["family", "candidates", "chosen"]].values.tolist()
+    [['blur', 8, 2]]
+    >>> again = TrainingLedger(ledger.columns); again.load_state_dict(ledger.state_dict())
+    >>> again.stats.equals(ledger.stats)
+    True
+    """
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = list(columns)
+        self.stats = pd.DataFrame(columns=self.columns)
+        self.samples: list[dict[str, Any]] = []
+        self.counts = FamilyCounts()  # this epoch's, this rank's
+        self._epoch_samples: list[dict[str, Any]] = []
+
+    def add(self, wok: WorstOfK, fol: Followups, rates: Mapping[str, float] | None) -> None:
+        """Count one step's follow-ups (:meth:`FamilyCounts.add`)."""
+        self.counts.add(wok, fol, rates)
+
+    def sample(
+        self, fol: Followups, ids: Sequence[Any] | None, step: int, epoch: int, rank: int, n: int
+    ) -> None:
+        """Keep the recipes of one step's first ``n`` follow-ups (:func:`sample_rows`)."""
+        self._epoch_samples.extend(sample_rows(fol, ids, step, epoch, rank, n))
+
+    def take(self, epoch: int, labels: Sequence[str] | None) -> dict[str, list[dict[str, Any]]]:
+        """This rank's part of ``epoch`` (its per-family rows over ``labels``, none before a sampler exists,
+        and its sampled recipes) for the gather; both start afresh."""
+        rows = self.counts.take(epoch, labels) if labels is not None else []
+        part, self._epoch_samples = {"rows": rows, "samples": self._epoch_samples}, []
+        return part
+
+    @staticmethod
+    def combine(parts: Iterable[Mapping[str, list[dict[str, Any]]]]) -> EpochRecord:
+        """Every rank's :meth:`take` of one epoch as one record (the same on every rank)."""
+        parts = list(parts)
+        rows = merge_rows([r for p in parts for r in p["rows"]])
+        samples = sorted(
+            (s for p in parts for s in p["samples"]), key=lambda r: (r["step"], r["rank"], r["position"])
+        )
+        return EpochRecord(rows, samples)
+
+    def update(self, epoch: int, record: EpochRecord) -> None:
+        """Add one epoch's merged record (a re-run epoch replaces its stats rows)."""
+        self.stats = with_epoch(self.stats, record.rows, epoch, self.columns)
+        self.samples.extend(record.samples)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stats (column -> plain python list) and the samples."""
+        return {
+            "stats": {c: [_py(v) for v in self.stats[c].tolist()] for c in self.stats.columns},
+            "samples": list(self.samples),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        stats = state.get("stats") or {}
+        self.stats = (
+            pd.DataFrame(stats, columns=self.columns) if stats else pd.DataFrame(columns=self.columns)
+        )
+        self.samples = list(state.get("samples", []))
+
+
+class EpochRecord(NamedTuple):
+    """One epoch of metamorphic training over every rank: the merged per-family rows and the sampled recipes."""
+
+    rows: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+
+
+def kept_shares(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``mt/kept_share/<family>``: each family's share of the follow-ups kept (empty when none was)."""
+    kept = sum(r["chosen"] for r in rows)
+    return {f"mt/kept_share/{r['family']}": r["chosen"] / kept for r in rows} if kept else {}
+
+
+def _py(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else v
