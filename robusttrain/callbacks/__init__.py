@@ -80,20 +80,20 @@ def robustness(
             )
         groups[name][arg] = value
     ctx = RobustnessContext()
+    run_path = None if run_dir is None else os.fspath(run_dir)
     out: list = [
         MetamorphicCallback(
             suite=MRSuite(perturbations, severities, seed),
             hooks=hooks,
             max_cases=max_cases,
-            dirpath=None if run_dir is None else os.fspath(run_dir),
+            dirpath=run_path,
             context=ctx,
             **{"budget": 0.25, **groups["metamorphic"]},
         )
     ]
     if training:
         training_args = {"objective": "replace", "k": 1, "q": 0.5, "seed": seed, **groups["training"]}
-        mt_dir = None if run_dir is None else os.fspath(run_dir)
-        out.append(MetamorphicTraining(dirpath=mt_dir, hooks=hooks, context=ctx, **training_args))
+        out.append(MetamorphicTraining(dirpath=run_path, hooks=hooks, context=ctx, **training_args))
     out.append(
         BalancedCheckpoint(
             dirpath=run_dir,
@@ -107,9 +107,8 @@ def robustness(
     if average:
         out.append(BalancedAverage(dirpath=run_dir, hooks=hooks, seed=seed, context=ctx, **groups["average"]))
     if mining:
-        mining_args = (
-            {"replay_ratio": replay_ratio} if replay_ratio else {}
-        )  # replay_ratio: the frozen replay
+        # replay_ratio selects the frozen replay; without it the callback's default mode (steer)
+        mining_args = {"replay_ratio": replay_ratio} if replay_ratio else {}
         out.append(
             FailureMiningCallback(
                 train_probe_size=train_probe_size,
