@@ -235,7 +235,11 @@ def test_a_partial_grid_decides_nothing():
     assert s["finished"] == 8 and s["planned"] == 32
     assert not any(d["final"] for d in s["decision"].values() if d is not None)
     md = write_tables_v5(s, _ns(seeds="0,1,2,3,4,5,6,7"))
-    assert "partial: 8 of 32 runs" in md and "(partial: not a decision)" in md
+    assert "partial: 8 of 32 runs" in md
+    decisions = md.split("## Decisions")[1].split("\n## ")[0]
+    answers = [row.rsplit("|", 2)[1].strip() for row in decisions.splitlines() if row.startswith("| ")][1:]
+    assert len(answers) == 4 and all(a.startswith("not reached (partial: 2 of 8 seeds") for a in answers[:3])
+    assert answers[3].startswith("not reached (partial: 8 of 32 runs; on these the rule reads ")
 
 
 def test_the_in_family_efr_counts_only_in_family_tests():
@@ -281,6 +285,52 @@ def test_validity_across_epochs_pools_runs_on_fisher_z():
     v = across_epochs(runs)["cvc_clinicdb"]
     assert v["heldout"]["r"] > 0.95 and v["heldout"]["lo"] > 0.5 and v["heldout"]["runs"] == 5
     assert v["infamily"]["lo"] < 0 < v["infamily"]["hi"]
+
+
+def test_archiving_a_frozen_grid_s_run_keeps_no_machine_path(tmp_path):
+    """The v5 grid runs from a checkout older than the records' relative paths, so its result.json names
+    the run folder and its config.yaml the data root and --out as absolute paths of this machine. The
+    archive keeps them portable (as the run code now writes them), changes nothing else, and restoring
+    into the original runs folder accepts the run as the same one."""
+    import yaml
+
+    from benchmarks.evidence.archive import restore, save
+
+    out, arc = tmp_path / "machine" / "grid" / "polyp256_v5", tmp_path / "arc"
+    run = out / "pretrained_random_s0"
+    (run / "fp16").mkdir(parents=True)
+    result = {"condition": "pretrained_random", "seed": 0, "protocol": "v5", "run_dir": str(run), "dice": 0.5}
+    (run / "result.json").write_text(json.dumps(result))
+    cfg = {
+        "evidence": {
+            "seed": 0,
+            "args": {"data_root": str(tmp_path / "data"), "epochs": 30, "out": str(out.parent)},
+        },
+        "model": {"network": "lite0_unet"},
+    }
+    for f in (run / "config.yaml", run / "fp16" / "config.yaml"):
+        f.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    for w in ("ema.ckpt", "least_loss.ckpt"):
+        (run / "fp16" / w).write_bytes(b"weights")
+
+    assert save(out, arc, weights_seeds=(0,)) == ["pretrained_random_s0"]
+    kept = [gzip.decompress(f.read_bytes()) for f in sorted(arc.glob("*.gz"))] + [
+        (arc / run.name / "config.yaml").read_bytes()
+    ]
+    assert not [b for b in kept if str(tmp_path).encode() in b]
+    assert json.loads(gzip.decompress((arc / "pretrained_random_s0.json.gz").read_bytes())) == {
+        **result,
+        "run_dir": "polyp256_v5/pretrained_random_s0",
+    }
+    archived = yaml.safe_load(gzip.decompress((arc / "pretrained_random_s0.config.yaml.gz").read_bytes()))
+    assert archived == {
+        **cfg,
+        "evidence": {"seed": 0, "args": {"data_root": "$DATA_ROOT", "epochs": 30, "out": "../.."}},
+    }
+    assert restore(arc, out) == []  # the same run: accepted, nothing replaced
+    (run / "result.json").write_text(json.dumps({**result, "dice": 0.6}))
+    with pytest.raises(SystemExit, match="other numbers"):
+        restore(arc, out)
 
 
 def test_validity_on_the_v4_archive_matches_the_issue_s_reanalysis():

@@ -84,7 +84,55 @@ def _json(raw: bytes | str, where: Path) -> Any:
         raise SystemExit(f"evidence_archive: {where}: not a JSON result ({e})") from None
 
 
+def portable_result(result: dict, runs: Path) -> dict:
+    """``result`` with no machine path: an absolute ``run_dir`` (a grid from a checkout older than the
+    records' relative paths) becomes ``<runs folder>/<run>``, as :mod:`benchmarks.evidence.run.write`
+    now writes it. Nothing else changes.
+
+    >>> portable_result({"run_dir": "/data/runs/polyp256_v5/a_s0", "seed": 0}, Path("/data/runs/polyp256_v5"))
+    {'run_dir': 'polyp256_v5/a_s0', 'seed': 0}
+    >>> portable_result({"run_dir": "polyp256_v5/a_s0"}, Path("/elsewhere/polyp256_v5"))
+    {'run_dir': 'polyp256_v5/a_s0'}
+    """
+    kept = dict(result)
+    run_dir = kept.get("run_dir")
+    if isinstance(run_dir, str) and Path(run_dir).is_absolute():
+        kept["run_dir"] = f"{runs.name}/{Path(run_dir).name}"
+    return kept
+
+
+def portable_config(raw: bytes, run_dir: Path) -> bytes:
+    """A run's ``config.yaml`` with no machine path: its ``evidence.args`` through
+    :func:`~benchmarks.evidence.artifacts.portable_args` (``out`` relative to the run folder, ``data_root``
+    ``$DATA_ROOT``), written as the run code writes it; a config that already has none is kept byte for
+    byte. Parsed with ``yaml.safe_load`` (data, never objects)."""
+    import yaml
+
+    from benchmarks.evidence.artifacts import portable_args
+
+    cfg = yaml.safe_load(raw.decode("utf-8"))
+    record = cfg.get("evidence") if isinstance(cfg, dict) else None
+    if not isinstance(record, dict) or not isinstance(record.get("args"), dict):
+        return raw
+    args = portable_args(record["args"], run_dir)
+    if args == record["args"]:
+        return raw
+    return yaml.safe_dump({**cfg, "evidence": {**record, "args": args}}, sort_keys=False).encode("utf-8")
+
+
+def _kept(name: str, raw: bytes, run_dir: Path) -> bytes:
+    """A run file as the archive keeps it (configs without machine paths)."""
+    return portable_config(raw, run_dir) if name == "config.yaml" else raw
+
+
+def _result_bytes(result: dict, raw: bytes, runs: Path) -> bytes:
+    kept = portable_result(result, runs)
+    return raw if kept == result else json.dumps(kept).encode("utf-8")
+
+
 def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[str]:
+    """Archive every finished run of ``out`` (a grid's runs folder) into ``archive``; machine paths in the
+    result and configs are made relative on the way (:func:`portable_result`, :func:`portable_config`)."""
     names = []
     for p in sorted(out.glob("*_s*/result.json")):
         name = p.parent.name
@@ -93,11 +141,13 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
         raw = p.read_bytes()
         result = _json(raw, p)
         _check(result, name, p)
+        raw = _result_bytes(result, raw, out)
         atomic_write_bytes(archive / f"{name}.json.gz", gzip.compress(raw, compresslevel=9, mtime=0))
         for t in TABLES:
             if (p.parent / t).is_file():
                 atomic_write_bytes(
-                    archive / f"{name}.{_archived(t)}", _packed(t, (p.parent / t).read_bytes())
+                    archive / f"{name}.{_archived(t)}",
+                    _packed(t, _kept(t, (p.parent / t).read_bytes(), p.parent)),
                 )
         if int(NAME.match(name).group(2)) in weights_seeds:
             (archive / name).mkdir(parents=True, exist_ok=True)
@@ -107,7 +157,9 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
                         f"evidence_archive: {p.parent / 'fp16' / w}: missing (a {result.get('protocol', 'v4')} "
                         "run keeps it)"
                     )
-                atomic_write_bytes(archive / name / w, (p.parent / "fp16" / w).read_bytes())
+                atomic_write_bytes(
+                    archive / name / w, _kept(w, (p.parent / "fp16" / w).read_bytes(), p.parent)
+                )
         names.append(name)
     return names
 
@@ -130,7 +182,7 @@ def restore(archive: Path, out: Path) -> list[str]:
         _check(_json(text, p), name, p)
         dst = out / name / "result.json"
         if dst.is_file():
-            if _json(dst.read_bytes(), dst) != _json(text, p):
+            if portable_result(_json(dst.read_bytes(), dst), out) != _json(text, p):
                 raise SystemExit(f"evidence_archive: {dst} exists with other numbers than {p}; not replaced")
             _restore_weights(archive / name, dst.parent / "fp16")
             continue

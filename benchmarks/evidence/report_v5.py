@@ -161,6 +161,26 @@ def decide(paired: dict, ema_rule: dict, planned_seeds: int, planned_runs: int) 
     return out
 
 
+def _answer(d: dict | None, planned_seeds: int, planned_runs: int) -> str:
+    """A decision's cell: yes / no only when final; before that "not reached", with how much finished and
+    what the rule reads on it (the protocol: no decision from a partial grid).
+
+    >>> _answer({"answer": False, "runs": 1, "final": False}, 8, 32)
+    'not reached (partial: 1 of 32 runs; on these the rule reads no)'
+    >>> _answer({"answer": True, "seeds": 8, "final": True}, 8, 32)
+    'yes'
+    >>> _answer(None, 8, 32)
+    'not reached (no paired runs yet)'
+    """
+    if d is None:
+        return "not reached (no paired runs yet)"
+    reads = "yes" if d["answer"] else "no"
+    if d["final"]:
+        return reads
+    done = f"{d['seeds']} of {planned_seeds} seeds" if "seeds" in d else f"{d['runs']} of {planned_runs} runs"
+    return f"not reached (partial: {done}; on these the rule reads {reads})"
+
+
 def summarise_v5(results: list[dict], args) -> dict:
     """The v5 summary of the finished runs among ``args.conditions`` x ``args.seeds``."""
     from benchmarks.evidence.validity import validity
@@ -191,7 +211,8 @@ def summarise_v5(results: list[dict], args) -> dict:
     }
     s["ema_vs_least_loss"] = _within(results, "ema", "least_loss", [e.name for e in ENDPOINTS], args.n_boot)
     s["secondary_vs_ema"] = {p: _within(results, p, "ema", CLEAN, args.n_boot) for p in SECONDARY_RULES}
-    s["decision"] = decide(s["paired"][AT], s["ema_vs_least_loss"], len(args.seeds.split(",")), s["planned"])
+    s["planned_seeds"] = len(args.seeds.split(","))
+    s["decision"] = decide(s["paired"][AT], s["ema_vs_least_loss"], s["planned_seeds"], s["planned"])
     s["validity"] = validity(results, n_boot=args.n_boot)
     return s
 
@@ -241,11 +262,7 @@ def write_tables_v5(s: dict, args) -> str:
         d = s["decision"].get(key)
         src = s["paired"][AT].get(cmp, {}) if cmp else s["ema_vs_least_loss"]
         cells = "; ".join(f"{BY_NAME[e].label.split(',')[0]} {_ci(_t(src.get(e)))}" for e in eps)
-        answer = (
-            "not reached (no runs)"
-            if d is None
-            else ("yes" if d["answer"] else "no") + ("" if d["final"] else " (partial: not a decision)")
-        )
+        answer = _answer(d, s["planned_seeds"], s["planned"])
         L.append(f"| {text} | {cmp or 'ema − least_loss, every run'} | {cells} | {answer} |")
     for policy in (AT, *ALSO_AT):
         kind = "the decisions' checkpoint" if policy == AT else "pre-registered, beside the EMA"
