@@ -370,7 +370,9 @@ def check(recipe: str | None, overrides: list[str], positional: list[str]) -> in
     datasets = {"folder": dm.whole_dataset()} if whole else {"val": dm.val_dataset}
     datasets.update({name: loader.dataset for name, loader in dm.extra_val_dataloaders().items()})
     what = (
-        "every case of data.root (split=val: its validation split only)" if whole else "the validation split"
+        "every case of data.root (add split=val to score only its validation split)"
+        if whole
+        else "the validation split"
     )
     print(
         f"[robusttrain] check scores {what}: "

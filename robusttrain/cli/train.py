@@ -170,7 +170,7 @@ def _eval_split(datamodule, split: str) -> str:
     datamodule.eval_split = split
     n = len(datamodule.val_dataloader().dataset)
     if split == "all":
-        return f"{n} cases: every case of data.root; split=val for its validation split only"
+        return f"{n} cases: every case of data.root; add split=val to score only its validation split"
     return f"{n} cases: the validation split of data.root"
 
 

@@ -304,7 +304,7 @@ def test_check_and_validate_on_a_folder_score_every_case_and_say_how_many(traine
     out, err = _run(["check", *common, f"run_dir={tmp_path / 'c'}"], capsys)
     # the whole folder is "folder" (issue 48: "all" collided with the row pooling every family)
     assert (
-        "check scores every case of data.root (split=val: its validation split only): folder: 10 images"
+        "check scores every case of data.root (add split=val to score only its validation split): folder: 10 images"
         in out
     )
     assert "Rests on 10 case(s) of folder." in (tmp_path / "c" / "efr_table.md").read_text()
@@ -320,7 +320,7 @@ def test_check_and_validate_on_a_folder_score_every_case_and_say_how_many(traine
     )
     val = [a for a in common if not a.startswith("ckpt=")] + [ck]
     out, _ = _run(["validate", *val, f"run_dir={tmp_path / 'w'}"], capsys)
-    assert "(10 cases: every case of data.root; split=val for its validation split only)" in out
+    assert "(10 cases: every case of data.root; add split=val to score only its validation split)" in out
 
 
 # --- the report's training side -----------------------------------------------------------------------
