@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.optim.swa_utils import update_bn
 from torch.utils.data import DataLoader
-from toys import LevelCases, Snapshots, TinyBN
+from toys import LevelCases, Snapshots, TinyBN, quiet_trainer
 
 from robusttrain.callbacks import BalancedAverage, BalancedCheckpoint, EMACheckpoint, RobustnessContext
 from robusttrain.callbacks.context import RobustnessConfigError, context_for
@@ -94,16 +94,12 @@ def fit(run, max_epochs, collapse_epoch=4, extra=(), ckpt_path=None, window=0.5,
         *extra,
     ]
     torch.manual_seed(0)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=max_epochs,
         callbacks=cbs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=run,
         num_sanity_val_steps=0,
-        accelerator="cpu",
-        devices=1,
+        enable_checkpointing=True,
     )
     model = TinyBN() if lr_tail is None else TinyBNTail(lr_tail)
     trainer.fit(model, train_loader(), DataLoader(LevelCases(seed=1), batch_size=4), ckpt_path=ckpt_path)
@@ -245,13 +241,8 @@ def test_a_finished_fit_extended_into_its_old_window_says_what_is_missing(tmp_pa
 
 
 def test_without_balanced_checkpoint_fit_is_refused_before_training(tmp_path):
-    trainer = pl.Trainer(
-        max_epochs=1,
-        callbacks=[BalancedAverage(dirpath=tmp_path)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
+    trainer = quiet_trainer(
+        max_epochs=1, callbacks=[BalancedAverage(dirpath=tmp_path)], enable_checkpointing=True
     )
     model = TinyBN()
     with pytest.raises(
@@ -274,15 +265,7 @@ def test_ema_checkpoint_is_lightnings_averaged_model(tmp_path):
     ema = EMACheckpoint(dirpath=tmp_path, decay=0.9)
     raw = RawAtEpochEnd()
     torch.manual_seed(0)
-    trainer = pl.Trainer(
-        max_epochs=2,
-        callbacks=[ema, raw],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[ema, raw])
     model = TinyBN()
     trainer.fit(model, train_loader(), DataLoader(LevelCases(seed=1), batch_size=4))
     state = load_checkpoint(tmp_path / "ema.ckpt", TinyBN())["state_dict"]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from toys import Classes, ClassNet, Snapshots
+from toys import Classes, ClassNet, Snapshots, quiet_trainer
 
 from robusttrain.callbacks.balanced_checkpoint import BalancedCheckpoint
 from robusttrain.callbacks.context import context_for
@@ -54,17 +54,8 @@ class PlantedHistory(pl.Callback):
 
 def fit(tmp_path, callbacks, max_epochs, ckpt_path=None, n_cases=6):
     torch.manual_seed(0)
-    trainer = pl.Trainer(
-        max_epochs=max_epochs,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        num_sanity_val_steps=1,
-        accelerator="cpu",
-        devices=1,
+    trainer = quiet_trainer(
+        max_epochs=max_epochs, callbacks=callbacks, default_root_dir=tmp_path, num_sanity_val_steps=1
     )
     model = ClassNet()
     trainer.fit(
@@ -177,16 +168,11 @@ def test_bad_arguments():
 def test_ddp_two_cpu_processes(tmp_path):
     """Two gloo ranks: per-case sums gathered, rank 0 decides and writes, every rank reaches the end."""
     cb = BalancedCheckpoint(dirpath=tmp_path, retention="all")
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=2,
         callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
         num_sanity_val_steps=0,
-        accelerator="cpu",
         devices=2,
         strategy="ddp_spawn",
     )

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from toys import COLOUR, Blobs, Tiny, fit
+from toys import COLOUR, Blobs, Tiny, fit, quiet_trainer
 
 from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
 from robusttrain.callbacks.context import TrainProbe
@@ -33,28 +33,11 @@ def test_fit_writes_files_logs_keys_and_volume_history(tmp_path):
     assert list(hist.columns) == ["case_id", "epoch", "dice_polyp", "iou_polyp"]
     assert hist.groupby("epoch").size().tolist() == [4, 4] and set(hist.case_id) == {"p0", "p1", "p2", "p3"}
     efr = pd.read_csv(run / "efr.csv")
-    assert list(efr.columns) == [
-        "epoch",
-        "split",
-        "perturbation",
-        "severity",
-        "metric",
-        "threshold",
-        "errors",
-        "cases",
-        "efr",
-        "efr_low",
-        "efr_high",
-        "suite_cases",
-        "heldout",
-        "mean_src_dice",
-        "mean_fol_dice",
-        "worst_family",
-        "worst_family_dice",
-        "final",
-        "basis",
-        "from_epoch",
-    ]
+    header = (  # efr.csv's columns spelled out here (a file format: it changes only on purpose)
+        "epoch split perturbation severity metric threshold errors cases efr efr_low efr_high suite_cases "
+        "heldout mean_src_dice mean_fol_dice worst_family worst_family_dice final basis from_epoch"
+    )
+    assert list(efr.columns) == header.split()
     assert set(efr.basis) == {"suite"} and (efr.from_epoch == efr.epoch).all()  # each check's own weights
     assert set(efr.split) == {"val"} and set(efr.perturbation) == set(COLOUR) | {"all"}
     pooled = efr[(efr.perturbation == "all") & (efr.epoch == 1)]
@@ -137,14 +120,7 @@ def test_rng_and_train_mode_restored(tmp_path):
             states["after"] = (torch.rand(1).item(), pl_module.training)
 
     cb = mr(["contrast"], (2,), dirpath=tmp_path)
-    trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[Before(), cb, After()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=1, callbacks=[Before(), cb, After()])
     ds = Blobs()
     trainer.fit(Tiny(), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
     torch.manual_seed(123)
@@ -229,15 +205,7 @@ def test_audit_reproduces_the_training_time_check_exactly(tmp_path):
         class_names=["polyp"],
     )
     model = Tiny()
-    trainer = L.Trainer(
-        max_epochs=2,
-        callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[cb])
     trainer.fit(model, DataLoader(Blobs(8, slices=1), batch_size=4), DataLoader(val, batch_size=4))
     trained = pd.read_csv(tmp_path / "mr_cases.csv")
     trained = trained[trained.epoch == 1].sort_values(["case_id", "perturbation", "severity"])
@@ -264,15 +232,7 @@ def test_a_degenerate_model_is_told_its_numbers_mean_nothing(tmp_path):
     cb = MetamorphicCallback(
         suite=MRSuite(COLOUR, (2,)), dirpath=tmp_path, verbose=False, class_names=["polyp"]
     )
-    trainer = L.Trainer(
-        max_epochs=2,
-        callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[cb])
     with pytest.warns(
         UserWarning, match=r"clean Dice is 0\.000: the model segments \(almost\) nothing"
     ) as rec:

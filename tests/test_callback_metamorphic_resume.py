@@ -1,11 +1,10 @@
 """Resume: a run stopped after epoch k and resumed from last.ckpt writes the same files."""
 
-import lightning.pytorch as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
-from toys import COLOUR, Blobs, Tiny
+from toys import COLOUR, Blobs, Tiny, quiet_trainer
 
 from robusttrain.callbacks import MetamorphicCallback, RobustnessContext
 from robusttrain.callbacks.context import TrainProbe
@@ -20,15 +19,11 @@ def _run(root, epochs, ckpt=None, severities=(2, 4)):
     cb = MetamorphicCallback(
         suite=MRSuite(COLOUR, severities, seed=5), dirpath=root, verbose=False, context=ctx
     )
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=epochs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)],
-        accelerator="cpu",
-        devices=1,
         deterministic=True,
+        enable_checkpointing=True,
     )
     trainer.fit(Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
     return cb

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from toys import quiet_trainer
 
 from robusttrain.callbacks import EMACheckpoint
 from robusttrain.checkpoints import load_checkpoint
@@ -46,16 +47,7 @@ class Indicators(pl.LightningModule):
 def _fit(run, **ema_kwargs):
     total = EPOCHS * BATCHES
     ema = EMACheckpoint(dirpath=run, **ema_kwargs)
-    trainer = pl.Trainer(
-        max_epochs=EPOCHS,
-        callbacks=[ema],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        default_root_dir=run,
-    )
+    trainer = quiet_trainer(max_epochs=EPOCHS, callbacks=[ema], default_root_dir=run)
     model = Indicators(total)
     data = DataLoader(TensorDataset(torch.arange(2.0 * BATCHES).reshape(-1, 1)), batch_size=2)
     trainer.fit(model, data)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from toys import quiet_trainer
 
 from benchmarks.evidence.averages import EMATracker, balanced_average
 
@@ -41,15 +42,7 @@ def loader():
 
 
 def trainer(tmp, epochs, cbs):
-    return L.Trainer(
-        max_epochs=epochs,
-        callbacks=cbs,
-        default_root_dir=tmp,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    )
+    return quiet_trainer(max_epochs=epochs, callbacks=cbs, default_root_dir=tmp, enable_checkpointing=True)
 
 
 def test_ema_is_the_per_step_exponential_average_and_leaves_training_alone(tmp_path):

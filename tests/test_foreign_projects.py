@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from foreign_projects import as_numpy, make_lung, make_spleen, n_perturbed
+from toys import quiet_trainer
 
 from robusttrain.callbacks import (
     BalancedCheckpoint,
@@ -44,16 +45,12 @@ def _fit(make, root, epochs, replay_ratio=0.5, logger=None, **kw):
     callbacks, mining = _readme_callbacks(replay_ratio)
     L, Net, Data = make(mining, **kw)
     L.seed_everything(0, workers=True)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
+        L,
         max_epochs=epochs,
         callbacks=callbacks,
         default_root_dir=str(root),
         logger=logger if logger is not None else False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
     )
     model = Net()
     trainer.fit(model, datamodule=Data())

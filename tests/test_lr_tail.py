@@ -7,6 +7,7 @@ import math
 import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
+from toys import quiet_trainer
 
 from robusttrain.datamodules import PolypDataModule
 from robusttrain.models import SegmentationModule
@@ -27,14 +28,12 @@ class LRLog(pl.Callback):
 def _fit(run, max_epochs, ckpt=None, lr_tail=0.25):
     pl.seed_everything(0)
     log = LRLog()
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=max_epochs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_train_batches=1,
         limit_val_batches=1,
         callbacks=[log, ModelCheckpoint(dirpath=run, save_last=True)],
+        enable_checkpointing=True,
     )
     model = SegmentationModule(features=(4, 4, 8, 8, 16, 4), lr=LR, lr_tail=lr_tail)
     dm = PolypDataModule(image_size=32, n_train=4, n_val=2, batch_size=4, num_workers=0, seed=0)

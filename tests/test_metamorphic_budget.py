@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
-from toys import COLOUR, Blobs, Tiny
+from toys import COLOUR, Blobs, Tiny, quiet_trainer
 
 from robusttrain.callbacks import MetamorphicCallback
 from robusttrain.metamorphic.batch import BatchHooks, iter_probe
@@ -151,15 +151,10 @@ class StopAfter(L.Callback):
 
 def _fit(tmp_path, cb, sleep, epochs, extra=(), n_train=8):
     torch.manual_seed(0)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=epochs,
         callbacks=[cb, *extra],
         logger=CSVLogger(tmp_path, name="logs"),
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        accelerator="cpu",
-        devices=1,
         log_every_n_steps=1,
     )
     trainer.fit(

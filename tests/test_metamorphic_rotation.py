@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
-from toys import COLOUR, Blobs, Tiny
+from toys import COLOUR, Blobs, Tiny, quiet_trainer
 
 from robusttrain.callbacks import MetamorphicCallback
 from robusttrain.metamorphic.efr import efr_table, wilson_interval
@@ -53,15 +53,12 @@ def _fit(root, epochs=4, ckpt=None, extra=(), model=None, **kw):
         class_names=["polyp"],
         **kw,
     )
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=epochs,
         logger=CSVLogger(root, name="logs"),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
         deterministic=True,
         callbacks=[cb, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True), *extra],
+        enable_checkpointing=True,
     )
     trainer.fit(
         model or Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt

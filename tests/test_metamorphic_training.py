@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from toys import Blobs, Tiny, cube_volumes, square_batch
+from toys import Blobs, Tiny, cube_volumes, quiet_trainer, square_batch
 
 from robusttrain.callbacks import (
     MetamorphicCallback,
@@ -186,16 +186,8 @@ class BNNet(L.LightningModule):
 
 def _fit(model, cbs, tmp_path, epochs=2, n=8, tuples=False, ckpt=None, **kw):
     torch.manual_seed(0)
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=cbs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=tmp_path,
-        **kw,
+    trainer = quiet_trainer(
+        max_epochs=epochs, callbacks=cbs, default_root_dir=tmp_path, enable_checkpointing=True, **kw
     )
     trainer.fit(model, DataLoader(Blobs(n, slices=1, size=32, tuples=tuples), batch_size=4), ckpt_path=ckpt)
     return trainer
@@ -355,16 +347,7 @@ def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path):
         cbs = [mt, mr, ModelCheckpoint(dirpath=d / "ckpt", save_last=True, save_top_k=-1)]
         cbs += [CrashAt(crash)] if crash is not None else []
         torch.manual_seed(0)
-        trainer = L.Trainer(
-            max_epochs=3,
-            callbacks=cbs,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            accelerator="cpu",
-            devices=1,
-            default_root_dir=d,
-        )
+        trainer = quiet_trainer(max_epochs=3, callbacks=cbs, default_root_dir=d, enable_checkpointing=True)
         trainer.fit(
             model,
             DataLoader(Blobs(8, slices=1, size=32), batch_size=4),
@@ -431,14 +414,8 @@ def test_3d_monai_unet_with_consistency(tmp_path):
         record_every=1,
         dirpath=tmp_path,
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[mt],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        default_root_dir=tmp_path,
+    trainer = quiet_trainer(
+        max_epochs=1, callbacks=[mt], default_root_dir=tmp_path, enable_checkpointing=True
     )
     trainer.fit(Vol(), DataLoader(vols, batch_size=2))
     samples = records.read_samples(tmp_path)
@@ -478,14 +455,8 @@ def test_pytorch_lightning_trainer_accepts_it(tmp_path):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
     mt = MetamorphicTraining(perturbations=COLOUR, k=2, objective="paired", consistency=0.5, dirpath=tmp_path)
-    trainer = pl.Trainer(
-        max_epochs=1,
-        callbacks=[mt],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        default_root_dir=tmp_path,
+    trainer = quiet_trainer(
+        pl, max_epochs=1, callbacks=[mt], default_root_dir=tmp_path, enable_checkpointing=True
     )
     trainer.fit(PLTiny(), DataLoader(Blobs(8, slices=1, size=32, tuples=True), batch_size=4))
     assert records.read_stats(tmp_path).chosen.sum() == 4
@@ -540,15 +511,7 @@ def test_kept_family_shares_reach_the_loggers(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
     mt = MetamorphicTraining(perturbations=COLOUR, k=2, dirpath=tmp_path)
-    trainer = L.Trainer(
-        max_epochs=2,
-        callbacks=[mt],
-        logger=CSVLogger(tmp_path, name="logs"),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        enable_checkpointing=False,
-    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[mt], logger=CSVLogger(tmp_path, name="logs"))
     trainer.fit(Tiny(), DataLoader(Blobs(8, slices=1, size=32), batch_size=4))
     logged = pd.read_csv(tmp_path / "logs" / "version_0" / "metrics.csv")
     shares = logged[[c for c in logged.columns if c.startswith("mt/kept_share/")]].dropna(how="all")
@@ -564,15 +527,7 @@ def test_normalised_training_images_are_refused_in_one_line(tmp_path):
             return s
 
     mt = MetamorphicTraining(perturbations=COLOUR, dirpath=tmp_path)
-    trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[mt],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        enable_checkpointing=False,
-    )
+    trainer = quiet_trainer(max_epochs=1, callbacks=[mt])
     with pytest.raises(
         RobustnessConfigError, match=r"perturbs images in \[0, 1\], but the training images at step 0 span"
     ):

@@ -7,6 +7,7 @@ import lightning.pytorch as L
 import pandas as pd
 import pytest
 from mining_models import BrightnessModel, n_perturbed
+from toys import quiet_trainer
 
 from robusttrain.callbacks import FailureMiningCallback, MetamorphicCallback
 from robusttrain.datamodules.polyp import PolypDataModule
@@ -25,17 +26,8 @@ def fit(tmp_path, epochs, ckpt=None, **mining):
     mine = FailureMiningCallback(train_probe_size=8, **mining)
     dm.wrap_train(mine.wrap)  # the explicit replay wiring: the train loader reads mine.wrap(train_dataset)
     model = BrightnessModel()
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=[mr, mine],
-        logger=False,
-        default_root_dir=tmp_path,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
+    trainer = quiet_trainer(
+        max_epochs=epochs, callbacks=[mr, mine], default_root_dir=tmp_path, num_sanity_val_steps=0
     )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     return trainer, dm, model, mine

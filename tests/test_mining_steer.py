@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from toys import quiet_trainer
 
 from robusttrain.callbacks import (
     FailureMiningCallback,
@@ -187,16 +188,12 @@ def _fit(run, epochs=3, *, mining=None, mt=None, ckpt=None, crash=None, extra=()
     elif ckpt is not None:
         cbs.append(ModelCheckpoint(dirpath=run / "ckpt", save_last=True, save_top_k=-1))
     model = BrightnessModel()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=epochs,
         callbacks=[*cbs, *extra],
-        logger=False,
         default_root_dir=run,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         enable_checkpointing=crash is not None or ckpt is not None,
-        accelerator="cpu",
         devices=devices,
     )
     trainer.fit(model, datamodule=dm, ckpt_path=None if ckpt is True else ckpt)

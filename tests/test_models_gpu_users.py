@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from toys import Blobs
+from toys import Blobs, quiet_trainer
 
 from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback, MetamorphicTraining
 from robusttrain.errors import InputError
@@ -254,17 +254,14 @@ def fit_with_spies(tmp_path, name: str, accelerator: str = "cpu", precision: str
         after,
     ]
     start = bn_buffers(model)
-    L.Trainer(
+    quiet_trainer(
         max_epochs=1,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         accelerator=accelerator,
         precision=precision,
         default_root_dir=tmp_path,
         num_sanity_val_steps=0,
+        devices="auto",
     ).fit(model, DataLoader(train, batch_size=4), DataLoader(val, batch_size=4))
 
     assert [s[0] for s in before.seen] == ["train_batch_start"] * (len(train) // 4) + ["validation_epoch_end"]

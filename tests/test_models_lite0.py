@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from toys import quiet_trainer
 
 from robusttrain.errors import InputError
 from robusttrain.models import SegmentationModule, build_network, lite0
@@ -131,11 +132,9 @@ def test_bad_model_values_for_lite0_unet_are_one_line():
 
 
 def test_the_encoder_learns_at_a_fraction_of_the_lr_and_the_schedule_keeps_the_ratio():
-    import lightning.pytorch as L
-
     m = SegmentationModule(network="lite0_unet", features=[16, 8, 8, 8, 8], lr=1e-3, encoder_lr_mult=0.1,
                            warmup_epochs=1, lr_tail=0.25)  # fmt: skip
-    m.trainer = L.Trainer(max_epochs=4, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    m.trainer = quiet_trainer(max_epochs=4, enable_model_summary=True)
     conf = m.configure_optimizers()
     opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
     rest, enc = opt.param_groups
@@ -172,14 +171,12 @@ def test_a_fit_records_the_verified_weights_and_check_reads_its_run(tmp_path, ca
 
 
 def _fit_tiny(train, **loader_kw):
-    import lightning.pytorch as L
     from torch.utils.data import DataLoader
     from toys import Blobs
 
     torch.manual_seed(0)
     model = SegmentationModule(network="lite0_unet", features=[16, 8, 8, 8, 8], class_names=["fg"])
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer = quiet_trainer(max_epochs=1, num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(model, DataLoader(Blobs(train, size=64), **loader_kw))
     return trainer
 

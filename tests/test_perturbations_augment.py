@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from toys import quiet_trainer
 
 import robusttrain.perturbations as P
 from robusttrain.perturbations.augment import BatchAugmentation
@@ -233,14 +234,7 @@ def test_runs_in_on_after_batch_transfer_of_a_real_trainer():
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     model = Module()
-    L.Trainer(
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    ).fit(model, DataLoader(Frames(), batch_size=4))
+    quiet_trainer(max_epochs=1).fit(model, DataLoader(Frames(), batch_size=4))
     assert len(model.seen) == 2
     for clean, mask, out, params in model.seen:
         assert (out != clean).flatten(1).any(1).all()

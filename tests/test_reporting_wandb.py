@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from toys import Classes
+from toys import Classes, quiet_trainer
 
 from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback, RobustnessReporter
 from robusttrain.metamorphic.suite import MRSuite
@@ -185,13 +185,8 @@ def fitted(tmp_path_factory):
     reporter = RobustnessReporter(max_failures_per_epoch=3)  # joins the same context (the trainer's)
     spy = PlotSpy(run_dir)
     logger = WandbLogger(offline=True, save_dir=str(tmp), project="robusttrain-test")
-    trainer = pl.Trainer(
-        max_epochs=2,
-        logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter, spy],
+    trainer = quiet_trainer(
+        max_epochs=2, logger=logger, callbacks=[mr, BalancedCheckpoint(dirpath=run_dir), reporter, spy]
     )
     errors = _Errors()  # the final report swallows its exceptions (a fit must not fail on reporting):
     logging.getLogger("robusttrain.callbacks.reporting").addHandler(errors)  # surface them here
@@ -329,13 +324,8 @@ def test_plots_every_epoch_on_request(tmp_path):
     ds, run_dir = cases(), tmp_path / "run"
     spy = PlotSpy(run_dir)
     mr = MetamorphicCallback(suite=MRSuite(["blur"], severities=(4,)), dirpath=str(run_dir), verbose=False)
-    trainer = pl.Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[mr, RobustnessReporter(plots="epoch", console=False), spy],
+    trainer = quiet_trainer(
+        max_epochs=2, callbacks=[mr, RobustnessReporter(plots="epoch", console=False), spy]
     )
     trainer.fit(Tiny(), DataLoader(ds, batch_size=5), DataLoader(ds, batch_size=5))
     assert "efr.png" in spy.seen[0] and "clean_dice.png" in spy.seen[0]

@@ -7,6 +7,7 @@ import math
 import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
+from toys import quiet_trainer
 
 from robusttrain.datamodules import PolypDataModule
 from robusttrain.models import SegmentationModule
@@ -24,14 +25,12 @@ def _fit(tmp_path, max_epochs, ckpt=None, warmup=0, stop_after=None):
     pl.seed_everything(0)
     log = LRLog()
     extra = [StopAfter(stop_after)] if stop_after is not None else []
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=max_epochs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_train_batches=2,
         limit_val_batches=1,
         callbacks=[log, ModelCheckpoint(dirpath=tmp_path, save_last=True), *extra],
+        enable_checkpointing=True,
     )
     model = SegmentationModule(features=(4, 4, 8, 8, 16, 4), lr=1e-2, warmup_epochs=warmup)
     dm = PolypDataModule(image_size=32, n_train=8, n_val=2, batch_size=4, num_workers=0, seed=0)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
-from toys import Blobs, square_batch
+from toys import Blobs, quiet_trainer, square_batch
 
 from robusttrain.callbacks import (
     MetamorphicCallback,
@@ -243,16 +243,12 @@ class Probe(L.LightningModule):
 
 def _fit(model, cbs, root, epochs=1, n=8, ckpt=None, val=False):
     torch.manual_seed(0)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=epochs,
         callbacks=cbs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
         default_root_dir=root,
         num_sanity_val_steps=0,
+        enable_checkpointing=True,
     )
     data = DataLoader(Blobs(n, slices=1, size=32, tuples=True), batch_size=4)
     trainer.fit(model, data, data if val else None, ckpt_path=ckpt)
@@ -331,14 +327,8 @@ def test_later_batches_out_of_range_get_the_same_one_line_error(tmp_path):
             return (x * 3 if i >= 4 else x), y  # the second batch leaves [0, 1]
 
     mt = MetamorphicTraining(perturbations=COLOUR, k=1, dirpath=tmp_path)
-    trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[mt],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        default_root_dir=tmp_path,
+    trainer = quiet_trainer(
+        max_epochs=1, callbacks=[mt], default_root_dir=tmp_path, enable_checkpointing=True
     )
     with pytest.raises(RobustnessConfigError, match=r"training images at step 1 span \[0.\d+, 2.\d+\]"):
         trainer.fit(Probe(line="plain"), DataLoader(Drift(8, slices=1, size=32, tuples=True), batch_size=4))
@@ -427,14 +417,8 @@ def test_3d_volumes_with_the_consistency_objective(tmp_path):
         record_every=1,
         dirpath=tmp_path,
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[mt],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        default_root_dir=tmp_path,
+    trainer = quiet_trainer(
+        max_epochs=1, callbacks=[mt], default_root_dir=tmp_path, enable_checkpointing=True
     )
     model = Vol()
     trainer.fit(model, DataLoader(vols, batch_size=2))

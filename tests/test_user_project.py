@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from toys import quiet_trainer
 from user_project import make
 
 from robusttrain.callbacks import (
@@ -34,17 +35,8 @@ def _fit(run, callbacks, datamodule_mining=None, namespace="lightning.pytorch", 
     L, Net, Data = make(namespace)
     L.seed_everything(0, workers=True)
     model = Net()
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=callbacks,
-        logger=logger,
-        default_root_dir=run,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        devices=1,
+    trainer = quiet_trainer(
+        L, max_epochs=epochs, callbacks=callbacks, logger=logger, default_root_dir=run, num_sanity_val_steps=0
     )
     trainer.fit(model, datamodule=Data(mining=datamodule_mining))
     return trainer, model

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-import lightning as L
 import pandas as pd
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from toys import quiet_trainer
 
 from robusttrain.cli import main
 from robusttrain.models import SegmentationModule
@@ -32,9 +32,7 @@ def test_val_dice_is_the_per_case_mean_and_the_pooled_dice_is_named_apart():
     masks[1, 6:, :1] = 1
     batches = [{"image": torch.rand(2, 3, 8, 8), "mask": masks, "case_id": ["a", "b"]}]
     model = _Fixed(in_channels=3, num_classes=2, features=(4, 4, 4, 4, 4, 4))
-    trainer = L.Trainer(
-        logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu"
-    )
+    trainer = quiet_trainer(enable_checkpointing=True)
     (out,) = trainer.validate(model, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
     assert out["val/dice"] == pytest.approx(0.5)
     assert out["val/cases"] == 2

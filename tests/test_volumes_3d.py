@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
+from toys import quiet_trainer
 
 from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback
 from robusttrain.callbacks.failure_mining import FailureMiningCallback
@@ -95,17 +96,7 @@ class VolumeData(L.LightningDataModule):
 
 
 def _trainer(tmp_path, callbacks, epochs=2):
-    return L.Trainer(
-        max_epochs=epochs,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=tmp_path,
-    )
+    return quiet_trainer(max_epochs=epochs, callbacks=callbacks, default_root_dir=tmp_path)
 
 
 def test_volumes_are_perturbed_slice_wise_with_one_draw_of_params_per_volume():

@@ -16,6 +16,7 @@ Extend here instead of copying a ``Tiny`` / ``Blobs`` into a new test file:
 * :func:`cube_volumes` / :class:`MonaiVol` -- 3-D (1,16,16,8) volumes with a bright cube, and MONAI's
   3-D UNet behind a LightningModule (each test writes its own ``training_step``).
 * :class:`Snapshots` -- records the weights at every fitting validation.
+* :func:`quiet_trainer` -- a Lightning trainer without logger, checkpoints, progress bar or summary, on one CPU.
 * :func:`fit` -- a quiet deterministic CPU trainer on :class:`Blobs`.
 * :func:`square_batch` -- one (images, masks) batch: noisy mid-grey images, a square lesion in each.
 """
@@ -106,17 +107,33 @@ class Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
+def quiet_trainer(lightning=L, **overrides) -> L.Trainer:
+    """A Lightning trainer for tests, quiet by default: ``logger=False``, ``enable_checkpointing=False``,
+    ``enable_progress_bar=False``, ``enable_model_summary=False``, on ``accelerator="cpu"``, ``devices=1``.
+
+    Every keyword goes to the trainer and wins over these defaults (``max_epochs``, ``callbacks``,
+    ``default_root_dir`` ..., or ``enable_checkpointing=True`` where a test needs Lightning's checkpoints).
+    ``lightning``: the namespace whose ``Trainer`` it is (a user project's ``pytorch_lightning``).
+    """
+    quiet = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    return lightning.Trainer(**(quiet | overrides))
+
+
 def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
+    """:func:`quiet_trainer` with a CSV logger, deterministic, fitted on :class:`Blobs` (``extra``: more
+    callbacks after ``cb``)."""
     ds = ds or Blobs()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=epochs,
         callbacks=[cb] + kw.pop("extra", []),
         logger=CSVLogger(tmp_path),
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        accelerator="cpu",
-        devices=1,
         deterministic=True,
         **kw,
     )

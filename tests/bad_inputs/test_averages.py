@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from test_balanced_average import PlantedHistory, train_loader
 from torch.utils.data import DataLoader
-from toys import LevelCases, TinyBN
+from toys import LevelCases, TinyBN, quiet_trainer
 
 from robusttrain.callbacks import BalancedAverage, BalancedCheckpoint, EMACheckpoint, RobustnessContext
 from robusttrain.cli import main
@@ -65,17 +65,13 @@ def _fit(run, seed, max_epochs, first=(), ckpt_path=None, average=True, ema=Fals
         cbs.append(EMACheckpoint(dirpath=run, context=ctx))
     cbs.append(ModelCheckpoint(dirpath=run / "checkpoints", save_last=True))
     torch.manual_seed(seed)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=max_epochs,
         callbacks=cbs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=run,
         num_sanity_val_steps=0,
-        accelerator="cpu",
-        devices=1,
         plugins=list(plugins),
+        enable_checkpointing=True,
     )
     trainer.fit(TinyBN(), train_loader(), DataLoader(LevelCases(seed=1), batch_size=4), ckpt_path=ckpt_path)
 

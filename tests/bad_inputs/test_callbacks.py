@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
+from toys import quiet_trainer
 
 from robusttrain.callbacks import (
     BalancedCheckpoint,
@@ -282,17 +283,8 @@ def _user_fit(
         verbose=False,
         **({"hooks": hooks} if hooks is not None else {}),
     )
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=[mr, mining],
-        logger=False,
-        default_root_dir=run,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        devices=1,
+    trainer = quiet_trainer(
+        max_epochs=epochs, callbacks=[mr, mining], default_root_dir=run, num_sanity_val_steps=0
     )
     trainer.fit(model, datamodule=_UserData(layout, mining))
 

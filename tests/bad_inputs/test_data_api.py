@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
+from toys import quiet_trainer
 
 from robusttrain import perturbations as P
 from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback
@@ -84,17 +85,7 @@ class Net(L.LightningModule):
 
 
 def _fit(tmp_path, model, ds, callbacks, epochs=1):
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        accelerator="cpu",
-        devices=1,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(max_epochs=epochs, callbacks=callbacks, num_sanity_val_steps=0)
     trainer.fit(model, DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4))
     return trainer
 
@@ -340,16 +331,7 @@ def test_class_index_masks_train_to_a_correct_dice(tmp_path):
     dm = PolypDataModule(
         root=str(tmp_path / "data"), image_size=24, batch_size=3, val_fraction=0.0, train_transforms=[]
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[_mr(tmp_path)],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        accelerator="cpu",
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(max_epochs=1, callbacks=[_mr(tmp_path)], num_sanity_val_steps=0)
     trainer.fit(Net("logits"), datamodule=dm)
     assert dm.mask_encoding == "class_index"
     h = pd.read_csv(tmp_path / "history.csv")

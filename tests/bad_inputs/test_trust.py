@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from toys import quiet_trainer
 
 from robusttrain.cli import main
 from robusttrain.rundir.lock import LOCK_NAME, OWNER_NAME
@@ -664,13 +665,9 @@ def test_api_fit_takes_the_run_dir_lock(tmp_path):
     _hold_lock(holder)
 
     def fit():
-        trainer = L.Trainer(
+        trainer = quiet_trainer(
             max_epochs=1,
             callbacks=[BalancedCheckpoint(dirpath=run, monitor="val_loss")],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             default_root_dir=tmp_path,
         )
         trainer.fit(Net(), datamodule=Data())

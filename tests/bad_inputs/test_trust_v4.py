@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 import pytest
 from lightning.pytorch import Callback
+from toys import quiet_trainer
 
 from robusttrain.cli import main
 
@@ -265,13 +266,9 @@ def test_two_api_fits_into_one_run_dir_keep_the_first_ones_files(tmp_path, caplo
 
     def fit(epochs):
         L.seed_everything(epochs)
-        trainer = L.Trainer(
+        trainer = quiet_trainer(
             max_epochs=epochs,
             callbacks=[BalancedCheckpoint(dirpath=run, monitor="val_loss")],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             default_root_dir=tmp_path,
         )
         trainer.fit(Net(), datamodule=Data())

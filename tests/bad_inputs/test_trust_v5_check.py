@@ -233,10 +233,9 @@ def test_a_library_resume_that_adds_heldout_does_not_call_a_trained_family_held_
     MetamorphicTraining drew blur: efr.csv said blur was not held out at epoch 0 and held out at epoch 1
     (before). The callback applies the same rule as check: trained on is never held out, said in one
     warning."""
-    import lightning.pytorch as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torch.utils.data import DataLoader
-    from toys import Blobs, Tiny
+    from toys import Blobs, Tiny, quiet_trainer
 
     from robusttrain.callbacks import MetamorphicCallback, MetamorphicTraining, RobustnessContext
     from robusttrain.metamorphic.suite import MRSuite
@@ -251,10 +250,9 @@ def test_a_library_resume_that_adds_heldout_does_not_call_a_trained_family_held_
             ),
             ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True),
         ]  # fmt: skip
-        trainer = L.Trainer(
-            max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
-            callbacks=callbacks, accelerator="cpu", devices=1, deterministic=True,
-        )  # fmt: skip
+        trainer = quiet_trainer(
+            max_epochs=epochs, callbacks=callbacks, deterministic=True, enable_checkpointing=True
+        )
         trainer.fit(Tiny(lr=0.5), DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4), ckpt_path=ckpt)
 
     fit(1)

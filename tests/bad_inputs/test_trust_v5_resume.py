@@ -18,6 +18,7 @@ from pathlib import Path
 import lightning  # noqa: F401 -- imported here, its log handler writes to the real stderr, not a test's capture
 import pytest
 import torch
+from toys import quiet_trainer
 
 from .test_cli import TINY
 from .test_trust_v4 import _run
@@ -189,12 +190,10 @@ def test_a_resume_may_change_only_how_long_and_where_and_keeps_the_first_setting
 
 # --- 16: two API trainers, one run directory -----------------------------------------------------------
 def _api_trainer(run: Path, epochs: int, *extra):
-    from lightning.pytorch import Trainer
-
     from robusttrain.callbacks import BalancedCheckpoint, MetamorphicCallback
     from robusttrain.metamorphic.suite import MRSuite
 
-    return Trainer(
+    return quiet_trainer(
         max_epochs=epochs,
         callbacks=[
             MetamorphicCallback(suite=MRSuite(["contrast"], severities=(4,))),
@@ -202,10 +201,6 @@ def _api_trainer(run: Path, epochs: int, *extra):
             *extra,
         ],
         default_root_dir=run,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
 
 
@@ -282,7 +277,6 @@ def test_a_fit_that_fails_lets_go_of_the_run_directory(tmp_path):
 def test_each_robustness_callback_alone_lets_go_of_the_run_directory_at_the_end(alone, tmp_path):
     """With the lock no longer shared between trainers of one process, every callback that takes it must
     let go when its fit ends: a second fit in the same process and run directory is not refused."""
-    from lightning.pytorch import Trainer
     from user_project import make
 
     from robusttrain import callbacks
@@ -297,14 +291,6 @@ def test_each_robustness_callback_alone_lets_go_of_the_run_directory_at_the_end(
         "MetamorphicTraining": lambda: callbacks.MetamorphicTraining(perturbations=["contrast"]),
     }[alone]
     for _ in range(2):
-        trainer = Trainer(
-            max_epochs=1,
-            callbacks=[make_one()],
-            default_root_dir=tmp_path,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
+        trainer = quiet_trainer(max_epochs=1, callbacks=[make_one()], default_root_dir=tmp_path)
         trainer.fit(Net(), datamodule=Data())
     assert not (tmp_path / ".robusttrain.owner").exists()
