@@ -165,8 +165,10 @@ def _answer(d: dict | None, planned_seeds: int, planned_runs: int) -> str:
     """A decision's cell: yes / no only when final; before that "not reached", with how much finished and
     what the rule reads on it (the protocol: no decision from a partial grid).
 
-    >>> _answer({"answer": False, "runs": 1, "final": False}, 8, 32)
-    'not reached (partial: 1 of 32 runs; on these the rule reads no)'
+    >>> _answer({"answer": False, "runs": 2, "final": False}, 8, 32)
+    'not reached (partial: 2 of 32 runs; on these the rule reads no)'
+    >>> _answer({"answer": False, "seeds": 1, "final": False}, 8, 32)
+    'not reached (partial: 1 of 8 seeds; no interval from one)'
     >>> _answer({"answer": True, "seeds": 8, "final": True}, 8, 32)
     'yes'
     >>> _answer(None, 8, 32)
@@ -177,7 +179,10 @@ def _answer(d: dict | None, planned_seeds: int, planned_runs: int) -> str:
     reads = "yes" if d["answer"] else "no"
     if d["final"]:
         return reads
-    done = f"{d['seeds']} of {planned_seeds} seeds" if "seeds" in d else f"{d['runs']} of {planned_runs} runs"
+    n = d.get("seeds", d.get("runs", 0))
+    done = f"{n} of {planned_seeds} seeds" if "seeds" in d else f"{n} of {planned_runs} runs"
+    if n < 2:  # the rule needs the seed interval, and one seed has none
+        return f"not reached (partial: {done}; no interval from one)"
     return f"not reached (partial: {done}; on these the rule reads {reads})"
 
 
