@@ -66,6 +66,32 @@ class _Rule(torch.nn.Module):
         return self.conv(x)
 
 
+def _monai_net(lightning, channels, dims=2):
+    """The MONAI projects' model, a ``LightningModule`` of the ``lightning`` namespace: the bright-pixel
+    rule on dict samples (``image``, ``label`` MetaTensors), cross-entropy on the label's first channel."""
+
+    class Net(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net, self.seen = _Rule(channels, 2, dims=dims), {}
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, _):
+            self.seen.setdefault(self.current_epoch, []).extend(batch["image"].as_tensor())
+            return torch.nn.functional.cross_entropy(self(batch["image"]), batch["label"][:, 0].long())
+
+        def validation_step(self, batch, _):
+            loss = torch.nn.functional.cross_entropy(self(batch["image"]), batch["label"][:, 0].long())
+            self.log("val_loss", loss, batch_size=len(batch["image"]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    return Net
+
+
 # ------------------------------------------------------------------ 1: pytorch_lightning + MONAI dicts
 def make_polyp(mining=None):
     import monai.transforms as MT
@@ -82,24 +108,7 @@ def make_polyp(mining=None):
     )
     val_tf = MT.Compose([MT.EnsureTyped(keys=["image", "label"])])
 
-    class PolypNet(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net, self.seen = _Rule(3, 2), {}
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, _):
-            self.seen.setdefault(self.current_epoch, []).extend(batch["image"].as_tensor())
-            return torch.nn.functional.cross_entropy(self(batch["image"]), batch["label"][:, 0].long())
-
-        def validation_step(self, batch, _):
-            loss = torch.nn.functional.cross_entropy(self(batch["image"]), batch["label"][:, 0].long())
-            self.log("val_loss", loss, batch_size=len(batch["image"]))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
+    PolypNet = _monai_net(pl, channels=3)
 
     class PolypData(pl.LightningDataModule):
         def setup(self, stage=None):
@@ -199,24 +208,7 @@ def make_spleen(mining=None, num_workers=0):
     )
     val_tf = MT.Compose([MT.EnsureTyped(keys=["image", "label"])])
 
-    class SpleenNet(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net, self.seen = _Rule(1, 2, dims=3), {}
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, _):
-            self.seen.setdefault(self.current_epoch, []).extend(batch["image"].as_tensor())
-            return torch.nn.functional.cross_entropy(self(batch["image"]), batch["label"][:, 0].long())
-
-        def validation_step(self, batch, _):
-            loss = torch.nn.functional.cross_entropy(self(batch["image"]), batch["label"][:, 0].long())
-            self.log("val_loss", loss, batch_size=len(batch["image"]))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
+    SpleenNet = _monai_net(L, channels=1, dims=3)
 
     class SpleenData(L.LightningDataModule):
         def setup(self, stage=None):

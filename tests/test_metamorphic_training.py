@@ -1,11 +1,7 @@
 """Metamorphic training (issue 21): online worst-of-k, the MR-consistency objective, with real trainers."""
 
 import json
-import subprocess
-import sys
-import textwrap
 from collections import Counter
-from pathlib import Path
 
 import lightning.pytorch as L
 import numpy as np
@@ -14,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from toys import Blobs, Tiny, cube_volumes, quiet_trainer, square_batch
+from toys import Blobs, Tiny, quiet_trainer, run_ddp_shards, square_batch
 
 from robusttrain.callbacks import (
     MetamorphicCallback,
@@ -395,7 +391,7 @@ def test_family_weights_come_from_the_checks_violation_rates():
 
 @pytest.mark.slow
 def test_3d_monai_unet_with_consistency(tmp_path):
-    from toys import MonaiVol
+    from toys import MonaiVol, fit_volumes
 
     class Vol(MonaiVol):  # trains through metamorphic_loss
         def training_step(self, b, i):
@@ -403,21 +399,7 @@ def test_3d_monai_unet_with_consistency(tmp_path):
             loss = F.cross_entropy(logits, b["mask"])
             return loss + metamorphic_loss(self, b, logits, F.cross_entropy)
 
-    vols = cube_volumes()
-    mt = MetamorphicTraining(
-        perturbations=["blur", "contrast", "gamma"],
-        k=2,
-        q=0.5,
-        objective="paired",
-        consistency=1.0,
-        ramp=0.0,
-        record_every=1,
-        dirpath=tmp_path,
-    )
-    trainer = quiet_trainer(
-        max_epochs=1, callbacks=[mt], default_root_dir=tmp_path, enable_checkpointing=True
-    )
-    trainer.fit(Vol(), DataLoader(vols, batch_size=2))
+    _, vols = fit_volumes(Vol, tmp_path, k=2, q=0.5, objective="paired", consistency=1.0, ramp=0.0)
     samples = records.read_samples(tmp_path)
     assert len(samples) == 2 and all(s["family"] in ("blur", "contrast", "gamma") for s in samples)
     # a volume follow-up is the family applied slice-wise with one draw of params
@@ -462,37 +444,15 @@ def test_pytorch_lightning_trainer_accepts_it(tmp_path):
     assert records.read_stats(tmp_path).chosen.sum() == 4
 
 
-DDP_SCRIPT = textwrap.dedent("""
-    import sys, torch, lightning.pytorch as L
-    sys.path.insert(0, {tests!r})
-    from torch.utils.data import DataLoader, DistributedSampler
-    from toys import Blobs, Tiny
-    from robusttrain.callbacks import MetamorphicTraining
-
-    class Shards(Tiny):  # rank r trains on samples r, r+2, ... in order (what the test recomputes)
-        def train_dataloader(self):
-            ds = Blobs(8, slices=1, size=32)
-            return DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, shuffle=False))
-    mt = MetamorphicTraining(perturbations=["contrast", "saturation", "blur"], k=1, q=0.5, record_every=1,
-                             record_per_step=8, dirpath={out!r})
-    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp",
-                        use_distributed_sampler=False, default_root_dir={out!r})
-    trainer.fit(Shards())
-""")
-
-
 @pytest.mark.slow
 def test_ddp_each_rank_draws_for_its_own_shard(tmp_path):
-    script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path / "run")))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    families = ["contrast", "saturation", "blur"]  # rank r trains on samples r, r+2, ... (recomputed below)
+    run_ddp_shards(tmp_path / "run", perturbations=families, k=1, q=0.5, record_every=1, record_per_step=8)
     samples = records.read_samples(tmp_path / "run")
     by_rank = {r: [s for s in samples if s["rank"] == r] for r in (0, 1)}
     assert len(by_rank[0]) == len(by_rank[1]) == 2  # 2 steps x 1 follow-up (q=0.5 of 2) per rank
     ds = Blobs(8, slices=1, size=32)
-    wok = WorstOfK(["contrast", "saturation", "blur"], k=1, q=0.5, severity_caps=4, seed=0)
+    wok = WorstOfK(families, k=1, q=0.5, severity_caps=4, seed=0)
     for rank, recs in by_rank.items():
         shard = list(range(rank, 8, 2))  # DistributedSampler without shuffle
         for s in recs:

@@ -2,10 +2,6 @@
 arguments refused at construction -- with real Lightning trainers."""
 
 import json
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
@@ -13,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
-from toys import Blobs, quiet_trainer, square_batch
+from toys import Blobs, quiet_trainer, run_ddp_shards, square_batch
 
 from robusttrain.callbacks import (
     MetamorphicCallback,
@@ -387,9 +383,12 @@ def test_consistency_chains_same_seed_same_files_and_resume_equals_uninterrupted
     assert "recipe" in chain and chain["recipe"]["chains"]
 
 
+CHAINS = dict(mix="augmix", chain_depth=2, width=2)  # AugMix chains of two ops, two of them mixed
+
+
 @pytest.mark.slow
 def test_3d_volumes_with_the_consistency_objective(tmp_path):
-    from toys import MonaiVol, cube_volumes
+    from toys import MonaiVol, fit_volumes
 
     class Vol(MonaiVol):  # counts its forwards' batch sizes; trains through metamorphic_forward
         def __init__(self):
@@ -404,24 +403,7 @@ def test_3d_volumes_with_the_consistency_objective(tmp_path):
             logits, mr = metamorphic_forward(self, b["image"])
             return F.cross_entropy(logits, b["mask"]) + mr
 
-    vols = cube_volumes()
-    mt = MetamorphicTraining(
-        perturbations=["blur", "contrast", "gamma"],
-        objective="consistency",
-        consistency=1.0,
-        k=2,
-        q=0.5,
-        mix="augmix",
-        chain_depth=2,
-        width=2,
-        record_every=1,
-        dirpath=tmp_path,
-    )
-    trainer = quiet_trainer(
-        max_epochs=1, callbacks=[mt], default_root_dir=tmp_path, enable_checkpointing=True
-    )
-    model = Vol()
-    trainer.fit(model, DataLoader(vols, batch_size=2))
+    model, vols = fit_volumes(Vol, tmp_path, objective="consistency", consistency=1.0, k=2, q=0.5, **CHAINS)
     assert model.sizes == [2, 3, 2, 3]  # scoring 1 x 2 candidates (no grad), then batch + follow-up
     s = records.read_samples(tmp_path)[0]
     x = vols[s["position"]]["image"][None]
@@ -429,37 +411,13 @@ def test_3d_volumes_with_the_consistency_objective(tmp_path):
     assert again.shape == x.shape and not torch.equal(again, x)
 
 
-DDP_SCRIPT = textwrap.dedent("""
-    import sys, torch, lightning.pytorch as L
-    sys.path.insert(0, {tests!r})
-    from torch.utils.data import DataLoader, DistributedSampler
-    from toys import Blobs, Tiny
-    from robusttrain.callbacks import MetamorphicTraining, metamorphic_forward
-
-    class Shards(Tiny):
-        def training_step(self, b, i):
-            x, y = self._xy(b)
-            logits, mr = metamorphic_forward(self, x)
-            return torch.nn.functional.cross_entropy(logits, y) + mr
-        def train_dataloader(self):
-            ds = Blobs(8, slices=1, size=32)
-            return DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, shuffle=False))
-    mt = MetamorphicTraining(perturbations=["contrast", "saturation", "blur"], objective="consistency",
-                             consistency=1.0, k=1, q=0.5, mix="augmix", chain_depth=2, width=2, record_every=1,
-                             record_per_step=8, dirpath={out!r})
-    trainer = L.Trainer(max_epochs=1, callbacks=[mt], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp",
-                        use_distributed_sampler=False, default_root_dir={out!r})
-    trainer.fit(Shards())
-""")
-
-
 @pytest.mark.slow
 def test_ddp_each_rank_draws_its_own_chains(tmp_path):
-    script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path / "run")))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    families = ["contrast", "saturation", "blur"]
+    consistency = dict(objective="consistency", consistency=1.0, record_every=1, record_per_step=8)
+    run_ddp_shards(
+        tmp_path / "run", forward=True, perturbations=families, k=1, q=0.5, **CHAINS, **consistency
+    )
     samples = records.read_samples(tmp_path / "run")
     by_rank = {r: [s for s in samples if s["rank"] == r] for r in (0, 1)}
     assert len(by_rank[0]) == len(by_rank[1]) == 2
@@ -469,17 +427,7 @@ def test_ddp_each_rank_draws_its_own_chains(tmp_path):
         for s in recs:
             rows = shard[2 * s["step"] : 2 * s["step"] + 2]
             pos = rows[s["position"]]
-            wok = WorstOfK(
-                ["contrast", "saturation", "blur"],
-                k=1,
-                q=0.5,
-                mix="augmix",
-                chain_depth=2,
-                width=2,
-                severity_caps=4,
-                seed=0,
-                stream="consistency",
-            )
+            wok = WorstOfK(families, k=1, q=0.5, **CHAINS, severity_caps=4, seed=0, stream="consistency")
             f = wok(ds.x[rows], ds.m[rows], None, step=s["step"], rank=rank)
             assert torch.equal(
                 recreate_followup(s["recipe"], ds.x[pos : pos + 1], ds.m[pos : pos + 1])[0], f.images[0]

@@ -19,9 +19,15 @@ Extend here instead of copying a ``Tiny`` / ``Blobs`` into a new test file:
 * :func:`quiet_trainer` -- a Lightning trainer without logger, checkpoints, progress bar or summary, on one CPU.
 * :func:`fit` -- a quiet deterministic CPU trainer on :class:`Blobs`.
 * :func:`square_batch` -- one (images, masks) batch: noisy mid-grey images, a square lesion in each.
+* :func:`run_ddp_shards` -- MetamorphicTraining in a two-process CPU DDP fit of :class:`Tiny`, each rank on
+  its own shard of :class:`Blobs` (in a subprocess).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning.pytorch as L
 import torch
@@ -267,3 +273,68 @@ class Snapshots(L.Callback):
             self.weights[trainer.current_epoch] = {
                 k: v.detach().clone() for k, v in pl_module.state_dict().items()
             }
+
+
+def ddp_shards_fit(out, forward=False, **training):
+    """One rank of a two-process CPU DDP fit of :class:`Tiny` with ``MetamorphicTraining(**training,
+    dirpath=out)``: rank r trains on samples r, r+2, ... of ``Blobs(8, slices=1, size=32)`` in order
+    (``DistributedSampler`` without shuffle), two a step; ``forward``: the loss through
+    ``metamorphic_forward``. Started by :func:`run_ddp_shards` (DDP starts rank 1 by running the script again).
+    """
+    from torch.utils.data import DistributedSampler
+
+    from robusttrain.callbacks import MetamorphicTraining, metamorphic_forward
+
+    class Shards(Tiny):
+        def training_step(self, b, i):
+            if not forward:
+                return super().training_step(b, i)
+            x, y = self._xy(b)
+            logits, mr = metamorphic_forward(self, x)
+            return nn.functional.cross_entropy(logits, y) + mr
+
+        def train_dataloader(self):
+            ds = Blobs(8, slices=1, size=32)
+            return DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, shuffle=False))
+
+    mt = MetamorphicTraining(**training, dirpath=out)
+    trainer = quiet_trainer(
+        max_epochs=1,
+        callbacks=[mt],
+        enable_checkpointing=True,
+        devices=2,
+        strategy="ddp",
+        use_distributed_sampler=False,
+        default_root_dir=out,
+    )
+    trainer.fit(Shards())
+
+
+def run_ddp_shards(out, forward=False, **training):
+    """Runs :func:`ddp_shards_fit` in a fresh Python process (a script beside ``out``); fails the test,
+    with the end of its stderr, if the fit fails."""
+    out = Path(out)
+    script = out.parent / "ddp.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom toys import ddp_shards_fit\n"
+        f"ddp_shards_fit({str(out)!r}, forward={forward!r}, **{training!r})\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def fit_volumes(make_model, dirpath, **training):
+    """One epoch on :func:`cube_volumes` (batches of 2) with ``MetamorphicTraining(perturbations=["blur",
+    "contrast", "gamma"], record_every=1, dirpath=dirpath, **training)``, by :func:`quiet_trainer` (with
+    Lightning's checkpoints); ``make_model()`` builds the model after the trainer. Returns (model, volumes).
+    """
+    from robusttrain.callbacks import MetamorphicTraining
+
+    vols = cube_volumes()
+    mt = MetamorphicTraining(
+        perturbations=["blur", "contrast", "gamma"], record_every=1, dirpath=dirpath, **training
+    )
+    trainer = quiet_trainer(max_epochs=1, callbacks=[mt], default_root_dir=dirpath, enable_checkpointing=True)
+    model = make_model()
+    trainer.fit(model, DataLoader(vols, batch_size=2))
+    return model, vols

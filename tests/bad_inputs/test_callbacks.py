@@ -23,177 +23,108 @@ from robusttrain.metamorphic.batch import BatchHooks, HookError
 from robusttrain.metamorphic.suite import MRSuite
 
 CASES = [
-    # (id, build, exception, message regex)
-    (
-        "severity-0",
-        lambda: MRSuite(["blur"], severities=(0,)),
-        ValueError,
-        r"severities=\[0\].*int in 1\.\.5.*got 0",
-    ),
-    ("severity-6", lambda: MRSuite(["blur"], severities=(2, 6)), ValueError, r"severities=\[2, 6\].*got 6"),
-    (
-        "severity-empty",
-        lambda: MRSuite(["blur"], severities=()),
-        ValueError,
-        r"severities= must not be empty",
-    ),
-    ("unknown-perturbation", lambda: MRSuite(["blur", "nope"]), ValueError, r"unknown perturbation 'nope'"),
-    ("unknown-suite", lambda: MRSuite("nope"), ValueError, r"unknown perturbation suite 'nope'"),
+    # (id, build, message regex): each build raises a ValueError with that one-line message
+    ("severity-0", lambda: MRSuite(["blur"], severities=(0,)), r"severities=\[0\].*int in 1\.\.5.*got 0"),
+    ("severity-6", lambda: MRSuite(["blur"], severities=(2, 6)), r"severities=\[2, 6\].*got 6"),
+    ("severity-empty", lambda: MRSuite(["blur"], severities=()), r"severities= must not be empty"),
+    ("unknown-perturbation", lambda: MRSuite(["blur", "nope"]), r"unknown perturbation 'nope'"),
+    ("unknown-suite", lambda: MRSuite("nope"), r"unknown perturbation suite 'nope'"),
     (
         "kwargs-for-absent-family",
         lambda: MRSuite(["blur"], perturbation_kwargs={"text": {}}),
-        ValueError,
         r"perturbation_kwargs has 'text'",
     ),
-    (
-        "suite-not-a-suite",
-        lambda: MetamorphicCallback(suite=["blur"]),
-        ValueError,
-        r"suite must be an MRSuite",
-    ),
+    ("suite-not-a-suite", lambda: MetamorphicCallback(suite=["blur"]), r"suite must be an MRSuite"),
     (
         "hooks-not-hooks",
         lambda: MetamorphicCallback(hooks={"get_images": None}),
-        ValueError,
         r"hooks must be a BatchHooks",
     ),
     (
         "bad-to-probabilities",
         lambda: MetamorphicCallback(hooks=BatchHooks(to_probabilities="softmaxx")),
-        ValueError,
         r"to_probabilities='softmaxx'",
     ),
     (
         "violation-threshold",
         lambda: MetamorphicCallback(violation_threshold=1.5),
-        ValueError,
         r"violation_threshold=1\.5: expected a number in \[0, 1\]",
     ),
-    ("every-n-negative", lambda: MetamorphicCallback(every_n_epochs=-1), ValueError, r"every_n_epochs=-1"),
+    ("every-n-negative", lambda: MetamorphicCallback(every_n_epochs=-1), r"every_n_epochs=-1"),
     (
         "heldout-unknown-family",
         lambda: MetamorphicCallback(heldout=["motion_blur", "nope"]),
-        ValueError,
         r"heldout: unknown perturbation 'nope'; valid families: ",
     ),
-    (
-        "max-cases-zero",
-        lambda: MetamorphicCallback(max_cases=0),
-        ValueError,
-        r"max_cases=0: expected an integer >= 1",
-    ),
-    ("batch-size-zero", lambda: MetamorphicCallback(batch_size=0), ValueError, r"batch_size=0"),
-    (
-        "path",
-        lambda: MetamorphicCallback(path="gpu"),
-        ValueError,
-        r"path='gpu': expected one of 'auto', 'torch'",
-    ),
+    ("max-cases-zero", lambda: MetamorphicCallback(max_cases=0), r"max_cases=0: expected an integer >= 1"),
+    ("batch-size-zero", lambda: MetamorphicCallback(batch_size=0), r"batch_size=0"),
+    ("path", lambda: MetamorphicCallback(path="gpu"), r"path='gpu': expected one of 'auto', 'torch'"),
     (
         "budget",
         lambda: MetamorphicCallback(budget=2.0),
-        ValueError,
         r"budget must be a fraction .* in \(0, 1\].* got 2\.0",
     ),
     (
         "replay-ratio-1",
         lambda: FailureMiningCallback(replay_ratio=1.0),
-        ValueError,
         r"replay_ratio=1\.0: expected a number in \[0, 0\.9\]",
     ),
-    (
-        "replay-ratio-negative",
-        lambda: FailureMiningCallback(replay_ratio=-0.1),
-        ValueError,
-        r"replay_ratio=-0\.1",
-    ),
+    ("replay-ratio-negative", lambda: FailureMiningCallback(replay_ratio=-0.1), r"replay_ratio=-0\.1"),
     (
         "train-probe-zero",
         lambda: FailureMiningCallback(train_probe_size=0),
-        ValueError,
         r"train_probe_size=0: expected an integer >= 1",
     ),
-    ("jitter", lambda: FailureMiningCallback(jitter=2), ValueError, r"jitter=2"),
+    ("jitter", lambda: FailureMiningCallback(jitter=2), r"jitter=2"),
     (
         "mix-sum",
         lambda: FailureMiningCallback(clean_mix=0.6, fresh_image=0.6),
-        ValueError,
         r"clean_mix=0\.6 \+ fresh_image=0\.6: expected a sum <= 1",
     ),
-    ("max-size", lambda: FailureMiningCallback(max_size=1), ValueError, r"max_size=1"),
+    ("max-size", lambda: FailureMiningCallback(max_size=1), r"max_size=1"),
     (
         "momentum",
         lambda: FailureMiningCallback(momentum=1.0),
-        ValueError,
         r"momentum=1\.0: expected a number in \[0, 1\)",
     ),
-    ("floor", lambda: FailureMiningCallback(floor=2), ValueError, r"floor=2: expected a number in \[0, 1\]"),
+    ("floor", lambda: FailureMiningCallback(floor=2), r"floor=2: expected a number in \[0, 1\]"),
     (
         "mining-mode",
         lambda: FailureMiningCallback(mode="frozen"),
-        ValueError,
         r"mode='frozen': expected one of 'steer', 'replay'",
     ),
-    (
-        "steer",
-        lambda: FailureMiningCallback(steer=1.5),
-        ValueError,
-        r"steer=1\.5: expected a number in \[0, 1\]",
-    ),
-    (
-        "decay",
-        lambda: FailureMiningCallback(decay=1.0),
-        ValueError,
-        r"decay=1\.0: expected a number in \[0, 1\)",
-    ),
-    ("balance", lambda: FailureMiningCallback(balance=-0.1), ValueError, r"balance=-0\.1"),
-    (
-        "placement-jitter",
-        lambda: FailureMiningCallback(placement_jitter=2),
-        ValueError,
-        r"placement_jitter=2",
-    ),
+    ("steer", lambda: FailureMiningCallback(steer=1.5), r"steer=1\.5: expected a number in \[0, 1\]"),
+    ("decay", lambda: FailureMiningCallback(decay=1.0), r"decay=1\.0: expected a number in \[0, 1\)"),
+    ("balance", lambda: FailureMiningCallback(balance=-0.1), r"balance=-0\.1"),
+    ("placement-jitter", lambda: FailureMiningCallback(placement_jitter=2), r"placement_jitter=2"),
     (
         "steer-with-replay-ratio",
         lambda: FailureMiningCallback(mode="steer", replay_ratio=0.3),
-        ValueError,
         r"replay_ratio=0\.3 replays failing images \(mode='replay'\); mode='steer' replays none",
     ),
     (
         "contamination-0.9",
         lambda: BalancedCheckpoint(contamination=0.9),
-        ValueError,
         r"contamination=0\.9: expected a number in \(0, 0\.5\]",
     ),
-    (
-        "contamination-0",
-        lambda: BalancedCheckpoint(contamination=0),
-        ValueError,
-        r"contamination=0: .*\(0, 0\.5\]",
-    ),
-    (
-        "policy",
-        lambda: BalancedCheckpoint(policy="best"),
-        ValueError,
-        r"policy='best': expected one of 'last_inlier'",
-    ),
-    ("mode", lambda: BalancedCheckpoint(mode="up"), ValueError, r"mode='up'"),
-    ("tail", lambda: BalancedCheckpoint(tail="left"), ValueError, r"tail='left'"),
-    ("retention", lambda: BalancedCheckpoint(retention=0), ValueError, r"retention=0"),
-    ("min-epoch", lambda: BalancedCheckpoint(min_epoch=-2), ValueError, r"min_epoch=-2"),
+    ("contamination-0", lambda: BalancedCheckpoint(contamination=0), r"contamination=0: .*\(0, 0\.5\]"),
+    ("policy", lambda: BalancedCheckpoint(policy="best"), r"policy='best': expected one of 'last_inlier'"),
+    ("mode", lambda: BalancedCheckpoint(mode="up"), r"mode='up'"),
+    ("tail", lambda: BalancedCheckpoint(tail="left"), r"tail='left'"),
+    ("retention", lambda: BalancedCheckpoint(retention=0), r"retention=0"),
+    ("min-epoch", lambda: BalancedCheckpoint(min_epoch=-2), r"min_epoch=-2"),
     (
         "worst-fraction",
         lambda: BalancedCheckpoint(worst_fraction=0),
-        ValueError,
         r"worst_fraction=0: expected a number in \(0, 1\]",
     ),
-    ("reporter-every", lambda: RobustnessReporter(every_n_epochs=0), ValueError, r"every_n_epochs=0"),
+    ("reporter-every", lambda: RobustnessReporter(every_n_epochs=0), r"every_n_epochs=0"),
 ]
 
 
-@pytest.mark.parametrize(("build", "exc", "pattern"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_callback_argument_is_refused_at_construction(build, exc, pattern):
-    with pytest.raises(exc, match=pattern) as err:
+@pytest.mark.parametrize(("build", "pattern"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_callback_argument_is_refused_at_construction(build, pattern):
+    with pytest.raises(ValueError, match=pattern) as err:
         build()
     assert "\n" not in str(err.value)  # one line
 

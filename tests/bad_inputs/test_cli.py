@@ -246,6 +246,26 @@ def _metrics_epochs(expected: list[int]):
 RUN = "run_dir={run}"
 FRESH = "run_dir={tmp}/fresh"
 CK = "ckpt={ckpt}"
+
+# a broken checkpoint: (file name, its bytes, or None for another recipe's weights; the error line's text)
+BROKEN_CKPT = {
+    "empty-ckpt": ("empty.ckpt", b"", "empty.ckpt' is empty (0 bytes"),
+    "truncated-ckpt": (
+        "trunc.ckpt",
+        lambda c: c.ckpt.read_bytes()[:50000],
+        "trunc.ckpt' is truncated or corrupt",
+    ),
+    "random-bytes": ("rand.ckpt", b"\x00garbage" * 100, "rand.ckpt' is not a PyTorch checkpoint"),
+    "other-recipe": ("other.ckpt", None, "other.ckpt' does not fit SegmentationModule: shape of"),
+}
+
+
+def _broken_ckpt(command: str, kind: str) -> S:
+    name, data, text = BROKEN_CKPT[kind]
+    prep = _other_recipe_ckpt if data is None else _bad_ckpt(name, data)
+    return S(f"{command}-{kind}", [command, *TINY, RUN, f"ckpt={{tmp}}/{name}"], text=text, prep=prep)
+
+
 SCENARIOS = [
     # --- security -----------------------------------------------------------------------------
     S(
@@ -385,29 +405,17 @@ SCENARIOS = [
         then=_no_tmps_no_lock,
     ),
     # --- broken checkpoints: one line naming the file ---------------------------------------
-    S(
-        "validate-empty-ckpt",
-        ["validate", *TINY, RUN, "ckpt={tmp}/empty.ckpt"],
-        text="empty.ckpt' is empty (0 bytes",
-        prep=_bad_ckpt("empty.ckpt", b""),
-    ),
-    S(
-        "validate-truncated-ckpt",
-        ["validate", *TINY, RUN, "ckpt={tmp}/trunc.ckpt"],
-        text="trunc.ckpt' is truncated or corrupt",
-        prep=_bad_ckpt("trunc.ckpt", lambda c: c.ckpt.read_bytes()[:50000]),
+    *(
+        _broken_ckpt(command, kind)
+        for command in ("validate", "check", "test")
+        for kind in BROKEN_CKPT
+        if (command, kind) != ("validate", "random-bytes")  # validate gets os.urandom bytes (below)
     ),
     S(
         "validate-random-bytes",
         ["validate", *TINY, RUN, "ckpt={tmp}/rand.ckpt"],
         text="rand.ckpt' is not a PyTorch checkpoint",
         prep=_bad_ckpt("rand.ckpt", os.urandom(4096).replace(b"PK", b"pk")),
-    ),
-    S(
-        "validate-other-recipe",
-        ["validate", *TINY, RUN, "ckpt={tmp}/other.ckpt"],
-        text="other.ckpt' does not fit SegmentationModule: shape of",
-        prep=_other_recipe_ckpt,
     ),
     S(
         "validate-other-model",
@@ -436,12 +444,6 @@ SCENARIOS = [
         text="checkpoint not found: ckpt=last",
     ),
     S(
-        "test-random-bytes",
-        ["test", *TINY, RUN, "ckpt={tmp}/rand.ckpt"],
-        text="rand.ckpt' is not a PyTorch",
-        prep=_bad_ckpt("rand.ckpt", b"\x00garbage" * 100),
-    ),
-    S(
         "fit-resume-truncated",
         ["fit", *TINY, RUN, "ckpt={tmp}/trunc.ckpt"],
         text="trunc.ckpt' is truncated",
@@ -453,49 +455,7 @@ SCENARIOS = [
         text="last.ckpt' is empty",
         prep=lambda c: (c.run / "checkpoints" / "last.ckpt").write_bytes(b""),
     ),
-    S(
-        "check-empty-ckpt",
-        ["check", *TINY, RUN, "ckpt={tmp}/empty.ckpt"],
-        text="empty.ckpt' is empty",
-        prep=_bad_ckpt("empty.ckpt", b""),
-    ),
-    S(
-        "check-other-recipe",
-        ["check", *TINY, RUN, "ckpt={tmp}/other.ckpt"],
-        text="does not fit SegmentationModule",
-        prep=_other_recipe_ckpt,
-    ),
     S("check-missing-ckpt", ["check", *TINY, RUN], text="check needs ckpt=PATH"),
-    S(
-        "check-truncated-ckpt",
-        ["check", *TINY, RUN, "ckpt={tmp}/trunc.ckpt"],
-        text="trunc.ckpt' is truncated or corrupt",
-        prep=_bad_ckpt("trunc.ckpt", lambda c: c.ckpt.read_bytes()[:50000]),
-    ),
-    S(
-        "check-random-bytes",
-        ["check", *TINY, RUN, "ckpt={tmp}/rand.ckpt"],
-        text="rand.ckpt' is not a PyTorch checkpoint",
-        prep=_bad_ckpt("rand.ckpt", b"\x00garbage" * 100),
-    ),
-    S(
-        "test-empty-ckpt",
-        ["test", *TINY, RUN, "ckpt={tmp}/empty.ckpt"],
-        text="empty.ckpt' is empty (0 bytes",
-        prep=_bad_ckpt("empty.ckpt", b""),
-    ),
-    S(
-        "test-truncated-ckpt",
-        ["test", *TINY, RUN, "ckpt={tmp}/trunc.ckpt"],
-        text="trunc.ckpt' is truncated or corrupt",
-        prep=_bad_ckpt("trunc.ckpt", lambda c: c.ckpt.read_bytes()[:50000]),
-    ),
-    S(
-        "test-other-recipe",
-        ["test", *TINY, RUN, "ckpt={tmp}/other.ckpt"],
-        text="does not fit SegmentationModule",
-        prep=_other_recipe_ckpt,
-    ),
     S(
         "test-pickle-payload",
         ["test", *TINY, RUN, "ckpt={tmp}/evil.ckpt"],

@@ -351,35 +351,16 @@ SCENARIOS = [
             absent=("<script>", "<img src=x", "<b>c</b>"),
         ),
     ),
-    S(
-        "report-symlinked-efr-table",
-        ["report", "{run}"],
-        text="efr_table.csv' is a symbolic link",
-        prep=_symlink("efr_table.csv"),
-    ),
-    S(
-        "report-symlinked-history",
-        ["report", "{run}"],
-        text="history.csv' is a symbolic link",
-        prep=_symlink("history.csv"),
-    ),
-    S(
-        "report-symlinked-efr",
-        ["report", "{run}"],
-        text="efr.csv' is a symbolic link",
-        prep=_symlink("efr.csv"),
-    ),
-    S(
-        "report-symlinked-corner-cases",
-        ["report", "{run}"],
-        text="corner_cases.json' is a symbolic link",
-        prep=_symlink("corner_cases.json"),
-    ),
-    S(
-        "corners-symlinked-history",
-        ["corners", "{run}"],
-        text="history.csv' is a symbolic link",
-        prep=_symlink("history.csv"),
+    # a run file replaced by a symbolic link: the command refuses it, naming the file
+    *(
+        S(f"{cmd}-symlinked-{case}", [cmd, "{run}"], text=f"{name}' is a symbolic link", prep=_symlink(name))
+        for cmd, case, name in [
+            ("report", "efr-table", "efr_table.csv"),
+            ("report", "history", "history.csv"),
+            ("report", "efr", "efr.csv"),
+            ("report", "corner-cases", "corner_cases.json"),
+            ("corners", "history", "history.csv"),
+        ]
     ),
     S(
         "local-recipe-shadows-packaged",
