@@ -4,6 +4,7 @@ any folder exists, the four decisions computed from results shaped like the grid
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -287,14 +288,15 @@ def test_validity_across_epochs_pools_runs_on_fisher_z():
     assert v["infamily"]["lo"] < 0 < v["infamily"]["hi"]
 
 
-def test_archiving_a_frozen_grid_s_run_keeps_no_machine_path(tmp_path):
+def test_archiving_a_frozen_grid_s_run_keeps_no_machine_path_and_no_file_over_1_mib(tmp_path):
     """The v5 grid runs from a checkout older than the records' relative paths, so its result.json names
     the run folder and its config.yaml the data root and --out as absolute paths of this machine. The
     archive keeps them portable (as the run code now writes them), changes nothing else, and restoring
-    into the original runs folder accepts the run as the same one."""
+    into the original runs folder accepts the run as the same one. A weight file over 1 MiB (a pretrained
+    run's fp16 checkpoint) stays with the grid's output, named by size and sha256."""
     import yaml
 
-    from benchmarks.evidence.archive import restore, save
+    from benchmarks.evidence.archive import MAX_FILE_BYTES, restore, save
 
     out, arc = tmp_path / "machine" / "grid" / "polyp256_v5", tmp_path / "arc"
     run = out / "pretrained_random_s0"
@@ -310,12 +312,21 @@ def test_archiving_a_frozen_grid_s_run_keeps_no_machine_path(tmp_path):
     }
     for f in (run / "config.yaml", run / "fp16" / "config.yaml"):
         f.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    for w in ("ema.ckpt", "least_loss.ckpt"):
-        (run / "fp16" / w).write_bytes(b"weights")
+    big = b"w" * (MAX_FILE_BYTES + 1)  # a pretrained run's fp16 weights: over the repository's 1 MiB
+    (run / "fp16" / "ema.ckpt").write_bytes(big)
+    (run / "fp16" / "least_loss.ckpt").write_bytes(b"weights")
 
     assert save(out, arc, weights_seeds=(0,)) == ["pretrained_random_s0"]
+    assert (arc / run.name / "least_loss.ckpt").read_bytes() == b"weights"
+    assert not (arc / run.name / "ema.ckpt").exists()
+    manifest = arc / run.name / "weights_not_in_repository.json"
+    assert json.loads(manifest.read_text()) == {
+        "kept_with_the_grid_output": "polyp256_v5/pretrained_random_s0/fp16",
+        "ema.ckpt": {"bytes": len(big), "sha256": hashlib.sha256(big).hexdigest()},
+    }
     kept = [gzip.decompress(f.read_bytes()) for f in sorted(arc.glob("*.gz"))] + [
-        (arc / run.name / "config.yaml").read_bytes()
+        (arc / run.name / "config.yaml").read_bytes(),
+        manifest.read_bytes(),
     ]
     assert not [b for b in kept if str(tmp_path).encode() in b]
     assert json.loads(gzip.decompress((arc / "pretrained_random_s0.json.gz").read_bytes())) == {

@@ -41,3 +41,12 @@ def test_no_committed_file_names_a_machine_path():
             if m:
                 found.append(f"{name}: {data[max(0, m.start() - 40) : m.end() + 40]!r}")
     assert not found, "machine paths in committed files:\n" + "\n".join(found)
+
+
+def test_no_committed_file_is_over_1_mib():
+    """Data and weights of that size belong beside the repository (../shared/data, a grid's output), not in
+    it: the evidence archives keep larger weights out by size and sha256 (benchmarks/evidence/archive.py)."""
+    from benchmarks.evidence.archive import MAX_FILE_BYTES
+
+    big = [f for f in _tracked() if (REPO / f).is_file() and (REPO / f).stat().st_size > MAX_FILE_BYTES]
+    assert not big, f"files over {MAX_FILE_BYTES} bytes are tracked: {big}"

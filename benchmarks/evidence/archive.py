@@ -22,12 +22,17 @@ fp16 weights with their config (``<condition>_s<seed>/{least_loss,last}.ckpt, co
 ``rescore.py`` re-scores on any folder through the product's CLI:
 
     python -m benchmarks.evidence.archive save OUT/polyp256_v4 docs/evidence_v4/runs --weights-seeds 0
+
+Evidence v5 keeps ``ema`` and ``least_loss`` of seeds 0 and 1; a weight file over 1 MiB (its pretrained
+runs') stays with the grid's output and the archive names it by size and sha256
+(``<run>/weights_not_in_repository.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import re
 import sys
@@ -42,6 +47,9 @@ NAME = re.compile(r"^([a-z_]+)_s(\d+)$")
 TABLES = ("efr.csv", "history.csv", "metamorphic_training.csv", "followups.csv.gz", "config.yaml")
 WEIGHTS = ("least_loss.ckpt", "last.ckpt", "config.yaml")  # v4: <run>/fp16/ -> <archive>/<run>/
 WEIGHTS_V5 = ("least_loss.ckpt", "ema.ckpt", "config.yaml")  # v5: the decisions' two checkpoints
+# the repository keeps no file over 1 MiB: a larger weight file (the pretrained v5 runs' fp16, 7.8 MB) stays
+# with the grid's output and the archive names it by size and sha256 (weights_not_in_repository.json)
+MAX_FILE_BYTES = 1 << 20
 
 
 def _weights(result: dict) -> tuple[str, ...]:
@@ -130,6 +138,26 @@ def _result_bytes(result: dict, raw: bytes, runs: Path) -> bytes:
     return raw if kept == result else json.dumps(kept).encode("utf-8")
 
 
+def _save_weights(run: Path, dst: Path, result: dict, where: str) -> None:
+    """The run's fp16 weights (and their config) into ``dst``; a file over :data:`MAX_FILE_BYTES` stays
+    where the grid wrote it (``where``) and ``weights_not_in_repository.json`` names it by size and sha256."""
+    dst.mkdir(parents=True, exist_ok=True)
+    left_out: dict[str, dict] = {}
+    for w in _weights(result):
+        if not (run / "fp16" / w).is_file():
+            raise SystemExit(
+                f"evidence_archive: {run / 'fp16' / w}: missing (a {result.get('protocol', 'v4')} run keeps it)"
+            )
+        raw = _kept(w, (run / "fp16" / w).read_bytes(), run)
+        if len(raw) > MAX_FILE_BYTES:
+            left_out[w] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+        else:
+            atomic_write_bytes(dst / w, raw)
+    if left_out:
+        text = json.dumps({"kept_with_the_grid_output": where, **left_out}, indent=1)
+        atomic_write_text(dst / "weights_not_in_repository.json", text + "\n")
+
+
 def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[str]:
     """Archive every finished run of ``out`` (a grid's runs folder) into ``archive``; machine paths in the
     result and configs are made relative on the way (:func:`portable_result`, :func:`portable_config`)."""
@@ -150,16 +178,7 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
                     _packed(t, _kept(t, (p.parent / t).read_bytes(), p.parent)),
                 )
         if int(NAME.match(name).group(2)) in weights_seeds:
-            (archive / name).mkdir(parents=True, exist_ok=True)
-            for w in _weights(result):
-                if not (p.parent / "fp16" / w).is_file():
-                    raise SystemExit(
-                        f"evidence_archive: {p.parent / 'fp16' / w}: missing (a {result.get('protocol', 'v4')} "
-                        "run keeps it)"
-                    )
-                atomic_write_bytes(
-                    archive / name / w, _kept(w, (p.parent / "fp16" / w).read_bytes(), p.parent)
-                )
+            _save_weights(p.parent, archive / name, result, f"{out.name}/{name}/fp16")
         names.append(name)
     return names
 
