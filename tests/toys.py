@@ -147,7 +147,19 @@ def fit(tmp_path, cb, epochs=2, model=None, ds=None, **kw):
     return trainer
 
 
-class Classes(Dataset):
+class SliceItems(Dataset):
+    """A dataset of prepared dict samples (``self.items``)."""
+
+    items: list[dict]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class Classes(SliceItems):
     """n_cases × ``slices`` slices of size×size; class k (1..3) is a box×box square where the image is
     ≈ k/3 (``clamp``: the image clipped to [0, 1])."""
 
@@ -163,12 +175,6 @@ class Classes(Dataset):
                 img = mask.float()[None] / 3 + 0.05 * torch.randn(1, size, size, generator=g)
                 img = img.clamp(0, 1) if clamp else img
                 self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
 
     def case_ids(self):
         return [it["case_id"] for it in self.items]
@@ -197,7 +203,7 @@ class ClassNet(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
-class LevelCases(Dataset):
+class LevelCases(SliceItems):
     """12 samples of 16×16 (6 cases × 2 slices); the mask is where the image is bright."""
 
     def __init__(self, seed=0):
@@ -212,12 +218,6 @@ class LevelCases(Dataset):
                     mask.float()[None] + 0.3 * torch.randn(1, 16, 16, generator=g) + c
                 )  # cases differ in level
                 self.items.append({"image": img, "mask": mask, "case_id": f"case{c}", "slice_index": s})
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
 
 
 class TinyBN(ClassNet):

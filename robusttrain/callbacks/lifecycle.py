@@ -59,22 +59,22 @@ class ContextMember(Callback):
         """Whether this callback takes part in the fit (a switched-off one neither joins nor finalizes)."""
         return True
 
+    def _too_early(self, attr: str, hook: str, run: str, why: str) -> RobustnessConfigError:
+        return RobustnessConfigError(
+            f"{type(self).__name__}.{attr} is used before {hook}(): add the callback to a Trainer's "
+            f"callbacks and run {run} ({hook} {why})"
+        )
+
     @property
     def context(self) -> RobustnessContext:
         if self._ctx is None:
-            raise RobustnessConfigError(
-                f"{type(self).__name__}.context is used before setup(): add the callback to a Trainer's "
-                "callbacks and run fit/validate (setup joins the shared RobustnessContext)"
-            )
+            raise self._too_early("context", "setup", "fit/validate", "joins the shared RobustnessContext")
         return self._ctx
 
     @property
     def fit_dir(self) -> Path:
         if self._dir is None:
-            raise RobustnessConfigError(
-                f"{type(self).__name__}.fit_dir is used before on_fit_start(): add the callback to a Trainer's "
-                "callbacks and run fit (on_fit_start resolves the run directory)"
-            )
+            raise self._too_early("fit_dir", "on_fit_start", "fit", "resolves the run directory")
         return self._dir
 
     def join_context(self, trainer: Any) -> RobustnessContext:
