@@ -185,3 +185,14 @@ def render(payload: dict[str, Any]) -> str:
     for name, t in payload["tables"].items():
         out += ["", f"**{name}**", "", markdown_table(t["columns"], t["rows"], t.get("formats"))]
     return "\n".join(out) + "\n"
+
+
+def imread(path: Path, flags: int | None = None) -> Any:
+    """``cv2.imread`` that stops in one line naming the file instead of returning None (a benchmark's
+    input read from the shared data folder: a missing or unreadable file is the user's to fix)."""
+    import cv2
+
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR if flags is None else flags)
+    if img is None:
+        raise SystemExit(f"{path}: cannot read this image file (missing, corrupt or not an image)")
+    return img

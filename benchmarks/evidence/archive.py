@@ -164,7 +164,8 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
     names = []
     for p in sorted(out.glob("*_s*/result.json")):
         name = p.parent.name
-        if not NAME.match(name):
+        named = NAME.match(name)
+        if not named:
             continue
         raw = p.read_bytes()
         result = _json(raw, p)
@@ -177,7 +178,7 @@ def save(out: Path, archive: Path, weights_seeds: tuple[int, ...] = ()) -> list[
                     archive / f"{name}.{_archived(t)}",
                     _packed(t, _kept(t, (p.parent / t).read_bytes(), p.parent)),
                 )
-        if int(NAME.match(name).group(2)) in weights_seeds:
+        if int(named.group(2)) in weights_seeds:
             _save_weights(p.parent, archive / name, result, f"{out.name}/{name}/fp16")
         names.append(name)
     return names
@@ -237,7 +238,7 @@ def load(archive: Path) -> list[tuple[dict, dict]]:
             raise SystemExit(f"evidence_archive: {p}: expected a JSON object, got {type(result).__name__}")
         _check(result, name, p)
         cfg_path = archive / f"{name}.config.yaml.gz"
-        config = {}
+        config: dict = {}
         if cfg_path.is_file():
             try:
                 config = yaml.safe_load(_gunzip(cfg_path, "YAML config").decode("utf-8")) or {}

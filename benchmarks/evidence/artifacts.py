@@ -113,7 +113,7 @@ def write_config(
 
     ``model``: the run's SegmentationModule keywords (default: BasicUNet with ``features``); the
     network's name, widths and pretrained flag go into ``model`` (what ``check`` builds it from)."""
-    net = {"network": "basic_unet", "features": [int(f) for f in features]}
+    net: dict[str, object] = {"network": "basic_unet", "features": [int(f) for f in features]}
     if model is not None and model.get("network", "basic_unet") != "basic_unet":
         net = {"network": model["network"], "pretrained": bool(model.get("pretrained", False))}
         if model.get("features") is not None:

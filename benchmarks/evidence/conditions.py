@@ -58,7 +58,7 @@ from robusttrain.mining import RandomPerturbationDataset
 # JS lambda=1 through the paired objective, candidates scored at half size -- spelled out, since the
 # class's defaults moved in robust training v2: consistency > 0 now means the consistency objective and
 # scoring is at full size)
-MT_DEFAULTS = {
+MT_DEFAULTS: dict[str, Any] = {
     "k": 4,
     "q": 0.5,
     "epsilon": 0.3,
@@ -66,7 +66,7 @@ MT_DEFAULTS = {
     "objective": "paired",
     "score_scale": 0.5,
 }
-MT_CONDITIONS = {
+MT_CONDITIONS: dict[str, dict[str, Any]] = {
     "mt_random": {"k": 1, "epsilon": 1.0, "consistency": 0.0, "objective": "replace"},
     "metamorphic": {},
     "consistency_only": {"k": 1},
@@ -85,15 +85,15 @@ MT_CONDITIONS = {
 STEER_CONDITIONS = ("random_probed", "steered")
 CONDITIONS = ("plain", "random", "mined", *MT_CONDITIONS)
 # FailureMiningCallback(mode="steer") settings of the ``steered`` condition (the recipe's, mining.yaml)
-STEER_DEFAULTS = {"steer": 0.5, "decay": 0.5, "balance": 0.5, "placement_jitter": 0.05}
+STEER_DEFAULTS: dict[str, float] = {"steer": 0.5, "decay": 0.5, "balance": 0.5, "placement_jitter": 0.05}
 # the recipe's "family replay" (robusttrain/recipes/callbacks/robust.yaml), the best Kvasir/synthetic
 # trade-off in docs/results.md (Failure mining)
-MINING_DEFAULTS = {"jitter": 0.3, "fresh_image": 0.4, "clean_mix": 0.2}
+MINING_DEFAULTS: dict[str, float] = {"jitter": 0.3, "fresh_image": 0.4, "clean_mix": 0.2}
 
 # ----------------------------------------------------------------------------------- Evidence v4
 # MetamorphicTraining keyword arguments of each v4 condition, complete (no defaults merged in: the
 # pre-registered settings are exactly these, whatever the class's defaults become)
-V4_RANDOM = {"objective": "replace", "k": 1, "q": 0.5, "epsilon": 1.0}
+V4_RANDOM: dict[str, Any] = {"objective": "replace", "k": 1, "q": 0.5, "epsilon": 1.0}
 V4_MT: dict[str, dict[str, Any]] = {
     "random": dict(V4_RANDOM),
     "hard_consistency": {

@@ -109,7 +109,7 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
         "seed": seed,
         "seconds": round(time.time() - t0, 1),
         "optimizer_steps": int(trainer.global_step),
-        "train_samples_per_epoch": len(dm.train_dataset),
+        "train_samples_per_epoch": len(dm.train_dataset or ()),
         "held_out_cases": int(mr.history["case_id"].nunique()),
         "test_cases": int(efr[(efr["metric"] == "dice") & (efr["threshold"] == 0.25)]["cases"].sum()),
     }
@@ -146,7 +146,7 @@ COLS = ["efr_dice@0.25", "efr_dice@0.5", "efr_iou@0.25", "efr_iou@0.5", "clean_d
 
 def summarise(results: list[dict]) -> dict:
     """Mean and (sample) std over seeds per condition."""
-    out = {}
+    out: dict[str, dict] = {}
     for cond in dict.fromkeys(r["condition"] for r in results):
         rs = [r for r in results if r["condition"] == cond]
         out[cond] = {c: mean_std([r[c] for r in rs]) for c in COLS}

@@ -86,7 +86,7 @@ def summarise(results: list[dict], args) -> dict:
         out["conditions"][g] = {}
         for c in conds:
             rs = sorted((r for r in results if r["condition"] == c), key=lambda r: r["seed"])
-            row = {
+            row: dict = {
                 "clean_dice": mean_std([100 * _dice(r, "least_loss", keys).mean() for r in rs]),
                 "worst_k_dice": mean_std(
                     [100 * worst_fraction_mean(_dice(r, "least_loss", keys), k) for r in rs]
@@ -169,7 +169,7 @@ def _scaled(r: dict, f: float) -> dict:
 
 def targets(s: dict) -> dict:
     """The issue's targets, checked on the numbers (True / False, with the margin)."""
-    out = {}
+    out: dict = {}
     for g in ("in-domain", "out-of-domain"):
         if g not in s["paired"] or "mined-plain" not in s["paired"][g]:
             continue

@@ -296,11 +296,11 @@ def summarise_v3(results: list[dict], args, out: Path | None = None) -> dict:
 
 def targets_v3(s: dict) -> dict:
     """The issue-22 targets on the numbers so far (met / not met, with the margins)."""
-    out = {}
+    out: dict = {}
     floor = {c: row["clean_dice"]["mean"] for c, row in s["conditions"]["kvasir_test"]["least_loss"].items()}
     out["dice_floor_0.70_kvasir"] = {c: {"clean_dice": v, "met": v >= 70.0} for c, v in floor.items()}
     for p in COMPARE_AT:
-        per = {}
+        per: dict = {}
         for g in ("kvasir_test", "cvc_clinicdb"):
             pr = s["paired"][g].get(p, {}).get("metamorphic-mt_random")
             if pr is None or "efr_dice@0.25_relative_pct" not in pr:

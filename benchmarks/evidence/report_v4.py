@@ -261,7 +261,8 @@ def summarise_v4(results: list[dict], args) -> dict:
     r0 = results[0]
     s["families"] = {k: r0.get(k) for k in ("heldout_families", "infamily_families", "test_families_skipped")}
     for policy in (PRIMARY_AT, *ALSO_AT):
-        per_ep, pairs = {}, {}
+        per_ep: dict = {}
+        pairs: dict = {}
         for ep in ENDPOINTS:
             rows = {}
             for c in conds:

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("folder", help="an image folder the polyp recipe reads (images/, masks/)")
     ap.add_argument("out", help="the check's run directory (new or empty)")
     a = ap.parse_args(argv)
-    ap.error = lambda msg: ap.exit(2, f"evidence_rescore: {msg}\n")  # type: ignore[method-assign]
+    ap.error = lambda msg: ap.exit(2, f"evidence_rescore: {msg}\n")  # type: ignore[method-assign,assignment]
     if not a.ckpt.is_file():
         ap.error(f"{a.ckpt}: no such checkpoint file")
     if not (a.ckpt.parent / "config.yaml").is_file():

@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 
 import robusttrain.perturbations as P
-from benchmarks.common import Results, add_json_argument
+from benchmarks.common import Results, add_json_argument, imread
 from benchmarks.paths import DATA_ROOT
 from robusttrain.perturbations.suites import SUITES
 
@@ -45,9 +45,7 @@ def endoscopy_frames(n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
     for sub, pat, k in (("kvasir_seg", "*.jpg", (n + 1) // 2), ("cvc_clinicdb", "*.png", n // 2)):
         for f in sorted((DATA / sub / "images").glob(pat))[:k]:
             m = cv2.imread(str(DATA / sub / "masks" / f.name), cv2.IMREAD_GRAYSCALE)
-            out.append(
-                (cv2.imread(str(f))[:, :, ::-1].copy(), None if m is None else (m > 127).astype(np.uint8))
-            )
+            out.append((imread(f)[:, :, ::-1].copy(), None if m is None else (m > 127).astype(np.uint8)))
     return out
 
 
@@ -70,7 +68,7 @@ def mri_frames(n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
 def xray_frames(n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
     out = []
     for f in sorted((DATA / "shenzhen_cxr" / "images").glob("*"))[:n]:
-        img = cv2.imread(str(f), cv2.IMREAD_GRAYSCALE)
+        img = imread(f, cv2.IMREAD_GRAYSCALE)
         masks = sorted((DATA / "shenzhen_cxr" / "masks").glob(f.stem + "*"))
         m = cv2.imread(str(masks[0]), cv2.IMREAD_GRAYSCALE) if masks else None
         out.append((img[:, :, None], None if m is None else (m > 127).astype(np.uint8)))

@@ -35,6 +35,7 @@ TARGET_GROWTH = 1.2  # batch 64 may cost at most this times the batch-16 target
 # allocations without a fill, and conversions that find nothing to convert. An op counts as a launch in
 # ``launches`` when its name is not here or when anything it calls is not (``reshape`` of a non-contiguous
 # tensor calls ``clone``; ``to`` of another dtype calls ``_to_copy``).
+_VIEWS: tuple[str, ...]
 _VIEWS = ("view", "_unsafe_view", "view_as", "reshape", "_reshape_alias", "unsqueeze", "squeeze", "select")
 _VIEWS += ("slice", "transpose", "t", "permute", "expand", "expand_as", "alias", "as_strided", "unbind")
 _VIEWS += ("split", "split_with_sizes", "chunk", "narrow", "detach", "detach_", "lift_fresh", "flatten")
@@ -212,8 +213,12 @@ def main(argv=None) -> None:
                 )
     if args.old_fov:
         current = border.fov_from_cells
-        # the accelerator path before 2026-11-26: every dilation on the device, no early exit
-        border.fov_from_cells = placement.fov_from_cells = lambda low: current(low, stop_at_fixed_point=False)
+
+        def exhaustive(low: torch.Tensor) -> torch.Tensor:
+            # the accelerator path before 2026-11-26: every dilation on the device, no early exit
+            return current(low, stop_at_fixed_point=False)
+
+        border.fov_from_cells = placement.fov_from_cells = exhaustive  # type: ignore[assignment]
         try:
             for b in args.batches:
                 for k in (1, 4):

@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def check() -> float:
         t0 = time.perf_counter()
-        res = run_probe(
-            predict, iter_probe(data, range(len(data)), args.batch_size, hooks), suite, "val", path="numpy"
-        )
+        # a list of samples is a map-style dataset (__len__ / __getitem__)
+        batches = iter_probe(data, range(len(data)), args.batch_size, hooks)  # type: ignore[arg-type]
+        res = run_probe(predict, batches, suite, "val", path="numpy")
         _, cases = aggregate(res, ["polyp"], 0, suite)
         efr_table(cases)
         build_failures(res, cases, suite, data, hooks, predict, "numpy", 0.25, 16, 0)

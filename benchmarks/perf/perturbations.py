@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 import robusttrain.perturbations as P
-from benchmarks.common import Results, add_json_argument
+from benchmarks.common import Results, add_json_argument, imread
 from benchmarks.paths import DATA_ROOT
 
 FONT = next(
@@ -71,8 +71,8 @@ def frame(size: int) -> tuple[np.ndarray, np.ndarray]:
     root = DATA_ROOT / "kvasir_seg"
     imgs = sorted((root / "images").glob("*.jpg")) if root.is_dir() else []
     if imgs:
-        img = cv2.resize(cv2.imread(str(imgs[0]))[:, :, ::-1], (size, size), interpolation=cv2.INTER_AREA)
-        m = cv2.imread(str(root / "masks" / imgs[0].name), cv2.IMREAD_GRAYSCALE)
+        img = cv2.resize(imread(imgs[0])[:, :, ::-1], (size, size), interpolation=cv2.INTER_AREA)
+        m = imread(root / "masks" / imgs[0].name, cv2.IMREAD_GRAYSCALE)
         mask = (cv2.resize(m, (size, size), interpolation=cv2.INTER_NEAREST) > 127).astype(np.int64)
         return np.ascontiguousarray(img), mask
     yy, xx = np.mgrid[:size, :size]
@@ -274,9 +274,9 @@ def main_colour(args: argparse.Namespace, results: Results) -> None:
         f"{'CUDA: ' + torch.cuda.get_device_name() if cuda else 'no CUDA'}"
     )
     bw = None
-    if cuda:
-        buf = torch.empty_like(xc)
-        bw = statistics.median(rate(lambda: buf.copy_(xc), b, min_time, sync) for _ in range(3))
+    if xc is not None:
+        buf, src = torch.empty_like(xc), xc
+        bw = statistics.median(rate(lambda: buf.copy_(src), b, min_time, sync) for _ in range(3))
         print(f"# CUDA copy bound (one read + one write of the batch): {bw:,.0f} img/s")
     results.notes |= {"batch": b, "size": args.size, "repeats": repeats, "cv2_threads": cv2.getNumThreads()}
     if cuda:
@@ -350,11 +350,9 @@ def grey_frames(modality: str, size: int, b: int) -> tuple[np.ndarray, np.ndarra
     elif modality == "xray" and (root / "shenzhen_cxr" / "images").is_dir():
         for f in sorted((root / "shenzhen_cxr" / "images").glob("*.jpg"))[:b]:
             imgs.append(
-                cv2.resize(
-                    cv2.imread(str(f), cv2.IMREAD_GRAYSCALE), (size, size), interpolation=cv2.INTER_AREA
-                )
+                cv2.resize(imread(f, cv2.IMREAD_GRAYSCALE), (size, size), interpolation=cv2.INTER_AREA)
             )
-            mk = cv2.imread(str(root / "shenzhen_cxr" / "masks" / f.name), cv2.IMREAD_GRAYSCALE)
+            mk = imread(root / "shenzhen_cxr" / "masks" / f.name, cv2.IMREAD_GRAYSCALE)
             masks.append(
                 (cv2.resize(mk, (size, size), interpolation=cv2.INTER_NEAREST) > 127).astype(np.uint8)
             )

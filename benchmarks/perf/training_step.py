@@ -30,6 +30,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import lightning.pytorch as L
 import torch
@@ -42,7 +43,7 @@ from robusttrain.cli.compose import PACKAGE_RECIPES
 from robusttrain.datamodules import PolypDataModule
 from robusttrain.models import SegmentationModule
 
-SETTINGS = {
+SETTINGS: dict[str, dict[str, Any] | None] = {
     "plain": None,
     "DEFAULT random aug (replace, k=1, q=.5)": dict(k=1, q=0.5, epsilon=1.0),
     "replace, worst-of-4": dict(k=4, q=0.5),
@@ -65,7 +66,9 @@ SETTINGS = {
         k=4, q=0.5, objective="paired", consistency=1.0, score_scale=0.5
     ),
 }
-MODELS = {  # what the recipes train: recipe=polyp (BasicUNet) and recipe=polyp_gpu (FlexibleUNet-b0)
+MODELS: dict[
+    str, dict[str, Any]
+] = {  # what the recipes train: recipe=polyp (BasicUNet) and recipe=polyp_gpu (FlexibleUNet-b0)
     "basic_unet": dict(network="basic_unet", features=(16, 16, 32, 64, 128, 16)),
     "flexible_unet": dict(network="flexible_unet", backbone="efficientnet-b0", pretrained=False),
     # model=lite0_unet with its ImageNet weights and the recipe's encoder LR multiplier
@@ -80,6 +83,7 @@ def recipe_setting() -> dict:
     are interpolations and stay at the class defaults)."""
     node = OmegaConf.load(PACKAGE_RECIPES / "callbacks" / "metamorphic_training.yaml").metamorphic_training
     raw = OmegaConf.to_container(node, resolve=False)
+    assert isinstance(raw, dict), "metamorphic_training.yaml: expected a mapping"
     skip = {"_target_", "enabled", "perturbations", "severity_caps"}
     return {k: v for k, v in raw.items() if k not in skip and not (isinstance(v, str) and "${" in v)}
 
@@ -118,7 +122,7 @@ def time_setting(
     torch.manual_seed(0)
     model = SegmentationModule(in_channels=3, num_classes=2, lr=3e-3, **MODELS[model_name])
     timer = StepTimer(torch.device("cuda" if accelerator == "gpu" else "cpu"))
-    cbs = [timer]
+    cbs: list[L.Callback] = [timer]
     if setting is not None:
         # the MR callback is absent: families = the endoscopy suite, severities up to the recipe's cap 4
         # after the timer: Lightning calls hooks in list order, so the clock starts before the draws
@@ -136,7 +140,7 @@ def time_setting(
         enable_model_summary=False,
         accelerator=accelerator,
         devices=1,
-        precision=precision,
+        precision=precision,  # type: ignore[arg-type]  # a str Lightning checks itself
     )
     trainer.fit(model, loader)
     shutil.rmtree(out, ignore_errors=True)
@@ -233,6 +237,7 @@ def main(argv=None) -> None:
         seed=0,
     )
     dm.setup("fit")
+    assert dm.train_dataset is not None  # setup("fit") builds it
     loader = DataLoader(dm.train_dataset, batch_size=args.batch_size, shuffle=False)
     names = [
         n
@@ -261,11 +266,11 @@ def main(argv=None) -> None:
     fmt = {"median step (ms)": "{:.0f}", "vs plain": "{:.2f}x"}
     print(results.table("settings", ["setting", "median step (ms)", "vs plain"], rows, fmt))
     if args.mr_budget is not None:
-        rows = time_check(dm, args, accelerator)
+        epochs = time_check(dm, args, accelerator)
         print(f"\nMR check at budget={args.mr_budget} ({args.mr_val} validation images, {args.model}):\n")
         # the last epoch's check is the final one (completes the rotation)
         cols = ["epoch", "training (s)", "check (s)", "(train + check) / train"]
-        table = [[e, tr, ch, (tr + ch) / max(tr, 1e-9)] for e, ch, tr in rows]
+        table = [[e, tr, ch, (tr + ch) / max(tr, 1e-9)] for e, ch, tr in epochs]
         fmt = {cols[1]: "{:.1f}", cols[2]: "{:.1f}", cols[3]: "{:.2f}x"}
         print(results.table("mr_check", cols, table, fmt))
     results.write(args.json)

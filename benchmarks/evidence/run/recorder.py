@@ -38,7 +38,7 @@ def make_recorder(class_names: list[str], weights_dir: Path | None = None):
         With ``weights_dir`` the weights go to ``epoch=NNN.pt`` files (atomic) instead of memory, and
         rows / losses / training seconds travel in the Lightning checkpoint: a killed run resumes."""
 
-        def __init__(self):
+        def __init__(self) -> None:
             self.rows: list[dict] = []
             self.val_loss: dict[int, float] = {}
             self.weights: dict[int, dict] = {}

@@ -22,7 +22,7 @@ def per_case_mr(cases: pd.DataFrame) -> dict:
 
     mr: dict = {}
     for (split, cid), g in cases.groupby(["split", "case_id"], sort=False):
-        d = {"tests": int(len(g)), "corrupted_dice": round(float(g["fol_dice"].mean()), 6)}
+        d: dict = {"tests": int(len(g)), "corrupted_dice": round(float(g["fol_dice"].mean()), 6)}
         for m in ("dice", "iou"):
             drop = relative_drops(g[f"src_{m}"], g[f"fol_{m}"])  # one home for the relative drop
             for t in THRESHOLDS:

@@ -66,7 +66,7 @@ def train_run(run: RunState, profile: int = 0) -> dict | None:
         test_fams, v4_sets = perts, {}
     feats = tuple(int(f) for f in args.features.split(","))
     rec = make_recorder(names, run_dir / "epochs" if v3 else None)
-    extra = []
+    extra: list[L.Callback] = []
     ema = None
     if v3:
         from lightning.pytorch.callbacks import ModelCheckpoint
@@ -124,10 +124,8 @@ def train_run(run: RunState, profile: int = 0) -> dict | None:
     trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
     if profile:  # timing only (--profile-steps): nothing is scored or tabled
         seconds = time.time() - t0
-        print(
-            f"[evidence] profile {cond}_s{seed}, {profile} steps, {seconds:.1f} s\n{trainer.profiler.summary()}",
-            flush=True,
-        )
+        summary = trainer.profiler.summary()  # type: ignore[attr-defined]  # set by Trainer.__init__
+        print(f"[evidence] profile {cond}_s{seed}, {profile} steps, {seconds:.1f} s\n{summary}", flush=True)
         return {"condition": cond, "seed": seed, "profiled_steps": profile, "seconds": seconds}
     if trainer.interrupted or int(trainer.current_epoch) < args.epochs:  # never score a half-trained run
         raise SystemExit(
