@@ -85,3 +85,23 @@ def test_the_perturbation_benchmark_prints_the_header_first_and_its_json_holds_t
     at = 0
     for cell in cells:  # each JSON cell, formatted, stands in the printed row, in the columns' order
         at = line.index(cell, at) + len(cell)
+
+
+def test_imread_stops_in_one_line_naming_a_file_it_cannot_read(tmp_path):
+    """cv2.imread returns None for a missing or broken file (and the benchmark failed later, on indexing);
+    benchmarks.common.imread stops there, naming the file. A real image reads as cv2 reads it."""
+    import cv2
+    import numpy as np
+
+    from benchmarks.common import imread
+
+    broken = tmp_path / "frame.jpg"
+    broken.write_bytes(b"not a jpeg")
+    for path in (broken, tmp_path / "missing.png"):
+        with pytest.raises(SystemExit) as stop:
+            imread(path)
+        assert str(stop.value) == f"{path}: cannot read this image file (missing, corrupt or not an image)"
+    good = tmp_path / "ok.png"
+    cv2.imwrite(str(good), np.arange(48, dtype=np.uint8).reshape(4, 4, 3))
+    assert np.array_equal(imread(good), cv2.imread(str(good)))
+    assert imread(good, cv2.IMREAD_GRAYSCALE).shape == (4, 4)
