@@ -109,7 +109,7 @@ def run(cond: str, seed: int, args, out: Path) -> dict:
         "seed": seed,
         "seconds": round(time.time() - t0, 1),
         "optimizer_steps": int(trainer.global_step),
-        "train_samples_per_epoch": len(dm.train_dataset or ()),
+        "train_samples_per_epoch": len(dm.train_dataset),  # type: ignore[arg-type]  # built by fit
         "held_out_cases": int(mr.history["case_id"].nunique()),
         "test_cases": int(efr[(efr["metric"] == "dice") & (efr["threshold"] == 0.25)]["cases"].sum()),
     }
