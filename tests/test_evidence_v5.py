@@ -288,6 +288,37 @@ def test_validity_across_epochs_pools_runs_on_fisher_z():
     assert v["infamily"]["lo"] < 0 < v["infamily"]["hi"]
 
 
+def _check_tracks(shared_noise: bool):
+    """Runs where each condition shifts both the held-out-family check and ClinicDB by the same amount;
+    across seeds inside a condition the two move together (``shared_noise``) or independently."""
+    rng = np.random.default_rng(3)
+    runs = []
+    for seed in range(6):
+        for k, cond in enumerate(V5_CONDITIONS):
+            e_clin = 0.1 * rng.standard_normal()  # well above the fake runs' own ClinicDB spread (~0.035)
+            e_held = e_clin if shared_noise else 0.1 * rng.standard_normal()
+            runs.append(fake_v5_run(cond, seed, clin=0.3 * k + e_clin, held=0.3 * k + e_held))
+    return runs
+
+
+def test_validity_within_conditions_keeps_only_the_seed_to_seed_spread():
+    """Across runs, a recipe that raises both the check and the new centre makes the check look predictive;
+    with the condition controlled for, only what varies between seeds of one recipe counts."""
+    from benchmarks.evidence.validity import across_runs, validity, validity_lines
+
+    between_only = _check_tracks(shared_noise=False)
+    across = across_runs(between_only, "ema", n_boot=200)["cvc_clinicdb"]["heldout"]
+    within = across_runs(between_only, "ema", n_boot=200, within_conditions=True)["cvc_clinicdb"]["heldout"]
+    assert across["r"] > 0.8 and across["lo"] > 0.5
+    assert abs(within["r"]) < 0.5 and within["lo"] < 0 < within["hi"] and within["n"] == 24
+    both = across_runs(_check_tracks(shared_noise=True), "ema", n_boot=200, within_conditions=True)
+    assert both["cvc_clinicdb"]["heldout"]["r"] > 0.85 and both["cvc_clinicdb"]["heldout"]["lo"] > 0.7
+    # too few runs per condition to leave a spread: nothing, rather than a number from a singular fit
+    assert across_runs(between_only[:8], "ema", n_boot=10, within_conditions=True) == {}
+    text = "\n".join(validity_lines(validity(between_only, n_boot=50)))
+    assert "**Within conditions, at `ema`** (exploratory, not in the protocol" in text
+
+
 def test_archiving_a_frozen_grid_s_run_keeps_no_machine_path_and_no_file_over_1_mib(tmp_path):
     """The v5 grid runs from a checkout older than the records' relative paths, so its result.json names
     the run folder and its config.yaml the data root and --out as absolute paths of this machine. The

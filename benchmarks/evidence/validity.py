@@ -9,7 +9,12 @@ in-domain clean Dice, which a user has anyway:
 - **across epochs**: within each run, the ``curve`` epochs (``run.py --curve-every``): x = the check on
   validation cases at that epoch, y = ClinicDB clean Dice at that epoch, z = validation clean Dice; the
   per-run partial correlations averaged on Fisher's z with a t-interval over runs;
-- **per family** (across runs): which test family's follow-up Dice tracks ClinicDB beyond clean Dice.
+- **per family** (across runs): which test family's follow-up Dice tracks ClinicDB beyond clean Dice;
+- **within conditions** (exploratory, added after v5's protocol): across runs as above with the condition
+  as a further control (one indicator per condition), so what is left is the seed-to-seed spread inside one
+  recipe -- whether the check tells a user which of *their* runs will hold up, not only that one recipe
+  beats another (a pretrained or augmented model raises both the check and the new centre); the interval
+  resamples runs within each condition.
 
 >>> rng = np.random.default_rng(0); z = rng.normal(size=200); x = z + rng.normal(size=200)
 >>> round(partial_corr(x, z + x, z), 2) > 0.6, abs(partial_corr(x, z + rng.normal(size=200), z)) < 0.2
@@ -30,8 +35,9 @@ TARGETS = {"cvc_clinicdb": "ClinicDB", "other_ood": "other-OOD"}
 
 
 def partial_corr(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> float:
-    """Pearson correlation of ``x`` and ``y`` after regressing each on ``z`` (with an intercept)."""
-    design = np.column_stack([np.ones_like(z), z])
+    """Pearson correlation of ``x`` and ``y`` after regressing each on ``z`` (one control, or one per
+    column; with an intercept)."""
+    design = np.column_stack([np.ones(len(x)), z])
     rx = x - design @ np.linalg.lstsq(design, x, rcond=None)[0]
     ry = y - design @ np.linalg.lstsq(design, y, rcond=None)[0]
     if rx.std() == 0 or ry.std() == 0:
@@ -39,10 +45,15 @@ def partial_corr(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def _boot(x, y, z, n_boot: int, seed: int = 0) -> dict:
+def _boot(x, y, z, n_boot: int, seed: int = 0, strata: np.ndarray | None = None) -> dict:
+    """The partial correlation and a percentile interval from resampling the points (within each of
+    ``strata``'s groups when given, so every resample keeps every group at its size)."""
     r = partial_corr(x, y, z)
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    groups = (
+        [np.arange(len(x))] if strata is None else [np.flatnonzero(strata == g) for g in np.unique(strata)]
+    )
+    idx = np.concatenate([g[rng.integers(0, len(g), size=(n_boot, len(g)))] for g in groups], axis=1)
     reps = np.array([partial_corr(x[i], y[i], z[i]) for i in idx])
     reps = reps[np.isfinite(reps)]
     lo, hi = np.quantile(reps, [0.025, 0.975]) if reps.size else (np.nan, np.nan)
@@ -68,7 +79,9 @@ def _check(r: dict, policy: str, number: str, family: str | None = None) -> floa
     return float(np.mean([np.mean([c["fol_dice_by_perturbation"][f] for f in fams]) for c in cases]))
 
 
-def across_runs(results: list[dict], policy: str, n_boot: int) -> dict:
+def across_runs(results: list[dict], policy: str, n_boot: int, within_conditions: bool = False) -> dict:
+    """One point per run scored at ``policy``; ``within_conditions``: the run's condition is controlled
+    for too (see the module's docstring); {} with too few runs to leave a residual spread."""
     rs = [
         r
         for r in results
@@ -76,17 +89,27 @@ def across_runs(results: list[dict], policy: str, n_boot: int) -> dict:
     ]
     if len(rs) < 4:
         return {}
-    z = np.array([_mean_dice(r, policy, "kvasir_test") for r in rs])
+    clean = np.array([_mean_dice(r, policy, "kvasir_test") for r in rs])
+    z, strata = clean, None
+    if within_conditions:
+        strata = np.array([r["condition"] for r in rs])
+        conds = sorted(set(strata))
+        if min(int(np.sum(strata == c)) for c in conds) < 3:  # 2 seeds a condition leave too few df
+            return {}
+        z = np.column_stack([clean, *[(strata == c).astype(float) for c in conds[1:]]])
     out: dict = {}
     for t in TARGETS:
         y = np.array([_mean_dice(r, policy, t) for r in rs])
         for number in CHECK_NUMBERS:
             x = np.array([_check(r, policy, number) for r in rs])
-            out.setdefault(t, {})[number] = _boot(x, y, z, n_boot)
-        out[t]["clean_r"] = round(float(np.corrcoef(z, y)[0, 1]), 3)
+            out.setdefault(t, {})[number] = _boot(x, y, z, n_boot, strata=strata)
+        # within conditions, "clean Dice r" too has the condition taken out
+        clean_r = partial_corr(clean, y, z[:, 1:]) if z.ndim == 2 else np.corrcoef(clean, y)[0, 1]
+        out[t]["clean_r"] = round(float(clean_r), 3)
         fams = rs[0]["test_families"]
         out[t]["families"] = {
-            f: _boot(np.array([_check(r, policy, "", f) for r in rs]), y, z, n_boot) for f in fams
+            f: _boot(np.array([_check(r, policy, "", f) for r in rs]), y, z, n_boot, strata=strata)
+            for f in fams
         }
     return out
 
@@ -126,15 +149,35 @@ def across_epochs(results: list[dict]) -> dict:
 
 
 def validity(results: list[dict], n_boot: int = 2000) -> dict:
-    """``{"across_runs": {policy: ...}, "across_epochs": ...}`` of the finished runs."""
+    """``{"across_runs": {policy: ...}, "within_conditions": {"ema": ...}, "across_epochs": ...}`` of the
+    finished runs."""
     return {
         "across_runs": {p: across_runs(results, p, n_boot) for p in ("ema", "least_loss")},
+        "within_conditions": {"ema": across_runs(results, "ema", n_boot, within_conditions=True)},
         "across_epochs": across_epochs(results),
     }
 
 
 def _r(d: dict) -> str:
     return f"{d['r']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
+
+
+def _runs_table(heading: str, by: dict) -> list[str]:
+    L = [
+        heading,
+        "",
+        "| target | clean Dice r | " + " | ".join(CHECK_NUMBERS.values()) + " |",
+        "|---|---|---|---|---|",
+    ]
+    for t, d in by.items():
+        L.append(
+            f"| {TARGETS[t]} | {d['clean_r']:+.2f} | " + " | ".join(_r(d[n]) for n in CHECK_NUMBERS) + " |"
+        )
+    fams = by.get("cvc_clinicdb", {}).get("families", {})
+    if fams:
+        ranked = sorted(fams.items(), key=lambda kv: -kv[1]["r"])
+        L += ["", "Per family (ClinicDB): " + "; ".join(f"{f} {_r(d)}" for f, d in ranked) + "."]
+    return [*L, ""]
 
 
 def validity_lines(v: dict) -> list[str]:
@@ -145,24 +188,16 @@ def validity_lines(v: dict) -> list[str]:
         "",
     ]
     for policy, by in v["across_runs"].items():
-        if not by:
-            continue
-        L += [
-            f"**Across runs, at `{policy}`** (Kvasir test check)",
-            "",
-            "| target | clean Dice r | " + " | ".join(CHECK_NUMBERS.values()) + " |",
-            "|---|---|---|---|---|",
-        ]
-        for t, d in by.items():
-            L.append(
-                f"| {TARGETS[t]} | {d['clean_r']:+.2f} | "
-                + " | ".join(_r(d[n]) for n in CHECK_NUMBERS)
-                + " |"
+        if by:
+            L += _runs_table(f"**Across runs, at `{policy}`** (Kvasir test check)", by)
+    for policy, by in v.get("within_conditions", {}).items():
+        if by:
+            L += _runs_table(
+                f"**Within conditions, at `{policy}`** (exploratory, not in the protocol: the condition "
+                "controlled for too, so only the seed-to-seed spread inside one recipe is left; the interval "
+                "resamples runs within each condition)",
+                by,
             )
-        fams = by.get("cvc_clinicdb", {}).get("families", {})
-        if fams:
-            ranked = sorted(fams.items(), key=lambda kv: -kv[1]["r"])
-            L += ["", "Per family (ClinicDB): " + "; ".join(f"{f} {_r(d)}" for f, d in ranked) + ".", ""]
     ep = v["across_epochs"].get("cvc_clinicdb")
     if ep:
         L += ["**Across epochs, within runs** (validation check vs ClinicDB; Fisher-z mean, t over runs)", ""]
