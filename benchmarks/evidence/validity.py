@@ -104,7 +104,7 @@ def across_runs(results: list[dict], policy: str, n_boot: int, within_conditions
             x = np.array([_check(r, policy, number) for r in rs])
             out.setdefault(t, {})[number] = _boot(x, y, z, n_boot, strata=strata)
         # within conditions, "clean Dice r" too has the condition taken out
-        clean_r = partial_corr(clean, y, z[:, 1:]) if z.ndim == 2 else np.corrcoef(clean, y)[0, 1]
+        clean_r = partial_corr(clean, y, z[:, 1:]) if strata is not None else np.corrcoef(clean, y)[0, 1]
         out[t]["clean_r"] = round(float(clean_r), 3)
         fams = rs[0]["test_families"]
         out[t]["families"] = {
@@ -181,7 +181,8 @@ def _runs_table(heading: str, by: dict) -> list[str]:
 
 
 def validity_lines(v: dict) -> list[str]:
-    """Markdown: the partial correlations, per check number and target, and the per-family ones."""
+    """Markdown: the partial correlations, per check number and target, and the per-family ones (across
+    runs, within conditions, across epochs)."""
     L = [
         "Partial correlation of the check's in-domain number with the new centre's clean Dice, controlling "
         "for in-domain clean Dice (what the check adds beyond it); [95 % interval].",
@@ -190,7 +191,7 @@ def validity_lines(v: dict) -> list[str]:
     for policy, by in v["across_runs"].items():
         if by:
             L += _runs_table(f"**Across runs, at `{policy}`** (Kvasir test check)", by)
-    for policy, by in v.get("within_conditions", {}).items():
+    for policy, by in v["within_conditions"].items():
         if by:
             L += _runs_table(
                 f"**Within conditions, at `{policy}`** (exploratory, not in the protocol: the condition "
