@@ -315,6 +315,7 @@ def test_each_robustness_callback_can_be_switched_off():
     assert on == [
         "BalancedAverage",
         "BalancedCheckpoint",
+        "EMACheckpoint",
         "FailureMiningCallback",
         "MetamorphicCallback",
         "MetamorphicTraining",
@@ -330,6 +331,7 @@ def test_each_robustness_callback_can_be_switched_off():
                     "callbacks.mining.enabled=false",
                     "callbacks.reporting.enabled=false",
                     "callbacks.balanced_average.enabled=false",
+                    "callbacks.ema.enabled=false",
                     "callbacks.metamorphic_training.enabled=false",
                 ],
             )
