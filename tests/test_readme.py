@@ -48,7 +48,7 @@ def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
         assert (run / name).is_file(), name
     stats = pd.read_csv(run / "metamorphic_training.csv")
     assert set(stats.family[stats.chosen > 0]) <= {"blur", "contrast"} and stats.chosen.sum() > 0
-    assert not (run / "failures").exists()  # mining off, as in the recipes
+    assert not (run / "failures").exists()  # no mining in this example (robustness(): on request)
 
 
 def test_readme_replay_wrapper_runs_as_written(tmp_path, monkeypatch):

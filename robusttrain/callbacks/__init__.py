@@ -10,8 +10,8 @@ curves (PNG, W&B). They share one
 matter, and each works alone except FailureMiningCallback, which needs a MetamorphicCallback, and
 BalancedAverage, which needs a BalancedCheckpoint (its ECOD flags).
 :func:`robustness` returns them configured as the recipes have them on by default (the check, random
-augmentation with the suite's families, the balanced checkpoint and average, the EMA, the reporter; mining
-off: what the evidence supports, docs/results.md):
+augmentation with the suite's families, the balanced checkpoint and average, the EMA, the reporter: what
+the evidence supports, docs/results.md; mining, on in the recipes, on request: it must find the training set):
 
 >>> cbs = robustness(run_dir="runs/x", perturbations=["blur"], severities=(2,))
 >>> [type(c).__name__ for c in cbs]
@@ -63,8 +63,9 @@ def robustness(
     :class:`MetamorphicTraining` (``training``: random augmentation, ``k=1, q=0.5``, the suite's families),
     :class:`BalancedCheckpoint`, :class:`BalancedAverage` (``average``), :class:`EMACheckpoint` (``ema``:
     Lightning's EMA sized to the run, ``ema.ckpt``; validation then sees the EMA weights), :class:`FailureMiningCallback`
-    (``mining``, off by default as in the recipes: mining v2 steers the random draws; with ``replay_ratio``
-    the frozen replay, whose train loader must read ``mining.wrap(train_dataset)``) and
+    (``mining``: mining v2 steers the random draws; on in the recipes, off here by default because it must
+    find your training set: ``mining__train_dataset=``, ``datamodule.train_dataset`` or a train loader over
+    ``mining.wrap(train_dataset)``, which the frozen replay (``replay_ratio``) needs anyway) and
     :class:`RobustnessReporter` last. Find one by type, not by index.
 
     ``kwargs`` of the form ``<callback>__<arg>`` go to one callback (``metamorphic__``, ``training__``,

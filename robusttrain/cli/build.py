@@ -123,14 +123,31 @@ def _one_line(e: BaseException) -> str:
 
 def build_callbacks(cfg: DictConfig) -> list:
     out = []
-    for name, node in (cfg.get("callbacks") or {}).items():
+    callbacks = cfg.get("callbacks") or {}
+    for name, node in callbacks.items():
         if node is None:
             continue
         spec: Any = OmegaConf.to_container(node, resolve=True)
         if not spec.pop("enabled", True):  # `callbacks.<name>.enabled=false` switches one off
             continue
+        if name == "mining" and _steers_nothing(spec, callbacks):
+            print(
+                "[robusttrain] callbacks.mining is off: in steer mode it steers "
+                "callbacks.metamorphic_training's draws, which is off",
+                flush=True,
+            )
+            continue
         out.append(build(f"callbacks.{name}", spec))
     return out
+
+
+def _steers_nothing(mining: dict, callbacks: Any) -> bool:
+    """Steer-mode mining with random augmentation switched off: the recipes' mining follows the
+    augmentation it steers (so ``callbacks.metamorphic_training.enabled=false`` alone switches both off)."""
+    training = callbacks.get("metamorphic_training")
+    training_on = training is not None and bool(training.get("enabled", True))
+    steer = mining.get("mode") == "steer" or (mining.get("mode") is None and not mining.get("replay_ratio"))
+    return steer and not training_on
 
 
 def build_loggers(cfg: DictConfig, command: str = "fit") -> list | bool:
