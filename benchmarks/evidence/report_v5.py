@@ -155,9 +155,15 @@ def decide(paired: dict, ema_rule: dict, planned_seeds: int, planned_runs: int) 
         if clin and held
         else None
     )
+    # the protocol: no decision from a partial grid -- final only once every planned run is in (decision 4's
+    # pooled rule counts them), even where one decision's two conditions already have every seed
+    grid_done = (
+        bool(ema_rule.get("clinicdb_dice")) and len(ema_rule["clinicdb_dice"]["seeds"]) >= planned_runs
+    )
     for d in out.values():
         if d is not None:
-            d["final"] = d["seeds"] >= planned_seeds if "seeds" in d else d["runs"] >= planned_runs
+            done = d["seeds"] >= planned_seeds if "seeds" in d else d["runs"] >= planned_runs
+            d["final"] = done and grid_done
     return out
 
 
