@@ -110,9 +110,9 @@ def _t(d: dict | None) -> dict | None:
     return None if d is None else d["seed_t"]
 
 
-def decide(paired: dict, ema_rule: dict, planned_seeds: int, planned_runs: int) -> dict:
-    """The four pre-registered decisions from the paired comparisons at the EMA and the pooled rule; each
-    ``final`` only on every planned seed of its two conditions (decision 4: every planned run)."""
+def decide(paired: dict, ema_rule: dict, planned_runs: int) -> dict:
+    """The four pre-registered decisions from the paired comparisons at the EMA and the pooled rule; none is
+    ``final`` before every planned run is in (the protocol: no decision from a partial grid)."""
 
     def get(cmp: str, ep: str):
         return _t((paired.get(cmp) or {}).get(ep))
@@ -155,9 +155,13 @@ def decide(paired: dict, ema_rule: dict, planned_seeds: int, planned_runs: int) 
         if clin and held
         else None
     )
+    # every planned run in (decision 4's pooled count) implies every seed of each pair, so one flag suffices
+    grid_done = (
+        bool(ema_rule.get("clinicdb_dice")) and len(ema_rule["clinicdb_dice"]["seeds"]) >= planned_runs
+    )
     for d in out.values():
         if d is not None:
-            d["final"] = d["seeds"] >= planned_seeds if "seeds" in d else d["runs"] >= planned_runs
+            d["final"] = grid_done
     return out
 
 
@@ -217,7 +221,7 @@ def summarise_v5(results: list[dict], args) -> dict:
     s["ema_vs_least_loss"] = _within(results, "ema", "least_loss", [e.name for e in ENDPOINTS], args.n_boot)
     s["secondary_vs_ema"] = {p: _within(results, p, "ema", CLEAN, args.n_boot) for p in SECONDARY_RULES}
     s["planned_seeds"] = len(args.seeds.split(","))
-    s["decision"] = decide(s["paired"][AT], s["ema_vs_least_loss"], s["planned_seeds"], s["planned"])
+    s["decision"] = decide(s["paired"][AT], s["ema_vs_least_loss"], s["planned"])
     s["validity"] = validity(results, n_boot=args.n_boot)
     return s
 
