@@ -341,8 +341,8 @@ def test_each_robustness_callback_can_be_switched_off():
 
 
 def test_recipe_mining_steers_random_augmentation_and_goes_off_with_it(capsys):
-    """The polyp recipe holds mining v2 (steer) beside random augmentation; switching the augmentation off
-    switches the mining that steers it off too, with a line saying so (not a fit-time refusal)."""
+    """The polyp recipe holds mining v2 (steer) beside random augmentation; switching the augmentation or the
+    MR check off switches the mining that steers it off too, with a line saying so (not a fit-time refusal)."""
     from robusttrain.callbacks import FailureMiningCallback
     from robusttrain.cli.build import build_callbacks
     from robusttrain.cli.compose import compose_recipe
@@ -374,3 +374,9 @@ def test_recipe_mining_steers_random_augmentation_and_goes_off_with_it(capsys):
     assert [c.mode for c in replay if isinstance(c, FailureMiningCallback)] == [
         "replay"
     ]  # replay needs no augmentation
+    cbs = build_callbacks(compose_recipe("polyp", ["run_dir=/tmp/x", "callbacks.metamorphic.enabled=false"]))
+    assert not any(isinstance(c, FailureMiningCallback) for c in cbs)
+    assert (
+        "callbacks.mining is off: in steer mode it mines the failures of callbacks.metamorphic's check"
+        in capsys.readouterr().out
+    )

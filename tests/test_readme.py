@@ -93,7 +93,10 @@ def test_readme_robustness_is_the_recipes_default_set():
         "BalancedCheckpoint": "balanced", "BalancedAverage": "balanced_average",
         "RobustnessReporter": "reporting", "FailureMiningCallback": "mining", "EMACheckpoint": "ema",
     }  # fmt: skip
-    assert {names[type(c).__name__] for c in robustness(perturbations=["blur"])} == on
+    default = {names[type(c).__name__] for c in robustness(perturbations=["blur"])}
+    # mining v2 is on in the recipes and on request in robustness(): it must find the user's training set
+    assert "mining" not in default and default | {"mining"} == on
+    assert {names[type(c).__name__] for c in robustness(perturbations=["blur"], mining=True)} == on
     code = section_blocks()[0]
     assert {n for n in names if f"{n}(" in code} == {
         type(c).__name__ for c in robustness(perturbations=["blur"])
