@@ -389,10 +389,18 @@ def test_the_committed_v5_decisions_are_what_the_archive_gives(tmp_path):
     for head in ("# Evidence v5", "## Decisions"):
         assert md.split(head, 1)[1].split("\n## ", 1)[0] == committed.split(head, 1)[1].split("\n## ", 1)[0]
     runs = load(REPO / "docs/evidence_v5/runs")
-    assert len(runs) >= 3 and f"partial: {len(runs)} of 32 runs" in committed
+    decisions = committed.split("## Decisions", 1)[1].split("\n## ", 1)[0]
+    answers = [
+        row.rsplit("|", 2)[1].strip()
+        for row in decisions.splitlines()
+        if row[:4] in {f"| {i}." for i in "1234"}
+    ]
+    assert len(answers) == 4
     if len(runs) < 32:
-        decisions = committed.split("## Decisions", 1)[1].split("\n## ", 1)[0]
-        assert "| yes |" not in decisions and "| no |" not in decisions
+        assert len(runs) >= 3 and f"partial: {len(runs)} of 32 runs" in committed
+        assert not {"yes", "no"} & set(answers)
+    else:  # the whole grid: every decision final, nothing labelled partial
+        assert len(runs) == 32 and set(answers) <= {"yes", "no"} and "partial" not in committed
 
 
 def test_validity_on_the_v4_archive_matches_the_issue_s_reanalysis():
