@@ -315,6 +315,7 @@ def test_each_robustness_callback_can_be_switched_off():
     assert on == [
         "BalancedAverage",
         "BalancedCheckpoint",
+        "EMACheckpoint",
         "FailureMiningCallback",
         "MetamorphicCallback",
         "MetamorphicTraining",
@@ -330,9 +331,52 @@ def test_each_robustness_callback_can_be_switched_off():
                     "callbacks.mining.enabled=false",
                     "callbacks.reporting.enabled=false",
                     "callbacks.balanced_average.enabled=false",
+                    "callbacks.ema.enabled=false",
                     "callbacks.metamorphic_training.enabled=false",
                 ],
             )
         )
     )
     assert off == ["BalancedCheckpoint", "MetamorphicCallback", "RunCheckpoint"]
+
+
+def test_recipe_mining_steers_random_augmentation_and_goes_off_with_it(capsys):
+    """The polyp recipe holds mining v2 (steer) beside random augmentation; switching the augmentation or the
+    MR check off switches the mining that steers it off too, with a line saying so (not a fit-time refusal)."""
+    from robusttrain.callbacks import FailureMiningCallback
+    from robusttrain.cli.build import build_callbacks
+    from robusttrain.cli.compose import compose_recipe
+
+    (mining,) = [
+        c
+        for c in build_callbacks(compose_recipe("polyp", ["run_dir=/tmp/x"]))
+        if isinstance(c, FailureMiningCallback)
+    ]
+    assert mining.mode == "steer" and mining.train_probe_size == 32
+    cbs = build_callbacks(
+        compose_recipe("polyp", ["run_dir=/tmp/x", "callbacks.metamorphic_training.enabled=false"])
+    )
+    assert not any(isinstance(c, FailureMiningCallback) for c in cbs)
+    assert (
+        "callbacks.mining is off: in steer mode it steers callbacks.metamorphic_training"
+        in capsys.readouterr().out
+    )
+    replay = build_callbacks(
+        compose_recipe(
+            "polyp",
+            [
+                "run_dir=/tmp/x",
+                "callbacks.metamorphic_training.enabled=false",
+                "callbacks.mining.mode=replay",
+            ],
+        )
+    )
+    assert [c.mode for c in replay if isinstance(c, FailureMiningCallback)] == [
+        "replay"
+    ]  # replay needs no augmentation
+    cbs = build_callbacks(compose_recipe("polyp", ["run_dir=/tmp/x", "callbacks.metamorphic.enabled=false"]))
+    assert not any(isinstance(c, FailureMiningCallback) for c in cbs)
+    assert (
+        "callbacks.mining is off: in steer mode it mines the failures of callbacks.metamorphic's check"
+        in capsys.readouterr().out
+    )

@@ -89,3 +89,15 @@ def test_a_given_decay_is_used_as_given_and_every_nth_step_counts_once(tmp_path)
     report = json.loads((tmp_path / "ema.json").read_text())
     assert report["decay_from"] == "given" and report["half_life"] is None and report["averaged"] == updates
     assert ema_decay(0.5, 2) == 0.5  # the formula at a glance: half-life of one update
+
+
+def test_robustness_adds_the_ema_as_the_recipes_do_and_routes_its_arguments():
+    """robustness() holds the EMA like the recipes (callbacks/ema.yaml: on); ``ema__<arg>`` reaches it,
+    ``ema=False`` drops it."""
+    from robusttrain.callbacks import EMACheckpoint, robustness
+
+    cbs = robustness(run_dir="runs/x", perturbations=["blur"], ema__half_life=0.1)
+    (ema,) = [c for c in cbs if isinstance(c, EMACheckpoint)]
+    assert ema.half_life == 0.1 and ema.decay is None and ema.context is cbs[0].context
+    assert str(ema.dirpath) == "runs/x"
+    assert not any(isinstance(c, EMACheckpoint) for c in robustness(perturbations=["blur"], ema=False))

@@ -493,7 +493,7 @@ def test_tiny_grid_runs_resumes_and_its_fp16_weights_rescore_through_the_cli(tmp
     state = torch.load(ckpt, weights_only=True)["state_dict"]
     assert all(v.dtype == torch.float16 for v in state.values() if v.is_floating_point())
     printed, cli = rescore_on_etis(ckpt, tmp_path, "check")
-    assert "python -m robusttrain check recipe=polyp data.image_size=32" in printed
+    assert "python -m robusttrain check recipe=polyp model=basic_unet data.image_size=32" in printed
     mine = float(np.mean(list(res["picks"]["least_loss"]["dice"]["etis"].values())))
     assert cli == pytest.approx(mine, abs=5e-3)  # fp16 weights: the rounding moves the third decimal at most
     # the run's held-out families go with it: the re-scored tables pool them apart, as the endpoints do

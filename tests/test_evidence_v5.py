@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -475,11 +476,18 @@ def test_the_package_s_family_validity_is_what_its_archive_gives(tmp_path):
 def test_validity_note_names_what_tracked_and_what_did_not():
     from robusttrain.metamorphic.validity import family_validity, validity_note
 
-    fams = family_validity()["families"]
+    v = family_validity()
+    fams, within = v["families"], v["within_recipes"]
     above = [f for f, d in fams.items() if d["lo"] > 0]
     below = [f for f, d in fams.items() if d["lo"] <= 0]
     note = validity_note([above[0], below[0], "not_a_family"])
-    tracked, rest = note.split("(interval above 0)")
+    pooled, one_recipe = note.split("Among runs of one recipe")
+    assert f"{v['source']['recipes']} recipes pooled" in pooled
+    tracked, rest = pooled.split("(interval above 0)")
     assert above[0] in tracked and below[0] not in tracked and below[0] in rest.split("did not")[0]
+    # the seed-to-seed view names the same two families by its own intervals
+    tracked, rest = (set(re.findall(r"[a-z_]+", part)) for part in one_recipe.split("(interval above 0)"))
+    for f in (above[0], below[0]):
+        assert (f in tracked) == (within[f]["lo"] > 0) != (f in rest)
     assert "not_a_family" not in note and "not a guarantee" in note
     assert validity_note(["not_a_family"]) == ""

@@ -48,7 +48,7 @@ def test_readme_example_runs_on_a_user_project(tmp_path, monkeypatch):
         assert (run / name).is_file(), name
     stats = pd.read_csv(run / "metamorphic_training.csv")
     assert set(stats.family[stats.chosen > 0]) <= {"blur", "contrast"} and stats.chosen.sum() > 0
-    assert not (run / "failures").exists()  # mining off, as in the recipes
+    assert not (run / "failures").exists()  # no mining in this example (robustness(): on request)
 
 
 def test_readme_replay_wrapper_runs_as_written(tmp_path, monkeypatch):
@@ -93,7 +93,10 @@ def test_readme_robustness_is_the_recipes_default_set():
         "BalancedCheckpoint": "balanced", "BalancedAverage": "balanced_average",
         "RobustnessReporter": "reporting", "FailureMiningCallback": "mining", "EMACheckpoint": "ema",
     }  # fmt: skip
-    assert {names[type(c).__name__] for c in robustness(perturbations=["blur"])} == on
+    default = {names[type(c).__name__] for c in robustness(perturbations=["blur"])}
+    # mining v2 is on in the recipes and on request in robustness(): it must find the user's training set
+    assert "mining" not in default and default | {"mining"} == on
+    assert {names[type(c).__name__] for c in robustness(perturbations=["blur"], mining=True)} == on
     code = section_blocks()[0]
     assert {n for n in names if f"{n}(" in code} == {
         type(c).__name__ for c in robustness(perturbations=["blur"])

@@ -85,10 +85,11 @@ def load_weights(path: Path) -> dict:
 
 def overrides(args, features, network: str = "basic_unet") -> list[str]:
     """The ``recipe=polyp`` overrides that build this evidence's model and image size (``features``: the
-    network's widths, None for its recipe's own; another ``network`` is its recipe group, ``model=...``)."""
+    network's widths, None for its recipe's own; ``network`` is its recipe group, always named: the
+    recipe's default model changed with Evidence v5)."""
     return [
         "recipe=polyp",
-        *([] if network == "basic_unet" else [f"model={network}"]),
+        f"model={network}",
         f"data.image_size={args.size}",
         *(
             ["model.features=[" + ",".join(str(int(f)) for f in features) + "]"]

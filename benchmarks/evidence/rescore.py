@@ -4,8 +4,9 @@
 
 runs (and prints) exactly::
 
-    python -m robusttrain check recipe=polyp data.image_size=128 'model.features=[16,16,32,64,128,16]' \\
-        data.root=FOLDER data.val_fraction=0 ckpt=CKPT run_dir=OUT heldout=motion_blur,gamma,...
+    python -m robusttrain check recipe=polyp model=basic_unet data.image_size=128 \\
+        'model.features=[16,16,32,64,128,16]' data.root=FOLDER data.val_fraction=0 ckpt=CKPT \\
+        run_dir=OUT heldout=motion_blur,gamma,...
 
 with the image size, network widths and held-out families read from the ``config.yaml`` beside the
 checkpoint (the run's own); ``check`` finds that same file and audits with the run's test suite (the
@@ -33,8 +34,8 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
     ...     "data: {image_size: 64}\\nmodel: {features: [4, 4, 8, 8, 16, 4]}\\n"
     ...     "evidence: {condition_kwargs: {heldout_families: [gamma, jpeg]}}\\n")
     >>> cmd = cli_command(d / "last.ckpt", "F", "O", "python")
-    >>> " ".join(cmd[4:7]), cmd[-1]
-    ('recipe=polyp data.image_size=64 model.features=[4,4,8,8,16,4]', 'heldout=gamma,jpeg')
+    >>> " ".join(cmd[4:8]), cmd[-1]
+    ('recipe=polyp model=basic_unet data.image_size=64 model.features=[4,4,8,8,16,4]', 'heldout=gamma,jpeg')
     """
     import yaml
 
@@ -66,7 +67,7 @@ def cli_command(ckpt: Path, folder: str, out: str, python: str = sys.executable)
         "robusttrain",
         "check",
         "recipe=polyp",
-        *([] if network == "basic_unet" else [f"model={network}"]),
+        f"model={network}",  # always named: recipe=polyp's default model changed with Evidence v5
         f"data.image_size={size}",
         *([f"model.features=[{feats}]"] if feats is not None else []),
         f"data.root={override_value(folder)}",

@@ -213,21 +213,28 @@ def validity_lines(v: dict) -> list[str]:
 
 def family_table(results: list[dict], policy: str, n_boot: int, source: dict) -> dict:
     """The package's ``family_validity.json`` (``robusttrain.metamorphic.validity``) from finished runs:
-    per test family, its across-runs partial correlation with ClinicDB clean Dice."""
+    per test family, its across-runs partial correlation with ClinicDB clean Dice (``families``) and,
+    where every condition has at least 3 runs, the same within conditions (``within_recipes``: the
+    seed-to-seed part, the condition controlled for; ``source.recipes`` counts the conditions)."""
     v = across_runs(results, policy, n_boot)
     if not v:
         raise SystemExit(f"evidence_validity: fewer than 4 runs scored at {policy!r}; nothing to correlate")
     fams = v["cvc_clinicdb"]["families"]
-    return {
+    table = {
         "source": {
             **source,
             "runs": len(results),
+            "recipes": len({r["condition"] for r in results}),
             "checkpoint": policy,
             "target": "cvc_clinicdb",
             "n_boot": n_boot,
         },
         "families": {f: fams[f] for f in sorted(fams)},
     }
+    within = across_runs(results, policy, n_boot, within_conditions=True)
+    if within:
+        table["within_recipes"] = {f: d for f, d in sorted(within["cvc_clinicdb"]["families"].items())}
+    return table
 
 
 def main(argv=None) -> None:

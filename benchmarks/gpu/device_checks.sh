@@ -2,7 +2,7 @@
 # Every GPU check of the project in ONE device call that fits the present 15-minute lease
 # (start + this command <= 540 s + idle). Default stages (issue 31, what a GPU user's step costs):
 #   steps    one training step's time, plain vs random augmentation (k=1, q=.5) vs the recipes'
-#            MetamorphicTraining (callbacks/metamorphic_training.yaml), for recipe=polyp's BasicUNet (fp32)
+#            MetamorphicTraining (callbacks/metamorphic_training.yaml), for the BasicUNet (fp32)
 #            and recipe=polyp_gpu's FlexibleUNet-b0 (bf16-mixed), 256 px batch 16 (benchmarks/perf/training_step.py)
 #   mrcheck  the MR check at budget=0.25 against the training it follows (FlexibleUNet-b0, bf16-mixed)
 #   kornia   perturbation throughput vs Kornia on the GPU at 512^2 batch 64, colour families as % of the

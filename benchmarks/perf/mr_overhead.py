@@ -1,7 +1,7 @@
 """Cost of a metamorphic check vs the model forwards it cannot avoid (CPU, one run).
 
-The polyp recipe's model (MONAI BasicUNet, features 16,16,32,64,128,16, 128x128, batch 16),
-the default suite (nine families x severities 2, 4). "forwards" = the same model on the very
+The from-scratch model of ``recipe=polyp model=basic_unet`` (MONAI BasicUNet, features 16,16,32,64,128,16,
+128x128, batch 16), the default suite (nine families x severities 2, 4). "forwards" = the same model on the very
 same source and follow-up batches, timed alone; "overhead" = (check - forwards) / forwards,
 i.e. perturbation + scoring + bookkeeping + failure records. Target: <= 20 %. The forward
 time is also measured inside the check itself, which is robust to a busy machine (the

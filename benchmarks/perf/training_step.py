@@ -66,7 +66,8 @@ SETTINGS: dict[str, dict[str, Any] | None] = {
         k=4, q=0.5, objective="paired", consistency=1.0, score_scale=0.5
     ),
 }
-# what the recipes train: recipe=polyp (BasicUNet) and recipe=polyp_gpu (FlexibleUNet-b0)
+# what the recipes train: recipe=polyp (lite0_unet; model=basic_unet: BasicUNet) and recipe=polyp_gpu
+# (FlexibleUNet-b0)
 MODELS: dict[str, dict[str, Any]] = {
     "basic_unet": dict(network="basic_unet", features=(16, 16, 32, 64, 128, 16)),
     "flexible_unet": dict(network="flexible_unet", backbone="efficientnet-b0", pretrained=False),

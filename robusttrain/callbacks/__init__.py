@@ -10,13 +10,13 @@ curves (PNG, W&B). They share one
 matter, and each works alone except FailureMiningCallback, which needs a MetamorphicCallback, and
 BalancedAverage, which needs a BalancedCheckpoint (its ECOD flags).
 :func:`robustness` returns them configured as the recipes have them on by default (the check, random
-augmentation with the suite's families, the balanced checkpoint and average, the reporter; mining and the
-EMA off: what the evidence supports, docs/results.md):
+augmentation with the suite's families, the balanced checkpoint and average, the EMA, the reporter: what
+the evidence supports, docs/results.md; mining, on in the recipes, on request: it must find the training set):
 
 >>> cbs = robustness(run_dir="runs/x", perturbations=["blur"], severities=(2,))
 >>> [type(c).__name__ for c in cbs]
-['MetamorphicCallback', 'MetamorphicTraining', 'BalancedCheckpoint', 'BalancedAverage', 'RobustnessReporter']
->>> [type(c).__name__ for c in robustness(perturbations=["blur"], training=False, average=False, mining=True)]
+['MetamorphicCallback', 'MetamorphicTraining', 'BalancedCheckpoint', 'BalancedAverage', 'EMACheckpoint', 'RobustnessReporter']
+>>> [type(c).__name__ for c in robustness(perturbations=["blur"], training=False, average=False, ema=False, mining=True)]
 ['MetamorphicCallback', 'BalancedCheckpoint', 'FailureMiningCallback', 'RobustnessReporter']
 """
 
@@ -52,6 +52,7 @@ def robustness(
     monitor: str = "val/loss",
     training: bool = True,
     average: bool = True,
+    ema: bool = True,
     mining: bool = False,
     replay_ratio: float | None = None,
     train_probe_size: int = 32,
@@ -60,16 +61,18 @@ def robustness(
     """The robustness callbacks the recipes switch on by default, configured, sharing one
     :class:`RobustnessContext`, in this order: :class:`MetamorphicCallback` (the check, ``budget=0.25``),
     :class:`MetamorphicTraining` (``training``: random augmentation, ``k=1, q=0.5``, the suite's families),
-    :class:`BalancedCheckpoint`, :class:`BalancedAverage` (``average``), :class:`FailureMiningCallback`
-    (``mining``, off by default as in the recipes: mining v2 steers the random draws; with ``replay_ratio``
-    the frozen replay, whose train loader must read ``mining.wrap(train_dataset)``) and
+    :class:`BalancedCheckpoint`, :class:`BalancedAverage` (``average``), :class:`EMACheckpoint` (``ema``:
+    Lightning's EMA sized to the run, ``ema.ckpt``; validation then sees the EMA weights), :class:`FailureMiningCallback`
+    (``mining``: mining v2 steers the random draws; on in the recipes, off here by default because it must
+    find your training set: ``mining__train_dataset=``, ``datamodule.train_dataset`` or a train loader over
+    ``mining.wrap(train_dataset)``, which the frozen replay (``replay_ratio``) needs anyway) and
     :class:`RobustnessReporter` last. Find one by type, not by index.
 
     ``kwargs`` of the form ``<callback>__<arg>`` go to one callback (``metamorphic__``, ``training__``,
-    ``balanced__``, ``average__``, ``mining__``, ``reporter__``), e.g. ``metamorphic__every_n_epochs=2``.
+    ``balanced__``, ``average__``, ``ema__``, ``mining__``, ``reporter__``), e.g. ``ema__half_life=0.1``.
     """
     groups: dict[str, dict[str, Any]] = {
-        name: {} for name in ("metamorphic", "training", "balanced", "average", "mining", "reporter")
+        name: {} for name in ("metamorphic", "training", "balanced", "average", "ema", "mining", "reporter")
     }
     for key, value in kwargs.items():
         name, _, arg = key.partition("__")
@@ -106,6 +109,8 @@ def robustness(
     )
     if average:
         out.append(BalancedAverage(dirpath=run_dir, hooks=hooks, seed=seed, context=ctx, **groups["average"]))
+    if ema:
+        out.append(EMACheckpoint(dirpath=run_dir, context=ctx, **groups["ema"]))
     if mining:
         # replay_ratio selects the frozen replay; without it the callback's default mode (steer)
         mining_args = {"replay_ratio": replay_ratio} if replay_ratio else {}

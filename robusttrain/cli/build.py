@@ -123,14 +123,38 @@ def _one_line(e: BaseException) -> str:
 
 def build_callbacks(cfg: DictConfig) -> list:
     out = []
-    for name, node in (cfg.get("callbacks") or {}).items():
+    callbacks = cfg.get("callbacks") or {}
+    for name, node in callbacks.items():
         if node is None:
             continue
         spec: Any = OmegaConf.to_container(node, resolve=True)
         if not spec.pop("enabled", True):  # `callbacks.<name>.enabled=false` switches one off
             continue
+        off = _steer_mining_off(spec, callbacks) if name == "mining" else None
+        if off:
+            print(f"[robusttrain] callbacks.mining is off: in steer mode it {off}, which is off", flush=True)
+            continue
         out.append(build(f"callbacks.{name}", spec))
     return out
+
+
+def _steer_mining_off(mining: dict, callbacks: Any) -> str | None:
+    """Why the recipes' steer-mode mining goes off, or None. It mines the failures of the MR check and
+    steers random augmentation's draws, so ``callbacks.metamorphic.enabled=false`` or
+    ``callbacks.metamorphic_training.enabled=false`` alone switches it off too (the recipes' default, not a
+    fit-time refusal). Replay mode is a deliberate choice: without the check it is refused at fit time."""
+
+    def on(name: str) -> bool:
+        node = callbacks.get(name)
+        return node is not None and bool(node.get("enabled", True))
+
+    if not (mining.get("mode") == "steer" or (mining.get("mode") is None and not mining.get("replay_ratio"))):
+        return None
+    if not on("metamorphic"):
+        return "mines the failures of callbacks.metamorphic's check"
+    if not on("metamorphic_training"):
+        return "steers callbacks.metamorphic_training's draws"
+    return None
 
 
 def build_loggers(cfg: DictConfig, command: str = "fit") -> list | bool:

@@ -70,7 +70,7 @@ CHECK = """usage: python -m robusttrain check recipe=NAME ckpt=PATH [key=value .
 Scores a checkpoint on clean and perturbed images (the metamorphic suite: families x severities) and writes
 its EFR tables with the per-case and per-follow-up scores.
 
-  ckpt=PATH              the checkpoint (required), e.g. RUN/checkpoints/last.ckpt, RUN/balanced.ckpt
+  ckpt=PATH              the checkpoint (required), e.g. RUN/ema.ckpt, RUN/checkpoints/last.ckpt
   recipe=NAME            the recipe it was trained with: {recipes}
   data.root=PATH         a folder with images/ and masks/ to score (default: the recipe's validation split)
   split=all|val          with data.root: every case of the folder (all, the default) or its validation split

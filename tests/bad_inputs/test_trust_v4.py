@@ -141,6 +141,7 @@ def test_overwrite_removes_the_newest_callbacks_files(trained, tmp_path, capsys)
             "overwrite=true",
             "callbacks.metamorphic_training.enabled=false",
             "callbacks.balanced_average.enabled=false",
+            "callbacks.ema.enabled=false",
             "callbacks.mining.mode=replay",  # the recipe's steer mode needs MetamorphicTraining (mining v2)
         ],
         capsys,
