@@ -61,7 +61,7 @@ Trains a recipe; the run's files (checkpoints, history.csv, efr.csv, ...) go to 
   callbacks.metamorphic_training.KEY=...   metamorphic training's settings (robusttrain.training.settings):
 {mt_keys}
 
-Then: python -m robusttrain check recipe=NAME ckpt=RUN/checkpoints/last.ckpt heldout=endoscopy_heldout
+Then: python -m robusttrain check recipe=NAME ckpt=RUN/ema.ckpt heldout=endoscopy_heldout  (the EMA, on in the recipes)
       python -m robusttrain report RUN
 """
 
