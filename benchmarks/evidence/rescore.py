@@ -1,4 +1,4 @@
-"""Re-score a kept Evidence v4 checkpoint on any image folder, through the product's own CLI.
+"""Re-score a kept Evidence v4 or v5 checkpoint on any image folder, through the product's own CLI.
 
     python -m benchmarks.evidence.rescore docs/evidence_v4/runs/random_s0/least_loss.ckpt FOLDER OUT
 
