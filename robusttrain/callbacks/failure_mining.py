@@ -73,6 +73,16 @@ MODES = ("steer", "replay")
 log = logging.getLogger(__name__)
 
 
+def resolve_mode(mode: str | None, replay_ratio: float | None) -> str:
+    """The mode a FailureMiningCallback built with these arguments runs in (the CLI asks before building):
+    ``mode`` when given, else ``"replay"`` when ``replay_ratio`` is, else ``"steer"``.
+
+    >>> resolve_mode(None, None), resolve_mode(None, 0.2), resolve_mode("steer", None)
+    ('steer', 'replay', 'steer')
+    """
+    return "replay" if mode is None and replay_ratio is not None else mode or "steer"
+
+
 class FailureMiningCallback(ContextMember):
     """Failure bank + replay + failure-driven sampling (see module doc).
 
@@ -143,9 +153,7 @@ class FailureMiningCallback(ContextMember):
     ):
         if replay_ratio is not None:
             check_fraction("replay_ratio", replay_ratio, 0.0, MAX_REPLAY_RATIO)
-        self.mode = check_choice(
-            "mode", "replay" if mode is None and replay_ratio is not None else mode or "steer", MODES
-        )
+        self.mode = check_choice("mode", resolve_mode(mode, replay_ratio), MODES)
         if self.mode == "steer" and replay_ratio not in (None, 0):
             raise ValueError(
                 f"replay_ratio={replay_ratio!r} replays failing images (mode='replay'); mode='steer' replays "

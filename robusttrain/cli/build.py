@@ -18,6 +18,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from robusttrain.callbacks.failure_mining import resolve_mode
 from robusttrain.cli import claim
 from robusttrain.cli.errors import UsageError
 from robusttrain.io import atomic_write_text
@@ -148,7 +149,7 @@ def _steer_mining_off(mining: dict, callbacks: Any) -> str | None:
         node = callbacks.get(name)
         return node is not None and bool(node.get("enabled", True))
 
-    if not (mining.get("mode") == "steer" or (mining.get("mode") is None and not mining.get("replay_ratio"))):
+    if resolve_mode(mining.get("mode"), mining.get("replay_ratio")) != "steer":
         return None
     if not on("metamorphic"):
         return "mines the failures of callbacks.metamorphic's check"
